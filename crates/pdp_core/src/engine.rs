@@ -1,0 +1,1115 @@
+//! The decision engine: one bundle plus one entity store, swapped atomically, and `decide`.
+//!
+//! Check semantics are those of SPEC 2.4 and DESIGN 3-4 (summarised in docs/decisions.md):
+//!
+//! 1. A contained principal, or a `ServiceAccount` that is not registered, is denied before any
+//!    policy runs (`svc:contained`, `svc:unregistered`).
+//! 2. Verdict of one principal from the satisfied policies: a plain `forbid` -> `deny`; else a
+//!    `@challenge` forbid (with some permit satisfied) or only `@challenge` permits -> `challenge`
+//!    with the union of their kinds; else a plain `permit` -> `allow`; else `deny`.
+//! 3. `human_present = false` turns a challenge that needs `verification` into `deny`.
+//! 4. An agent acting for a person: both are checked, deny > challenge > allow, every challenge
+//!    that fires is required.
+//! 5. The mode is reported, never applied.
+
+use crate::bundle::{Bundle, TemplateLink};
+use crate::error::{chain, BundleError, RequestError};
+use crate::request::{kind, parse_uid, CheckRequest};
+use crate::store::{parse_uid_list, StoredEntity, Store, WorkItem};
+use arc_swap::ArcSwap;
+use cedar_policy::{
+    Authorizer, Context, Effect, Entities, Entity, EntityUid, EvalResult, Request,
+    RequestValidationError,
+};
+use serde_json::{json, Map, Value};
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+/// Built-in reason: the principal is contained (SPEC 3).
+pub const REASON_CONTAINED: &str = "svc:contained";
+/// Built-in reason: the service account is not registered (SPEC 5 rule 6).
+pub const REASON_UNREGISTERED: &str = "svc:unregistered";
+/// Built-in reason: a `verification` challenge fired but nobody is present to answer it.
+pub const REASON_HUMAN_NOT_PRESENT: &str = "svc:human_not_present";
+
+/// Context attributes the decision point fills in; callers cannot forge them (DESIGN 3).
+pub const INJECTED_CONTEXT: [&str; 4] = ["human_present", "agent", "work_item", "assigned"];
+
+/// A verdict, ordered by strictness (`Allow < Challenge < Deny`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Verdict {
+    /// The action may proceed.
+    Allow,
+    /// The action may proceed once every listed challenge is passed.
+    Challenge,
+    /// The action must not proceed.
+    Deny,
+}
+
+impl Verdict {
+    /// Lowercase wire name (`allow`, `challenge`, `deny`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Allow => "allow",
+            Self::Challenge => "challenge",
+            Self::Deny => "deny",
+        }
+    }
+}
+
+/// Enforcement mode (SPEC 3): reported with every decision, never applied by the engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Mode {
+    /// Enforcement points allow whatever the verdict; history records would-deny/challenge.
+    Monitor,
+    /// Enforcement points apply the verdict.
+    Enforce,
+}
+
+impl Mode {
+    /// Lowercase wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Monitor => "monitor",
+            Self::Enforce => "enforce",
+        }
+    }
+
+    /// Parses `monitor` / `enforce` (case-insensitive).
+    ///
+    /// # Errors
+    /// [`RequestError`] on `mode` for any other value.
+    pub fn parse(s: &str) -> Result<Self, RequestError> {
+        match s.to_ascii_lowercase().as_str() {
+            "monitor" => Ok(Self::Monitor),
+            "enforce" => Ok(Self::Enforce),
+            _ => Err(RequestError::new(
+                "mode",
+                format!("unknown mode `{s}`: expected `monitor` or `enforce`"),
+            )),
+        }
+    }
+}
+
+/// The verdict of one principal.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    /// Verdict.
+    pub verdict: Verdict,
+    /// Challenge kinds that must be passed (empty unless the verdict is `challenge`).
+    pub challenges: Vec<String>,
+    /// Names of the policies (or built-in reasons) that decided it, sorted.
+    pub policies: Vec<String>,
+}
+
+impl Outcome {
+    fn builtin(reason: &str) -> Self {
+        Self {
+            verdict: Verdict::Deny,
+            challenges: Vec::new(),
+            policies: vec![reason.to_owned()],
+        }
+    }
+
+    fn to_json(&self) -> Value {
+        json!({
+            "verdict": self.verdict.as_str(),
+            "challenges": self.challenges,
+            "policies": self.policies,
+        })
+    }
+}
+
+/// One decision: the response of a check and the record the decision log keeps (DESIGN 6).
+#[derive(Debug, Clone)]
+pub struct Decision {
+    /// Decision id (UUIDv7).
+    pub qid: String,
+    /// When it was decided, milliseconds since the Unix epoch.
+    pub at_ms: u64,
+    /// The actor.
+    pub principal: EntityUid,
+    /// The person the actor acted for.
+    pub on_behalf_of: Option<EntityUid>,
+    /// Resolved action.
+    pub action: EntityUid,
+    /// The resource.
+    pub resource: EntityUid,
+    /// Combined verdict (the one enforcement points apply).
+    pub verdict: Verdict,
+    /// Every challenge that must be passed (both principals' when the verdict is `challenge`).
+    pub challenges: Vec<String>,
+    /// The principal's own outcome.
+    pub principal_outcome: Outcome,
+    /// The person's own outcome, when the request names one.
+    pub on_behalf_of_outcome: Option<Outcome>,
+    /// Mode at decision time.
+    pub mode: Mode,
+    /// The work item the request named, if any.
+    pub work_item: Option<String>,
+    /// Whether that work item is open and links the resource.
+    pub assigned: bool,
+    /// The principal's reasoner risk score, if one was used.
+    pub risk_score: Option<i64>,
+    /// Version of the bundle that decided.
+    pub policy_version: u64,
+    /// Version of the principals snapshot that decided.
+    pub principals_version: u64,
+    /// Time spent deciding, microseconds.
+    pub latency_us: u64,
+}
+
+fn uid_json(u: &EntityUid) -> Value {
+    json!({"type": u.type_name().to_string(), "id": u.id().unescaped()})
+}
+
+/// `Type::"id"` with the id unescaped, the key form of the decision log (DESIGN 6).
+pub fn uid_key(u: &EntityUid) -> String {
+    format!("{}::{}", u.type_name(), u.id().unescaped())
+}
+
+impl Decision {
+    /// The HTTP response of `POST /v1/access/evaluation` (SPEC 2.4): `qid`, `verdict`,
+    /// `challenges`, `policies`, `on_behalf_of` (only when the request named a person), `mode`.
+    pub fn to_response(&self) -> Value {
+        let mut m = Map::new();
+        m.insert("qid".into(), Value::String(self.qid.clone()));
+        m.insert("verdict".into(), self.verdict.as_str().into());
+        m.insert("challenges".into(), json!(self.challenges));
+        m.insert("policies".into(), json!(self.principal_outcome.policies));
+        if let Some(o) = &self.on_behalf_of_outcome {
+            m.insert("on_behalf_of".into(), o.to_json());
+        }
+        m.insert("mode".into(), self.mode.as_str().into());
+        Value::Object(m)
+    }
+
+    /// The decision-log record of DESIGN 6 (`challenge_qid` is filled by the service layer).
+    pub fn to_record(&self, pdp: &str) -> Value {
+        json!({
+            "qid": self.qid,
+            "at": rfc3339_ms(self.at_ms),
+            "principal": uid_json(&self.principal),
+            "on_behalf_of": self.on_behalf_of.as_ref().map(uid_json),
+            "action": self.action.id().unescaped(),
+            "resource": uid_json(&self.resource),
+            "verdict": self.verdict.as_str(),
+            "challenges": self.challenges,
+            "policies": self.principal_outcome.policies,
+            "on_behalf_of_outcome": self.on_behalf_of_outcome.as_ref().map(Outcome::to_json),
+            "mode": self.mode.as_str(),
+            "challenge_qid": Value::Null,
+            "work_item": self.work_item,
+            "assigned": self.assigned,
+            "risk_score": self.risk_score,
+            "policy_version": self.policy_version,
+            "principals_version": self.principals_version,
+            "latency_us": self.latency_us,
+            "pdp": pdp,
+        })
+    }
+}
+
+/// Formats epoch milliseconds as RFC 3339 UTC with milliseconds (`2026-11-22T07:25:00.123Z`).
+pub fn rfc3339_ms(ms: u64) -> String {
+    let secs = ms / 1000;
+    let days = i64::try_from(secs / 86_400).unwrap_or(0);
+    let rem = secs % 86_400;
+    // Civil-from-days (Howard Hinnant's algorithm), proleptic Gregorian calendar.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        (rem % 3600) / 60,
+        rem % 60,
+        ms % 1000
+    )
+}
+
+#[derive(Clone)]
+struct State {
+    bundle: Arc<Bundle>,
+    store: Store,
+    mode: Mode,
+    policy_version: u64,
+    principals_version: u64,
+    resources_version: u64,
+}
+
+/// Versions of what an engine decides with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Versions {
+    /// Moves on every bundle change (load, link).
+    pub policy_version: u64,
+    /// Moves on every change to principals, groups, registrations, containments or risk scores.
+    pub principals_version: u64,
+    /// Moves on every change to other entities and to work items.
+    pub resources_version: u64,
+}
+
+/// The in-process decision engine. Cheap to share (`Sync`); every method may be called while
+/// checks run on other threads.
+pub struct Engine {
+    state: ArcSwap<State>,
+    writer: Mutex<()>,
+    authorizer: Authorizer,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let v = self.versions();
+        f.debug_struct("Engine").field("versions", &v).finish()
+    }
+}
+
+/// What an engine-wide store update changed, used to move the right version counter.
+#[derive(Default)]
+struct Touched {
+    principals: bool,
+    resources: bool,
+}
+
+impl Engine {
+    /// An engine deciding with `bundle`, an empty store and mode `enforce`.
+    pub fn new(bundle: Bundle) -> Self {
+        Self {
+            state: ArcSwap::from_pointee(State {
+                bundle: Arc::new(bundle),
+                store: Store::default(),
+                mode: Mode::Enforce,
+                policy_version: 1,
+                principals_version: 1,
+                resources_version: 1,
+            }),
+            writer: Mutex::new(()),
+            authorizer: Authorizer::new(),
+        }
+    }
+
+    /// The bundle in force.
+    pub fn bundle(&self) -> Arc<Bundle> {
+        self.state.load().bundle.clone()
+    }
+
+    /// Current versions.
+    pub fn versions(&self) -> Versions {
+        let s = self.state.load();
+        Versions {
+            policy_version: s.policy_version,
+            principals_version: s.principals_version,
+            resources_version: s.resources_version,
+        }
+    }
+
+    /// Current mode.
+    pub fn mode(&self) -> Mode {
+        self.state.load().mode
+    }
+
+    /// A snapshot of the store (O(1)).
+    pub fn store(&self) -> Store {
+        self.state.load().store.clone()
+    }
+
+    /// Applies `f` to a copy of the state and publishes it atomically. Writers are serialised;
+    /// readers are never blocked.
+    fn update<T, E>(&self, f: impl FnOnce(&mut State) -> Result<T, E>) -> Result<T, E> {
+        let _guard = self.writer.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut next = State::clone(&self.state.load());
+        let out = f(&mut next)?;
+        self.state.store(Arc::new(next));
+        Ok(out)
+    }
+
+    /// Replaces the bundle atomically; `policy_version` moves.
+    pub fn replace_bundle(&self, bundle: Bundle) {
+        let _ = self.update::<(), ()>(|s| {
+            s.bundle = Arc::new(bundle);
+            s.policy_version += 1;
+            Ok(())
+        });
+    }
+
+    /// Links templates into the bundle in force (all or nothing); `policy_version` moves.
+    ///
+    /// # Errors
+    /// [`BundleError`] naming each bad link; the bundle in force is unchanged.
+    pub fn link_templates(&self, links: &[TemplateLink]) -> Result<(), BundleError> {
+        self.update(|s| {
+            let next = s.bundle.with_links(links)?;
+            s.bundle = Arc::new(next);
+            s.policy_version += 1;
+            Ok(())
+        })
+    }
+
+    /// Sets the mode reported with decisions.
+    pub fn set_mode(&self, mode: Mode) {
+        let _ = self.update::<(), ()>(|s| {
+            s.mode = mode;
+            Ok(())
+        });
+    }
+
+    fn parse_entities(
+        bundle: &Bundle,
+        values: Vec<Value>,
+        field: &str,
+    ) -> Result<Vec<StoredEntity>, RequestError> {
+        let mut seen = HashSet::new();
+        let mut out = Vec::with_capacity(values.len());
+        for (i, v) in values.into_iter().enumerate() {
+            let f = format!("{field}[{i}]");
+            let se = StoredEntity::from_json(v, bundle.schema(), &bundle.entity_types, &f)?;
+            let uid = se.entity.uid();
+            bundle.check_type(uid.type_name(), &format!("{f}.uid.type"))?;
+            if !seen.insert(uid.clone()) {
+                return Err(RequestError::new(f, format!("duplicate entity `{uid}`")));
+            }
+            out.push(se);
+        }
+        Ok(out)
+    }
+
+    fn touch(s: &mut State, t: &Touched) {
+        if t.principals {
+            s.principals_version += 1;
+        }
+        if t.resources {
+            s.resources_version += 1;
+        }
+    }
+
+    /// Inserts or replaces entities (Cedar JSON entity shape), all or nothing.
+    ///
+    /// # Errors
+    /// [`RequestError`] on `entities[i]` for the first entity that is malformed, of a type the
+    /// schema does not declare, does not match the schema, or repeats a uid; nothing is stored.
+    pub fn upsert_entities(&self, values: Vec<Value>) -> Result<usize, RequestError> {
+        self.update(|s| {
+            let parsed = Self::parse_entities(&s.bundle, values, "entities")?;
+            let n = parsed.len();
+            let mut t = Touched::default();
+            for se in parsed {
+                let uid = se.entity.uid();
+                if s.bundle.is_principal_type(uid.type_name()) {
+                    t.principals = true;
+                } else {
+                    t.resources = true;
+                }
+                s.store.entities.insert(uid, Arc::new(se));
+            }
+            Self::touch(s, &t);
+            Ok(n)
+        })
+    }
+
+    /// Replaces every stored entity with `values` in one atomic swap (a principals/resources
+    /// snapshot). Work items, containments and risk scores are kept.
+    ///
+    /// # Errors
+    /// As [`Engine::upsert_entities`]; the previous snapshot stays in force.
+    pub fn replace_entities(&self, values: Vec<Value>) -> Result<usize, RequestError> {
+        self.update(|s| {
+            let parsed = Self::parse_entities(&s.bundle, values, "entities")?;
+            let n = parsed.len();
+            let mut map = imbl::HashMap::new();
+            for se in parsed {
+                map.insert(se.entity.uid(), Arc::new(se));
+            }
+            s.store.entities = map;
+            Self::touch(
+                s,
+                &Touched {
+                    principals: true,
+                    resources: true,
+                },
+            );
+            Ok(n)
+        })
+    }
+
+    /// Removes entities by uid; returns how many were present.
+    ///
+    /// # Errors
+    /// [`RequestError`] on `uids[i]` for a malformed reference; nothing is removed.
+    pub fn remove_entities(&self, uids: &Value) -> Result<usize, RequestError> {
+        let uids = parse_uid_list(uids, "uids")?;
+        self.update(|s| {
+            let mut t = Touched::default();
+            let mut n = 0;
+            for u in &uids {
+                if s.store.entities.remove(u).is_some() {
+                    n += 1;
+                    if s.bundle.is_principal_type(u.type_name()) {
+                        t.principals = true;
+                    } else {
+                        t.resources = true;
+                    }
+                }
+            }
+            Self::touch(s, &t);
+            Ok(n)
+        })
+    }
+
+    /// Registers (or re-registers) service accounts from SPEC 2.7 records:
+    /// `{id, owner, ai, groups, description, app?}`. Each becomes a `ServiceAccount` entity with
+    /// attributes `owner` (a `Human`), `ai`, `registered = true`, `app` (default: the id up to its
+    /// first dot), `description`, and the named `Group`s as parents.
+    ///
+    /// # Errors
+    /// [`RequestError`] on `service_accounts[i].<field>`; nothing is registered.
+    pub fn register_service_accounts(&self, records: &Value) -> Result<usize, RequestError> {
+        let arr = records.as_array().ok_or_else(|| {
+            RequestError::new("service_accounts", "expected an array of service-account records")
+        })?;
+        self.update(|s| {
+            let b = &s.bundle;
+            let sa_ty = b.type_named("ServiceAccount");
+            let human_ty = b.type_named("Human");
+            let group_ty = b.type_named("Group");
+            let (Some(sa_ty), Some(human_ty), Some(group_ty)) = (sa_ty, human_ty, group_ty) else {
+                return Err(RequestError::new("service_accounts", "invalid built-in type names"));
+            };
+            let mut out = Vec::with_capacity(arr.len());
+            for (i, r) in arr.iter().enumerate() {
+                let f = |k: &str| format!("service_accounts[{i}].{k}");
+                let obj = r.as_object().ok_or_else(|| {
+                    RequestError::new(format!("service_accounts[{i}]"), "expected an object")
+                })?;
+                for k in obj.keys() {
+                    if !["id", "owner", "ai", "groups", "description", "app"].contains(&k.as_str())
+                    {
+                        return Err(RequestError::new(f(k), format!("unknown field `{k}`")));
+                    }
+                }
+                let id = obj
+                    .get("id")
+                    .and_then(Value::as_str)
+                    .filter(|s| !s.is_empty())
+                    .ok_or_else(|| RequestError::new(f("id"), "expected a non-empty string"))?;
+                let owner = obj
+                    .get("owner")
+                    .and_then(Value::as_str)
+                    .filter(|s| !s.is_empty())
+                    .ok_or_else(|| RequestError::new(f("owner"), "expected a user name"))?;
+                let ai = match obj.get("ai") {
+                    None => false,
+                    Some(Value::Bool(b)) => *b,
+                    Some(o) => {
+                        return Err(RequestError::new(f("ai"), format!("expected a boolean, got {}", kind(o))))
+                    }
+                };
+                let groups: Vec<&str> = match obj.get("groups") {
+                    None | Some(Value::Null) => Vec::new(),
+                    Some(Value::Array(gs)) => gs
+                        .iter()
+                        .map(|g| {
+                            g.as_str().ok_or_else(|| {
+                                RequestError::new(f("groups"), "expected an array of group names")
+                            })
+                        })
+                        .collect::<Result<_, _>>()?,
+                    Some(_) => {
+                        return Err(RequestError::new(f("groups"), "expected an array of group names"))
+                    }
+                };
+                let description = match obj.get("description") {
+                    None | Some(Value::Null) => "",
+                    Some(Value::String(d)) => d.as_str(),
+                    Some(o) => {
+                        return Err(RequestError::new(f("description"), format!("expected a string, got {}", kind(o))))
+                    }
+                };
+                let app = match obj.get("app") {
+                    Some(Value::String(a)) => a.clone(),
+                    None | Some(Value::Null) => id.split('.').next().unwrap_or(id).to_owned(),
+                    Some(o) => {
+                        return Err(RequestError::new(f("app"), format!("expected a string, got {}", kind(o))))
+                    }
+                };
+                let entity = json!({
+                    "uid": {"type": sa_ty.to_string(), "id": id},
+                    "attrs": {
+                        "owner": {"__entity": {"type": human_ty.to_string(), "id": owner}},
+                        "ai": ai,
+                        "registered": true,
+                        "app": app,
+                        "description": description,
+                    },
+                    "parents": groups.iter().map(|g| json!({"type": group_ty.to_string(), "id": g})).collect::<Vec<_>>(),
+                });
+                let e = Entity::from_json_value(entity, None)
+                    .map_err(|e| RequestError::new(format!("service_accounts[{i}]"), chain(&e)))?;
+                out.push(StoredEntity::from_entity(e));
+            }
+            let n = out.len();
+            for se in out {
+                s.store.entities.insert(se.entity.uid(), Arc::new(se));
+            }
+            s.principals_version += 1;
+            Ok(n)
+        })
+    }
+
+    /// Retires service accounts by id: they are removed from the store, so every later check
+    /// they make is denied with `svc:unregistered` (SPEC 3). Returns how many were present.
+    pub fn unregister_service_accounts(&self, ids: &[String]) -> usize {
+        self.update::<usize, ()>(|s| {
+            let Some(sa_ty) = s.bundle.type_named("ServiceAccount") else {
+                return Ok(0);
+            };
+            let mut n = 0;
+            for id in ids {
+                let uid = EntityUid::from_type_name_and_id(sa_ty.clone(), cedar_policy::EntityId::new(id));
+                if s.store.entities.remove(&uid).is_some() {
+                    n += 1;
+                }
+            }
+            s.principals_version += 1;
+            Ok(n)
+        })
+        .unwrap_or(0)
+    }
+
+    /// Inserts or replaces work items: `{id, status: "open"|"closed", links: [uid], attrs?}`.
+    ///
+    /// # Errors
+    /// [`RequestError`] on `work_items[i].<field>`; nothing is stored.
+    pub fn upsert_work_items(&self, items: &Value) -> Result<usize, RequestError> {
+        let arr = items
+            .as_array()
+            .ok_or_else(|| RequestError::new("work_items", "expected an array of work items"))?;
+        self.update(|s| {
+            let Some(wi_ty) = s.bundle.type_named("WorkItem") else {
+                return Err(RequestError::new("work_items", "invalid built-in type name"));
+            };
+            let mut out = Vec::with_capacity(arr.len());
+            for (i, r) in arr.iter().enumerate() {
+                let f = |k: &str| format!("work_items[{i}].{k}");
+                let obj = r.as_object().ok_or_else(|| {
+                    RequestError::new(format!("work_items[{i}]"), "expected an object")
+                })?;
+                for k in obj.keys() {
+                    if !["id", "status", "links", "attrs"].contains(&k.as_str()) {
+                        return Err(RequestError::new(f(k), format!("unknown field `{k}`")));
+                    }
+                }
+                let id = obj
+                    .get("id")
+                    .and_then(Value::as_str)
+                    .filter(|s| !s.is_empty())
+                    .ok_or_else(|| RequestError::new(f("id"), "expected a non-empty string"))?;
+                let open = match obj.get("status").and_then(Value::as_str) {
+                    Some("open") | None => true,
+                    Some("closed") => false,
+                    Some(o) => {
+                        return Err(RequestError::new(
+                            f("status"),
+                            format!("unknown status `{o}`: expected `open` or `closed`"),
+                        ))
+                    }
+                };
+                let links: HashSet<EntityUid> = match obj.get("links") {
+                    None => HashSet::new(),
+                    Some(l) => parse_uid_list(l, &f("links"))?.into_iter().collect(),
+                };
+                let attrs = obj.get("attrs").cloned().unwrap_or_else(|| json!({}));
+                if !attrs.is_object() {
+                    return Err(RequestError::new(f("attrs"), "expected an object"));
+                }
+                let entity = Entity::from_json_value(
+                    json!({"uid": {"type": wi_ty.to_string(), "id": id}, "attrs": attrs, "parents": []}),
+                    None,
+                )
+                .map_err(|e| RequestError::new(f("attrs"), chain(&e)))?;
+                out.push(WorkItem {
+                    id: id.to_owned(),
+                    open,
+                    links,
+                    entity: Arc::new(StoredEntity::from_entity(entity)),
+                });
+            }
+            let n = out.len();
+            for w in out {
+                s.store.work_items.insert(w.id.clone(), Arc::new(w));
+            }
+            s.resources_version += 1;
+            Ok(n)
+        })
+    }
+
+    /// Removes work items by id; returns how many were present.
+    pub fn remove_work_items(&self, ids: &[String]) -> usize {
+        self.update::<usize, ()>(|s| {
+            let n = ids
+                .iter()
+                .filter(|id| s.store.work_items.remove(id.as_str()).is_some())
+                .count();
+            s.resources_version += 1;
+            Ok(n)
+        })
+        .unwrap_or(0)
+    }
+
+    /// Replaces the containment list (the containment feed's snapshot).
+    ///
+    /// # Errors
+    /// [`RequestError`] on `contained[i]` for a malformed reference; the list is unchanged.
+    pub fn set_containments(&self, uids: &Value) -> Result<usize, RequestError> {
+        let uids = parse_uid_list(uids, "contained")?;
+        self.update(|s| {
+            s.store.contained = uids.into_iter().collect();
+            s.principals_version += 1;
+            Ok(s.store.contained.len())
+        })
+    }
+
+    /// Contains (`contained = true`) or lifts (`false`) principals (the feed's deltas).
+    ///
+    /// # Errors
+    /// [`RequestError`] on `principals[i]` for a malformed reference; nothing changes.
+    pub fn set_contained(&self, uids: &Value, contained: bool) -> Result<usize, RequestError> {
+        let uids = parse_uid_list(uids, "principals")?;
+        self.update(|s| {
+            for u in uids {
+                if contained {
+                    s.store.contained.insert(u);
+                } else {
+                    s.store.contained.remove(&u);
+                }
+            }
+            s.principals_version += 1;
+            Ok(s.store.contained.len())
+        })
+    }
+
+    /// Sets reasoner risk scores: `[{principal: uid, score: 0..=100}]`. With `replace`, scores
+    /// not listed are dropped.
+    ///
+    /// # Errors
+    /// [`RequestError`] on `scores[i].<field>` for a malformed entry or a score outside 0..=100.
+    pub fn set_risk_scores(&self, scores: &Value, replace: bool) -> Result<usize, RequestError> {
+        let arr = scores
+            .as_array()
+            .ok_or_else(|| RequestError::new("scores", "expected an array of {principal, score}"))?;
+        let mut parsed = Vec::with_capacity(arr.len());
+        for (i, e) in arr.iter().enumerate() {
+            let p = parse_uid(
+                e.get("principal").unwrap_or(&Value::Null),
+                &format!("scores[{i}].principal"),
+            )?;
+            let score = e
+                .get("score")
+                .and_then(Value::as_i64)
+                .filter(|s| (0..=100).contains(s))
+                .ok_or_else(|| {
+                    RequestError::new(format!("scores[{i}].score"), "expected an integer 0..=100")
+                })?;
+            parsed.push((p, score));
+        }
+        self.update(|s| {
+            if replace {
+                s.store.risk = imbl::HashMap::new();
+            }
+            for (p, score) in parsed {
+                s.store.risk.insert(p, score);
+            }
+            s.principals_version += 1;
+            Ok(s.store.risk.len())
+        })
+    }
+
+    /// Decides a request given as the JSON of `POST /v1/access/evaluation`.
+    ///
+    /// # Errors
+    /// [`RequestError`] naming the field at fault (see [`Engine::decide`]).
+    pub fn decide_json(&self, value: &Value) -> Result<Decision, RequestError> {
+        self.decide(&CheckRequest::from_json(value)?)
+    }
+
+    /// Decides one check (SPEC 2.4, DESIGN 3-4).
+    ///
+    /// # Errors
+    /// [`RequestError`] when the action is unknown or ambiguous, an entity type is not declared,
+    /// `on_behalf_of` is used by a non-`ServiceAccount` or names a non-`Human`, an inline entity
+    /// is malformed, or the context or principal/resource types do not match the schema for the
+    /// action.
+    pub fn decide(&self, req: &CheckRequest) -> Result<Decision, RequestError> {
+        let t0 = Instant::now();
+        let st = self.state.load();
+        let b = &*st.bundle;
+        let action = b.resolve_action(&req.action)?;
+        b.check_type(req.principal.type_name(), "principal.type")?;
+        b.check_type(req.resource.type_name(), "resource.type")?;
+        if let Some(obo) = &req.on_behalf_of {
+            if req.principal.type_name().basename() != "ServiceAccount" {
+                return Err(RequestError::new(
+                    "on_behalf_of",
+                    format!(
+                        "only a `ServiceAccount` acts on behalf of a person; the principal is a `{}`",
+                        req.principal.type_name()
+                    ),
+                ));
+            }
+            if obo.type_name().basename() != "Human" {
+                return Err(RequestError::new(
+                    "on_behalf_of.type",
+                    format!("expected a `Human`, got `{}`", obo.type_name()),
+                ));
+            }
+            b.check_type(obo.type_name(), "on_behalf_of.type")?;
+        }
+
+        // Inline entities: the app's fresher copy of its own rows wins over the store; the
+        // directory stays authoritative for principals and groups already held.
+        let mut inline: HashMap<EntityUid, Arc<StoredEntity>> = HashMap::new();
+        for (i, v) in req.entities.iter().enumerate() {
+            let f = format!("entities[{i}]");
+            let se = StoredEntity::from_json(v.clone(), b.schema(), &b.entity_types, &f)?;
+            let uid = se.entity.uid();
+            b.check_type(uid.type_name(), &format!("{f}.uid.type"))?;
+            if b.is_principal_type(uid.type_name())
+                && (st.store.entities.contains_key(&uid) || b.entities.contains_key(&uid))
+            {
+                continue;
+            }
+            if inline.insert(uid.clone(), Arc::new(se)).is_some() {
+                return Err(RequestError::new(f, format!("duplicate entity `{uid}`")));
+            }
+        }
+
+        let work_item = req
+            .work_item_id
+            .as_ref()
+            .and_then(|id| st.store.work_items.get(id.as_str()))
+            .filter(|w| w.open)
+            .cloned();
+        let assigned = work_item
+            .as_ref()
+            .is_some_and(|w| w.links.contains(&req.resource));
+
+        let cx = CheckCtx {
+            st: &st,
+            req,
+            action: &action,
+            inline: &inline,
+            work_item: work_item.as_deref(),
+            assigned,
+        };
+        let mut p_out = self.check_one(&cx, &req.principal, None, "principal")?;
+        let mut obo_out = match &req.on_behalf_of {
+            Some(o) => Some(self.check_one(&cx, o, Some(&req.principal), "on_behalf_of")?),
+            None => None,
+        };
+        if !req.human_present {
+            absent_human(&mut p_out);
+            if let Some(o) = obo_out.as_mut() {
+                absent_human(o);
+            }
+        }
+        let verdict = obo_out
+            .as_ref()
+            .map_or(p_out.verdict, |o| o.verdict.max(p_out.verdict));
+        let challenges = if verdict == Verdict::Challenge {
+            let mut all: Vec<String> = p_out.challenges.clone();
+            if let Some(o) = &obo_out {
+                all.extend(o.challenges.iter().cloned());
+            }
+            all.sort();
+            all.dedup();
+            all
+        } else {
+            Vec::new()
+        };
+        let at_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+            .unwrap_or(0);
+        Ok(Decision {
+            qid: uuid::Uuid::now_v7().to_string(),
+            at_ms,
+            principal: req.principal.clone(),
+            on_behalf_of: req.on_behalf_of.clone(),
+            action,
+            resource: req.resource.clone(),
+            verdict,
+            challenges,
+            principal_outcome: p_out,
+            on_behalf_of_outcome: obo_out,
+            mode: st.mode,
+            work_item: req.work_item_id.clone(),
+            assigned,
+            risk_score: st.store.risk(&req.principal),
+            policy_version: st.policy_version,
+            principals_version: st.principals_version,
+            latency_us: u64::try_from(t0.elapsed().as_micros()).unwrap_or(u64::MAX),
+        })
+    }
+
+    /// Checks one principal (`subject`); `agent` is the acting service account on a person's
+    /// check.
+    fn check_one(
+        &self,
+        cx: &CheckCtx<'_>,
+        subject: &EntityUid,
+        agent: Option<&EntityUid>,
+        field: &str,
+    ) -> Result<Outcome, RequestError> {
+        let st = cx.st;
+        let b = &*st.bundle;
+        if st.store.is_contained(subject) {
+            return Ok(Outcome::builtin(REASON_CONTAINED));
+        }
+        if subject.type_name().basename() == "ServiceAccount" && !is_registered(st, subject) {
+            return Ok(Outcome::builtin(REASON_UNREGISTERED));
+        }
+
+        // Context: the caller's, with the decision point's own fields on top (DESIGN 3).
+        let declared = b.context_attrs.get(cx.action);
+        let wants = |k: &str| match (b.schema.is_some(), declared) {
+            (false, _) => true,
+            (true, Some(Some(set))) => set.contains(k),
+            _ => false,
+        };
+        let mut ctx = cx.req.context.clone();
+        for k in INJECTED_CONTEXT {
+            ctx.remove(k);
+        }
+        if let Some(r) = st.store.risk(subject) {
+            if wants("risk_score") {
+                ctx.insert("risk_score".into(), Value::from(r));
+            }
+        }
+        if wants("human_present") {
+            ctx.insert("human_present".into(), Value::Bool(cx.req.human_present));
+        }
+        if wants("assigned") {
+            ctx.insert("assigned".into(), Value::Bool(cx.assigned));
+        }
+        if let (Some(w), true) = (cx.work_item, wants("work_item")) {
+            ctx.insert(
+                "work_item".into(),
+                json!({"__entity": uid_json(&w.entity.entity.uid())}),
+            );
+        }
+        if let (Some(a), true) = (agent, wants("agent")) {
+            ctx.insert("agent".into(), json!({"__entity": uid_json(a)}));
+        }
+        let context = Context::from_json_value(
+            Value::Object(ctx),
+            b.schema.as_ref().map(|s| (s, cx.action)),
+        )
+        .map_err(|e| RequestError::new("context", chain(&e)))?;
+        let request = Request::new(
+            subject.clone(),
+            cx.action.clone(),
+            cx.req.resource.clone(),
+            context,
+            b.schema.as_ref(),
+        )
+        .map_err(|e| request_error(&e, field))?;
+
+        let entities = gather(cx, subject, agent)?;
+        let response = self.authorizer.is_authorized(&request, &b.eval_set, &entities);
+        Ok(classify(b, response.diagnostics().reason()))
+    }
+}
+
+struct CheckCtx<'a> {
+    st: &'a State,
+    req: &'a CheckRequest,
+    action: &'a EntityUid,
+    inline: &'a HashMap<EntityUid, Arc<StoredEntity>>,
+    work_item: Option<&'a WorkItem>,
+    assigned: bool,
+}
+
+fn request_error(e: &RequestValidationError, field: &str) -> RequestError {
+    let f = match e {
+        RequestValidationError::UndeclaredPrincipalType(_)
+        | RequestValidationError::InvalidPrincipalType(_) => format!("{field}.type"),
+        RequestValidationError::UndeclaredResourceType(_)
+        | RequestValidationError::InvalidResourceType(_) => "resource.type".to_owned(),
+        RequestValidationError::InvalidContext(_) | RequestValidationError::TypeOfContext(_) => {
+            "context".to_owned()
+        }
+        RequestValidationError::UndeclaredAction(_) | RequestValidationError::ExternalAction(_) => {
+            "action".to_owned()
+        }
+        _ => "request".to_owned(),
+    };
+    RequestError::new(f, chain(e))
+}
+
+fn lookup<'a>(cx: &'a CheckCtx<'_>, uid: &EntityUid) -> Option<&'a StoredEntity> {
+    if let Some(e) = cx.inline.get(uid) {
+        return Some(e);
+    }
+    if let Some(e) = cx.st.store.entities.get(uid) {
+        return Some(e);
+    }
+    let b = &*cx.st.bundle;
+    if let Some(e) = b.entities.get(uid) {
+        return Some(e);
+    }
+    if let Some(w) = cx.work_item {
+        if &w.entity.entity.uid() == uid {
+            return Some(&w.entity);
+        }
+    }
+    b.action_entities.get(uid).map(|e| &**e)
+}
+
+fn is_registered(st: &State, uid: &EntityUid) -> bool {
+    let e = st
+        .store
+        .entities
+        .get(uid)
+        .or_else(|| st.bundle.entities.get(uid));
+    match e {
+        None => false,
+        Some(e) => !matches!(e.entity.attr("registered"), Some(Ok(EvalResult::Bool(false)))),
+    }
+}
+
+/// Builds the entity slice a check can reach: the principal, resource, agent, action and work
+/// item with their ancestors, the entities their attributes reference (one hop, with
+/// ancestors), and every inline entity. Its size depends on the request, not on the store.
+fn gather(
+    cx: &CheckCtx<'_>,
+    subject: &EntityUid,
+    agent: Option<&EntityUid>,
+) -> Result<Entities, RequestError> {
+    let mut seen: HashSet<EntityUid> = HashSet::new();
+    let mut out: Vec<Entity> = Vec::new();
+    // (uid, follow attribute references)
+    let mut stack: Vec<(EntityUid, bool)> = Vec::with_capacity(16);
+    stack.push((subject.clone(), true));
+    stack.push((cx.req.resource.clone(), true));
+    stack.push((cx.action.clone(), false));
+    if let Some(a) = agent {
+        stack.push((a.clone(), true));
+    }
+    if let Some(w) = cx.work_item {
+        stack.push((w.entity.entity.uid(), true));
+    }
+    for uid in cx.inline.keys() {
+        stack.push((uid.clone(), false));
+    }
+    while let Some((uid, follow)) = stack.pop() {
+        if !seen.insert(uid.clone()) {
+            continue;
+        }
+        let Some(se) = lookup(cx, &uid) else {
+            continue;
+        };
+        out.push(se.entity.clone());
+        for p in &se.parents {
+            if !seen.contains(p) {
+                stack.push((p.clone(), false));
+            }
+        }
+        if follow {
+            for r in &se.refs {
+                if !seen.contains(r) {
+                    stack.push((r.clone(), false));
+                }
+            }
+        }
+    }
+    Entities::from_entities(out, None).map_err(|e| RequestError::new("entities", chain(&e)))
+}
+
+/// Applies DESIGN 4's verdict rules to the satisfied policies of one principal.
+fn classify<'a>(b: &Bundle, satisfied: impl Iterator<Item = &'a cedar_policy::PolicyId>) -> Outcome {
+    let mut plain_forbid = Vec::new();
+    let mut ch_forbid = Vec::new();
+    let mut plain_permit = Vec::new();
+    let mut ch_permit = Vec::new();
+    for id in satisfied {
+        let Some(m) = b.meta.get(id) else { continue };
+        match (m.effect, m.challenges.is_empty()) {
+            (Effect::Forbid, true) => plain_forbid.push(m),
+            (Effect::Forbid, false) => ch_forbid.push(m),
+            (Effect::Permit, true) => plain_permit.push(m),
+            (Effect::Permit, false) => ch_permit.push(m),
+        }
+    }
+    let names = |v: &[&crate::bundle::PolicyMeta]| {
+        let mut n: Vec<String> = v.iter().map(|m| m.name.clone()).collect();
+        n.sort();
+        n
+    };
+    let kinds = |v: &[&crate::bundle::PolicyMeta]| {
+        let mut k: Vec<String> = v.iter().flat_map(|m| m.challenges.iter().cloned()).collect();
+        k.sort();
+        k.dedup();
+        k
+    };
+    if !plain_forbid.is_empty() {
+        return Outcome {
+            verdict: Verdict::Deny,
+            challenges: Vec::new(),
+            policies: names(&plain_forbid),
+        };
+    }
+    let any_permit = !plain_permit.is_empty() || !ch_permit.is_empty();
+    if !ch_forbid.is_empty() && any_permit {
+        // The step-up forbid must be passed; so must the permits' own challenges when no plain
+        // permit would allow by itself.
+        let mut deciding = ch_forbid.clone();
+        if plain_permit.is_empty() {
+            deciding.extend(ch_permit.iter().copied());
+        } else {
+            deciding.extend(plain_permit.iter().copied());
+        }
+        let mut challengers = ch_forbid.clone();
+        if plain_permit.is_empty() {
+            challengers.extend(ch_permit.iter().copied());
+        }
+        return Outcome {
+            verdict: Verdict::Challenge,
+            challenges: kinds(&challengers),
+            policies: names(&deciding),
+        };
+    }
+    if !plain_permit.is_empty() {
+        return Outcome {
+            verdict: Verdict::Allow,
+            challenges: Vec::new(),
+            policies: names(&plain_permit),
+        };
+    }
+    if !ch_permit.is_empty() {
+        return Outcome {
+            verdict: Verdict::Challenge,
+            challenges: kinds(&ch_permit),
+            policies: names(&ch_permit),
+        };
+    }
+    Outcome {
+        verdict: Verdict::Deny,
+        challenges: Vec::new(),
+        policies: Vec::new(),
+    }
+}
+
+/// `human_present = false`: a challenge that needs `verification` cannot be answered (DESIGN 4).
+fn absent_human(o: &mut Outcome) {
+    if o.verdict == Verdict::Challenge && o.challenges.iter().any(|c| c == "verification") {
+        o.verdict = Verdict::Deny;
+        o.challenges.clear();
+        o.policies.push(REASON_HUMAN_NOT_PRESENT.to_owned());
+    }
+}

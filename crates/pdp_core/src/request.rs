@@ -1,0 +1,193 @@
+//! Check requests: the JSON of `POST /v1/access/evaluation` (SPEC 2.4), parsed and checked.
+
+use crate::error::RequestError;
+use cedar_policy::{EntityId, EntityTypeName, EntityUid};
+use serde_json::{Map, Value};
+use std::str::FromStr;
+
+/// Fields a check request may carry (SPEC 2.4, plus `work_item_id` from the `svc_work_item_id`
+/// claim of SPEC 5).
+pub const CHECK_FIELDS: [&str; 8] = [
+    "principal",
+    "action",
+    "resource",
+    "context",
+    "on_behalf_of",
+    "human_present",
+    "work_item_id",
+    "entities",
+];
+
+/// Parses an entity reference: `{"type": T, "id": I}`, `{"__entity": {"type": T, "id": I}}`
+/// or Cedar's literal form `T::"I"`.
+///
+/// # Errors
+/// [`RequestError`] on `field` when the value is none of these or the type name is not a valid
+/// Cedar name.
+pub fn parse_uid(value: &Value, field: &str) -> Result<EntityUid, RequestError> {
+    match value {
+        Value::String(s) => EntityUid::from_str(s).map_err(|e| {
+            RequestError::new(
+                field,
+                format!("`{s}` is not an entity reference (`Type::\"id\"` or {{type, id}}): {e}"),
+            )
+        }),
+        Value::Object(obj) => {
+            if let Some(inner) = obj.get("__entity") {
+                return parse_uid(inner, field);
+            }
+            for k in obj.keys() {
+                if k != "type" && k != "id" {
+                    return Err(RequestError::new(
+                        field,
+                        format!("unexpected key `{k}` in entity reference: expected `type` and `id`"),
+                    ));
+                }
+            }
+            let ty = obj.get("type").and_then(Value::as_str).ok_or_else(|| {
+                RequestError::new(format!("{field}.type"), "expected a string entity type")
+            })?;
+            let id = obj.get("id").and_then(Value::as_str).ok_or_else(|| {
+                RequestError::new(format!("{field}.id"), "expected a string entity id")
+            })?;
+            let tn = EntityTypeName::from_str(ty).map_err(|e| {
+                RequestError::new(
+                    format!("{field}.type"),
+                    format!("`{ty}` is not a valid entity type name: {e}"),
+                )
+            })?;
+            Ok(EntityUid::from_type_name_and_id(tn, EntityId::new(id)))
+        }
+        Value::Null => Err(RequestError::new(field, "is required")),
+        other => Err(RequestError::new(
+            field,
+            format!("expected an entity reference {{type, id}}, got {}", kind(other)),
+        )),
+    }
+}
+
+/// A JSON type's name for messages.
+pub(crate) fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// A check request, syntactically valid; the engine resolves names against the bundle.
+#[derive(Debug, Clone)]
+pub struct CheckRequest {
+    /// The actor.
+    pub principal: EntityUid,
+    /// Action as sent: bare id or full uid.
+    pub action: String,
+    /// The resource.
+    pub resource: EntityUid,
+    /// Caller's context (decision-point fields are overwritten, DESIGN 3).
+    pub context: Map<String, Value>,
+    /// The person a service account acts for.
+    pub on_behalf_of: Option<EntityUid>,
+    /// Whether a person can answer a challenge now; absent means yes.
+    pub human_present: bool,
+    /// The work item the token named (`svc_work_item_id`), if any.
+    pub work_item_id: Option<String>,
+    /// Inline entities (Cedar JSON entity shape), parsed against the bundle by the engine.
+    pub entities: Vec<Value>,
+}
+
+impl CheckRequest {
+    /// Parses the request JSON of `POST /v1/access/evaluation`.
+    ///
+    /// # Errors
+    /// [`RequestError`] naming the field: unknown field, missing `principal`/`action`/`resource`,
+    /// wrong JSON types.
+    pub fn from_json(value: &Value) -> Result<Self, RequestError> {
+        let obj = value.as_object().ok_or_else(|| {
+            RequestError::new("request", format!("expected a JSON object, got {}", kind(value)))
+        })?;
+        for k in obj.keys() {
+            if !CHECK_FIELDS.contains(&k.as_str()) {
+                return Err(RequestError::new(
+                    k.as_str(),
+                    format!(
+                        "unknown field `{k}`: expected one of {}",
+                        CHECK_FIELDS.map(|f| format!("`{f}`")).join(", ")
+                    ),
+                ));
+            }
+        }
+        let principal = parse_uid(obj.get("principal").unwrap_or(&Value::Null), "principal")?;
+        let resource = parse_uid(obj.get("resource").unwrap_or(&Value::Null), "resource")?;
+        let action = match obj.get("action") {
+            Some(Value::String(s)) if !s.is_empty() => s.clone(),
+            Some(Value::Object(o)) if o.contains_key("type") || o.contains_key("__entity") => {
+                parse_uid(&Value::Object(o.clone()), "action")?.to_string()
+            }
+            None | Some(Value::Null) => return Err(RequestError::new("action", "is required")),
+            Some(other) => {
+                return Err(RequestError::new(
+                    "action",
+                    format!("expected a non-empty string, got {}", kind(other)),
+                ))
+            }
+        };
+        let context = match obj.get("context") {
+            None | Some(Value::Null) => Map::new(),
+            Some(Value::Object(m)) => m.clone(),
+            Some(other) => {
+                return Err(RequestError::new(
+                    "context",
+                    format!("expected an object, got {}", kind(other)),
+                ))
+            }
+        };
+        let on_behalf_of = match obj.get("on_behalf_of") {
+            None | Some(Value::Null) => None,
+            Some(v) => Some(parse_uid(v, "on_behalf_of")?),
+        };
+        let human_present = match obj.get("human_present") {
+            None | Some(Value::Null) => true,
+            Some(Value::Bool(b)) => *b,
+            Some(other) => {
+                return Err(RequestError::new(
+                    "human_present",
+                    format!("expected a boolean, got {}", kind(other)),
+                ))
+            }
+        };
+        let work_item_id = match obj.get("work_item_id") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) => Some(s.clone()),
+            Some(other) => {
+                return Err(RequestError::new(
+                    "work_item_id",
+                    format!("expected a string, got {}", kind(other)),
+                ))
+            }
+        };
+        let entities = match obj.get("entities") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::Array(a)) => a.clone(),
+            Some(other) => {
+                return Err(RequestError::new(
+                    "entities",
+                    format!("expected an array of entities, got {}", kind(other)),
+                ))
+            }
+        };
+        Ok(Self {
+            principal,
+            action,
+            resource,
+            context,
+            on_behalf_of,
+            human_present,
+            work_item_id,
+            entities,
+        })
+    }
+}

@@ -674,9 +674,11 @@ impl Bundle {
                                 &declared,
                                 &field,
                             );
-                            // An entity that breaks the schema (Cedar's github example gives users
-                            // `Organization` parents its schema does not allow) still loads as plain
-                            // Cedar JSON; the mismatch is kept as a warning.
+                            // An entity that breaks the schema still loads as plain Cedar JSON,
+                            // with a warning: Cedar's own example data does (github_example gives
+                            // users `Organization` parents, document_cloud a `Document` where a
+                            // `DocumentShare` is declared), and Cedar evaluates it as written.
+                            // Store updates through the engine's API stay strict.
                             let parsed = match typed {
                                 Ok(se) => Ok(se),
                                 Err(e) => match StoredEntity::from_json(v, None, &declared, &field) {

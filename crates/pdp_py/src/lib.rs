@@ -1,1 +1,441 @@
+//! `svc._pdp_core`: the Python binding of `pdp_core`. Thin by design: it converts Python
+//! objects to JSON values and back, maps errors to Python exceptions in one place, and
+//! releases the GIL around every evaluation. `svc.pdp` is the public wrapper.
 
+use pdp_core::{Bundle, BundleSources, Engine as CoreEngine, Mode};
+use pdp_core::{BundleError as CoreBundleError, RequestError as CoreRequestError};
+use pdp_core::{CheckRequest, TemplateLink};
+use pyo3::create_exception;
+use pyo3::exceptions::{PyException, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
+use serde_json::{Map, Number, Value};
+use std::path::PathBuf;
+
+create_exception!(
+    _pdp_core,
+    BundleError,
+    PyException,
+    "A policy bundle could not be loaded; `.errors` lists every problem as dicts with `file`, `line`, `column`, `policy`, `message`."
+);
+create_exception!(
+    _pdp_core,
+    RequestError,
+    PyValueError,
+    "A request or store update is malformed or breaks the schema; `.field` names the field at fault."
+);
+
+fn bundle_err(py: Python<'_>, e: &CoreBundleError) -> PyErr {
+    let err = BundleError::new_err(e.to_string());
+    let list = PyList::empty(py);
+    for se in &e.errors {
+        let d = PyDict::new(py);
+        let _ = d.set_item("file", &se.file);
+        let _ = d.set_item("line", se.line);
+        let _ = d.set_item("column", se.column);
+        let _ = d.set_item("policy", se.policy.as_deref());
+        let _ = d.set_item("message", &se.message);
+        let _ = list.append(d);
+    }
+    let _ = err.value(py).setattr("errors", list);
+    err
+}
+
+fn request_err(py: Python<'_>, e: &CoreRequestError) -> PyErr {
+    let err = RequestError::new_err(e.to_string());
+    let _ = err.value(py).setattr("field", &e.field);
+    let _ = err.value(py).setattr("reason", &e.message);
+    err
+}
+
+/// Converts a Python object built of dict/list/tuple/str/int/float/bool/None to JSON.
+fn to_json(obj: &Bound<'_, PyAny>, depth: u32) -> PyResult<Value> {
+    if depth > 64 {
+        return Err(PyValueError::new_err("value nests deeper than 64 levels"));
+    }
+    if obj.is_none() {
+        return Ok(Value::Null);
+    }
+    if let Ok(s) = obj.cast::<PyString>() {
+        return Ok(Value::String(s.to_str()?.to_owned()));
+    }
+    if let Ok(b) = obj.cast::<PyBool>() {
+        return Ok(Value::Bool(b.is_true()));
+    }
+    if obj.is_instance_of::<PyInt>() {
+        let i: i64 = obj.extract().map_err(|_| {
+            PyValueError::new_err("integer does not fit in 64 bits (Cedar's `Long`)")
+        })?;
+        return Ok(Value::Number(i.into()));
+    }
+    if let Ok(f) = obj.cast::<PyFloat>() {
+        return Number::from_f64(f.value())
+            .map(Value::Number)
+            .ok_or_else(|| PyValueError::new_err("NaN and infinity are not JSON numbers"));
+    }
+    if let Ok(d) = obj.cast::<PyDict>() {
+        let mut m = Map::with_capacity(d.len());
+        for (k, v) in d.iter() {
+            let key = k
+                .cast::<PyString>()
+                .map_err(|_| PyTypeError::new_err("object keys must be strings"))?
+                .to_str()?
+                .to_owned();
+            m.insert(key, to_json(&v, depth + 1)?);
+        }
+        return Ok(Value::Object(m));
+    }
+    if let Ok(l) = obj.cast::<PyList>() {
+        return l
+            .iter()
+            .map(|v| to_json(&v, depth + 1))
+            .collect::<PyResult<Vec<_>>>()
+            .map(Value::Array);
+    }
+    if let Ok(t) = obj.cast::<PyTuple>() {
+        return t
+            .iter()
+            .map(|v| to_json(&v, depth + 1))
+            .collect::<PyResult<Vec<_>>>()
+            .map(Value::Array);
+    }
+    Err(PyTypeError::new_err(format!(
+        "cannot convert `{}` to JSON: expected dict, list, str, int, float, bool or None",
+        obj.get_type().name()?
+    )))
+}
+
+/// Converts JSON to Python objects.
+fn to_py<'py>(py: Python<'py>, v: &Value) -> PyResult<Bound<'py, PyAny>> {
+    Ok(match v {
+        Value::Null => py.None().into_bound(py),
+        Value::Bool(b) => PyBool::new(py, *b).to_owned().into_any(),
+        Value::Number(n) => match n.as_i64() {
+            Some(i) => i.into_pyobject(py)?.into_any(),
+            None => n.as_f64().unwrap_or(0.0).into_pyobject(py)?.into_any(),
+        },
+        Value::String(s) => PyString::new(py, s).into_any(),
+        Value::Array(a) => {
+            let l = PyList::empty(py);
+            for x in a {
+                l.append(to_py(py, x)?)?;
+            }
+            l.into_any()
+        }
+        Value::Object(m) => {
+            let d = PyDict::new(py);
+            for (k, x) in m {
+                d.set_item(k, to_py(py, x)?)?;
+            }
+            d.into_any()
+        }
+    })
+}
+
+/// Reads `policies=` (a text, or a mapping of file name to text) into `(file, text)` pairs.
+fn policy_sources(obj: &Bound<'_, PyAny>) -> PyResult<Vec<(String, String)>> {
+    if let Ok(s) = obj.cast::<PyString>() {
+        return Ok(vec![("<policies>".to_owned(), s.to_str()?.to_owned())]);
+    }
+    if let Ok(d) = obj.cast::<PyDict>() {
+        let mut out: Vec<(String, String)> = Vec::with_capacity(d.len());
+        for (k, v) in d.iter() {
+            out.push((k.extract()?, v.extract()?));
+        }
+        out.sort();
+        return Ok(out);
+    }
+    Err(PyTypeError::new_err(
+        "`policies` must be Cedar text or a mapping of file name to Cedar text",
+    ))
+}
+
+fn text_or_json(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<String> {
+    if let Ok(s) = obj.cast::<PyString>() {
+        return Ok(s.to_str()?.to_owned());
+    }
+    let v = to_json(obj, 0)?;
+    serde_json::to_string(&v).map_err(|e| PyValueError::new_err(format!("`{what}`: {e}")))
+}
+
+fn sources(
+    policies: &Bound<'_, PyAny>,
+    schema: Option<&Bound<'_, PyAny>>,
+    entities: Option<&Bound<'_, PyAny>>,
+    links: Option<&Bound<'_, PyAny>>,
+) -> PyResult<BundleSources> {
+    Ok(BundleSources {
+        policies: policy_sources(policies)?,
+        schema: schema
+            .filter(|s| !s.is_none())
+            .map(|s| text_or_json(s, "schema").map(|t| ("<schema>".to_owned(), t)))
+            .transpose()?,
+        entities: entities
+            .filter(|s| !s.is_none())
+            .map(|s| text_or_json(s, "entities").map(|t| ("<entities>".to_owned(), t)))
+            .transpose()?,
+        links: links
+            .filter(|s| !s.is_none())
+            .map(|s| text_or_json(s, "links").map(|t| ("<links>".to_owned(), t)))
+            .transpose()?,
+    })
+}
+
+/// The in-process decision engine (see `svc.pdp.Engine`).
+#[pyclass(frozen, module = "svc._pdp_core")]
+struct Engine {
+    inner: CoreEngine,
+}
+
+impl Engine {
+    fn build(py: Python<'_>, src: &BundleSources) -> PyResult<Bundle> {
+        py.detach(|| Bundle::from_sources(src))
+            .map_err(|e| bundle_err(py, &e))
+    }
+
+    fn build_dir(py: Python<'_>, path: PathBuf) -> PyResult<Bundle> {
+        py.detach(|| Bundle::from_dir(&path))
+            .map_err(|e| bundle_err(py, &e))
+    }
+}
+
+#[pymethods]
+impl Engine {
+    #[new]
+    #[pyo3(signature = (policies, schema=None, entities=None, links=None))]
+    fn new(
+        py: Python<'_>,
+        policies: &Bound<'_, PyAny>,
+        schema: Option<&Bound<'_, PyAny>>,
+        entities: Option<&Bound<'_, PyAny>>,
+        links: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let src = sources(policies, schema, entities, links)?;
+        Ok(Self {
+            inner: CoreEngine::new(Self::build(py, &src)?),
+        })
+    }
+
+    #[staticmethod]
+    fn from_bundle_dir(py: Python<'_>, path: PathBuf) -> PyResult<Self> {
+        Ok(Self {
+            inner: CoreEngine::new(Self::build_dir(py, path)?),
+        })
+    }
+
+    fn load_bundle_dir(&self, py: Python<'_>, path: PathBuf) -> PyResult<()> {
+        let b = Self::build_dir(py, path)?;
+        self.inner.replace_bundle(b);
+        Ok(())
+    }
+
+    #[pyo3(signature = (policies, schema=None, entities=None, links=None))]
+    fn load_bundle(
+        &self,
+        py: Python<'_>,
+        policies: &Bound<'_, PyAny>,
+        schema: Option<&Bound<'_, PyAny>>,
+        entities: Option<&Bound<'_, PyAny>>,
+        links: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let src = sources(policies, schema, entities, links)?;
+        let b = Self::build(py, &src)?;
+        self.inner.replace_bundle(b);
+        Ok(())
+    }
+
+    fn link_templates(&self, py: Python<'_>, links: &Bound<'_, PyAny>) -> PyResult<()> {
+        let v = to_json(links, 0)?;
+        let parsed = TemplateLink::parse_list(&v).map_err(|e| request_err(py, &e))?;
+        self.inner
+            .link_templates(&parsed)
+            .map_err(|e| bundle_err(py, &e))
+    }
+
+    fn evaluate<'py>(&self, py: Python<'py>, request: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        let v = to_json(request, 0)?;
+        let d = py
+            .detach(|| self.inner.decide_json(&v))
+            .map_err(|e| request_err(py, &e))?;
+        to_py(py, &d.to_response())
+    }
+
+    fn decide<'py>(&self, py: Python<'py>, request: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        let v = to_json(request, 0)?;
+        let d = py
+            .detach(|| self.inner.decide_json(&v))
+            .map_err(|e| request_err(py, &e))?;
+        to_py(py, &d.to_record("in-process"))
+    }
+
+    fn evaluate_many<'py>(
+        &self,
+        py: Python<'py>,
+        requests: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let list = requests
+            .cast::<PyList>()
+            .map_err(|_| PyTypeError::new_err("`requests` must be a list of request dicts"))?;
+        let mut parsed = Vec::with_capacity(list.len());
+        for (i, r) in list.iter().enumerate() {
+            let v = to_json(&r, 0)?;
+            let req = CheckRequest::from_json(&v).map_err(|e| {
+                request_err(
+                    py,
+                    &CoreRequestError::new(format!("requests[{i}].{}", e.field), e.message),
+                )
+            })?;
+            parsed.push(req);
+        }
+        let results: Result<Vec<Value>, CoreRequestError> = py.detach(|| {
+            parsed
+                .iter()
+                .enumerate()
+                .map(|(i, r)| {
+                    self.inner.decide(r).map(|d| d.to_response()).map_err(|e| {
+                        CoreRequestError::new(format!("requests[{i}].{}", e.field), e.message)
+                    })
+                })
+                .collect()
+        });
+        let results = results.map_err(|e| request_err(py, &e))?;
+        let out = PyList::empty(py);
+        for r in &results {
+            out.append(to_py(py, r)?)?;
+        }
+        Ok(out)
+    }
+
+    fn upsert_entities(&self, py: Python<'_>, entities: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let Value::Array(v) = to_json(entities, 0)? else {
+            return Err(PyTypeError::new_err("`entities` must be a list of entity dicts"));
+        };
+        py.detach(|| self.inner.upsert_entities(v))
+            .map_err(|e| request_err(py, &e))
+    }
+
+    fn replace_entities(&self, py: Python<'_>, entities: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let Value::Array(v) = to_json(entities, 0)? else {
+            return Err(PyTypeError::new_err("`entities` must be a list of entity dicts"));
+        };
+        py.detach(|| self.inner.replace_entities(v))
+            .map_err(|e| request_err(py, &e))
+    }
+
+    fn remove_entities(&self, py: Python<'_>, uids: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let v = to_json(uids, 0)?;
+        self.inner.remove_entities(&v).map_err(|e| request_err(py, &e))
+    }
+
+    fn register_service_accounts(&self, py: Python<'_>, records: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let v = to_json(records, 0)?;
+        self.inner
+            .register_service_accounts(&v)
+            .map_err(|e| request_err(py, &e))
+    }
+
+    fn unregister_service_accounts(&self, ids: Vec<String>) -> usize {
+        self.inner.unregister_service_accounts(&ids)
+    }
+
+    fn upsert_work_items(&self, py: Python<'_>, items: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let v = to_json(items, 0)?;
+        self.inner.upsert_work_items(&v).map_err(|e| request_err(py, &e))
+    }
+
+    fn remove_work_items(&self, ids: Vec<String>) -> usize {
+        self.inner.remove_work_items(&ids)
+    }
+
+    fn set_containments(&self, py: Python<'_>, principals: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let v = to_json(principals, 0)?;
+        self.inner.set_containments(&v).map_err(|e| request_err(py, &e))
+    }
+
+    fn contain(&self, py: Python<'_>, principals: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let v = to_json(principals, 0)?;
+        self.inner
+            .set_contained(&v, true)
+            .map_err(|e| request_err(py, &e))
+    }
+
+    fn lift(&self, py: Python<'_>, principals: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let v = to_json(principals, 0)?;
+        self.inner
+            .set_contained(&v, false)
+            .map_err(|e| request_err(py, &e))
+    }
+
+    #[pyo3(signature = (scores, replace=false))]
+    fn set_risk_scores(&self, py: Python<'_>, scores: &Bound<'_, PyAny>, replace: bool) -> PyResult<usize> {
+        let v = to_json(scores, 0)?;
+        self.inner
+            .set_risk_scores(&v, replace)
+            .map_err(|e| request_err(py, &e))
+    }
+
+    fn set_mode(&self, py: Python<'_>, mode: &str) -> PyResult<()> {
+        let m = Mode::parse(mode).map_err(|e| request_err(py, &e))?;
+        self.inner.set_mode(m);
+        Ok(())
+    }
+
+    #[getter]
+    fn mode(&self) -> &'static str {
+        self.inner.mode().as_str()
+    }
+
+    #[getter]
+    fn versions<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let v = self.inner.versions();
+        let d = PyDict::new(py);
+        d.set_item("policy_version", v.policy_version)?;
+        d.set_item("principals_version", v.principals_version)?;
+        d.set_item("resources_version", v.resources_version)?;
+        Ok(d)
+    }
+
+    #[getter]
+    fn policy_names(&self) -> Vec<String> {
+        let b = self.inner.bundle();
+        let mut names: Vec<String> = b.policy_meta().map(|m| m.name.clone()).collect();
+        names.sort();
+        names
+    }
+
+    #[getter]
+    fn warnings(&self) -> Vec<String> {
+        self.inner
+            .bundle()
+            .warnings
+            .iter()
+            .map(ToString::to_string)
+            .collect()
+    }
+
+    #[getter]
+    fn store_size(&self) -> usize {
+        self.inner.store().len()
+    }
+
+    fn __repr__(&self) -> String {
+        let v = self.inner.versions();
+        format!(
+            "Engine(policies={}, policy_version={}, principals_version={}, mode={})",
+            self.inner.bundle().policy_meta().count(),
+            v.policy_version,
+            v.principals_version,
+            self.inner.mode().as_str()
+        )
+    }
+}
+
+#[pymodule]
+fn _pdp_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add_class::<Engine>()?;
+    m.add("BundleError", py.get_type::<BundleError>())?;
+    m.add("RequestError", py.get_type::<RequestError>())?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

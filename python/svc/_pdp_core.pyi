@@ -1,0 +1,238 @@
+"""Type stubs for `svc._pdp_core`, the Rust decision core (crates/pdp_py over crates/pdp_core).
+
+Shapes used below (SPEC 2.1, 2.4, DESIGN 3):
+
+* entity reference: ``{"type": str, "id": str}``; ``'Type::"id"'`` and
+  ``{"__entity": {"type", "id"}}`` are accepted too.
+* entity: Cedar's JSON entity shape ``{"uid": ref, "attrs": {...}, "parents": [ref, ...]}``;
+  entity-valued attributes are ``{"__entity": ref}``, extension values ``{"__extn": ...}``.
+* request: the JSON of ``POST /v1/access/evaluation``: ``principal``, ``action`` (bare id such as
+  ``"read"`` or full uid ``'NS::Action::"read"'``), ``resource``, optional ``context``,
+  ``on_behalf_of``, ``human_present`` (default true), ``work_item_id``, ``entities``.
+* response: ``{"qid": str (UUIDv7), "verdict": "allow"|"deny"|"challenge", "challenges": [str],
+  "policies": [str], "on_behalf_of": {"verdict", "challenges", "policies"} (only when the request
+  names a person), "mode": "monitor"|"enforce"}``.
+"""
+
+from collections.abc import Mapping, Sequence
+from os import PathLike
+from typing import Any, Final, Literal
+
+__version__: Final[str]
+
+JSON = dict[str, Any]
+Ref = Mapping[str, str] | str
+
+class BundleError(Exception):
+    """A policy bundle could not be loaded.
+
+    ``errors`` lists every problem found, each a dict with ``file`` (str), ``line`` and
+    ``column`` (1-based int or None), ``policy`` (policy name or None) and ``message`` (str).
+    """
+
+    errors: list[dict[str, Any]]
+
+class RequestError(ValueError):
+    """A request or store update is malformed or does not match the schema.
+
+    ``field`` is the dotted path of the field at fault (``"context"``, ``"principal.type"``,
+    ``"requests[3].action"``); ``reason`` is the message without the field.
+    """
+
+    field: str
+    reason: str
+
+class Engine:
+    """The in-process decision engine: one policy bundle plus one entity store.
+
+    Every method is safe to call while other threads evaluate; bundle and store changes are
+    published atomically (a check sees the old state or the new one, never a mix).
+    """
+
+    def __init__(
+        self,
+        policies: str | Mapping[str, str],
+        schema: str | Mapping[str, Any] | None = None,
+        entities: str | Sequence[Mapping[str, Any]] | Mapping[str, Any] | None = None,
+        links: str | Sequence[Mapping[str, Any]] | None = None,
+    ) -> None:
+        """Builds an engine from texts.
+
+        Args:
+            policies: Cedar policy text, or a mapping of file name to text (numbered in name
+                order, as a bundle directory's files are).
+            schema: Cedar-syntax schema text, JSON-syntax schema text, or the JSON schema as a
+                dict. Without a schema, policies are not validated.
+            entities: base entities: Cedar entity JSON (list, or its text) or an entity map.
+            links: template links in the Cedar CLI's format (see ``link_templates``).
+
+        Raises:
+            BundleError: with every parse, validation, entity and link error.
+            TypeError: when an argument has the wrong Python type.
+        """
+
+    @staticmethod
+    def from_bundle_dir(path: str | PathLike[str]) -> Engine:
+        """Loads a bundle directory (``*.cedar``, one schema file, ``entities.json``, ``linked``).
+
+        Raises:
+            BundleError: with every problem found, each with file, line and column.
+        """
+
+    def load_bundle_dir(self, path: str | PathLike[str]) -> None:
+        """Replaces the bundle with a directory's, atomically; ``policy_version`` moves.
+
+        Raises:
+            BundleError: the directory does not load; the bundle in force keeps serving.
+        """
+
+    def load_bundle(
+        self,
+        policies: str | Mapping[str, str],
+        schema: str | Mapping[str, Any] | None = None,
+        entities: str | Sequence[Mapping[str, Any]] | Mapping[str, Any] | None = None,
+        links: str | Sequence[Mapping[str, Any]] | None = None,
+    ) -> None:
+        """Replaces the bundle with one built from texts (arguments as for ``Engine()``).
+
+        Raises:
+            BundleError: the texts do not load; the bundle in force keeps serving.
+        """
+
+    def link_templates(self, links: Sequence[Mapping[str, Any]]) -> None:
+        """Links templates, all or nothing: ``[{"template_id", "link_id", "args": {"?principal":
+        ref, "?resource": ref}}]`` (the Cedar CLI's template-linked file format).
+
+        Raises:
+            RequestError: a link entry is malformed.
+            BundleError: a link names an unknown template, reuses a name, misses a slot or
+                fails validation; nothing is linked.
+        """
+
+    def evaluate(self, request: Mapping[str, Any]) -> JSON:
+        """Decides one check; returns the ``POST /v1/access/evaluation`` response.
+
+        The GIL is released while deciding.
+
+        Raises:
+            RequestError: unknown field, missing principal/action/resource, unknown or ambiguous
+                action, undeclared entity type, misuse of ``on_behalf_of``, bad inline entity, or
+                a context that does not match the schema for the action.
+            TypeError: the request holds values that are not JSON.
+        """
+
+    def decide(self, request: Mapping[str, Any]) -> JSON:
+        """Decides one check; returns the decision-log record (DESIGN 6): ``qid``, ``at``
+        (RFC 3339 UTC, ms), ``principal``, ``on_behalf_of``, ``action``, ``resource``,
+        ``verdict``, ``challenges``, ``policies``, ``on_behalf_of_outcome``, ``mode``,
+        ``challenge_qid``, ``work_item``, ``assigned``, ``risk_score``, ``policy_version``,
+        ``principals_version``, ``latency_us``, ``pdp``.
+
+        Raises:
+            RequestError: as ``evaluate``.
+        """
+
+    def evaluate_many(self, requests: list[Mapping[str, Any]]) -> list[JSON]:
+        """Decides a batch in one call with the GIL released for the whole batch.
+
+        Raises:
+            RequestError: for the first bad request, with ``field`` prefixed ``requests[i].``.
+        """
+
+    def upsert_entities(self, entities: Sequence[Mapping[str, Any]]) -> int:
+        """Inserts or replaces entities, all or nothing; returns how many.
+
+        Raises:
+            RequestError: ``entities[i]`` is malformed, of an undeclared type, breaks the schema,
+                or repeats a uid; nothing is stored.
+        """
+
+    def replace_entities(self, entities: Sequence[Mapping[str, Any]]) -> int:
+        """Replaces the whole entity store atomically (a snapshot); returns how many.
+
+        Raises:
+            RequestError: as ``upsert_entities``; the previous snapshot stays.
+        """
+
+    def remove_entities(self, uids: Sequence[Ref]) -> int:
+        """Removes entities; returns how many were present.
+
+        Raises:
+            RequestError: a reference is malformed; nothing is removed.
+        """
+
+    def register_service_accounts(self, records: Sequence[Mapping[str, Any]]) -> int:
+        """Registers service accounts from SPEC 2.7 records ``{id, owner, ai, groups,
+        description, app?}``; returns how many.
+
+        Raises:
+            RequestError: a record is malformed; nothing is registered.
+        """
+
+    def unregister_service_accounts(self, ids: Sequence[str]) -> int:
+        """Retires service accounts: they are denied everything (``svc:unregistered``)."""
+
+    def upsert_work_items(self, items: Sequence[Mapping[str, Any]]) -> int:
+        """Inserts or replaces work items ``{id, status: "open"|"closed", links: [ref], attrs?}``.
+
+        Raises:
+            RequestError: an item is malformed; nothing is stored.
+        """
+
+    def remove_work_items(self, ids: Sequence[str]) -> int:
+        """Removes work items; returns how many were present."""
+
+    def set_containments(self, principals: Sequence[Ref]) -> int:
+        """Replaces the containment list; returns its size.
+
+        Raises:
+            RequestError: a reference is malformed; the list is unchanged.
+        """
+
+    def contain(self, principals: Sequence[Ref]) -> int:
+        """Adds principals to the containment list; returns its size.
+
+        Raises:
+            RequestError: a reference is malformed; nothing changes.
+        """
+
+    def lift(self, principals: Sequence[Ref]) -> int:
+        """Removes principals from the containment list; returns its size.
+
+        Raises:
+            RequestError: a reference is malformed; nothing changes.
+        """
+
+    def set_risk_scores(self, scores: Sequence[Mapping[str, Any]], replace: bool = False) -> int:
+        """Sets reasoner scores ``[{"principal": ref, "score": 0..100}]``; returns how many are held.
+
+        Raises:
+            RequestError: an entry is malformed or its score is outside 0..100.
+        """
+
+    def set_mode(self, mode: Literal["monitor", "enforce"] | str) -> None:
+        """Sets the mode reported with every decision (never applied by the engine).
+
+        Raises:
+            RequestError: the mode is neither ``monitor`` nor ``enforce``.
+        """
+
+    @property
+    def mode(self) -> str:
+        """``"monitor"`` or ``"enforce"``."""
+
+    @property
+    def versions(self) -> dict[str, int]:
+        """``policy_version``, ``principals_version``, ``resources_version``."""
+
+    @property
+    def policy_names(self) -> list[str]:
+        """Names of every static and linked policy, sorted."""
+
+    @property
+    def warnings(self) -> list[str]:
+        """Problems that did not stop the bundle from loading (entities breaking the schema)."""
+
+    @property
+    def store_size(self) -> int:
+        """Number of entities in the store (bundle entities not counted)."""

@@ -1,0 +1,122 @@
+"""The `svc` command line (Typer).
+
+Commands:
+
+* ``svc check --bundle DIR REQUEST.json``: decide one request against a bundle directory and
+  print the decision as JSON, like ``cedar authorize`` / ``opa eval``. ``REQUEST.json`` holds the
+  body of ``POST /v1/access/evaluation`` (SPEC 2.4); Cedar CLI request files
+  (``"principal": "User::\\"alice\\""``) work as they are. ``-`` reads standard input.
+* ``svc validate --bundle DIR``: load and strictly validate a bundle, listing every problem.
+* ``svc version``: print the release.
+
+Exit codes: 0 decision printed (whatever the verdict, unless ``--exit-code``), 1 with
+``--exit-code`` when the verdict is not ``allow``, 2 bad input (bundle or request), with the
+problem on standard error.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from svc import __version__
+from svc.pdp import BundleError, Engine, RequestError
+
+app = typer.Typer(
+    name="svc",
+    help="svc: access decisions (Cedar) and audit intake.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+BundleOpt = Annotated[
+    Path,
+    typer.Option(
+        "--bundle",
+        "-b",
+        help="Bundle directory: *.cedar, one schema file, entities.json, optional `linked`.",
+        exists=True,
+        file_okay=False,
+        dir_okay=True,
+        readable=True,
+    ),
+]
+
+
+def _fail(message: str) -> typer.Exit:
+    """Prints `message` on standard error and returns the exit for bad input (code 2)."""
+    typer.echo(message, err=True)
+    return typer.Exit(code=2)
+
+
+def _load_engine(bundle: Path) -> Engine:
+    """Loads `bundle` or exits with every bundle problem listed."""
+    try:
+        return Engine.from_bundle_dir(bundle)
+    except BundleError as e:
+        raise _fail(str(e)) from e
+
+
+def _read_request(path: str) -> Any:
+    """Reads the request JSON from `path` (`-` for standard input) or exits with the reason."""
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise _fail(f"cannot read request `{path}`: {e.strerror}") from e
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise _fail(f"request `{path}` is not JSON: line {e.lineno}, column {e.colno}: {e.msg}") from e
+
+
+@app.command()
+def check(
+    request: Annotated[str, typer.Argument(help="Request JSON file, or - for standard input.")],
+    bundle: BundleOpt,
+    mode: Annotated[
+        str, typer.Option(help="Mode to report with the decision: monitor or enforce.")
+    ] = "enforce",
+    record: Annotated[
+        bool, typer.Option("--record", help="Print the full decision-log record instead.")
+    ] = False,
+    exit_code: Annotated[
+        bool, typer.Option("--exit-code", help="Exit 1 when the verdict is not allow.")
+    ] = False,
+) -> None:
+    """Decide one request against a bundle directory and print the decision as JSON."""
+    engine = _load_engine(bundle)
+    for w in engine.warnings:
+        typer.echo(f"warning: {w}", err=True)
+    body = _read_request(request)
+    try:
+        engine.set_mode(mode)
+        result = engine.decide(body) if record else engine.evaluate(body)
+    except RequestError as e:
+        raise _fail(str(e)) from e
+    typer.echo(json.dumps(result, indent=2))
+    if exit_code and result["verdict"] != "allow":
+        raise typer.Exit(code=1)
+
+
+@app.command()
+def validate(bundle: BundleOpt) -> None:
+    """Load a bundle directory and validate its policies strictly against its schema."""
+    engine = _load_engine(bundle)
+    for w in engine.warnings:
+        typer.echo(f"warning: {w}", err=True)
+    names = engine.policy_names
+    typer.echo(f"ok: {len(names)} policies: {', '.join(names)}")
+
+
+@app.command()
+def version() -> None:
+    """Print the release."""
+    typer.echo(__version__)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    app()

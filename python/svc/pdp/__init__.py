@@ -1,0 +1,22 @@
+"""The decision point's in-process engine (SPEC 2.4, DESIGN 3-4).
+
+`Engine` wraps the Rust decision core: a Cedar policy bundle plus an in-memory entity store
+(principals, groups, service accounts, resources, work items, containments, risk scores),
+each replaced atomically while checks run.
+
+Example::
+
+    from svc.pdp import Engine
+    engine = Engine.from_bundle_dir("examples/bundles/acme")
+    engine.evaluate({"principal": {"type": "Human", "id": "alice"},
+                     "action": "view",
+                     "resource": {"type": "Document", "id": "roadmap"}})
+    # {'qid': '019...', 'verdict': 'allow', 'challenges': [], 'policies': [...], 'mode': 'enforce'}
+
+Errors: `BundleError` (a bundle does not load; `.errors` lists every problem with file, line
+and column) and `RequestError` (a `ValueError`; `.field` names the request field at fault).
+"""
+
+from svc._pdp_core import BundleError, Engine, RequestError
+
+__all__ = ["BundleError", "Engine", "RequestError"]

@@ -73,55 +73,136 @@ action view appliesTo { principal: [User], resource: [Doc] };
 
 def test_engine_from_texts_with_cedar_and_json_schemas() -> None:
     policies = 'permit (principal, action == Action::"view", resource) when { resource.owner == principal };'
-    ents = [{"uid": {"type": "Doc", "id": "d"}, "attrs": {"owner": {"__entity": {"type": "User", "id": "u"}}},
-             "parents": []}]
+    ents = [
+        {
+            "uid": {"type": "Doc", "id": "d"},
+            "attrs": {"owner": {"__entity": {"type": "User", "id": "u"}}},
+            "parents": [],
+        }
+    ]
     engine = Engine(policies=policies, schema=SCHEMA, entities=ents)
-    req = {"principal": {"type": "User", "id": "u"}, "action": "view", "resource": {"type": "Doc", "id": "d"}}
+    req = {
+        "principal": {"type": "User", "id": "u"},
+        "action": "view",
+        "resource": {"type": "Doc", "id": "d"},
+    }
     assert engine.evaluate(req)["verdict"] == "allow"
-    json_schema = {"": {"entityTypes": {"User": {"memberOfTypes": ["Team"]}, "Team": {},
-                                         "Doc": {"shape": {"type": "Record", "attributes": {
-                                             "owner": {"type": "Entity", "name": "User"}}}}},
-                        "actions": {"view": {"appliesTo": {"principalTypes": ["User"],
-                                                           "resourceTypes": ["Doc"]}}}}}
-    engine2 = Engine(policies={"b.cedar": policies, "a.cedar": "forbid (principal, action, resource) when { false };"},
-                     schema=json_schema, entities=json.dumps(ents))
-    assert engine2.evaluate(req) | {"qid": ""} == {"qid": "", "verdict": "allow", "challenges": [],
-                                                  "policies": ["policy1"], "mode": "enforce"}
+    json_schema = {
+        "": {
+            "entityTypes": {
+                "User": {"memberOfTypes": ["Team"]},
+                "Team": {},
+                "Doc": {
+                    "shape": {
+                        "type": "Record",
+                        "attributes": {"owner": {"type": "Entity", "name": "User"}},
+                    }
+                },
+            },
+            "actions": {
+                "view": {"appliesTo": {"principalTypes": ["User"], "resourceTypes": ["Doc"]}}
+            },
+        }
+    }
+    engine2 = Engine(
+        policies={
+            "b.cedar": policies,
+            "a.cedar": "forbid (principal, action, resource) when { false };",
+        },
+        schema=json_schema,
+        entities=json.dumps(ents),
+    )
+    assert engine2.evaluate(req) | {"qid": ""} == {
+        "qid": "",
+        "verdict": "allow",
+        "challenges": [],
+        "policies": ["policy1"],
+        "mode": "enforce",
+    }
     assert engine2.policy_names == ["policy0", "policy1"]
 
 
 def test_engine_without_schema_is_plain_cedar() -> None:
-    engine = Engine(policies='@id("p") permit (principal in Team::"t", action == Action::"read", resource);')
-    engine.upsert_entities([{"uid": {"type": "User", "id": "u"}, "attrs": {}, "parents": [{"type": "Team", "id": "t"}]}])
-    req = {"principal": {"type": "User", "id": "u"}, "action": "read", "resource": {"type": "X", "id": "1"}}
+    engine = Engine(
+        policies='@id("p") permit (principal in Team::"t", action == Action::"read", resource);'
+    )
+    engine.upsert_entities(
+        [
+            {
+                "uid": {"type": "User", "id": "u"},
+                "attrs": {},
+                "parents": [{"type": "Team", "id": "t"}],
+            }
+        ]
+    )
+    req = {
+        "principal": {"type": "User", "id": "u"},
+        "action": "read",
+        "resource": {"type": "X", "id": "1"},
+    }
     assert engine.evaluate(req)["policies"] == ["p"]
-    assert engine.evaluate({**req, "context": {"anything": [1, "two", {"three": True}]}})["verdict"] == "allow"
+    assert (
+        engine.evaluate({**req, "context": {"anything": [1, "two", {"three": True}]}})["verdict"]
+        == "allow"
+    )
 
 
 def test_template_links_through_the_api() -> None:
-    engine = Engine(policies='@id("viewer") permit (principal == ?principal, action == Action::"view", resource == ?resource);',
-                    schema=SCHEMA)
-    req = {"principal": {"type": "User", "id": "u"}, "action": "view", "resource": {"type": "Doc", "id": "d"}}
+    engine = Engine(
+        policies='@id("viewer") permit (principal == ?principal, action == Action::"view", resource == ?resource);',
+        schema=SCHEMA,
+    )
+    req = {
+        "principal": {"type": "User", "id": "u"},
+        "action": "view",
+        "resource": {"type": "Doc", "id": "d"},
+    }
     assert engine.evaluate(req)["verdict"] == "deny"
     v0 = engine.versions["policy_version"]
-    engine.link_templates([{"template_id": "viewer", "link_id": "u-views-d",
-                            "args": {"?principal": 'User::"u"', "?resource": {"type": "Doc", "id": "d"}}}])
+    engine.link_templates(
+        [
+            {
+                "template_id": "viewer",
+                "link_id": "u-views-d",
+                "args": {"?principal": 'User::"u"', "?resource": {"type": "Doc", "id": "d"}},
+            }
+        ]
+    )
     assert engine.evaluate(req)["policies"] == ["u-views-d"]
     assert engine.versions["policy_version"] == v0 + 1
     with pytest.raises(BundleError, match="unknown template `nope`"):
         engine.link_templates([{"template_id": "nope", "link_id": "x", "args": {}}])
     with pytest.raises(BundleError, match="duplicate policy name"):
-        engine.link_templates([{"template_id": "viewer", "link_id": "u-views-d",
-                                "args": {"?principal": 'User::"u"', "?resource": 'Doc::"d"'}}])
+        engine.link_templates(
+            [
+                {
+                    "template_id": "viewer",
+                    "link_id": "u-views-d",
+                    "args": {"?principal": 'User::"u"', "?resource": 'Doc::"d"'},
+                }
+            ]
+        )
     with pytest.raises(RequestError) as info:
-        engine.link_templates([{"template_id": "viewer", "link_id": "y", "args": {"?owner": 'User::"u"'}}])
+        engine.link_templates(
+            [{"template_id": "viewer", "link_id": "y", "args": {"?owner": 'User::"u"'}}]
+        )
     assert info.value.field == "links[0].args"
     # A link to an entity type the schema rejects fails validation, and nothing is linked.
     with pytest.raises(BundleError):
-        engine.link_templates([
-            {"template_id": "viewer", "link_id": "ok", "args": {"?principal": 'User::"v"', "?resource": 'Doc::"d"'}},
-            {"template_id": "viewer", "link_id": "bad", "args": {"?principal": 'Planet::"v"', "?resource": 'Doc::"d"'}},
-        ])
+        engine.link_templates(
+            [
+                {
+                    "template_id": "viewer",
+                    "link_id": "ok",
+                    "args": {"?principal": 'User::"v"', "?resource": 'Doc::"d"'},
+                },
+                {
+                    "template_id": "viewer",
+                    "link_id": "bad",
+                    "args": {"?principal": 'Planet::"v"', "?resource": 'Doc::"d"'},
+                },
+            ]
+        )
     assert "ok" not in engine.policy_names
 
 
@@ -131,10 +212,16 @@ def test_invalid_bundle_keeps_the_old_one_serving(tmp_path: Path) -> None:
     with pytest.raises(BundleError):
         engine.load_bundle_dir(TESTDATA / "bad_bundles" / "parse_error")
     assert engine.versions["policy_version"] == v
-    req = {"principal": {"type": "Human", "id": "alice"}, "action": "view", "resource": {"type": "Document", "id": "design"}}
+    req = {
+        "principal": {"type": "Human", "id": "alice"},
+        "action": "view",
+        "resource": {"type": "Document", "id": "design"},
+    }
     assert engine.evaluate(req)["verdict"] == "allow"
-    engine.load_bundle(policies='@id("nobody") forbid (principal, action, resource);',
-                       schema=(TESTDATA / "bundles" / "corp" / "corp.cedarschema").read_text())
+    engine.load_bundle(
+        policies='@id("nobody") forbid (principal, action, resource);',
+        schema=(TESTDATA / "bundles" / "corp" / "corp.cedarschema").read_text(),
+    )
     assert engine.versions["policy_version"] == v + 1
     assert engine.evaluate(req)["policies"] == ["nobody"]
 
@@ -151,15 +238,36 @@ def test_wrong_python_types_are_type_errors() -> None:
 
 def test_bundle_entity_breaking_the_schema_loads_with_a_warning(tmp_path: Path) -> None:
     (tmp_path / "s.cedarschema").write_text(SCHEMA)
-    (tmp_path / "p.cedar").write_text('permit (principal, action, resource) when { resource.owner == principal };')
-    (tmp_path / "entities.json").write_text(json.dumps([
-        {"uid": {"type": "Doc", "id": "d"}, "attrs": {"owner": {"__entity": {"type": "User", "id": "u"}},
-                                                     "extra": "x"}, "parents": []}]))
+    (tmp_path / "p.cedar").write_text(
+        "permit (principal, action, resource) when { resource.owner == principal };"
+    )
+    (tmp_path / "entities.json").write_text(
+        json.dumps(
+            [
+                {
+                    "uid": {"type": "Doc", "id": "d"},
+                    "attrs": {"owner": {"__entity": {"type": "User", "id": "u"}}, "extra": "x"},
+                    "parents": [],
+                }
+            ]
+        )
+    )
     engine = Engine.from_bundle_dir(tmp_path)
     assert len(engine.warnings) == 1 and "extra" in engine.warnings[0]
-    req = {"principal": {"type": "User", "id": "u"}, "action": "view", "resource": {"type": "Doc", "id": "d"}}
+    req = {
+        "principal": {"type": "User", "id": "u"},
+        "action": "view",
+        "resource": {"type": "Doc", "id": "d"},
+    }
     assert engine.evaluate(req)["verdict"] == "allow"
     # The engine's own store API stays strict.
     with pytest.raises(RequestError):
-        engine.upsert_entities([{"uid": {"type": "Doc", "id": "e"}, "attrs": {"owner": {"__entity": {"type": "User", "id": "u"}},
-                                                                          "extra": "x"}, "parents": []}])
+        engine.upsert_entities(
+            [
+                {
+                    "uid": {"type": "Doc", "id": "e"},
+                    "attrs": {"owner": {"__entity": {"type": "User", "id": "u"}}, "extra": "x"},
+                    "parents": [],
+                }
+            ]
+        )

@@ -9,8 +9,8 @@ import re
 from typing import Any
 
 import pytest
-from golden import all_cases, engine_for, expected_response, without_qid
 
+from golden import all_cases, engine_for, expected_response, without_qid
 from svc.pdp import Engine, RequestError
 
 CASES = all_cases()
@@ -78,8 +78,11 @@ def test_evaluate_many_agrees_with_evaluate() -> None:
 def test_evaluate_many_names_the_bad_request() -> None:
     doc = next(d for _, d, c in CASES if d["bundle"] == "corp")
     engine = _engine(doc)
-    good = {"principal": {"type": "Human", "id": "alice"}, "action": "view",
-            "resource": {"type": "Document", "id": "design"}}
+    good = {
+        "principal": {"type": "Human", "id": "alice"},
+        "action": "view",
+        "resource": {"type": "Document", "id": "design"},
+    }
     bad = {**good, "context": {"risk_score": "high"}}
     with pytest.raises(RequestError) as info:
         engine.evaluate_many([good, good, bad])
@@ -89,12 +92,14 @@ def test_evaluate_many_names_the_bad_request() -> None:
 def test_decide_returns_the_decision_log_record() -> None:
     doc = next(d for cid, d, c in CASES if cid.startswith("agents"))
     engine = _engine(doc)
-    rec = engine.decide({
-        "principal": {"type": "ServiceAccount", "id": "helpdesk.agent"},
-        "action": "edit",
-        "resource": {"type": "Document", "id": "design"},
-        "work_item_id": "jira:OPS-7",
-    })
+    rec = engine.decide(
+        {
+            "principal": {"type": "ServiceAccount", "id": "helpdesk.agent"},
+            "action": "edit",
+            "resource": {"type": "Document", "id": "design"},
+            "work_item_id": "jira:OPS-7",
+        }
+    )
     assert rec["verdict"] == "allow"
     assert rec["work_item"] == "jira:OPS-7"
     assert rec["assigned"] is True
@@ -104,13 +109,23 @@ def test_decide_returns_the_decision_log_record() -> None:
     assert re.match(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$", rec["at"])
     assert rec["policy_version"] >= 1 and rec["principals_version"] >= 1
     assert rec["latency_us"] >= 0
-    for key in ["qid", "challenges", "policies", "mode", "challenge_qid", "risk_score", "pdp",
-                "on_behalf_of"]:
+    for key in [
+        "qid",
+        "challenges",
+        "policies",
+        "mode",
+        "challenge_qid",
+        "risk_score",
+        "pdp",
+        "on_behalf_of",
+    ]:
         assert key in rec
-    closed = engine.decide({
-        "principal": {"type": "ServiceAccount", "id": "helpdesk.agent"},
-        "action": "edit",
-        "resource": {"type": "Document", "id": "design"},
-        "work_item_id": "jira:OPS-8",
-    })
+    closed = engine.decide(
+        {
+            "principal": {"type": "ServiceAccount", "id": "helpdesk.agent"},
+            "action": "edit",
+            "resource": {"type": "Document", "id": "design"},
+            "work_item_id": "jira:OPS-8",
+        }
+    )
     assert closed["work_item"] == "jira:OPS-8" and closed["assigned"] is False

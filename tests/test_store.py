@@ -14,8 +14,11 @@ H = lambda i: {"type": "Human", "id": i}  # noqa: E731
 
 
 def human(uid: str, dept: str = "engineering", groups: tuple[str, ...] = ()) -> dict:
-    return {"uid": H(uid), "attrs": {"department": dept},
-            "parents": [{"type": "Group", "id": g} for g in groups]}
+    return {
+        "uid": H(uid),
+        "attrs": {"department": dept},
+        "parents": [{"type": "Group", "id": g} for g in groups],
+    }
 
 
 def view(principal: dict, doc: str = "design") -> dict:
@@ -38,8 +41,11 @@ def test_upsert_and_remove_move_principals_version(engine: Engine) -> None:
     assert engine.evaluate(view(H("zed")))["verdict"] == "deny"
     assert engine.remove_entities([H("zed"), H("never-there")]) == 1
     assert engine.versions["principals_version"] == v1["principals_version"] + 2
-    doc = {"uid": {"type": "Document", "id": "new"}, "attrs": {"owner": H("zed"), "department": "x",
-           "sensitivity": "internal", "tags": []}, "parents": []}
+    doc = {
+        "uid": {"type": "Document", "id": "new"},
+        "attrs": {"owner": H("zed"), "department": "x", "sensitivity": "internal", "tags": []},
+        "parents": [],
+    }
     engine.upsert_entities([doc])
     assert engine.versions["resources_version"] == v1["resources_version"] + 1
 
@@ -82,13 +88,16 @@ def test_service_account_registration_lifecycle(engine: Engine) -> None:
     sa = {"type": "ServiceAccount", "id": "crm.sync"}
     req = {"principal": sa, "action": "view", "resource": {"type": "Document", "id": "handbook"}}
     assert engine.evaluate(req)["policies"] == ["svc:unregistered"]
-    engine.register_service_accounts([{"id": "crm.sync", "owner": "alice", "ai": False, "groups": [],
-                                       "description": "sync"}])
+    engine.register_service_accounts(
+        [{"id": "crm.sync", "owner": "alice", "ai": False, "groups": [], "description": "sync"}]
+    )
     assert engine.evaluate(req)["verdict"] == "allow"
     assert engine.unregister_service_accounts(["crm.sync"]) == 1
     assert engine.evaluate(req)["policies"] == ["svc:unregistered"]
     with pytest.raises(RequestError) as info:
-        engine.register_service_accounts([{"id": "a.b", "owner": "alice"}, {"id": "", "owner": "x"}])
+        engine.register_service_accounts(
+            [{"id": "a.b", "owner": "alice"}, {"id": "", "owner": "x"}]
+        )
     assert info.value.field == "service_accounts[1].id"
     with pytest.raises(RequestError) as info:
         engine.register_service_accounts([{"id": "a.b", "owner": "alice", "ai": "yes"}])

@@ -4,9 +4,9 @@ Shapes used below (SPEC 2.1, 2.4, DESIGN 3):
 
 * entity reference: ``{"type": str, "id": str}``; ``'Type::"id"'`` and
   ``{"__entity": {"type", "id"}}`` are accepted too.
-* entity: Cedar's JSON entity shape ``{"uid": ref, "attrs": {...}, "parents": [ref, ...]}``;
+* entity: Cedar's _JSON entity shape ``{"uid": ref, "attrs": {...}, "parents": [ref, ...]}``;
   entity-valued attributes are ``{"__entity": ref}``, extension values ``{"__extn": ...}``.
-* request: the JSON of ``POST /v1/access/evaluation``: ``principal``, ``action`` (bare id such as
+* request: the _JSON of ``POST /v1/access/evaluation``: ``principal``, ``action`` (bare id such as
   ``"read"`` or full uid ``'NS::Action::"read"'``), ``resource``, optional ``context``,
   ``on_behalf_of``, ``human_present`` (default true), ``work_item_id``, ``entities``.
 * response: ``{"qid": str (UUIDv7), "verdict": "allow"|"deny"|"challenge", "challenges": [str],
@@ -16,12 +16,14 @@ Shapes used below (SPEC 2.1, 2.4, DESIGN 3):
 
 from collections.abc import Mapping, Sequence
 from os import PathLike
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, final
+
+__all__ = ["BundleError", "Engine", "RequestError", "__version__"]
 
 __version__: Final[str]
 
-JSON = dict[str, Any]
-Ref = Mapping[str, str] | str
+_JSON = dict[str, Any]
+_Ref = Mapping[str, str] | str
 
 class BundleError(Exception):
     """A policy bundle could not be loaded.
@@ -42,6 +44,7 @@ class RequestError(ValueError):
     field: str
     reason: str
 
+@final
 class Engine:
     """The in-process decision engine: one policy bundle plus one entity store.
 
@@ -49,26 +52,27 @@ class Engine:
     published atomically (a check sees the old state or the new one, never a mix).
     """
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         policies: str | Mapping[str, str],
         schema: str | Mapping[str, Any] | None = None,
         entities: str | Sequence[Mapping[str, Any]] | Mapping[str, Any] | None = None,
         links: str | Sequence[Mapping[str, Any]] | None = None,
-    ) -> None:
+    ) -> Engine:
         """Builds an engine from texts.
 
         Args:
             policies: Cedar policy text, or a mapping of file name to text (numbered in name
                 order, as a bundle directory's files are).
-            schema: Cedar-syntax schema text, JSON-syntax schema text, or the JSON schema as a
+            schema: Cedar-syntax schema text, _JSON-syntax schema text, or the _JSON schema as a
                 dict. Without a schema, policies are not validated.
-            entities: base entities: Cedar entity JSON (list, or its text) or an entity map.
+            entities: base entities: Cedar entity _JSON (list, or its text) or an entity map.
             links: template links in the Cedar CLI's format (see ``link_templates``).
 
         Raises:
             BundleError: with every parse, validation, entity and link error.
             TypeError: when an argument has the wrong Python type.
+
         """
 
     @staticmethod
@@ -77,6 +81,7 @@ class Engine:
 
         Raises:
             BundleError: with every problem found, each with file, line and column.
+
         """
 
     def load_bundle_dir(self, path: str | PathLike[str]) -> None:
@@ -84,6 +89,7 @@ class Engine:
 
         Raises:
             BundleError: the directory does not load; the bundle in force keeps serving.
+
         """
 
     def load_bundle(
@@ -97,19 +103,23 @@ class Engine:
 
         Raises:
             BundleError: the texts do not load; the bundle in force keeps serving.
+
         """
 
     def link_templates(self, links: Sequence[Mapping[str, Any]]) -> None:
-        """Links templates, all or nothing: ``[{"template_id", "link_id", "args": {"?principal":
-        ref, "?resource": ref}}]`` (the Cedar CLI's template-linked file format).
+        """Links templates, all or nothing.
+
+        ``links`` is the Cedar CLI's template-linked file format: ``[{"template_id", "link_id",
+        "args": {"?principal": ref, "?resource": ref}}]``.
 
         Raises:
             RequestError: a link entry is malformed.
             BundleError: a link names an unknown template, reuses a name, misses a slot or
                 fails validation; nothing is linked.
+
         """
 
-    def evaluate(self, request: Mapping[str, Any]) -> JSON:
+    def evaluate(self, request: Mapping[str, Any]) -> _JSON:
         """Decides one check; returns the ``POST /v1/access/evaluation`` response.
 
         The GIL is released while deciding.
@@ -118,11 +128,14 @@ class Engine:
             RequestError: unknown field, missing principal/action/resource, unknown or ambiguous
                 action, undeclared entity type, misuse of ``on_behalf_of``, bad inline entity, or
                 a context that does not match the schema for the action.
-            TypeError: the request holds values that are not JSON.
+            TypeError: the request holds values that are not _JSON.
+
         """
 
-    def decide(self, request: Mapping[str, Any]) -> JSON:
-        """Decides one check; returns the decision-log record (DESIGN 6): ``qid``, ``at``
+    def decide(self, request: Mapping[str, Any]) -> _JSON:
+        """Decides one check; returns the decision-log record of DESIGN 6.
+
+        Fields: ``qid``, ``at``
         (RFC 3339 UTC, ms), ``principal``, ``on_behalf_of``, ``action``, ``resource``,
         ``verdict``, ``challenges``, ``policies``, ``on_behalf_of_outcome``, ``mode``,
         ``challenge_qid``, ``work_item``, ``assigned``, ``risk_score``, ``policy_version``,
@@ -130,13 +143,15 @@ class Engine:
 
         Raises:
             RequestError: as ``evaluate``.
+
         """
 
-    def evaluate_many(self, requests: list[Mapping[str, Any]]) -> list[JSON]:
+    def evaluate_many(self, requests: list[Mapping[str, Any]]) -> list[_JSON]:
         """Decides a batch in one call with the GIL released for the whole batch.
 
         Raises:
             RequestError: for the first bad request, with ``field`` prefixed ``requests[i].``.
+
         """
 
     def upsert_entities(self, entities: Sequence[Mapping[str, Any]]) -> int:
@@ -145,6 +160,7 @@ class Engine:
         Raises:
             RequestError: ``entities[i]`` is malformed, of an undeclared type, breaks the schema,
                 or repeats a uid; nothing is stored.
+
         """
 
     def replace_entities(self, entities: Sequence[Mapping[str, Any]]) -> int:
@@ -152,21 +168,26 @@ class Engine:
 
         Raises:
             RequestError: as ``upsert_entities``; the previous snapshot stays.
+
         """
 
-    def remove_entities(self, uids: Sequence[Ref]) -> int:
+    def remove_entities(self, uids: Sequence[_Ref]) -> int:
         """Removes entities; returns how many were present.
 
         Raises:
             RequestError: a reference is malformed; nothing is removed.
+
         """
 
     def register_service_accounts(self, records: Sequence[Mapping[str, Any]]) -> int:
-        """Registers service accounts from SPEC 2.7 records ``{id, owner, ai, groups,
-        description, app?}``; returns how many.
+        """Registers service accounts; returns how many.
+
+        Records are SPEC 2.7's ``{id, owner, ai, groups, description, app?}``; ``app`` defaults
+        to the id up to its first dot.
 
         Raises:
             RequestError: a record is malformed; nothing is registered.
+
         """
 
     def unregister_service_accounts(self, ids: Sequence[str]) -> int:
@@ -177,37 +198,42 @@ class Engine:
 
         Raises:
             RequestError: an item is malformed; nothing is stored.
+
         """
 
     def remove_work_items(self, ids: Sequence[str]) -> int:
         """Removes work items; returns how many were present."""
 
-    def set_containments(self, principals: Sequence[Ref]) -> int:
+    def set_containments(self, principals: Sequence[_Ref]) -> int:
         """Replaces the containment list; returns its size.
 
         Raises:
             RequestError: a reference is malformed; the list is unchanged.
+
         """
 
-    def contain(self, principals: Sequence[Ref]) -> int:
+    def contain(self, principals: Sequence[_Ref]) -> int:
         """Adds principals to the containment list; returns its size.
 
         Raises:
             RequestError: a reference is malformed; nothing changes.
+
         """
 
-    def lift(self, principals: Sequence[Ref]) -> int:
+    def lift(self, principals: Sequence[_Ref]) -> int:
         """Removes principals from the containment list; returns its size.
 
         Raises:
             RequestError: a reference is malformed; nothing changes.
+
         """
 
     def set_risk_scores(self, scores: Sequence[Mapping[str, Any]], replace: bool = False) -> int:
-        """Sets reasoner scores ``[{"principal": ref, "score": 0..100}]``; returns how many are held.
+        """Sets reasoner scores ``[{"principal": ref, "score": 0..100}]``; returns how many held.
 
         Raises:
             RequestError: an entry is malformed or its score is outside 0..100.
+
         """
 
     def set_mode(self, mode: Literal["monitor", "enforce"] | str) -> None:
@@ -215,6 +241,7 @@ class Engine:
 
         Raises:
             RequestError: the mode is neither ``monitor`` nor ``enforce``.
+
         """
 
     @property

@@ -1,4 +1,4 @@
-"""The `svc` command line (Typer).
+r"""The `svc` command line (Typer).
 
 Commands:
 
@@ -70,7 +70,9 @@ def _read_request(path: str) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
-        raise _fail(f"request `{path}` is not JSON: line {e.lineno}, column {e.colno}: {e.msg}") from e
+        raise _fail(
+            f"request `{path}` is not JSON: line {e.lineno}, column {e.colno}: {e.msg}"
+        ) from e
 
 
 @app.command()

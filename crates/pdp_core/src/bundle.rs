@@ -273,7 +273,8 @@ fn diag_errors(
     }
     let mut out = Vec::new();
     if let Some(labels) = diag.labels() {
-        for label in labels {
+        // One position per diagnostic: the primary label is enough to find it.
+        if let Some(label) = labels.into_iter().next() {
             let (line, column) = match (diag.source_code(), text) {
                 (Some(src), _) => match src.read_span(label.inner(), 0, 0) {
                     Ok(c) => (
@@ -292,8 +293,6 @@ fn diag_errors(
                 policy: policy.clone(),
                 message: message.clone(),
             });
-            // One position per diagnostic: the primary label is enough to find it.
-            break;
         }
     }
     if out.is_empty() {
@@ -557,7 +556,10 @@ impl Bundle {
                     (_, Some(t)) => t.annotations().collect(),
                     _ => continue,
                 };
-                let id_ann = annotations.iter().find(|(k, _)| *k == "id").map(|(_, v)| *v);
+                let id_ann = annotations
+                    .iter()
+                    .find(|(k, _)| *k == "id")
+                    .map(|(_, v)| *v);
                 let name = match id_ann {
                     Some(v) => v.to_owned(),
                     None => format!("policy{}", offset + idx),
@@ -578,9 +580,7 @@ impl Bundle {
                         line: pos.map(|p| p.1),
                         column: pos.map(|p| p.2),
                         policy: Some(name.clone()),
-                        message: format!(
-                            "duplicate policy name `{name}` (also used in `{prev}`)"
-                        ),
+                        message: format!("duplicate policy name `{name}` (also used in `{prev}`)"),
                     });
                     continue;
                 }
@@ -616,7 +616,7 @@ impl Bundle {
                         policies
                             .add(renamed)
                             .map_err(|e| chain(&e))
-                            .and_then(|()| as_permit)
+                            .and(as_permit)
                             .and_then(|ap| eval_set.add(ap).map_err(|e| chain(&e)))
                     }
                     (_, Some(t)) => {
@@ -632,7 +632,7 @@ impl Bundle {
                         policies
                             .add_template(renamed)
                             .map_err(|e| chain(&e))
-                            .and_then(|()| as_permit)
+                            .and(as_permit)
                             .and_then(|ap| eval_set.add_template(ap).map_err(|e| chain(&e)))
                     }
                     _ => Ok(()),
@@ -681,7 +681,8 @@ impl Bundle {
                             // Store updates through the engine's API stay strict.
                             let parsed = match typed {
                                 Ok(se) => Ok(se),
-                                Err(e) => match StoredEntity::from_json(v, None, &declared, &field) {
+                                Err(e) => match StoredEntity::from_json(v, None, &declared, &field)
+                                {
                                     Ok(se) => {
                                         warnings.push(SourceError::file(name, e.to_string()));
                                         Ok(se)
@@ -730,7 +731,10 @@ impl Bundle {
             entity_types = s.entity_types().map(ToString::to_string).collect();
             principal_types = s.principals().map(ToString::to_string).collect();
         }
-        let context_attrs = schema_json.as_ref().map(context_attrs_of).unwrap_or_default();
+        let context_attrs = schema_json
+            .as_ref()
+            .map(context_attrs_of)
+            .unwrap_or_default();
 
         let mut bundle = Self {
             policies,
@@ -774,7 +778,13 @@ impl Bundle {
         // --- strict validation --------------------------------------------------------------
         if errors.is_empty() {
             if let Some(s) = &bundle.schema {
-                errors.extend(validate(&bundle.policies, s, &bundle.meta, &bundle.template_meta, &file_of));
+                errors.extend(validate(
+                    &bundle.policies,
+                    s,
+                    &bundle.meta,
+                    &bundle.template_meta,
+                    &file_of,
+                ));
             }
         }
 
@@ -1015,7 +1025,9 @@ fn validate(
     for e in result.validation_errors() {
         let pid = e.policy_id();
         let m = meta.get(pid).or_else(|| template_meta.get(pid));
-        let file = m.map(|m| m.file.clone()).unwrap_or_else(|| "<policies>".to_owned());
+        let file = m
+            .map(|m| m.file.clone())
+            .unwrap_or_else(|| "<policies>".to_owned());
         let text = file_of.get(pid).map(|f| f.1.as_str());
         out.extend(diag_errors(e, &file, text, Some(pid.to_string())));
     }

@@ -15,7 +15,7 @@
 use crate::bundle::{Bundle, TemplateLink};
 use crate::error::{chain, BundleError, RequestError};
 use crate::request::{kind, parse_uid, CheckRequest};
-use crate::store::{parse_uid_list, StoredEntity, Store, WorkItem};
+use crate::store::{parse_uid_list, Store, StoredEntity, WorkItem};
 use arc_swap::ArcSwap;
 use cedar_policy::{
     Authorizer, Context, Effect, Entities, Entity, EntityUid, EvalResult, Request,
@@ -323,7 +323,10 @@ impl Engine {
     /// Applies `f` to a copy of the state and publishes it atomically. Writers are serialised;
     /// readers are never blocked.
     fn update<T, E>(&self, f: impl FnOnce(&mut State) -> Result<T, E>) -> Result<T, E> {
-        let _guard = self.writer.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let _guard = self
+            .writer
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let mut next = State::clone(&self.state.load());
         let out = f(&mut next)?;
         self.state.store(Arc::new(next));
@@ -471,7 +474,10 @@ impl Engine {
     /// [`RequestError`] on `service_accounts[i].<field>`; nothing is registered.
     pub fn register_service_accounts(&self, records: &Value) -> Result<usize, RequestError> {
         let arr = records.as_array().ok_or_else(|| {
-            RequestError::new("service_accounts", "expected an array of service-account records")
+            RequestError::new(
+                "service_accounts",
+                "expected an array of service-account records",
+            )
         })?;
         self.update(|s| {
             let b = &s.bundle;
@@ -571,7 +577,10 @@ impl Engine {
             };
             let mut n = 0;
             for id in ids {
-                let uid = EntityUid::from_type_name_and_id(sa_ty.clone(), cedar_policy::EntityId::new(id));
+                let uid = EntityUid::from_type_name_and_id(
+                    sa_ty.clone(),
+                    cedar_policy::EntityId::new(id),
+                );
                 if s.store.entities.remove(&uid).is_some() {
                     n += 1;
                 }
@@ -700,9 +709,9 @@ impl Engine {
     /// # Errors
     /// [`RequestError`] on `scores[i].<field>` for a malformed entry or a score outside 0..=100.
     pub fn set_risk_scores(&self, scores: &Value, replace: bool) -> Result<usize, RequestError> {
-        let arr = scores
-            .as_array()
-            .ok_or_else(|| RequestError::new("scores", "expected an array of {principal, score}"))?;
+        let arr = scores.as_array().ok_or_else(|| {
+            RequestError::new("scores", "expected an array of {principal, score}")
+        })?;
         let mut parsed = Vec::with_capacity(arr.len());
         for (i, e) in arr.iter().enumerate() {
             let p = parse_uid(
@@ -921,7 +930,9 @@ impl Engine {
         .map_err(|e| request_error(&e, field))?;
 
         let entities = gather(cx, subject, agent)?;
-        let response = self.authorizer.is_authorized(&request, &b.eval_set, &entities);
+        let response = self
+            .authorizer
+            .is_authorized(&request, &b.eval_set, &entities);
         Ok(classify(b, response.diagnostics().reason()))
     }
 }
@@ -936,19 +947,18 @@ struct CheckCtx<'a> {
 }
 
 fn request_error(e: &RequestValidationError, field: &str) -> RequestError {
-    let f = match e {
-        RequestValidationError::UndeclaredPrincipalType(_)
-        | RequestValidationError::InvalidPrincipalType(_) => format!("{field}.type"),
-        RequestValidationError::UndeclaredResourceType(_)
-        | RequestValidationError::InvalidResourceType(_) => "resource.type".to_owned(),
-        RequestValidationError::InvalidContext(_) | RequestValidationError::TypeOfContext(_) => {
-            "context".to_owned()
-        }
-        RequestValidationError::UndeclaredAction(_) | RequestValidationError::ExternalAction(_) => {
-            "action".to_owned()
-        }
-        _ => "request".to_owned(),
-    };
+    let f =
+        match e {
+            RequestValidationError::UndeclaredPrincipalType(_)
+            | RequestValidationError::InvalidPrincipalType(_) => format!("{field}.type"),
+            RequestValidationError::UndeclaredResourceType(_)
+            | RequestValidationError::InvalidResourceType(_) => "resource.type".to_owned(),
+            RequestValidationError::InvalidContext(_)
+            | RequestValidationError::TypeOfContext(_) => "context".to_owned(),
+            RequestValidationError::UndeclaredAction(_)
+            | RequestValidationError::ExternalAction(_) => "action".to_owned(),
+            _ => "request".to_owned(),
+        };
     RequestError::new(f, chain(e))
 }
 
@@ -979,7 +989,10 @@ fn is_registered(st: &State, uid: &EntityUid) -> bool {
         .or_else(|| st.bundle.entities.get(uid));
     match e {
         None => false,
-        Some(e) => !matches!(e.entity.attr("registered"), Some(Ok(EvalResult::Bool(false)))),
+        Some(e) => !matches!(
+            e.entity.attr("registered"),
+            Some(Ok(EvalResult::Bool(false)))
+        ),
     }
 }
 
@@ -1032,7 +1045,10 @@ fn gather(
 }
 
 /// Applies DESIGN 4's verdict rules to the satisfied policies of one principal.
-fn classify<'a>(b: &Bundle, satisfied: impl Iterator<Item = &'a cedar_policy::PolicyId>) -> Outcome {
+fn classify<'a>(
+    b: &Bundle,
+    satisfied: impl Iterator<Item = &'a cedar_policy::PolicyId>,
+) -> Outcome {
     let mut plain_forbid = Vec::new();
     let mut ch_forbid = Vec::new();
     let mut plain_permit = Vec::new();
@@ -1052,7 +1068,10 @@ fn classify<'a>(b: &Bundle, satisfied: impl Iterator<Item = &'a cedar_policy::Po
         n
     };
     let kinds = |v: &[&crate::bundle::PolicyMeta]| {
-        let mut k: Vec<String> = v.iter().flat_map(|m| m.challenges.iter().cloned()).collect();
+        let mut k: Vec<String> = v
+            .iter()
+            .flat_map(|m| m.challenges.iter().cloned())
+            .collect();
         k.sort();
         k.dedup();
         k

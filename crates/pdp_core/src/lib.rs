@@ -18,4 +18,4 @@ pub use bundle::{Bundle, BundleSources, PolicyMeta, TemplateLink, CHALLENGE_KIND
 pub use engine::{Decision, Engine, Mode, Outcome, Verdict, Versions};
 pub use error::{BundleError, RequestError, SourceError};
 pub use request::CheckRequest;
-pub use store::{StoredEntity, Store, WorkItem};
+pub use store::{Store, StoredEntity, WorkItem};

@@ -40,7 +40,9 @@ pub fn parse_uid(value: &Value, field: &str) -> Result<EntityUid, RequestError> 
                 if k != "type" && k != "id" {
                     return Err(RequestError::new(
                         field,
-                        format!("unexpected key `{k}` in entity reference: expected `type` and `id`"),
+                        format!(
+                            "unexpected key `{k}` in entity reference: expected `type` and `id`"
+                        ),
                     ));
                 }
             }
@@ -61,7 +63,10 @@ pub fn parse_uid(value: &Value, field: &str) -> Result<EntityUid, RequestError> 
         Value::Null => Err(RequestError::new(field, "is required")),
         other => Err(RequestError::new(
             field,
-            format!("expected an entity reference {{type, id}}, got {}", kind(other)),
+            format!(
+                "expected an entity reference {{type, id}}, got {}",
+                kind(other)
+            ),
         )),
     }
 }
@@ -107,7 +112,10 @@ impl CheckRequest {
     /// wrong JSON types.
     pub fn from_json(value: &Value) -> Result<Self, RequestError> {
         let obj = value.as_object().ok_or_else(|| {
-            RequestError::new("request", format!("expected a JSON object, got {}", kind(value)))
+            RequestError::new(
+                "request",
+                format!("expected a JSON object, got {}", kind(value)),
+            )
         })?;
         for k in obj.keys() {
             if !CHECK_FIELDS.contains(&k.as_str()) {

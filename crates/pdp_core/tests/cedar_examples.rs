@@ -1,12 +1,18 @@
 //! Every request in `../shared/data/cedar-examples/*/ALLOW` and `DENY` decides as its folder
 //! says, and every example application loads as a bundle directory as it stands.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::panic
+)]
 
 use pdp_core::{Bundle, Engine, Verdict};
 use std::path::PathBuf;
 
 fn examples_dir() -> Option<PathBuf> {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/cedar-examples");
+    let root =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/cedar-examples");
     root.is_dir().then_some(root)
 }
 

@@ -1,6 +1,11 @@
 //! Runs the golden corpus of tests/testdata/golden through the Rust engine (the Python tests
 //! run the same files through the binding). Format: tests/golden.py.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing, clippy::panic)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::panic
+)]
 
 use pdp_core::{Bundle, Engine, Mode};
 use serde_json::Value;
@@ -11,8 +16,12 @@ fn testdata() -> PathBuf {
 }
 
 fn engine_for(doc: &Value) -> Engine {
-    let bundle = Bundle::from_dir(&testdata().join("bundles").join(doc["bundle"].as_str().unwrap()))
-        .unwrap_or_else(|e| panic!("{e}"));
+    let bundle = Bundle::from_dir(
+        &testdata()
+            .join("bundles")
+            .join(doc["bundle"].as_str().unwrap()),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
     let engine = Engine::new(bundle);
     let setup = &doc["setup"];
     if let Some(Value::Array(es)) = setup.get("entities") {
@@ -53,8 +62,16 @@ fn golden_corpus() {
         let engine = engine_for(&doc);
         for case in doc["cases"].as_array().unwrap() {
             n += 1;
-            let name = format!("{}: {}", f.file_stem().unwrap().to_string_lossy(), case["name"]);
-            match (engine.decide_json(&case["request"]), case.get("expect"), case.get("error")) {
+            let name = format!(
+                "{}: {}",
+                f.file_stem().unwrap().to_string_lossy(),
+                case["name"]
+            );
+            match (
+                engine.decide_json(&case["request"]),
+                case.get("expect"),
+                case.get("error"),
+            ) {
                 (Ok(d), Some(want), _) => {
                     let mut got = d.to_response();
                     got.as_object_mut().unwrap().remove("qid");
@@ -74,10 +91,18 @@ fn golden_corpus() {
                         failures.push(format!("{name}\n  got error {e:?}\n  want {want}"));
                     }
                 }
-                (Ok(d), _, _) => failures.push(format!("{name}: expected an error, got {}", d.to_response())),
+                (Ok(d), _, _) => failures.push(format!(
+                    "{name}: expected an error, got {}",
+                    d.to_response()
+                )),
                 (Err(e), _, _) => failures.push(format!("{name}: unexpected error {e}")),
             }
         }
     }
-    assert!(failures.is_empty(), "{} of {n} golden cases failed:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} of {n} golden cases failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }

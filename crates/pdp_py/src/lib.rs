@@ -252,7 +252,11 @@ impl Engine {
             .map_err(|e| bundle_err(py, &e))
     }
 
-    fn evaluate<'py>(&self, py: Python<'py>, request: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    fn evaluate<'py>(
+        &self,
+        py: Python<'py>,
+        request: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let v = to_json(request, 0)?;
         let d = py
             .detach(|| self.inner.decide_json(&v))
@@ -260,7 +264,11 @@ impl Engine {
         to_py(py, &d.to_response())
     }
 
-    fn decide<'py>(&self, py: Python<'py>, request: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    fn decide<'py>(
+        &self,
+        py: Python<'py>,
+        request: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let v = to_json(request, 0)?;
         let d = py
             .detach(|| self.inner.decide_json(&v))
@@ -308,7 +316,9 @@ impl Engine {
 
     fn upsert_entities(&self, py: Python<'_>, entities: &Bound<'_, PyAny>) -> PyResult<usize> {
         let Value::Array(v) = to_json(entities, 0)? else {
-            return Err(PyTypeError::new_err("`entities` must be a list of entity dicts"));
+            return Err(PyTypeError::new_err(
+                "`entities` must be a list of entity dicts",
+            ));
         };
         py.detach(|| self.inner.upsert_entities(v))
             .map_err(|e| request_err(py, &e))
@@ -316,7 +326,9 @@ impl Engine {
 
     fn replace_entities(&self, py: Python<'_>, entities: &Bound<'_, PyAny>) -> PyResult<usize> {
         let Value::Array(v) = to_json(entities, 0)? else {
-            return Err(PyTypeError::new_err("`entities` must be a list of entity dicts"));
+            return Err(PyTypeError::new_err(
+                "`entities` must be a list of entity dicts",
+            ));
         };
         py.detach(|| self.inner.replace_entities(v))
             .map_err(|e| request_err(py, &e))
@@ -324,10 +336,16 @@ impl Engine {
 
     fn remove_entities(&self, py: Python<'_>, uids: &Bound<'_, PyAny>) -> PyResult<usize> {
         let v = to_json(uids, 0)?;
-        self.inner.remove_entities(&v).map_err(|e| request_err(py, &e))
+        self.inner
+            .remove_entities(&v)
+            .map_err(|e| request_err(py, &e))
     }
 
-    fn register_service_accounts(&self, py: Python<'_>, records: &Bound<'_, PyAny>) -> PyResult<usize> {
+    fn register_service_accounts(
+        &self,
+        py: Python<'_>,
+        records: &Bound<'_, PyAny>,
+    ) -> PyResult<usize> {
         let v = to_json(records, 0)?;
         self.inner
             .register_service_accounts(&v)
@@ -340,7 +358,9 @@ impl Engine {
 
     fn upsert_work_items(&self, py: Python<'_>, items: &Bound<'_, PyAny>) -> PyResult<usize> {
         let v = to_json(items, 0)?;
-        self.inner.upsert_work_items(&v).map_err(|e| request_err(py, &e))
+        self.inner
+            .upsert_work_items(&v)
+            .map_err(|e| request_err(py, &e))
     }
 
     fn remove_work_items(&self, ids: Vec<String>) -> usize {
@@ -349,7 +369,9 @@ impl Engine {
 
     fn set_containments(&self, py: Python<'_>, principals: &Bound<'_, PyAny>) -> PyResult<usize> {
         let v = to_json(principals, 0)?;
-        self.inner.set_containments(&v).map_err(|e| request_err(py, &e))
+        self.inner
+            .set_containments(&v)
+            .map_err(|e| request_err(py, &e))
     }
 
     fn contain(&self, py: Python<'_>, principals: &Bound<'_, PyAny>) -> PyResult<usize> {
@@ -367,7 +389,12 @@ impl Engine {
     }
 
     #[pyo3(signature = (scores, replace=false))]
-    fn set_risk_scores(&self, py: Python<'_>, scores: &Bound<'_, PyAny>, replace: bool) -> PyResult<usize> {
+    fn set_risk_scores(
+        &self,
+        py: Python<'_>,
+        scores: &Bound<'_, PyAny>,
+        replace: bool,
+    ) -> PyResult<usize> {
         let v = to_json(scores, 0)?;
         self.inner
             .set_risk_scores(&v, replace)

@@ -1,0 +1,54 @@
+# One entry point for building, linting, testing and benchmarking svc. `make help` lists targets.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PY ?= python3.11
+VENV ?= .venv
+BIN := $(VENV)/bin
+export CARGO_TARGET_DIR ?= $(HOME)/.cache/svc-target
+EXAMPLE_BUNDLE := tests/testdata/bundles/corp
+EXAMPLE_REQUEST := examples/requests/alice-delete-design.json
+
+.PHONY: help
+help: ## List the targets
+	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-10s %s\n", $$1, $$2}'
+
+$(BIN)/python:
+	@command -v $(PY) >/dev/null || { echo "need $(PY) on PATH"; exit 1; }
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+.PHONY: setup
+setup: $(BIN)/python ## Create .venv with maturin (the build front end)
+	$(BIN)/pip install -q "maturin>=1.9,<2"
+
+.PHONY: build
+build: setup ## Build svc (Rust extension in release) into .venv with the dev extras of pyproject.toml
+	$(BIN)/maturin develop --release -q --extras dev
+
+.PHONY: run
+run: build ## Set up and run the main job: decide an example request with `svc check`
+	$(BIN)/svc check --bundle $(EXAMPLE_BUNDLE) $(EXAMPLE_REQUEST)
+
+.PHONY: lint
+lint: build ## rustfmt, clippy -D warnings, ruff, mypy and stubtest on the extension
+	cargo fmt --all -- --check
+	cargo clippy --workspace --all-targets -- -D warnings
+	$(BIN)/ruff check python tests benches
+	$(BIN)/ruff format --check python tests benches
+	$(BIN)/mypy
+	$(BIN)/python -m mypy.stubtest svc._pdp_core
+
+.PHONY: test
+test: lint ## Set up, lint, and run cargo test and pytest
+	cargo test --workspace
+	$(BIN)/pytest -q tests
+
+.PHONY: bench
+bench: build ## Criterion bench of decide, then the Python bench against cedarpy
+	cargo bench -p pdp_core --bench decide
+	$(BIN)/python benches/bench_evaluate.py
+
+.PHONY: clean
+clean: ## Remove the virtualenv and Python caches (the cargo target dir is kept)
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

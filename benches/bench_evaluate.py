@@ -187,7 +187,11 @@ def document_cloud_world(n: int, bundle: Path, rng: random.Random) -> World:
         if i % 3 == 0:
             shares.append(uid("DocumentShare", f"doc-{(i + 1) % DOCS}-modify"))
         ents.append(
-            {"uid": uid("Group", f"{u}-personal"), "attrs": {"owner": ref("User", u)}, "parents": shares}
+            {
+                "uid": uid("Group", f"{u}-personal"),
+                "attrs": {"owner": ref("User", u)},
+                "parents": shares,
+            }
         )
 
     def owner(k: int) -> int:

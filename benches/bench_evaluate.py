@@ -582,6 +582,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"sizes {', '.join(f'{n:,}' for n in profile.sizes)}; {profile.evaluate_calls:,} timed "
         f"calls per side; {profile.batches} batches of {MIX_SIZE:,}; {profile.rounds} rounds"
     )
+    print(f"load average at start: {_load()} (other work on the machine skews every figure)")
     results = []
     for app in APPS:
         bundle = args.examples / app
@@ -603,7 +604,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             del world
             results.append(res)
     report(results)
+    print(f"\nload average at end: {_load()}")
     return 0
+
+
+def _load() -> str:
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "?"
 
 
 def _version(dist: str) -> str:

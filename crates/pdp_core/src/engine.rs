@@ -15,7 +15,7 @@
 use crate::bundle::{Bundle, TemplateLink};
 use crate::error::{chain, BundleError, RequestError};
 use crate::request::{kind, parse_uid, CheckRequest};
-use crate::store::{parse_uid_list, Store, StoredEntity, WorkItem};
+use crate::store::{parse_uid_list, Hierarchy, Store, StoredEntity, WorkItem};
 use arc_swap::ArcSwap;
 use cedar_policy::{
     Authorizer, Context, Effect, Entities, Entity, EntityUid, EvalResult, Request,
@@ -243,6 +243,74 @@ struct State {
     policy_version: u64,
     principals_version: u64,
     resources_version: u64,
+    /// Every bundle, store and action entity with its ancestors closed.
+    hierarchy: Hierarchy,
+}
+
+impl State {
+    /// The entity in force for `uid`: the store's, else the bundle's, else the action entity.
+    fn entity(&self, uid: &EntityUid) -> Option<&StoredEntity> {
+        self.store
+            .entities
+            .get(uid)
+            .or_else(|| self.bundle.entities.get(uid))
+            .or_else(|| self.bundle.action_entities.get(uid))
+            .map(|e| &**e)
+    }
+
+    /// Re-closes every entity (after a bundle or whole-store swap).
+    ///
+    /// # Errors
+    /// [`RequestError`] on `field` when some entities are their own ancestors (the closure is
+    /// still rebuilt, with those cycles left out).
+    fn rebuild_hierarchy(&mut self, field: &str) -> Result<(), RequestError> {
+        let b = &self.bundle;
+        let uids = self
+            .store
+            .entities
+            .keys()
+            .chain(
+                b.entities
+                    .keys()
+                    .filter(|u| !self.store.entities.contains_key(*u)),
+            )
+            .chain(b.action_entities.keys());
+        let (h, cycles) = Hierarchy::rebuild(uids, &|u| self.entity(u));
+        self.hierarchy = h;
+        if cycles.is_empty() {
+            Ok(())
+        } else {
+            Err(cycle(field, &cycles))
+        }
+    }
+
+    /// Re-closes what changing `changed` can reach.
+    ///
+    /// # Errors
+    /// [`RequestError`] on `field` when the change makes an entity its own ancestor (the state
+    /// is then half updated; the writer's copy must not be published).
+    fn refresh_hierarchy(
+        &mut self,
+        changed: &[EntityUid],
+        field: &str,
+    ) -> Result<(), RequestError> {
+        let mut h = std::mem::take(&mut self.hierarchy);
+        let r = h.refresh(changed, &|u| self.entity(u));
+        self.hierarchy = h;
+        r.map_err(|c| cycle(field, &c))
+    }
+}
+
+/// The error for a parent relation with a cycle (Cedar requires the hierarchy to be a DAG).
+fn cycle(field: &str, uids: &[EntityUid]) -> RequestError {
+    let names: Vec<String> = uids.iter().map(|u| format!("`{u}`")).collect();
+    RequestError::new(
+        field,
+        format!(
+            "parents form a cycle: {} would be its own ancestor",
+            names.join(", ")
+        ),
+    )
 }
 
 /// Versions of what an engine decides with.
@@ -281,15 +349,20 @@ struct Touched {
 impl Engine {
     /// An engine deciding with `bundle`, an empty store and mode `enforce`.
     pub fn new(bundle: Bundle) -> Self {
+        let mut st = State {
+            bundle: Arc::new(bundle),
+            store: Store::default(),
+            mode: Mode::Enforce,
+            policy_version: 1,
+            principals_version: 1,
+            resources_version: 1,
+            hierarchy: Hierarchy::default(),
+        };
+        // A bundle loaded by `Bundle::from_sources` has no cycles (Cedar closes its entities);
+        // an engine is still built if it had, with the cycle ignored.
+        let _ = st.rebuild_hierarchy("entities");
         Self {
-            state: ArcSwap::from_pointee(State {
-                bundle: Arc::new(bundle),
-                store: Store::default(),
-                mode: Mode::Enforce,
-                policy_version: 1,
-                principals_version: 1,
-                resources_version: 1,
-            }),
+            state: ArcSwap::from_pointee(st),
             writer: Mutex::new(()),
             authorizer: Authorizer::new(),
         }
@@ -338,6 +411,9 @@ impl Engine {
         let _ = self.update::<(), ()>(|s| {
             s.bundle = Arc::new(bundle);
             s.policy_version += 1;
+            // Keeps serving: a new bundle that closes a cycle with stored entities leaves that
+            // cycle out of the closure rather than refusing the bundle.
+            let _ = s.rebuild_hierarchy("entities");
             Ok(())
         });
     }
@@ -402,6 +478,7 @@ impl Engine {
             let parsed = Self::parse_entities(&s.bundle, values, "entities")?;
             let n = parsed.len();
             let mut t = Touched::default();
+            let mut changed = Vec::with_capacity(n);
             for se in parsed {
                 let uid = se.entity.uid();
                 if s.bundle.is_principal_type(uid.type_name()) {
@@ -409,8 +486,10 @@ impl Engine {
                 } else {
                     t.resources = true;
                 }
-                s.store.entities.insert(uid, Arc::new(se));
+                s.store.entities.insert(uid.clone(), Arc::new(se));
+                changed.push(uid);
             }
+            s.refresh_hierarchy(&changed, "entities")?;
             Self::touch(s, &t);
             Ok(n)
         })
@@ -430,6 +509,7 @@ impl Engine {
                 map.insert(se.entity.uid(), Arc::new(se));
             }
             s.store.entities = map;
+            s.rebuild_hierarchy("entities")?;
             Self::touch(
                 s,
                 &Touched {
@@ -450,8 +530,10 @@ impl Engine {
         self.update(|s| {
             let mut t = Touched::default();
             let mut n = 0;
+            let mut changed = Vec::new();
             for u in &uids {
                 if s.store.entities.remove(u).is_some() {
+                    changed.push(u.clone());
                     n += 1;
                     if s.bundle.is_principal_type(u.type_name()) {
                         t.principals = true;
@@ -460,6 +542,7 @@ impl Engine {
                     }
                 }
             }
+            s.refresh_hierarchy(&changed, "uids")?;
             Self::touch(s, &t);
             Ok(n)
         })
@@ -560,9 +643,12 @@ impl Engine {
                 out.push(StoredEntity::from_entity(e));
             }
             let n = out.len();
+            let mut changed = Vec::with_capacity(n);
             for se in out {
+                changed.push(se.entity.uid());
                 s.store.entities.insert(se.entity.uid(), Arc::new(se));
             }
+            s.refresh_hierarchy(&changed, "service_accounts")?;
             s.principals_version += 1;
             Ok(n)
         })
@@ -576,15 +662,19 @@ impl Engine {
                 return Ok(0);
             };
             let mut n = 0;
+            let mut changed = Vec::new();
             for id in ids {
                 let uid = EntityUid::from_type_name_and_id(
                     sa_ty.clone(),
                     cedar_policy::EntityId::new(id),
                 );
                 if s.store.entities.remove(&uid).is_some() {
+                    changed.push(uid);
                     n += 1;
                 }
             }
+            // Removing an entity cannot close a cycle.
+            let _ = s.refresh_hierarchy(&changed, "ids");
             s.principals_version += 1;
             Ok(n)
         })
@@ -642,11 +732,15 @@ impl Engine {
                     None,
                 )
                 .map_err(|e| RequestError::new(f("attrs"), chain(&e)))?;
+                // A work item has no parents, so it is its own closure.
+                let se = StoredEntity::from_entity(entity);
+                let closed = Arc::new(se.entity.as_ref().clone());
                 out.push(WorkItem {
                     id: id.to_owned(),
                     open,
                     links,
-                    entity: Arc::new(StoredEntity::from_entity(entity)),
+                    entity: Arc::new(se),
+                    closed,
                 });
             }
             let n = out.len();
@@ -1004,6 +1098,9 @@ fn gather(
     subject: &EntityUid,
     agent: Option<&EntityUid>,
 ) -> Result<Entities, RequestError> {
+    if cx.inline.is_empty() {
+        return gather_closed(cx, subject, agent);
+    }
     let mut seen: HashSet<EntityUid> = HashSet::new();
     let mut out: Vec<Entity> = Vec::new();
     // (uid, follow attribute references)
@@ -1042,6 +1139,63 @@ fn gather(
         }
     }
     Entities::from_entities(out, None).map_err(|e| RequestError::new("entities", chain(&e)))
+}
+
+/// [`gather`] without inline entities: the same slice, taken from the snapshot's pre-closed
+/// entities ([`Hierarchy`]) by `Arc`, so nothing is copied and Cedar computes no closure.
+fn gather_closed(
+    cx: &CheckCtx<'_>,
+    subject: &EntityUid,
+    agent: Option<&EntityUid>,
+) -> Result<Entities, RequestError> {
+    let st = cx.st;
+    let h = &st.hierarchy;
+    let mut seen: HashSet<cedar_policy_core::ast::EntityUID> = HashSet::with_capacity(16);
+    let mut out: Vec<Arc<cedar_policy_core::ast::Entity>> = Vec::with_capacity(16);
+    // Adds a closed entity and all its ancestors (already listed in its closure).
+    let mut add = |e: &Arc<cedar_policy_core::ast::Entity>| {
+        if !seen.insert(e.uid().clone()) {
+            return;
+        }
+        out.push(e.clone());
+        for a in e.ancestors() {
+            if let Some(ae) = h.get_core(a) {
+                if seen.insert(a.clone()) {
+                    out.push(ae.clone());
+                }
+            }
+        }
+    };
+    let mut roots: Vec<(&EntityUid, bool)> = Vec::with_capacity(4);
+    roots.push((subject, true));
+    roots.push((&cx.req.resource, true));
+    roots.push((cx.action, false));
+    if let Some(a) = agent {
+        roots.push((a, true));
+    }
+    for (uid, follow) in roots {
+        if let Some(e) = h.get(uid) {
+            add(e);
+        }
+        if follow {
+            if let Some(se) = st.entity(uid) {
+                for r in &se.refs {
+                    if let Some(e) = h.get(r) {
+                        add(e);
+                    }
+                }
+            }
+        }
+    }
+    if let Some(w) = cx.work_item {
+        add(&w.closed);
+        for r in &w.entity.refs {
+            if let Some(e) = h.get(r) {
+                add(e);
+            }
+        }
+    }
+    Hierarchy::slice(out)
 }
 
 /// Applies DESIGN 4's verdict rules to the satisfied policies of one principal.

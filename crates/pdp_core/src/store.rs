@@ -7,7 +7,10 @@
 
 use crate::error::{chain, RequestError};
 use crate::request::parse_uid;
-use cedar_policy::{Entity, EntityUid, EvalResult, Schema};
+use cedar_policy::{Entities, Entity, EntityUid, EvalResult, Schema};
+use cedar_policy_core::ast;
+use cedar_policy_core::entities::{Entities as CoreEntities, NoEntitiesSchema, TCComputation};
+use cedar_policy_core::extensions::Extensions;
 use serde_json::Value;
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -91,6 +94,8 @@ pub struct WorkItem {
     pub links: HashSet<EntityUid>,
     /// The item as a Cedar entity (type `WorkItem` of the bundle's schema).
     pub entity: Arc<StoredEntity>,
+    /// The same entity with its transitive ancestors, closed when the item was stored.
+    pub(crate) closed: Arc<ast::Entity>,
 }
 
 /// One immutable snapshot of everything the decision point knows besides the bundle.
@@ -136,4 +141,151 @@ pub fn parse_uid_list(value: &Value, field: &str) -> Result<Vec<EntityUid>, Requ
         .enumerate()
         .map(|(i, v)| parse_uid(v, &format!("{field}[{i}]")))
         .collect()
+}
+
+/// Every entity the engine knows (the bundle's `entities.json` base layer, the store above it,
+/// and the schema's action entities), each with its transitive ancestors precomputed.
+///
+/// Cedar needs the ancestor relation transitively closed before it evaluates. Computing the
+/// closure of each check's slice was the largest cost of a check (see docs/benchmarks.md), so
+/// the closure is kept here instead, per snapshot: a check hands Cedar `Arc`s of these entities
+/// with [`TCComputation::AssumeAlreadyComputed`], copying nothing. Writers re-close only what a
+/// change can reach: the changed entities, plus (when a changed entity is somebody's parent) every
+/// entity whose ancestors include it.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Hierarchy {
+    closed: imbl::HashMap<ast::EntityUID, Arc<ast::Entity>>,
+    /// Uids that are (or were, since the last rebuild) a parent of some entity. An entity
+    /// outside this set has no descendants, so changing it re-closes only itself.
+    parents: imbl::HashSet<EntityUid>,
+}
+
+impl Hierarchy {
+    /// Closes one entity: its Cedar entity with every ancestor reachable through `look`
+    /// (depth-first, cycle-safe) added as an indirect ancestor. The flag is true when the entity
+    /// is its own ancestor (a cycle, which Cedar refuses).
+    pub(crate) fn close_entity<'a>(
+        se: &StoredEntity,
+        look: &impl Fn(&EntityUid) -> Option<&'a StoredEntity>,
+    ) -> (ast::Entity, bool) {
+        let mut core: ast::Entity = se.entity.as_ref().clone();
+        let direct: HashSet<&EntityUid> = se.parents.iter().collect();
+        let mut seen: HashSet<EntityUid> = HashSet::new();
+        let mut stack: Vec<&EntityUid> = se.parents.iter().collect();
+        let own = se.entity.uid();
+        let mut cyclic = false;
+        while let Some(p) = stack.pop() {
+            if !seen.insert(p.clone()) {
+                continue;
+            }
+            if *p == own {
+                cyclic = true;
+                continue;
+            }
+            if !direct.contains(p) {
+                core.add_indirect_ancestor(p.as_ref().clone());
+            }
+            if let Some(pe) = look(p) {
+                stack.extend(pe.parents.iter().filter(|g| !seen.contains(*g)));
+            }
+        }
+        (core, cyclic)
+    }
+
+    /// Closes every entity in `uids` from scratch. Returns the closure and the uids of entities
+    /// that are their own ancestors (their cycle is left out of their closure).
+    pub(crate) fn rebuild<'a, 'u>(
+        uids: impl Iterator<Item = &'u EntityUid>,
+        look: &impl Fn(&EntityUid) -> Option<&'a StoredEntity>,
+    ) -> (Self, Vec<EntityUid>) {
+        let mut h = Self::default();
+        let mut cycles = Vec::new();
+        for uid in uids {
+            if let Some(se) = look(uid) {
+                for p in &se.parents {
+                    h.parents.insert(p.clone());
+                }
+                let (e, cyclic) = Self::close_entity(se, look);
+                if cyclic {
+                    cycles.push(uid.clone());
+                }
+                h.closed.insert(uid.as_ref().clone(), Arc::new(e));
+            }
+        }
+        cycles.sort();
+        (h, cycles)
+    }
+
+    /// Re-closes after the entities `changed` were inserted, replaced or removed (`look` shows
+    /// the state after the change).
+    ///
+    /// # Errors
+    /// The uids of entities the change made their own ancestors; `self` is then half updated
+    /// and must be dropped (writers work on a copy and do not publish it).
+    pub(crate) fn refresh<'a>(
+        &mut self,
+        changed: &[EntityUid],
+        look: &impl Fn(&EntityUid) -> Option<&'a StoredEntity>,
+    ) -> Result<(), Vec<EntityUid>> {
+        let mut cycles = Vec::new();
+        let mut affected: HashSet<EntityUid> = changed.iter().cloned().collect();
+        if changed.iter().any(|u| self.parents.contains(u)) {
+            let core: HashSet<&ast::EntityUID> = changed.iter().map(AsRef::as_ref).collect();
+            for (uid, e) in &self.closed {
+                if e.ancestors().any(|a| core.contains(a)) {
+                    affected.insert(EntityUid::from(uid.clone()));
+                }
+            }
+        }
+        for uid in affected {
+            match look(&uid) {
+                Some(se) => {
+                    for p in &se.parents {
+                        self.parents.insert(p.clone());
+                    }
+                    let (e, cyclic) = Self::close_entity(se, look);
+                    self.closed.insert(uid.as_ref().clone(), Arc::new(e));
+                    if cyclic {
+                        cycles.push(uid);
+                    }
+                }
+                None => {
+                    self.closed.remove(uid.as_ref());
+                }
+            }
+        }
+        if cycles.is_empty() {
+            Ok(())
+        } else {
+            cycles.sort();
+            Err(cycles)
+        }
+    }
+
+    /// The closed entity `uid`, if known.
+    pub(crate) fn get(&self, uid: &EntityUid) -> Option<&Arc<ast::Entity>> {
+        self.closed.get(uid.as_ref())
+    }
+
+    /// The closed entity `uid` (Cedar's internal uid), if known.
+    pub(crate) fn get_core(&self, uid: &ast::EntityUID) -> Option<&Arc<ast::Entity>> {
+        self.closed.get(uid)
+    }
+
+    /// Cedar `Entities` over already-closed entities (no copy, no closure computation).
+    ///
+    /// # Errors
+    /// [`RequestError`] on `entities` if Cedar refuses the set (two different entities with one
+    /// uid; callers deduplicate, so this is not expected).
+    pub(crate) fn slice(entities: Vec<Arc<ast::Entity>>) -> Result<Entities, RequestError> {
+        CoreEntities::new()
+            .add_entities(
+                entities,
+                None::<&NoEntitiesSchema>,
+                TCComputation::AssumeAlreadyComputed,
+                Extensions::all_available(),
+            )
+            .map(Entities::from)
+            .map_err(|e| RequestError::new("entities", chain(&e)))
+    }
 }

@@ -1,0 +1,76 @@
+"""Query-plan filters (SPEC 2.6, DESIGN 5): the typed filter tree, its evaluator, and SQL.
+
+`svc.plan.filters` parses and validates the planner's filter JSON into node dataclasses and
+evaluates a tree over one row with SQL three-valued logic; `svc.plan.sql` compiles a tree to a
+SQLAlchemy Core WHERE clause for PostgreSQL and SQLite from an `SqlMapping`. See docs/plans.md.
+"""
+
+from svc.plan.filters import (
+    And,
+    Compare,
+    Const,
+    Contains,
+    ContainsAll,
+    ContainsAny,
+    EntityUid,
+    FilterError,
+    Has,
+    In,
+    Is,
+    Like,
+    NeedsRowCheck,
+    Node,
+    Not,
+    Or,
+    Residual,
+    Value,
+    evaluate,
+    parse_filter,
+    residuals,
+    to_json,
+)
+from svc.plan.sql import (
+    ArraySet,
+    Closure,
+    JoinSet,
+    JsonAttr,
+    MappingError,
+    ScalarAttr,
+    SqlFilter,
+    SqlMapping,
+    compile_filter,
+)
+
+__all__ = [
+    "And",
+    "ArraySet",
+    "Closure",
+    "Compare",
+    "Const",
+    "Contains",
+    "ContainsAll",
+    "ContainsAny",
+    "EntityUid",
+    "FilterError",
+    "Has",
+    "In",
+    "Is",
+    "JoinSet",
+    "JsonAttr",
+    "Like",
+    "MappingError",
+    "NeedsRowCheck",
+    "Node",
+    "Not",
+    "Or",
+    "Residual",
+    "ScalarAttr",
+    "SqlFilter",
+    "SqlMapping",
+    "Value",
+    "compile_filter",
+    "evaluate",
+    "parse_filter",
+    "residuals",
+    "to_json",
+]

@@ -19,7 +19,7 @@
 use crate::error::{chain, BundleError, RequestError, SourceError};
 use crate::store::StoredEntity;
 use cedar_policy::{
-    Effect, EntityId, EntityTypeName, EntityUid, Policy, PolicyId, PolicySet, Schema,
+    Effect, Entity, EntityId, EntityTypeName, EntityUid, Policy, PolicyId, PolicySet, Schema,
     SchemaFragment, SlotId, Template, ValidationMode, Validator,
 };
 use miette::Diagnostic;
@@ -979,6 +979,12 @@ impl Bundle {
     /// The bundle's policy set with real effects.
     pub fn policy_set(&self) -> &PolicySet {
         &self.policies
+    }
+
+    /// The base entities from the bundle's `entities.json` (any of its formats), in no
+    /// particular order; action entities are not among them.
+    pub fn entities(&self) -> impl Iterator<Item = &Entity> {
+        self.entities.values().map(|se| &se.entity)
     }
 }
 

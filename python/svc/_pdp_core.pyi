@@ -132,6 +132,39 @@ class Engine:
 
         """
 
+    def plan(self, request: Mapping[str, Any]) -> _JSON:
+        """Builds a query plan; returns the ``POST /v1/access/plan`` response (SPEC 2.6).
+
+        ``request`` has ``principal``, optional ``on_behalf_of``, ``action``, optional
+        ``context``, ``resource_type`` (full or, when unique, bare type name) and optional
+        ``plan_qid``. The response has ``qid``, ``outcome`` (``always_allowed``,
+        ``always_denied``, ``challenge``, ``conditional``), ``filter`` (for ``conditional`` and
+        ``challenge``; the filter tree of docs/plans.md), ``challenges``,
+        ``challenge_could_widen``, ``needs_row_checks``, ``attributes`` (dotted paths),
+        ``policies``, ``mode``, ``policy_version``, ``principals_version``, ``max_age_secs`` and
+        ``pinned`` (true when ``plan_qid`` named a plan still good for this same question). The
+        GIL is released while planning.
+
+        Raises:
+            RequestError: unknown field, missing principal/action/resource_type, a bundle
+                without a schema, unknown or ambiguous action or resource type, an action that
+                does not apply to the type, misuse of ``on_behalf_of``, or a context that does
+                not match the schema for the action.
+            TypeError: the request holds values that are not _JSON.
+
+        """
+
+    def configure_plans(self, max_age_secs: int = 300, capacity: int = 10_000) -> None:
+        """Sets how plans are kept for paging.
+
+        ``max_age_secs``: seconds a plan may be paged with (SPEC 2.6 ``max_age_secs``);
+        ``capacity``: how many plans are kept (least recently used dropped first; at least one).
+        """
+
+    @property
+    def plans_cached(self) -> int:
+        """Number of plans currently kept for paging."""
+
     def decide(self, request: Mapping[str, Any]) -> _JSON:
         """Decides one check; returns the decision-log record of DESIGN 6.
 

@@ -6,6 +6,8 @@ Commands:
   print the decision as JSON, like ``cedar authorize`` / ``opa eval``. ``REQUEST.json`` holds the
   body of ``POST /v1/access/evaluation`` (SPEC 2.4); Cedar CLI request files
   (``"principal": "User::\\"alice\\""``) work as they are. ``-`` reads standard input.
+* ``svc plan --bundle DIR REQUEST.json``: build the query plan of ``POST /v1/access/plan``
+  (SPEC 2.6) for a request naming a ``resource_type``, and print it as JSON.
 * ``svc validate --bundle DIR``: load and strictly validate a bundle, listing every problem.
 * ``svc version``: print the release.
 
@@ -102,6 +104,27 @@ def check(
     typer.echo(json.dumps(result, indent=2))
     if exit_code and result["verdict"] != "allow":
         raise typer.Exit(code=1)
+
+
+@app.command()
+def plan(
+    request: Annotated[str, typer.Argument(help="Plan request JSON file, or - for stdin.")],
+    bundle: BundleOpt,
+    mode: Annotated[
+        str, typer.Option(help="Mode to report with the plan: monitor or enforce.")
+    ] = "enforce",
+) -> None:
+    """Build the query plan (filter tree) of a request against a bundle directory."""
+    engine = _load_engine(bundle)
+    for w in engine.warnings:
+        typer.echo(f"warning: {w}", err=True)
+    body = _read_request(request)
+    try:
+        engine.set_mode(mode)
+        result = engine.plan(body)
+    except RequestError as e:
+        raise _fail(str(e)) from e
+    typer.echo(json.dumps(result, indent=2))
 
 
 @app.command()

@@ -945,6 +945,48 @@ impl Bundle {
         }
     }
 
+    /// Resolves an entity type name as a client writes it: the full name (`NS::Document`), or
+    /// a bare name (`Document`) when exactly one declared type has it. Without a schema any
+    /// valid name is accepted.
+    ///
+    /// # Errors
+    /// [`RequestError`] on `field` when the name is not valid, not declared, or ambiguous.
+    pub fn resolve_type(&self, name: &str, field: &str) -> Result<EntityTypeName, RequestError> {
+        let parsed = EntityTypeName::from_str(name).map_err(|e| {
+            RequestError::new(
+                field,
+                format!("`{name}` is not a valid entity type name: {e}"),
+            )
+        })?;
+        if self.schema.is_none() || self.entity_types.contains(name) {
+            return Ok(parsed);
+        }
+        let mut found: Vec<&String> = self
+            .entity_types
+            .iter()
+            .filter(|t| t.rsplit("::").next() == Some(name))
+            .collect();
+        found.sort();
+        match found.as_slice() {
+            [one] => EntityTypeName::from_str(one)
+                .map_err(|e| RequestError::new(field, format!("`{one}`: {e}"))),
+            [] => Err(RequestError::new(
+                field,
+                format!("unknown entity type `{name}`"),
+            )),
+            many => Err(RequestError::new(
+                field,
+                format!(
+                    "entity type `{name}` is ambiguous: write one of {}",
+                    many.iter()
+                        .map(|t| format!("`{t}`"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            )),
+        }
+    }
+
     /// Finds the schema's entity type whose base name is `base` (for example the bundle's
     /// `ServiceAccount` or `WorkItem`), or the unqualified name without a schema or match.
     pub(crate) fn type_named(&self, base: &str) -> Option<EntityTypeName> {

@@ -14,7 +14,12 @@
 
 use crate::bundle::{Bundle, TemplateLink};
 use crate::error::{chain, BundleError, RequestError};
-use crate::request::{kind, parse_uid, CheckRequest};
+use crate::plan::{residuals, PlanError};
+use crate::query_plan::{
+    finish, PlanCache, PlanKey, PrincipalState, QueryPlan, Side, DEFAULT_PLAN_CACHE_CAPACITY,
+    DEFAULT_PLAN_MAX_AGE_SECS,
+};
+use crate::request::{kind, parse_uid, CheckRequest, PlanRequest};
 use crate::store::{parse_uid_list, Hierarchy, Store, StoredEntity, WorkItem};
 use arc_swap::ArcSwap;
 use cedar_policy::{
@@ -23,6 +28,7 @@ use cedar_policy::{
 };
 use serde_json::{json, Map, Value};
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -330,6 +336,8 @@ pub struct Engine {
     state: ArcSwap<State>,
     writer: Mutex<()>,
     authorizer: Authorizer,
+    plans: PlanCache,
+    plan_max_age_secs: AtomicU64,
 }
 
 impl std::fmt::Debug for Engine {
@@ -365,6 +373,8 @@ impl Engine {
             state: ArcSwap::from_pointee(st),
             writer: Mutex::new(()),
             authorizer: Authorizer::new(),
+            plans: PlanCache::new(DEFAULT_PLAN_CACHE_CAPACITY),
+            plan_max_age_secs: AtomicU64::new(DEFAULT_PLAN_MAX_AGE_SECS),
         }
     }
 
@@ -855,24 +865,7 @@ impl Engine {
         let action = b.resolve_action(&req.action)?;
         b.check_type(req.principal.type_name(), "principal.type")?;
         b.check_type(req.resource.type_name(), "resource.type")?;
-        if let Some(obo) = &req.on_behalf_of {
-            if req.principal.type_name().basename() != "ServiceAccount" {
-                return Err(RequestError::new(
-                    "on_behalf_of",
-                    format!(
-                        "only a `ServiceAccount` acts on behalf of a person; the principal is a `{}`",
-                        req.principal.type_name()
-                    ),
-                ));
-            }
-            if obo.type_name().basename() != "Human" {
-                return Err(RequestError::new(
-                    "on_behalf_of.type",
-                    format!("expected a `Human`, got `{}`", obo.type_name()),
-                ));
-            }
-            b.check_type(obo.type_name(), "on_behalf_of.type")?;
-        }
+        check_on_behalf_of(b, &req.principal, req.on_behalf_of.as_ref())?;
 
         // Inline entities: the app's fresher copy of its own rows wins over the store; the
         // directory stays authoritative for principals and groups already held.
@@ -956,8 +949,168 @@ impl Engine {
             risk_score: st.store.risk(&req.principal),
             policy_version: st.policy_version,
             principals_version: st.principals_version,
-            latency_us: u64::try_from(t0.elapsed().as_micros()).unwrap_or(u64::MAX),
+            latency_us: elapsed_us(t0),
         })
+    }
+
+    /// Sets how long a plan may be paged with (`max_age_secs`, SPEC 2.6; default 300) and how
+    /// many plans are kept for paging (default 10,000; least recently used go first).
+    pub fn configure_plans(&self, max_age_secs: u64, capacity: usize) {
+        self.plan_max_age_secs
+            .store(max_age_secs, Ordering::Relaxed);
+        self.plans.resize(capacity);
+    }
+
+    /// Number of plans held for paging.
+    pub fn plans_cached(&self) -> usize {
+        self.plans.len()
+    }
+
+    /// Plans a request given as the JSON of `POST /v1/access/plan`.
+    ///
+    /// # Errors
+    /// [`RequestError`] naming the field at fault (see [`Engine::plan`]).
+    pub fn plan_json(&self, value: &Value) -> Result<QueryPlan, RequestError> {
+        self.plan(&PlanRequest::from_json(value)?)
+    }
+
+    /// Builds the query plan of SPEC 2.6 (DESIGN 5): which rows of `resource_type` the
+    /// principal (and the person it acts for) may see, as a filter over the rows' attributes,
+    /// from Cedar's type-aware partial evaluation with the resource unknown. A request whose
+    /// `plan_qid` names a recent plan for the same question gets that plan back with `pinned`
+    /// when it is younger than `max_age_secs`, no principal is contained, and neither the
+    /// policies nor the principals changed.
+    ///
+    /// # Errors
+    /// [`RequestError`] when the bundle has no schema (partial evaluation is type-aware), the
+    /// action or resource type is unknown or ambiguous, the action does not apply to the type,
+    /// `on_behalf_of` is misused (as in [`Engine::decide`]), or the context does not match the
+    /// schema.
+    pub fn plan(&self, req: &PlanRequest) -> Result<QueryPlan, RequestError> {
+        let t0 = Instant::now();
+        let st = self.state.load();
+        let b = &*st.bundle;
+        let schema = b.schema.as_ref().ok_or_else(|| {
+            RequestError::new(
+                "resource_type",
+                "query plans need a bundle with a schema (Cedar's partial evaluation is type-aware)",
+            )
+        })?;
+        let action = b.resolve_action(&req.action)?;
+        let resource_type = b.resolve_type(&req.resource_type, "resource_type")?;
+        b.check_type(req.principal.type_name(), "principal.type")?;
+        check_on_behalf_of(b, &req.principal, req.on_behalf_of.as_ref())?;
+
+        let mut subjects: Vec<(&EntityUid, Option<&EntityUid>, &str)> =
+            vec![(&req.principal, None, "principal")];
+        if let Some(o) = &req.on_behalf_of {
+            subjects.push((o, Some(&req.principal), "on_behalf_of"));
+        }
+        let states: Vec<PrincipalState> = subjects
+            .iter()
+            .map(|(u, _, _)| PrincipalState {
+                entity: st.hierarchy.get(u).cloned(),
+                risk: st.store.risk(u),
+            })
+            .collect();
+        let key = PlanKey {
+            principal: req.principal.clone(),
+            on_behalf_of: req.on_behalf_of.clone(),
+            action: action.clone(),
+            resource_type: resource_type.clone(),
+            context: req.context.clone(),
+        };
+        let max_age = self.plan_max_age_secs.load(Ordering::Relaxed);
+        let contained = subjects.iter().any(|(u, _, _)| st.store.is_contained(u));
+        if let (Some(qid), false) = (&req.plan_qid, contained) {
+            if let Some(mut p) = self.plans.pinned(
+                qid,
+                &key,
+                st.policy_version,
+                &states,
+                std::time::Duration::from_secs(max_age),
+            ) {
+                p.mode = st.mode;
+                p.latency_us = elapsed_us(t0);
+                return Ok(p);
+            }
+        }
+
+        let mut sides = Vec::with_capacity(subjects.len());
+        for (subject, agent, field) in &subjects {
+            sides.push(self.plan_side(
+                &st,
+                req,
+                subject,
+                *agent,
+                field,
+                &action,
+                &resource_type,
+                schema,
+            )?);
+        }
+        let done = finish(&sides);
+        let plan = QueryPlan {
+            qid: uuid::Uuid::now_v7().to_string(),
+            outcome: done.outcome,
+            filter: done.filter,
+            challenges: done.challenges,
+            challenge_could_widen: done.challenge_could_widen,
+            policies: done.policies,
+            mode: st.mode,
+            policy_version: st.policy_version,
+            principals_version: st.principals_version,
+            max_age_secs: max_age,
+            pinned: false,
+            principal: req.principal.clone(),
+            on_behalf_of: req.on_behalf_of.clone(),
+            action,
+            resource_type,
+            latency_us: elapsed_us(t0),
+        };
+        self.plans.insert(&plan, key, states);
+        Ok(plan)
+    }
+
+    /// The filters of one principal of a plan (see [`crate::query_plan`]).
+    #[allow(clippy::too_many_arguments)]
+    fn plan_side(
+        &self,
+        st: &State,
+        req: &PlanRequest,
+        subject: &EntityUid,
+        agent: Option<&EntityUid>,
+        field: &str,
+        action: &EntityUid,
+        resource_type: &cedar_policy::EntityTypeName,
+        schema: &cedar_policy::Schema,
+    ) -> Result<Side, RequestError> {
+        let b = &*st.bundle;
+        if st.store.is_contained(subject) {
+            return Ok(Side::denied(REASON_CONTAINED));
+        }
+        if subject.type_name().basename() == "ServiceAccount" && !is_registered(st, subject) {
+            return Ok(Side::denied(REASON_UNREGISTERED));
+        }
+        // No resource, so no work-item assignment: `assigned` is false for every row (a plan
+        // never shows rows only an assignment would).
+        let context = context_for(st, action, subject, agent, &req.context, true, false, None)?;
+        let mut roots: Vec<(&EntityUid, bool)> = vec![(subject, true), (action, false)];
+        if let Some(a) = agent {
+            roots.push((a, true));
+        }
+        let entities = closed_slice(st, &roots, None)?;
+        let res = residuals(
+            &b.policies,
+            schema,
+            subject,
+            action,
+            context,
+            resource_type,
+            &entities,
+        )
+        .map_err(|e| plan_error(&e, field))?;
+        Ok(Side::from_residuals(&res, &b.meta))
     }
 
     /// Checks one principal (`subject`); `agent` is the acting service account on a person's
@@ -978,42 +1131,16 @@ impl Engine {
             return Ok(Outcome::builtin(REASON_UNREGISTERED));
         }
 
-        // Context: the caller's, with the decision point's own fields on top (DESIGN 3).
-        let declared = b.context_attrs.get(cx.action);
-        let wants = |k: &str| match (b.schema.is_some(), declared) {
-            (false, _) => true,
-            (true, Some(Some(set))) => set.contains(k),
-            _ => false,
-        };
-        let mut ctx = cx.req.context.clone();
-        for k in INJECTED_CONTEXT {
-            ctx.remove(k);
-        }
-        if let Some(r) = st.store.risk(subject) {
-            if wants("risk_score") {
-                ctx.insert("risk_score".into(), Value::from(r));
-            }
-        }
-        if wants("human_present") {
-            ctx.insert("human_present".into(), Value::Bool(cx.req.human_present));
-        }
-        if wants("assigned") {
-            ctx.insert("assigned".into(), Value::Bool(cx.assigned));
-        }
-        if let (Some(w), true) = (cx.work_item, wants("work_item")) {
-            ctx.insert(
-                "work_item".into(),
-                json!({"__entity": uid_json(&w.entity.entity.uid())}),
-            );
-        }
-        if let (Some(a), true) = (agent, wants("agent")) {
-            ctx.insert("agent".into(), json!({"__entity": uid_json(a)}));
-        }
-        let context = Context::from_json_value(
-            Value::Object(ctx),
-            b.schema.as_ref().map(|s| (s, cx.action)),
-        )
-        .map_err(|e| RequestError::new("context", chain(&e)))?;
+        let context = context_for(
+            st,
+            cx.action,
+            subject,
+            agent,
+            &cx.req.context,
+            cx.req.human_present,
+            cx.assigned,
+            cx.work_item,
+        )?;
         let request = Request::new(
             subject.clone(),
             cx.action.clone(),
@@ -1031,6 +1158,59 @@ impl Engine {
     }
 }
 
+/// The context of one principal's check or plan: the caller's, with the decision point's own
+/// fields on top (DESIGN 3: the reasoner's `risk_score`, `human_present`, `assigned`,
+/// `work_item`, `agent`), each only where the schema declares it for `action`, typed against the
+/// schema.
+///
+/// # Errors
+/// [`RequestError`] on `context` when the result does not match the action's context type.
+#[allow(clippy::too_many_arguments)]
+fn context_for(
+    st: &State,
+    action: &EntityUid,
+    subject: &EntityUid,
+    agent: Option<&EntityUid>,
+    caller: &Map<String, Value>,
+    human_present: bool,
+    assigned: bool,
+    work_item: Option<&WorkItem>,
+) -> Result<Context, RequestError> {
+    let b = &*st.bundle;
+    let declared = b.context_attrs.get(action);
+    let wants = |k: &str| match (b.schema.is_some(), declared) {
+        (false, _) => true,
+        (true, Some(Some(set))) => set.contains(k),
+        _ => false,
+    };
+    let mut ctx = caller.clone();
+    for k in INJECTED_CONTEXT {
+        ctx.remove(k);
+    }
+    if let Some(r) = st.store.risk(subject) {
+        if wants("risk_score") {
+            ctx.insert("risk_score".into(), Value::from(r));
+        }
+    }
+    if wants("human_present") {
+        ctx.insert("human_present".into(), Value::Bool(human_present));
+    }
+    if wants("assigned") {
+        ctx.insert("assigned".into(), Value::Bool(assigned));
+    }
+    if let (Some(w), true) = (work_item, wants("work_item")) {
+        ctx.insert(
+            "work_item".into(),
+            json!({"__entity": uid_json(&w.entity.entity.uid())}),
+        );
+    }
+    if let (Some(a), true) = (agent, wants("agent")) {
+        ctx.insert("agent".into(), json!({"__entity": uid_json(a)}));
+    }
+    Context::from_json_value(Value::Object(ctx), b.schema.as_ref().map(|s| (s, action)))
+        .map_err(|e| RequestError::new("context", chain(&e)))
+}
+
 struct CheckCtx<'a> {
     st: &'a State,
     req: &'a CheckRequest,
@@ -1038,6 +1218,50 @@ struct CheckCtx<'a> {
     inline: &'a HashMap<EntityUid, Arc<StoredEntity>>,
     work_item: Option<&'a WorkItem>,
     assigned: bool,
+}
+
+fn elapsed_us(t0: Instant) -> u64 {
+    u64::try_from(t0.elapsed().as_micros()).unwrap_or(u64::MAX)
+}
+
+/// `on_behalf_of` rules (SPEC 2.4): only a `ServiceAccount` acts for someone, and only for a
+/// `Human` the schema declares.
+fn check_on_behalf_of(
+    b: &Bundle,
+    principal: &EntityUid,
+    obo: Option<&EntityUid>,
+) -> Result<(), RequestError> {
+    let Some(obo) = obo else { return Ok(()) };
+    if principal.type_name().basename() != "ServiceAccount" {
+        return Err(RequestError::new(
+            "on_behalf_of",
+            format!(
+                "only a `ServiceAccount` acts on behalf of a person; the principal is a `{}`",
+                principal.type_name()
+            ),
+        ));
+    }
+    if obo.type_name().basename() != "Human" {
+        return Err(RequestError::new(
+            "on_behalf_of.type",
+            format!("expected a `Human`, got `{}`", obo.type_name()),
+        ));
+    }
+    b.check_type(obo.type_name(), "on_behalf_of.type")
+}
+
+/// Maps a planning error to the request field at fault (`field` is the principal's).
+fn plan_error(e: &PlanError, field: &str) -> RequestError {
+    let f = match e {
+        PlanError::UnknownResourceType(_) | PlanError::ActionNotForResourceType { .. } => {
+            "resource_type".to_owned()
+        }
+        PlanError::UnknownAction(_) => "action".to_owned(),
+        PlanError::ActionNotForPrincipalType { .. } => format!("{field}.type"),
+        PlanError::InvalidRequest(_) => "context".to_owned(),
+        PlanError::Evaluation(_) => "request".to_owned(),
+    };
+    RequestError::new(f, e.to_string())
 }
 
 fn request_error(e: &RequestValidationError, field: &str) -> RequestError {
@@ -1148,7 +1372,23 @@ fn gather_closed(
     subject: &EntityUid,
     agent: Option<&EntityUid>,
 ) -> Result<Entities, RequestError> {
-    let st = cx.st;
+    let mut roots: Vec<(&EntityUid, bool)> = Vec::with_capacity(4);
+    roots.push((subject, true));
+    roots.push((&cx.req.resource, true));
+    roots.push((cx.action, false));
+    if let Some(a) = agent {
+        roots.push((a, true));
+    }
+    closed_slice(cx.st, &roots, cx.work_item)
+}
+
+/// The pre-closed entities reachable from `roots` (each with its ancestors; with `true`, also
+/// the entities its attributes reference, with theirs) and from the work item.
+fn closed_slice(
+    st: &State,
+    roots: &[(&EntityUid, bool)],
+    work_item: Option<&WorkItem>,
+) -> Result<Entities, RequestError> {
     let h = &st.hierarchy;
     let mut seen: HashSet<cedar_policy_core::ast::EntityUID> = HashSet::with_capacity(16);
     let mut out: Vec<Arc<cedar_policy_core::ast::Entity>> = Vec::with_capacity(16);
@@ -1166,14 +1406,7 @@ fn gather_closed(
             }
         }
     };
-    let mut roots: Vec<(&EntityUid, bool)> = Vec::with_capacity(4);
-    roots.push((subject, true));
-    roots.push((&cx.req.resource, true));
-    roots.push((cx.action, false));
-    if let Some(a) = agent {
-        roots.push((a, true));
-    }
-    for (uid, follow) in roots {
+    for &(uid, follow) in roots {
         if let Some(e) = h.get(uid) {
             add(e);
         }
@@ -1187,7 +1420,7 @@ fn gather_closed(
             }
         }
     }
-    if let Some(w) = cx.work_item {
+    if let Some(w) = work_item {
         add(&w.closed);
         for r in &w.entity.refs {
             if let Some(e) = h.get(r) {

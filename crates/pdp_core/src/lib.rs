@@ -4,8 +4,10 @@
 //! * [`store`]: the in-memory entity store (principals, resources, work items, containments,
 //!   registrations, risk scores), swapped atomically.
 //! * [`request`]: the check request of SPEC 2.4.
-//! * [`engine`]: [`Engine::decide`], the check semantics of SPEC 2.4 and DESIGN 3-4.
-//! * [`plan`]: query plans, Cedar residuals turned into row filters (SPEC 2.6, DESIGN 5).
+//! * [`engine`]: [`Engine::decide`], the check semantics of SPEC 2.4 and DESIGN 3-4, and
+//!   [`Engine::plan`], the query plans of SPEC 2.6.
+//! * [`plan`]: partial-evaluation residuals to filter trees; [`query_plan`]: what they mean
+//!   together (outcomes, challenges, agent and person), and the plan cache.
 //!
 //! The crate knows nothing of Python; `crates/pdp_py` wraps it as `svc._pdp_core`.
 
@@ -13,6 +15,7 @@ pub mod bundle;
 pub mod engine;
 pub mod error;
 pub mod plan;
+pub mod query_plan;
 pub mod request;
 pub mod store;
 
@@ -20,5 +23,6 @@ pub use bundle::{Bundle, BundleSources, PolicyMeta, TemplateLink, CHALLENGE_KIND
 pub use engine::{Decision, Engine, Mode, Outcome, Verdict, Versions};
 pub use error::{BundleError, RequestError, SourceError};
 pub use plan::{Cmp, Filter, PlanError, Residual};
-pub use request::CheckRequest;
+pub use query_plan::{PlanOutcome, QueryPlan};
+pub use request::{CheckRequest, PlanRequest};
 pub use store::{Store, StoredEntity, WorkItem};

@@ -199,3 +199,102 @@ impl CheckRequest {
         })
     }
 }
+
+/// Fields a plan request may carry (SPEC 2.6).
+pub const PLAN_FIELDS: [&str; 6] = [
+    "principal",
+    "on_behalf_of",
+    "action",
+    "context",
+    "resource_type",
+    "plan_qid",
+];
+
+/// A plan request (`POST /v1/access/plan`, gRPC `Plan`; SPEC 2.6), syntactically valid.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlanRequest {
+    /// The actor.
+    pub principal: EntityUid,
+    /// The person a service account acts for.
+    pub on_behalf_of: Option<EntityUid>,
+    /// Action as sent: bare id or full uid.
+    pub action: String,
+    /// Caller's context (decision-point fields are overwritten, DESIGN 3).
+    pub context: Map<String, Value>,
+    /// The type of the rows to list, as sent (`Document` or `NS::Document`).
+    pub resource_type: String,
+    /// The plan to page with, from an earlier response's `qid`.
+    pub plan_qid: Option<String>,
+}
+
+impl PlanRequest {
+    /// Parses the request JSON of `POST /v1/access/plan`.
+    ///
+    /// # Errors
+    /// [`RequestError`] naming the field: unknown field, missing `principal`, `action` or
+    /// `resource_type`, wrong JSON types.
+    pub fn from_json(value: &Value) -> Result<Self, RequestError> {
+        let obj = value.as_object().ok_or_else(|| {
+            RequestError::new(
+                "request",
+                format!("expected a JSON object, got {}", kind(value)),
+            )
+        })?;
+        for k in obj.keys() {
+            if !PLAN_FIELDS.contains(&k.as_str()) {
+                let hint = if k == "resource" {
+                    " (a plan takes `resource_type`, the type of the rows to list)"
+                } else {
+                    ""
+                };
+                return Err(RequestError::new(
+                    k.as_str(),
+                    format!(
+                        "unknown field `{k}`{hint}: expected one of {}",
+                        PLAN_FIELDS.map(|f| format!("`{f}`")).join(", ")
+                    ),
+                ));
+            }
+        }
+        // The evaluation parser checks the shared fields the same way.
+        let mut as_check = obj.clone();
+        as_check.remove("resource_type");
+        as_check.remove("plan_qid");
+        as_check.insert(
+            "resource".into(),
+            serde_json::json!({"type": "_", "id": "_"}),
+        );
+        let check = CheckRequest::from_json(&Value::Object(as_check))?;
+        let resource_type = match obj.get("resource_type") {
+            Some(Value::String(s)) if !s.is_empty() => s.clone(),
+            None | Some(Value::Null) => {
+                return Err(RequestError::new("resource_type", "is required"))
+            }
+            Some(other) => {
+                return Err(RequestError::new(
+                    "resource_type",
+                    format!("expected a non-empty string, got {}", kind(other)),
+                ))
+            }
+        };
+        let plan_qid = match obj.get("plan_qid") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) if s.is_empty() => None,
+            Some(Value::String(s)) => Some(s.clone()),
+            Some(other) => {
+                return Err(RequestError::new(
+                    "plan_qid",
+                    format!("expected a string, got {}", kind(other)),
+                ))
+            }
+        };
+        Ok(Self {
+            principal: check.principal,
+            on_behalf_of: check.on_behalf_of,
+            action: check.action,
+            context: check.context,
+            resource_type,
+            plan_qid,
+        })
+    }
+}

@@ -264,6 +264,28 @@ impl Engine {
         to_py(py, &d.to_response())
     }
 
+    fn plan<'py>(
+        &self,
+        py: Python<'py>,
+        request: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let v = to_json(request, 0)?;
+        let p = py
+            .detach(|| self.inner.plan_json(&v))
+            .map_err(|e| request_err(py, &e))?;
+        to_py(py, &p.to_response())
+    }
+
+    #[pyo3(signature = (max_age_secs=300, capacity=10_000))]
+    fn configure_plans(&self, max_age_secs: u64, capacity: usize) {
+        self.inner.configure_plans(max_age_secs, capacity);
+    }
+
+    #[getter]
+    fn plans_cached(&self) -> usize {
+        self.inner.plans_cached()
+    }
+
     fn decide<'py>(
         &self,
         py: Python<'py>,

@@ -532,10 +532,16 @@ class _Compiler:
             if isinstance(node.value, tuple):
                 encs = [_encode(v, spec.kind, spec.entity_type) for v in node.value]
                 if all(e is not None for e in encs):
-                    arr = sa.cast(pg.array(encs), col.type) if encs else sa.cast("{}", col.type)
-                    eq = sa.and_(
-                        col.op("@>", is_comparison=True)(arr), col.op("<@", is_comparison=True)(arr)
-                    )
+                    if encs:
+                        arr = sa.cast(pg.array(encs), col.type)
+                        eq = sa.and_(
+                            col.op("@>", is_comparison=True)(arr),
+                            col.op("<@", is_comparison=True)(arr),
+                        )
+                    else:
+                        # The empty set. (A "{}" literal bound as an ARRAY parameter would be
+                        # taken as the characters `{` and `}`.)
+                        eq = sa.func.cardinality(col) == 0
             return eq if node.cmp == "eq" else sa.not_(eq)
         values, want_all = _set_values(node)
         encs = [_encode(v, spec.kind, spec.entity_type) for v in values]

@@ -1,0 +1,373 @@
+//! Query plans as the decision point answers them (SPEC 2.6, DESIGN 5): the verdict rules of
+//! DESIGN 4 lifted from one row to every row, the agent/person intersection, and the bounded
+//! cache that lets a client page with one plan.
+//!
+//! [`crate::plan`] turns each policy's partial-evaluation residual into a filter; this module
+//! decides what those filters mean together. For one principal, with `P`/`PC` the plain and
+//! `@challenge` permits and `F`/`FC` the plain and `@challenge` forbids that may hold for some
+//! row:
+//!
+//! * `allowed = (P) and not (F or FC)`: the rows a check would `allow` (DESIGN 4: a plain permit,
+//!   no forbid of either kind);
+//! * `after_challenge = (P or PC) and not F`: the rows a check would `allow` or `challenge`,
+//!   which passing the challenges shows.
+//!
+//! An agent acting for a person gets the conjunction of both principals' filters. The outcome is
+//! `always_allowed` when `allowed` holds for every row, `conditional` (filter `allowed`) when it
+//! holds for some, and otherwise `challenge` (filter `after_challenge`) or `always_denied`.
+//! `challenge_could_widen` is true on a conditional plan when passing a challenge would show
+//! rows the filter hides.
+
+use crate::bundle::PolicyMeta;
+use crate::engine::Mode;
+use crate::plan::{combine, Filter, Residual};
+use cedar_policy::{Effect, EntityTypeName, EntityUid, PolicyId};
+use cedar_policy_core::ast;
+use serde_json::{json, Map, Value};
+use std::collections::{BTreeSet, HashMap};
+use std::num::NonZeroUsize;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Default `max_age_secs` of a plan (issue "Query plans", item 2).
+pub const DEFAULT_PLAN_MAX_AGE_SECS: u64 = 300;
+/// Default number of plans kept for paging.
+pub const DEFAULT_PLAN_CACHE_CAPACITY: usize = 10_000;
+
+/// The outcome of a plan (SPEC 2.6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PlanOutcome {
+    /// Every row; no filter.
+    AlwaysAllowed,
+    /// No row; skip the query.
+    AlwaysDenied,
+    /// Every row needs the challenges passed first; then the filter applies.
+    Challenge,
+    /// The rows the filter matches.
+    Conditional,
+}
+
+impl PlanOutcome {
+    /// Wire name (`always_allowed`, `always_denied`, `challenge`, `conditional`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::AlwaysAllowed => "always_allowed",
+            Self::AlwaysDenied => "always_denied",
+            Self::Challenge => "challenge",
+            Self::Conditional => "conditional",
+        }
+    }
+}
+
+/// A query plan: the response of `POST /v1/access/plan` (SPEC 2.6) plus what the decision log
+/// records about it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QueryPlan {
+    /// Plan id; a later request with `plan_qid` set to it pages with the same plan.
+    pub qid: String,
+    /// Outcome.
+    pub outcome: PlanOutcome,
+    /// The filter tree; present for `conditional` and `challenge`.
+    pub filter: Option<Filter>,
+    /// Challenge kinds: the ones to pass first (`challenge`), or the ones that could show more
+    /// rows (`conditional` with `challenge_could_widen`). Sorted, unique.
+    pub challenges: Vec<String>,
+    /// A challenge hides some rows that passing it would show.
+    pub challenge_could_widen: bool,
+    /// Names of the policies (or built-in reasons) the plan was built from, sorted.
+    pub policies: Vec<String>,
+    /// Mode in force (reported, never applied: monitor mode still gets the real filter).
+    pub mode: Mode,
+    /// Version of the policies the plan was built with.
+    pub policy_version: u64,
+    /// Version of the principals when the plan was built.
+    pub principals_version: u64,
+    /// Seconds the plan is good for.
+    pub max_age_secs: u64,
+    /// True when an earlier plan was returned again for paging.
+    pub pinned: bool,
+    /// The principal (for the decision log).
+    pub principal: EntityUid,
+    /// The person the principal acted for.
+    pub on_behalf_of: Option<EntityUid>,
+    /// The resolved action.
+    pub action: EntityUid,
+    /// The resolved resource type.
+    pub resource_type: EntityTypeName,
+    /// Microseconds spent building (or finding) the plan.
+    pub latency_us: u64,
+}
+
+impl QueryPlan {
+    /// The HTTP response body of SPEC 2.6.
+    pub fn to_response(&self) -> Value {
+        let mut m = Map::new();
+        m.insert("qid".into(), Value::from(self.qid.clone()));
+        m.insert("outcome".into(), Value::from(self.outcome.as_str()));
+        if let Some(f) = &self.filter {
+            m.insert("filter".into(), f.to_json());
+        }
+        m.insert("challenges".into(), json!(self.challenges));
+        m.insert(
+            "challenge_could_widen".into(),
+            Value::Bool(self.challenge_could_widen),
+        );
+        let (needs, attrs) = match &self.filter {
+            Some(f) => (f.needs_row_checks(), f.attributes()),
+            None => (false, Vec::new()),
+        };
+        m.insert("needs_row_checks".into(), Value::Bool(needs));
+        m.insert("attributes".into(), json!(attrs));
+        m.insert("policies".into(), json!(self.policies));
+        m.insert("mode".into(), Value::from(self.mode.as_str()));
+        m.insert("policy_version".into(), Value::from(self.policy_version));
+        m.insert(
+            "principals_version".into(),
+            Value::from(self.principals_version),
+        );
+        m.insert("max_age_secs".into(), Value::from(self.max_age_secs));
+        m.insert("pinned".into(), Value::Bool(self.pinned));
+        Value::Object(m)
+    }
+}
+
+/// The filters of one principal (see the module docs).
+#[derive(Debug, Clone)]
+pub(crate) struct Side {
+    allowed: Filter,
+    after_challenge: Filter,
+    challenges: BTreeSet<String>,
+    policies: BTreeSet<String>,
+}
+
+impl Side {
+    /// A principal denied before any policy runs (contained, unregistered).
+    pub(crate) fn denied(reason: &str) -> Self {
+        Self {
+            allowed: Filter::False,
+            after_challenge: Filter::False,
+            challenges: BTreeSet::new(),
+            policies: BTreeSet::from([reason.to_owned()]),
+        }
+    }
+
+    /// Applies DESIGN 4's rules to the residuals of one principal.
+    pub(crate) fn from_residuals(res: &[Residual], meta: &HashMap<PolicyId, PolicyMeta>) -> Self {
+        let mut p = Vec::new();
+        let mut pc = Vec::new();
+        let mut f = Vec::new();
+        let mut fc = Vec::new();
+        let mut challenges = BTreeSet::new();
+        let mut policies = BTreeSet::new();
+        for r in res {
+            let kinds: &[String] = meta.get(&r.id).map_or(&[], |m| m.challenges.as_slice());
+            policies.insert(
+                meta.get(&r.id)
+                    .map_or_else(|| r.id.to_string(), |m| m.name.clone()),
+            );
+            let bucket = match (r.effect, kinds.is_empty()) {
+                (Effect::Permit, true) => &mut p,
+                (Effect::Permit, false) => &mut pc,
+                (Effect::Forbid, true) => &mut f,
+                (Effect::Forbid, false) => &mut fc,
+            };
+            bucket.push(&r.filter);
+            challenges.extend(kinds.iter().cloned());
+        }
+        let all_forbids: Vec<&Filter> = f.iter().chain(fc.iter()).copied().collect();
+        let all_permits: Vec<&Filter> = p.iter().chain(pc.iter()).copied().collect();
+        Self {
+            allowed: combine(&p, &all_forbids),
+            after_challenge: combine(&all_permits, &f),
+            challenges,
+            policies,
+        }
+    }
+}
+
+/// What [`finish`] decides from the sides of a plan.
+pub(crate) struct Finished {
+    pub(crate) outcome: PlanOutcome,
+    pub(crate) filter: Option<Filter>,
+    pub(crate) challenges: Vec<String>,
+    pub(crate) challenge_could_widen: bool,
+    pub(crate) policies: Vec<String>,
+}
+
+/// Combines the principal's side with the person's (when an agent acts for one): a row is
+/// shown only when both may see it, and every challenge of either is required (SPEC 2.6).
+pub(crate) fn finish(sides: &[Side]) -> Finished {
+    let allowed = Filter::And(sides.iter().map(|s| s.allowed.clone()).collect()).simplify();
+    let after = Filter::And(sides.iter().map(|s| s.after_challenge.clone()).collect()).simplify();
+    let policies: Vec<String> = sides
+        .iter()
+        .flat_map(|s| s.policies.iter().cloned())
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let challenges: Vec<String> = sides
+        .iter()
+        .flat_map(|s| s.challenges.iter().cloned())
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    match (&allowed, &after) {
+        (Filter::True, _) => Finished {
+            outcome: PlanOutcome::AlwaysAllowed,
+            filter: None,
+            challenges: Vec::new(),
+            challenge_could_widen: false,
+            policies,
+        },
+        (Filter::False, Filter::False) => Finished {
+            outcome: PlanOutcome::AlwaysDenied,
+            filter: None,
+            challenges: Vec::new(),
+            challenge_could_widen: false,
+            policies,
+        },
+        (Filter::False, _) => Finished {
+            outcome: PlanOutcome::Challenge,
+            filter: Some(after),
+            challenges,
+            challenge_could_widen: false,
+            policies,
+        },
+        _ => {
+            let widen = after != allowed && !challenges.is_empty();
+            Finished {
+                outcome: PlanOutcome::Conditional,
+                filter: Some(allowed),
+                challenges: if widen { challenges } else { Vec::new() },
+                challenge_could_widen: widen,
+                policies,
+            }
+        }
+    }
+}
+
+/// Identifies what a plan was asked for: a `plan_qid` is honoured only for the same question.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct PlanKey {
+    pub(crate) principal: EntityUid,
+    pub(crate) on_behalf_of: Option<EntityUid>,
+    pub(crate) action: EntityUid,
+    pub(crate) resource_type: EntityTypeName,
+    pub(crate) context: Map<String, Value>,
+}
+
+/// What a plan depended on about its principals, to tell whether "that principal changed".
+#[derive(Debug, Clone)]
+pub(crate) struct PrincipalState {
+    /// The principal's closed entity (re-closed whenever it, its groups or their attributes
+    /// change), compared by pointer.
+    pub(crate) entity: Option<Arc<ast::Entity>>,
+    /// The reasoner's risk score.
+    pub(crate) risk: Option<i64>,
+}
+
+impl PrincipalState {
+    fn same(&self, other: &Self) -> bool {
+        let entity = match (&self.entity, &other.entity) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            (None, None) => true,
+            _ => false,
+        };
+        entity && self.risk == other.risk
+    }
+}
+
+struct Cached {
+    plan: QueryPlan,
+    key: PlanKey,
+    principals: Vec<PrincipalState>,
+    created: Instant,
+}
+
+/// The bounded (LRU) cache of recent plans, safe to share between threads.
+pub(crate) struct PlanCache {
+    inner: Mutex<lru::LruCache<String, Arc<Cached>>>,
+}
+
+impl std::fmt::Debug for PlanCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PlanCache").finish_non_exhaustive()
+    }
+}
+
+impl PlanCache {
+    /// A cache holding at most `capacity` plans (at least one).
+    pub(crate) fn new(capacity: usize) -> Self {
+        let cap = NonZeroUsize::new(capacity.max(1)).unwrap_or(NonZeroUsize::MIN);
+        Self {
+            inner: Mutex::new(lru::LruCache::new(cap)),
+        }
+    }
+
+    /// The plan `qid` again, marked pinned, when it answered the same question, is younger than
+    /// `max_age`, was built with `policy_version`, and its principals are unchanged. Contained
+    /// principals never get here (the caller checks first).
+    pub(crate) fn pinned(
+        &self,
+        qid: &str,
+        key: &PlanKey,
+        policy_version: u64,
+        principals: &[PrincipalState],
+        max_age: Duration,
+    ) -> Option<QueryPlan> {
+        let hit = {
+            let mut g = self
+                .inner
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            g.get(qid).cloned()
+        }?;
+        let fresh = hit.created.elapsed() < max_age
+            && hit.plan.policy_version == policy_version
+            && hit.key == *key
+            && hit.principals.len() == principals.len()
+            && hit
+                .principals
+                .iter()
+                .zip(principals)
+                .all(|(a, b)| a.same(b));
+        if !fresh {
+            return None;
+        }
+        let mut plan = hit.plan.clone();
+        plan.pinned = true;
+        Some(plan)
+    }
+
+    /// Remembers a new plan.
+    pub(crate) fn insert(&self, plan: &QueryPlan, key: PlanKey, principals: Vec<PrincipalState>) {
+        let c = Arc::new(Cached {
+            plan: plan.clone(),
+            key,
+            principals,
+            created: Instant::now(),
+        });
+        let mut g = self
+            .inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        g.put(plan.qid.clone(), c);
+    }
+
+    /// Number of plans held.
+    pub(crate) fn len(&self) -> usize {
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .len()
+    }
+
+    /// Changes the bound, dropping the least recently used plans beyond it.
+    pub(crate) fn resize(&self, capacity: usize) {
+        let cap = NonZeroUsize::new(capacity.max(1)).unwrap_or(NonZeroUsize::MIN);
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .resize(cap);
+    }
+}

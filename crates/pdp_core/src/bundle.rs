@@ -229,6 +229,8 @@ pub struct Bundle {
     pub(crate) links: Vec<TemplateLink>,
     /// Problems that did not stop the load (entities that break the schema).
     pub warnings: Vec<SourceError>,
+    /// Attribute kinds learned by query plans (with a schema only); shared by every plan.
+    pub(crate) attr_kinds: Option<Arc<crate::plan::AttrKinds>>,
 }
 
 fn json_err_pos(file: &str, e: &serde_json::Error) -> SourceError {
@@ -736,7 +738,11 @@ impl Bundle {
             .map(context_attrs_of)
             .unwrap_or_default();
 
+        let attr_kinds = schema
+            .as_ref()
+            .map(|s| Arc::new(crate::plan::AttrKinds::new(s)));
         let mut bundle = Self {
+            attr_kinds,
             policies,
             eval_set,
             meta,
@@ -847,6 +853,7 @@ impl Bundle {
             principal_types: self.principal_types.clone(),
             links: self.links.clone(),
             warnings: self.warnings.clone(),
+            attr_kinds: self.attr_kinds.clone(),
         }
     }
 

@@ -1100,9 +1100,13 @@ impl Engine {
             roots.push((a, true));
         }
         let entities = closed_slice(st, &roots, None)?;
+        let kinds = b.attr_kinds.as_deref().ok_or_else(|| {
+            RequestError::new("resource_type", "query plans need a bundle with a schema")
+        })?;
         let res = residuals(
             &b.policies,
             schema,
+            kinds,
             subject,
             action,
             context,
@@ -1329,6 +1333,12 @@ fn gather(
     let mut out: Vec<Entity> = Vec::new();
     // (uid, follow attribute references)
     let mut stack: Vec<(EntityUid, bool)> = Vec::with_capacity(16);
+    // Inline entities go to the bottom of the stack: a root that is also inline (the app's
+    // fresher copy of the resource) must be reached as a root first, so that the entities its
+    // attributes reference are followed.
+    for uid in cx.inline.keys() {
+        stack.push((uid.clone(), false));
+    }
     stack.push((subject.clone(), true));
     stack.push((cx.req.resource.clone(), true));
     stack.push((cx.action.clone(), false));
@@ -1337,9 +1347,6 @@ fn gather(
     }
     if let Some(w) = cx.work_item {
         stack.push((w.entity.entity.uid(), true));
-    }
-    for uid in cx.inline.keys() {
-        stack.push((uid.clone(), false));
     }
     while let Some((uid, follow)) = stack.pop() {
         if !seen.insert(uid.clone()) {

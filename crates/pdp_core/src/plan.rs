@@ -26,7 +26,7 @@ use serde_json::{json, Map, Value};
 use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::str::FromStr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// A comparison operator of a `compare` node (SPEC 2.6).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -378,9 +378,11 @@ impl std::error::Error for PlanError {}
 /// [`PlanError`] when the resource type or action is not in the schema, the action does not
 /// apply to the resource or principal type, Cedar rejects the request (context), or partial
 /// evaluation fails.
+#[allow(clippy::too_many_arguments)]
 pub fn residuals(
     policies: &PolicySet,
     schema: &Schema,
+    kinds: &AttrKinds,
     principal: &EntityUid,
     action: &EntityUid,
     context: Context,
@@ -401,12 +403,10 @@ pub fn residuals(
         .tpe(&request, &known, schema)
         .map_err(|e| PlanError::Evaluation(chain(&e)))?;
     let mut planner = Planner {
-        schema,
         action,
         resource_type,
         entities,
-        validator: None,
-        kinds: HashMap::new(),
+        kinds,
     };
     let mut out: Vec<Residual> = Vec::new();
     for policy in response.policies() {
@@ -505,14 +505,51 @@ enum Side<'e> {
 
 /// Translates the residuals of one plan request.
 struct Planner<'a> {
-    schema: &'a Schema,
     action: &'a EntityUid,
     resource_type: &'a EntityTypeName,
     entities: &'a Entities,
-    /// Built on the first type probe.
-    validator: Option<Validator>,
-    /// Kinds of the attribute paths probed so far.
-    kinds: HashMap<Vec<String>, Kind>,
+    /// Kinds of attribute paths, shared by every plan of the bundle.
+    kinds: &'a AttrKinds,
+}
+
+/// What the resource attribute paths of a schema hold (entity, set, record or other), learned
+/// once per bundle by strictly validating tiny probe policies (the public API exposes no
+/// attribute types) and shared by every plan. Safe to share between threads.
+pub struct AttrKinds {
+    validator: Validator,
+    known: Mutex<HashMap<(String, Vec<String>), Kind>>,
+}
+
+impl fmt::Debug for AttrKinds {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AttrKinds").finish_non_exhaustive()
+    }
+}
+
+impl AttrKinds {
+    /// An empty cache over `schema`.
+    pub fn new(schema: &Schema) -> Self {
+        Self {
+            validator: Validator::new(schema.clone()),
+            known: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn get(&self, ty: &EntityTypeName, path: &[String]) -> Option<Kind> {
+        let g = self
+            .known
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        g.get(&(ty.to_string(), path.to_vec())).copied()
+    }
+
+    fn put(&self, ty: &EntityTypeName, path: &[String], kind: Kind) {
+        let mut g = self
+            .known
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        g.insert((ty.to_string(), path.to_vec()), kind);
+    }
 }
 
 impl Planner<'_> {
@@ -902,8 +939,8 @@ impl Planner<'_> {
     /// probe policies (the public API exposes no attribute types). Anything not positively
     /// shown to be a record is never read through.
     fn kind(&mut self, path: &[String]) -> Kind {
-        if let Some(k) = self.kinds.get(path) {
-            return *k;
+        if let Some(k) = self.kinds.get(self.resource_type, path) {
+            return k;
         }
         let is_entity = |v: Arc<Expr>, ty: &pst::EntityType| Expr::Is {
             expr: v,
@@ -928,7 +965,7 @@ impl Planner<'_> {
         } else {
             Kind::Other
         };
-        self.kinds.insert(path.to_vec(), kind);
+        self.kinds.put(self.resource_type, path, kind);
         kind
     }
 
@@ -981,10 +1018,8 @@ impl Planner<'_> {
         else {
             return false;
         };
-        let validator = self
+        self.kinds
             .validator
-            .get_or_insert_with(|| Validator::new(self.schema.clone()));
-        validator
             .validate(&set, ValidationMode::Strict)
             .validation_passed()
     }

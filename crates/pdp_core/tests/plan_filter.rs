@@ -12,7 +12,7 @@ use cedar_policy::{
     Authorizer, Context, Decision, Effect, Entities, Entity, EntityTypeName, EntityUid, PolicySet,
     Request, Schema, ValidationMode, Validator,
 };
-use pdp_core::plan::{combine, residuals, Cmp, Filter, PlanError, Residual};
+use pdp_core::plan::{combine, residuals, AttrKinds, Cmp, Filter, PlanError, Residual};
 use pdp_core::Bundle;
 use serde_json::{json, Value};
 use std::path::PathBuf;
@@ -90,6 +90,7 @@ fn plan(policies: &str, resource_type: &str) -> Vec<Residual> {
     residuals(
         &policy_set(policies, &schema),
         &schema,
+        &AttrKinds::new(&schema),
         &uid(r#"User::"alice""#),
         &action,
         context(&schema, &action),
@@ -440,7 +441,17 @@ fn plan_errors_name_what_is_wrong() {
     let edit = uid(r#"Action::"edit""#);
     let ents = entities(&schema);
     let run = |action: &EntityUid, ctx: Context, rt: &str| {
-        residuals(&set, &schema, &alice, action, ctx, &ty(rt), &ents).unwrap_err()
+        residuals(
+            &set,
+            &schema,
+            &AttrKinds::new(&schema),
+            &alice,
+            action,
+            ctx,
+            &ty(rt),
+            &ents,
+        )
+        .unwrap_err()
     };
     let e = run(&view, context(&schema, &view), "Nope");
     assert_eq!(e, PlanError::UnknownResourceType("Nope".into()));
@@ -461,6 +472,7 @@ fn plan_errors_name_what_is_wrong() {
     let e = residuals(
         &set,
         &schema,
+        &AttrKinds::new(&schema),
         &uid(r#"Group::"eng""#),
         &view,
         context(&schema, &view),
@@ -497,6 +509,7 @@ fn entities_that_break_the_schema_are_left_out_of_evaluation() {
     let out = residuals(
         &policy_set(text, &schema),
         &schema,
+        &AttrKinds::new(&schema),
         &uid(r#"User::"alice""#),
         &action,
         context(&schema, &action),
@@ -515,6 +528,7 @@ fn entities_that_break_the_schema_are_left_out_of_evaluation() {
     let out = residuals(
         &policy_set(text, &schema),
         &schema,
+        &AttrKinds::new(&schema),
         &uid(r#"User::"mallory""#),
         &action,
         context(&schema, &action),
@@ -831,8 +845,17 @@ fn fixture_filters_agree_with_cedar_on_sample_rows() {
             );
             let set = policy_set(&text, &schema);
             let ctx = context(&schema, &view);
-            let out =
-                residuals(&set, &schema, &alice, &view, ctx.clone(), &ty("Doc"), &all).unwrap();
+            let out = residuals(
+                &set,
+                &schema,
+                &AttrKinds::new(&schema),
+                &alice,
+                &view,
+                ctx.clone(),
+                &ty("Doc"),
+                &all,
+            )
+            .unwrap();
             let pick = |eff: Effect| -> Vec<&Filter> {
                 out.iter()
                     .filter(|r| r.effect == eff)
@@ -961,6 +984,7 @@ fn check_app(app: &std::path::Path, counts: &mut Counts) {
             if ctx.validate(schema, action).is_err() {
                 continue;
             }
+            let kinds = AttrKinds::new(schema);
             for principal in base.iter().map(Entity::uid) {
                 if !ptypes.contains(&principal.type_name()) {
                     continue;
@@ -969,6 +993,7 @@ fn check_app(app: &std::path::Path, counts: &mut Counts) {
                     let res = residuals(
                         policies,
                         schema,
+                        &kinds,
                         &principal,
                         action,
                         ctx.clone(),

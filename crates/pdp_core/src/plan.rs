@@ -2,7 +2,7 @@
 //!
 //! [`residuals`] runs Cedar's type-aware partial evaluation (TPE) with the resource unknown and of
 //! the requested type, and turns each policy's residual into a [`Filter`]: a tree of the filter
-//! JSON contract (`notes/filter-contract.md`) that a database layer compiles to SQL. [`combine`]
+//! JSON contract (docs/plans.md, "The filter tree") that a database layer compiles to SQL. [`combine`]
 //! folds the per-policy filters into the plan's filter, `OR(permits) AND NOT OR(forbids)`.
 //!
 //! Filters use SQL three-valued logic: a missing attribute is NULL, and a row matches when the
@@ -83,7 +83,7 @@ impl Cmp {
     }
 }
 
-/// A filter tree over the rows of one resource type (SPEC 2.6, `notes/filter-contract.md`).
+/// A filter tree over the rows of one resource type (SPEC 2.6; docs/plans.md, "The filter tree").
 ///
 /// `attr` fields are paths into the resource's attributes (`["meta", "level"]`); values are Cedar
 /// JSON values (entity references as `{"__entity": {"type", "id"}}`).

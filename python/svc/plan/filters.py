@@ -1,7 +1,7 @@
 """Typed filter trees: parse, validate and evaluate the query-plan filter (SPEC 2.6, DESIGN 5).
 
 The planner answers "which rows of type T may this principal see?" with a filter tree in JSON
-(the filter contract, `/work/notes/filter-contract.md`). This module turns that JSON into frozen
+(the filter contract, docs/plans.md "The filter tree"). This module turns that JSON into frozen
 node dataclasses (`parse_filter`), back into JSON (`to_json`), and evaluates a tree over one row
 in Cedar's entity JSON shape (`evaluate`) with the contract's SQL three-valued logic: a missing
 attribute is NULL, `has` is two-valued, NOT NULL is NULL, AND/OR as in SQL. The evaluator is the

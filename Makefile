@@ -45,9 +45,10 @@ test: lint ## Set up, lint, and run cargo test and pytest
 	$(BIN)/pytest -q tests
 
 .PHONY: bench
-bench: build ## Criterion bench of decide, then the Python bench against cedarpy
+bench: build ## Criterion bench of decide, then the Python benches (evaluate, plan) against cedarpy
 	cargo bench -p pdp_core --bench decide
 	$(BIN)/python benches/bench_evaluate.py
+	$(BIN)/python benches/bench_plan.py
 
 .PHONY: clean
 clean: ## Remove the virtualenv and Python caches (the cargo target dir is kept)

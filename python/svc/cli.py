@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -56,10 +57,29 @@ def _fail(message: str) -> typer.Exit:
 
 
 def _load_engine(bundle: Path) -> Engine:
-    """Loads `bundle` or exits with every bundle problem listed."""
+    """Loads `bundle` (warnings go to standard error) or exits listing every problem."""
     try:
-        return Engine.from_bundle_dir(bundle)
+        engine = Engine.from_bundle_dir(bundle)
     except BundleError as e:
+        raise _fail(str(e)) from e
+    for w in engine.warnings:
+        typer.echo(f"warning: {w}", err=True)
+    return engine
+
+
+def _answer(
+    bundle: Path, request: str, mode: str, call: Callable[[Engine, Any], dict[str, Any]]
+) -> dict[str, Any]:
+    """Returns `call(engine, body)` for `bundle`, `request` and `mode`.
+
+    Exits with code 2, naming the problem, on a bad bundle, request file or request.
+    """
+    engine = _load_engine(bundle)
+    body = _read_request(request)
+    try:
+        engine.set_mode(mode)
+        return call(engine, body)
+    except RequestError as e:
         raise _fail(str(e)) from e
 
 
@@ -92,15 +112,9 @@ def check(
     ] = False,
 ) -> None:
     """Decide one request against a bundle directory and print the decision as JSON."""
-    engine = _load_engine(bundle)
-    for w in engine.warnings:
-        typer.echo(f"warning: {w}", err=True)
-    body = _read_request(request)
-    try:
-        engine.set_mode(mode)
-        result = engine.decide(body) if record else engine.evaluate(body)
-    except RequestError as e:
-        raise _fail(str(e)) from e
+    result = _answer(
+        bundle, request, mode, lambda e, body: e.decide(body) if record else e.evaluate(body)
+    )
     typer.echo(json.dumps(result, indent=2))
     if exit_code and result["verdict"] != "allow":
         raise typer.Exit(code=1)
@@ -115,15 +129,7 @@ def plan(
     ] = "enforce",
 ) -> None:
     """Build the query plan (filter tree) of a request against a bundle directory."""
-    engine = _load_engine(bundle)
-    for w in engine.warnings:
-        typer.echo(f"warning: {w}", err=True)
-    body = _read_request(request)
-    try:
-        engine.set_mode(mode)
-        result = engine.plan(body)
-    except RequestError as e:
-        raise _fail(str(e)) from e
+    result = _answer(bundle, request, mode, lambda e, body: e.plan(body))
     typer.echo(json.dumps(result, indent=2))
 
 
@@ -131,8 +137,6 @@ def plan(
 def validate(bundle: BundleOpt) -> None:
     """Load a bundle directory and validate its policies strictly against its schema."""
     engine = _load_engine(bundle)
-    for w in engine.warnings:
-        typer.echo(f"warning: {w}", err=True)
     names = engine.policy_names
     typer.echo(f"ok: {len(names)} policies: {', '.join(names)}")
 

@@ -990,12 +990,13 @@ impl Engine {
         let t0 = Instant::now();
         let st = self.state.load();
         let b = &*st.bundle;
-        let schema = b.schema.as_ref().ok_or_else(|| {
-            RequestError::new(
+        // A bundle has attribute kinds exactly when it has a schema.
+        let (Some(schema), Some(kinds)) = (b.schema.as_ref(), b.attr_kinds.as_deref()) else {
+            return Err(RequestError::new(
                 "resource_type",
                 "query plans need a bundle with a schema (Cedar's partial evaluation is type-aware)",
-            )
-        })?;
+            ));
+        };
         let action = b.resolve_action(&req.action)?;
         let resource_type = b.resolve_type(&req.resource_type, "resource_type")?;
         b.check_type(req.principal.type_name(), "principal.type")?;
@@ -1046,7 +1047,7 @@ impl Engine {
                 field,
                 &action,
                 &resource_type,
-                schema,
+                (schema, kinds),
             )?);
         }
         let done = finish(&sides);
@@ -1083,7 +1084,7 @@ impl Engine {
         field: &str,
         action: &EntityUid,
         resource_type: &cedar_policy::EntityTypeName,
-        schema: &cedar_policy::Schema,
+        (schema, kinds): (&cedar_policy::Schema, &crate::plan::AttrKinds),
     ) -> Result<Side, RequestError> {
         let b = &*st.bundle;
         if st.store.is_contained(subject) {
@@ -1100,9 +1101,6 @@ impl Engine {
             roots.push((a, true));
         }
         let entities = closed_slice(st, &roots, None)?;
-        let kinds = b.attr_kinds.as_deref().ok_or_else(|| {
-            RequestError::new("resource_type", "query plans need a bundle with a schema")
-        })?;
         let res = residuals(
             &b.policies,
             schema,

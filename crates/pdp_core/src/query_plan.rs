@@ -298,9 +298,8 @@ impl std::fmt::Debug for PlanCache {
 impl PlanCache {
     /// A cache holding at most `capacity` plans (at least one).
     pub(crate) fn new(capacity: usize) -> Self {
-        let cap = NonZeroUsize::new(capacity.max(1)).unwrap_or(NonZeroUsize::MIN);
         Self {
-            inner: Mutex::new(lru::LruCache::new(cap)),
+            inner: Mutex::new(lru::LruCache::new(bound(capacity))),
         }
     }
 
@@ -364,10 +363,14 @@ impl PlanCache {
 
     /// Changes the bound, dropping the least recently used plans beyond it.
     pub(crate) fn resize(&self, capacity: usize) {
-        let cap = NonZeroUsize::new(capacity.max(1)).unwrap_or(NonZeroUsize::MIN);
         self.inner
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .resize(cap);
+            .resize(bound(capacity));
     }
+}
+
+/// The cache bound for a requested capacity: at least one plan.
+fn bound(capacity: usize) -> NonZeroUsize {
+    NonZeroUsize::new(capacity).unwrap_or(NonZeroUsize::MIN)
 }

@@ -22,9 +22,17 @@ $(BIN)/python:
 setup: $(BIN)/python ## Create .venv with maturin (the build front end)
 	$(BIN)/pip install -q "maturin>=1.9,<2"
 
+PROTO_OUT := python/svc/authz/v1
+
 .PHONY: build
 build: setup ## Build svc (Rust extension in release) into .venv with the dev extras of pyproject.toml
 	$(BIN)/maturin develop --release -q --extras dev
+	$(MAKE) --no-print-directory proto
+
+.PHONY: proto
+proto: ## Generate the Python gRPC stubs from proto/ (grpcio-tools; Rust's come from build.rs)
+	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=python --pyi_out=python \
+		--grpc_python_out=python proto/svc/authz/v1/authz.proto
 
 .PHONY: run
 run: build ## Set up and run the main job: decide an example request with `svc check`

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from os import PathLike
 from typing import Any, Final, Literal, final
 
-__all__ = ["BundleError", "Engine", "RequestError", "__version__"]
+__all__ = ["BundleError", "Engine", "RequestError", "Server", "__version__"]
 
 __version__: Final[str]
 
@@ -296,3 +296,81 @@ class Engine:
     @property
     def store_size(self) -> int:
         """Number of entities in the store (bundle entities not counted)."""
+
+@final
+class Server:
+    """The decision point's listener (SPEC 4.2, DESIGN 1).
+
+    gRPC ``svc.authz.v1.Authorizer`` and the HTTP decision API, AuthZEN 1.0 and ``/healthz``,
+    ``/readyz``, ``/version``, ``/metrics`` on one port. Runs on its own Tokio runtime;
+    requests never take the GIL.
+
+    Args:
+        engine: the engine every request is decided with (shared, not copied: bundle and store
+            updates on it are seen by the next request).
+        host: address to bind.
+        port: port to bind; 0 picks a free one (read it back from ``port``).
+        max_body_bytes: largest request body (HTTP) or message (gRPC); larger get 413 /
+            ``RESOURCE_EXHAUSTED``.
+        workers: Tokio worker threads; 0 means one per core.
+        public_url: base URL published by ``/.well-known/authzen-configuration``; by default
+            it is derived from the request's ``Host`` header.
+        version: release reported by ``/version`` (default: the extension's version).
+        noop_routes: also serve the benchmark ceiling (``POST /v1/noop`` and gRPC
+            ``svc.authz.v1.NoopAuthorizer``), which parse a request and answer a fixed allow.
+
+    """
+
+    def __new__(
+        cls,
+        engine: Engine,
+        host: str = "127.0.0.1",
+        port: int = 8080,
+        max_body_bytes: int = 1_048_576,
+        workers: int = 0,
+        public_url: str | None = None,
+        version: str | None = None,
+        noop_routes: bool = False,
+    ) -> Server: ...
+    def start(self) -> int:
+        """Binds and starts serving; returns the bound port.
+
+        Raises:
+            OSError: the address cannot be bound (for example the port is taken).
+            RuntimeError: the server is already running.
+
+        """
+
+    def stop(self, grace_secs: float = 5.0) -> None:
+        """Stops accepting, lets requests in flight finish (up to ``grace_secs``), and stops."""
+
+    @property
+    def port(self) -> int | None:
+        """The bound port, or ``None`` when not running."""
+
+    @property
+    def running(self) -> bool:
+        """Whether the server is running."""
+
+    @property
+    def ready(self) -> bool:
+        """Whether ``/readyz`` answers ready (a bundle and the containment list are loaded)."""
+
+    def set_ready(self, bundle: bool | None = None, containments: bool | None = None) -> None:
+        """Sets the readiness flags behind ``/readyz`` and gRPC health; ``None`` keeps one.
+
+        Raises:
+            RuntimeError: the server is not running.
+
+        """
+
+    def bundle_reloaded(self, error: str | None = None) -> None:
+        """Records a bundle reload: ``None`` for success, else the error text.
+
+        ``/readyz`` shows the error (the previous bundle keeps serving) and the
+        ``svc_pdp_bundle_error`` metric reports it until a good reload.
+
+        Raises:
+            RuntimeError: the server is not running.
+
+        """

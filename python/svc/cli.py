@@ -8,6 +8,9 @@ Commands:
   (``"principal": "User::\\"alice\\""``) work as they are. ``-`` reads standard input.
 * ``svc plan --bundle DIR REQUEST.json``: build the query plan of ``POST /v1/access/plan``
   (SPEC 2.6) for a request naming a ``resource_type``, and print it as JSON.
+* ``svc pdp --bundle DIR [--port 8080] [--mode monitor|enforce]``: the decision point in
+  standalone mode (SPEC 4.2): gRPC and HTTP on one port, serving one bundle directory and
+  reloading it when its files change. Runs until Ctrl-C or SIGTERM.
 * ``svc validate --bundle DIR``: load and strictly validate a bundle, listing every problem.
 * ``svc version``: print the release.
 
@@ -19,7 +22,10 @@ problem on standard error.
 from __future__ import annotations
 
 import json
+import logging
+import signal
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
@@ -131,6 +137,68 @@ def plan(
     """Build the query plan (filter tree) of a request against a bundle directory."""
     result = _answer(bundle, request, mode, lambda e, body: e.plan(body))
     typer.echo(json.dumps(result, indent=2))
+
+
+@app.command()
+def pdp(
+    bundle: BundleOpt,
+    host: Annotated[
+        str, typer.Option(envvar="SVC_PDP_HOST", help="Address to bind (0.0.0.0 in a container).")
+    ] = "127.0.0.1",
+    port: Annotated[
+        int, typer.Option(envvar="SVC_PDP_PORT", min=0, max=65535, help="Port (0: any free).")
+    ] = 8080,
+    mode: Annotated[
+        str,
+        typer.Option(envvar="SVC_PDP_MODE", help="monitor or enforce, reported with decisions."),
+    ] = "enforce",
+    max_body_bytes: Annotated[
+        int, typer.Option(envvar="SVC_PDP_MAX_BODY_BYTES", min=1, help="Largest request body.")
+    ] = 1_048_576,
+    workers: Annotated[
+        int, typer.Option(envvar="SVC_PDP_WORKERS", min=0, help="Worker threads (0: per core).")
+    ] = 0,
+    public_url: Annotated[
+        str | None,
+        typer.Option(envvar="SVC_PDP_PUBLIC_URL", help="Base URL for AuthZEN discovery."),
+    ] = None,
+    watch: Annotated[bool, typer.Option(help="Reload the bundle when its files change.")] = True,
+    noop_routes: Annotated[
+        bool,
+        typer.Option(help="Also serve the benchmark ceiling (POST /v1/noop, NoopAuthorizer)."),
+    ] = False,
+    plan_max_age_secs: Annotated[
+        int, typer.Option(envvar="SVC_PDP_PLAN_MAX_AGE_SECS", min=0, help="Plan max_age_secs.")
+    ] = 300,
+) -> None:
+    """Run the decision point (gRPC + HTTP on one port) over one bundle directory."""
+    from svc.pdp.server import StandaloneOptions, run_standalone
+
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    opts = StandaloneOptions(
+        host=host,
+        port=port,
+        mode=mode,
+        max_body_bytes=max_body_bytes,
+        workers=workers,
+        public_url=public_url,
+        watch=watch,
+        noop_routes=noop_routes,
+        plan_max_age_secs=plan_max_age_secs,
+    )
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        run_standalone(bundle, opts, stop)
+    except BundleError as e:
+        raise _fail(str(e)) from e
+    except RequestError as e:
+        raise _fail(str(e)) from e
+    except OSError as e:
+        raise _fail(str(e)) from e
 
 
 @app.command()

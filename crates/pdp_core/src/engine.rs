@@ -1073,6 +1073,15 @@ impl Engine {
         Ok(plan)
     }
 
+    /// The entity in force for `uid` (the store's, else the bundle's, else the action entity)
+    /// in Cedar's JSON entity shape (`uid`, `attrs`, `parents`, `tags`), or `None` when no
+    /// entity has that uid. The AuthZEN front uses it to lay a request's `properties` over the
+    /// stored attributes without losing the entity's parents.
+    pub fn entity_json(&self, uid: &EntityUid) -> Option<Value> {
+        let st = self.state.load();
+        st.entity(uid).and_then(|e| e.entity.to_json_value().ok())
+    }
+
     /// The filters of one principal of a plan (see [`crate::query_plan`]).
     #[allow(clippy::too_many_arguments)]
     fn plan_side(

@@ -11,6 +11,10 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 use serde_json::{Map, Number, Value};
 use std::path::PathBuf;
+use std::sync::Arc;
+
+mod pyserver;
+pub mod server;
 
 create_exception!(
     _pdp_core,
@@ -184,10 +188,15 @@ fn sources(
 /// The in-process decision engine (see `svc.pdp.Engine`).
 #[pyclass(frozen, module = "svc._pdp_core")]
 struct Engine {
-    inner: CoreEngine,
+    inner: Arc<CoreEngine>,
 }
 
 impl Engine {
+    /// The engine, shared with the network front (`Server`).
+    pub(crate) fn shared(&self) -> Arc<CoreEngine> {
+        self.inner.clone()
+    }
+
     fn build(py: Python<'_>, src: &BundleSources) -> PyResult<Bundle> {
         py.detach(|| Bundle::from_sources(src))
             .map_err(|e| bundle_err(py, &e))
@@ -212,14 +221,14 @@ impl Engine {
     ) -> PyResult<Self> {
         let src = sources(policies, schema, entities, links)?;
         Ok(Self {
-            inner: CoreEngine::new(Self::build(py, &src)?),
+            inner: Arc::new(CoreEngine::new(Self::build(py, &src)?)),
         })
     }
 
     #[staticmethod]
     fn from_bundle_dir(py: Python<'_>, path: PathBuf) -> PyResult<Self> {
         Ok(Self {
-            inner: CoreEngine::new(Self::build_dir(py, path)?),
+            inner: Arc::new(CoreEngine::new(Self::build_dir(py, path)?)),
         })
     }
 
@@ -483,6 +492,7 @@ impl Engine {
 fn _pdp_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add_class::<Engine>()?;
+    m.add_class::<pyserver::Server>()?;
     m.add("BundleError", py.get_type::<BundleError>())?;
     m.add("RequestError", py.get_type::<RequestError>())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

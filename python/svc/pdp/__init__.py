@@ -13,10 +13,13 @@ Example::
                      "resource": {"type": "Document", "id": "roadmap"}})
     # {'qid': '019...', 'verdict': 'allow', 'challenges': [], 'policies': [...], 'mode': 'enforce'}
 
+`Server` serves an engine over gRPC and HTTP on one port (SPEC 4.2); `svc.pdp.server` runs it
+in standalone mode over one bundle directory (`svc pdp --bundle DIR`).
+
 Errors: `BundleError` (a bundle does not load; `.errors` lists every problem with file, line
 and column) and `RequestError` (a `ValueError`; `.field` names the request field at fault).
 """
 
-from svc._pdp_core import BundleError, Engine, RequestError
+from svc._pdp_core import BundleError, Engine, RequestError, Server
 
-__all__ = ["BundleError", "Engine", "RequestError"]
+__all__ = ["BundleError", "Engine", "RequestError", "Server"]

@@ -1,0 +1,160 @@
+//! `svc._pdp_core.Server`: starts and stops the decision point's listener (see
+//! [`crate::server`]) from Python, and takes the control plane's readiness and reload signals.
+//! Every method that waits releases the GIL; requests never take it.
+
+use crate::server::{self, Config, Running};
+use pyo3::exceptions::{PyOSError, PyRuntimeError};
+use pyo3::prelude::*;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// The decision point's gRPC + HTTP listener over one engine (see `svc.pdp.server`).
+#[pyclass(frozen, module = "svc._pdp_core")]
+pub struct Server {
+    engine: Arc<pdp_core::Engine>,
+    config: Config,
+    running: Mutex<Option<Running>>,
+}
+
+impl Server {
+    fn with_running<T>(&self, f: impl FnOnce(&Running) -> T) -> PyResult<T> {
+        let guard = self
+            .running
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        guard
+            .as_ref()
+            .map(f)
+            .ok_or_else(|| PyRuntimeError::new_err("the server is not running; call start() first"))
+    }
+}
+
+#[pymethods]
+impl Server {
+    #[new]
+    #[pyo3(signature = (engine, host="127.0.0.1", port=8080, max_body_bytes=1_048_576, workers=0, public_url=None, version=None, noop_routes=false))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        engine: &crate::Engine,
+        host: &str,
+        port: u16,
+        max_body_bytes: usize,
+        workers: usize,
+        public_url: Option<String>,
+        version: Option<String>,
+        noop_routes: bool,
+    ) -> Self {
+        Self {
+            engine: engine.shared(),
+            config: Config {
+                host: host.to_owned(),
+                port,
+                max_body_bytes,
+                workers,
+                public_url,
+                version: version.unwrap_or_else(|| env!("CARGO_PKG_VERSION").to_owned()),
+                noop_routes,
+            },
+            running: Mutex::new(None),
+        }
+    }
+
+    /// Binds and starts serving; returns the bound port. Raises `OSError` when the address
+    /// cannot be bound (port taken), `RuntimeError` when already running.
+    fn start(&self, py: Python<'_>) -> PyResult<u16> {
+        let mut guard = self
+            .running
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if guard.is_some() {
+            return Err(PyRuntimeError::new_err("the server is already running"));
+        }
+        let engine = self.engine.clone();
+        let config = self.config.clone();
+        let running = py.detach(|| server::start(engine, config)).map_err(|e| {
+            PyOSError::new_err((
+                e.raw_os_error().unwrap_or(0),
+                format!(
+                    "cannot serve on {}:{}: {e}",
+                    self.config.host, self.config.port
+                ),
+            ))
+        })?;
+        let port = running.local_addr.port();
+        *guard = Some(running);
+        Ok(port)
+    }
+
+    /// Stops accepting, lets requests in flight finish (up to `grace_secs`), and stops.
+    #[pyo3(signature = (grace_secs=5.0))]
+    fn stop(&self, py: Python<'_>, grace_secs: f64) {
+        let taken = self
+            .running
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        if let Some(mut r) = taken {
+            let grace = Duration::from_secs_f64(grace_secs.clamp(0.0, 600.0));
+            py.detach(move || r.stop(grace));
+        }
+    }
+
+    /// The bound port, or `None` when not running.
+    #[getter]
+    fn port(&self) -> Option<u16> {
+        self.with_running(|r| r.local_addr.port()).ok()
+    }
+
+    /// Whether the server is running.
+    #[getter]
+    fn running(&self) -> bool {
+        self.port().is_some()
+    }
+
+    /// Sets the readiness flags (`/readyz`, gRPC health); `None` leaves a flag unchanged.
+    #[pyo3(signature = (bundle=None, containments=None))]
+    fn set_ready(
+        &self,
+        py: Python<'_>,
+        bundle: Option<bool>,
+        containments: Option<bool>,
+    ) -> PyResult<()> {
+        let shared = self.with_running(|r| r.shared.clone())?;
+        py.detach(|| {
+            self.with_running(|r| r.block_on(shared.set_ready(bundle, containments)))
+                .map(|_| ())
+        })
+    }
+
+    /// Records a bundle reload: `error=None` for success, else the text shown on `/readyz`.
+    #[pyo3(signature = (error=None))]
+    fn bundle_reloaded(&self, error: Option<String>) -> PyResult<()> {
+        self.with_running(|r| r.shared.bundle_reloaded(error))
+    }
+
+    /// Whether `/readyz` would answer ready.
+    #[getter]
+    fn ready(&self) -> bool {
+        self.with_running(|r| r.shared.ready()).unwrap_or(false)
+    }
+
+    fn __repr__(&self) -> String {
+        match self.port() {
+            Some(p) => format!("Server(http://{}:{p}, running)", self.config.host),
+            None => format!("Server({}:{}, stopped)", self.config.host, self.config.port),
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let taken = self
+            .running
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        if let Some(mut r) = taken {
+            r.stop(Duration::from_secs(1));
+        }
+    }
+}

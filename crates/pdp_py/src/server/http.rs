@@ -1,0 +1,750 @@
+//! HTTP routes of the decision point (SPEC 4.2, DESIGN 7), the OpenID AuthZEN Authorization
+//! API 1.0 (<https://openid.net/specs/authorization-api-1_0.html>), and the four routes every
+//! component serves (SPEC 1). Every error is an RFC 9457 problem details document
+//! (`application/problem+json`) naming what was wrong; nothing a client sends gets a 5xx.
+//! The routes and their shapes are documented in docs/api.md.
+
+use super::metrics::Transport;
+use super::Shared;
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE, HOST};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use pdp_core::{Decision, Mode, RequestError, Verdict};
+use serde_json::{json, Map, Value};
+use std::sync::Arc;
+
+type St = State<Arc<Shared>>;
+
+/// `X-Request-ID`: echoed on the response when the request carries one.
+static REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// An RFC 9457 problem: `type`, `title`, `status`, `detail`, plus `field` (the request field at
+/// fault) and `errors` (one entry per bad item of a batch) when they apply.
+#[derive(Debug)]
+pub struct Problem {
+    /// HTTP status.
+    pub status: StatusCode,
+    /// Slug of the problem type; the `type` member is `urn:svc:problem:<slug>`.
+    pub slug: &'static str,
+    /// Short, fixed summary of the problem type.
+    pub title: &'static str,
+    /// What exactly was wrong with this request.
+    pub detail: String,
+    /// The request field at fault, dotted (`context.risk_score`, `evaluations[2].subject.type`).
+    pub field: Option<String>,
+}
+
+impl Problem {
+    /// A problem without a field.
+    pub fn new(
+        status: StatusCode,
+        slug: &'static str,
+        title: &'static str,
+        detail: impl Into<String>,
+    ) -> Self {
+        Self {
+            status,
+            slug,
+            title,
+            detail: detail.into(),
+            field: None,
+        }
+    }
+
+    /// `400 invalid-request` for a request the engine refused (names the field).
+    pub fn request(e: &RequestError) -> Self {
+        Self {
+            status: StatusCode::BAD_REQUEST,
+            slug: "invalid-request",
+            title: "The request is not valid",
+            detail: e.to_string(),
+            field: Some(e.field.clone()),
+        }
+    }
+
+    /// The problem document as JSON.
+    pub fn to_json(&self) -> Value {
+        let mut m = Map::new();
+        m.insert(
+            "type".into(),
+            format!("urn:svc:problem:{}", self.slug).into(),
+        );
+        m.insert("title".into(), self.title.into());
+        m.insert("status".into(), self.status.as_u16().into());
+        m.insert("detail".into(), self.detail.clone().into());
+        if let Some(f) = &self.field {
+            m.insert("field".into(), f.clone().into());
+        }
+        Value::Object(m)
+    }
+}
+
+impl IntoResponse for Problem {
+    fn into_response(self) -> Response {
+        let body = serde_json::to_vec(&self.to_json()).unwrap_or_default();
+        (
+            self.status,
+            [(
+                CONTENT_TYPE,
+                HeaderValue::from_static("application/problem+json"),
+            )],
+            body,
+        )
+            .into_response()
+    }
+}
+
+/// A `200` JSON response.
+fn json_ok(v: &Value) -> Response {
+    let body = serde_json::to_vec(v).unwrap_or_default();
+    (
+        StatusCode::OK,
+        [(CONTENT_TYPE, HeaderValue::from_static("application/json"))],
+        body,
+    )
+        .into_response()
+}
+
+/// Builds the whole router: the gRPC routes of `grpc` plus every HTTP route, a fallback that
+/// answers unknown paths with 404 problems (gRPC calls with UNIMPLEMENTED), and the middleware
+/// that echoes `X-Request-ID` and counts refused requests.
+pub fn router(shared: Arc<Shared>, grpc: Router) -> Router {
+    let mut http = Router::new()
+        .route("/v1/access/evaluation", post(evaluation))
+        .route("/v1/access/plan", post(plan))
+        .route("/v1/access/challenge", post(challenge))
+        .route("/access/v1/evaluation", post(authzen_evaluation))
+        .route("/access/v1/evaluations", post(authzen_evaluations))
+        .route(
+            "/.well-known/authzen-configuration",
+            get(authzen_configuration),
+        )
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/version", get(version))
+        .route("/metrics", get(metrics));
+    if shared.config.noop_routes {
+        http = http.route("/v1/noop", post(noop));
+    }
+    let http = http
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(shared.clone());
+    grpc.merge(http)
+        .fallback(not_found)
+        .layer(middleware::from_fn_with_state(shared, around))
+}
+
+/// Echoes `X-Request-ID` and counts every 4xx/5xx in `svc_pdp_requests_rejected_total`.
+async fn around(State(s): St, req: Request, next: Next) -> Response {
+    let rid = req.headers().get(&REQUEST_ID).cloned();
+    let mut resp = next.run(req).await;
+    let status = resp.status();
+    if status.is_client_error() || status.is_server_error() {
+        s.metrics.rejected(status.as_u16());
+    }
+    if let Some(v) = rid {
+        resp.headers_mut().insert(REQUEST_ID.clone(), v);
+    }
+    resp
+}
+
+async fn not_found(req: Request) -> Response {
+    let grpc = req
+        .headers()
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| ct.starts_with("application/grpc"));
+    if grpc {
+        return tonic::Status::unimplemented(format!("no gRPC method at `{}`", req.uri().path()))
+            .into_http();
+    }
+    Problem::new(
+        StatusCode::NOT_FOUND,
+        "not-found",
+        "No such route",
+        format!(
+            "no route at `{}`; the decision API is POST /v1/access/evaluation, /v1/access/plan, /v1/access/challenge and AuthZEN's POST /access/v1/evaluation(s)",
+            req.uri().path()
+        ),
+    )
+    .into_response()
+}
+
+async fn method_not_allowed(req: Request) -> Response {
+    Problem::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method-not-allowed",
+        "Method not allowed",
+        format!("`{}` does not take {}", req.uri().path(), req.method()),
+    )
+    .into_response()
+}
+
+/// Reads a JSON request body: checks `Content-Type` (JSON or none), the size limit, and parses
+/// it, naming line and column of a syntax error.
+///
+/// # Errors
+/// `415` for a non-JSON content type, `413` past `max_body_bytes`, `400` for an unreadable,
+/// empty or malformed body.
+pub async fn read_json(s: &Shared, headers: &HeaderMap, body: Body) -> Result<Value, Problem> {
+    if let Some(ct) = headers.get(CONTENT_TYPE) {
+        let ct = ct.to_str().unwrap_or("").to_ascii_lowercase();
+        let essence = ct.split(';').next().unwrap_or("").trim();
+        if essence != "application/json" && !essence.ends_with("+json") {
+            return Err(Problem::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported-media-type",
+                "The body must be JSON",
+                format!(
+                    "`Content-Type: {essence}` is not JSON; send `Content-Type: application/json`"
+                ),
+            ));
+        }
+    }
+    let limit = s.config.max_body_bytes;
+    let too_big = || {
+        Problem::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload-too-large",
+            "The body is too large",
+            format!("the body is larger than the limit of {limit} bytes"),
+        )
+    };
+    let declared = headers
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(too_big());
+    }
+    let bytes: Bytes = match axum::body::to_bytes(body, limit).await {
+        Ok(b) => b,
+        Err(e) => {
+            let length_limit = std::error::Error::source(&e)
+                .is_some_and(|src| src.is::<http_body_util::LengthLimitError>());
+            return Err(if length_limit {
+                too_big()
+            } else {
+                Problem::new(
+                    StatusCode::BAD_REQUEST,
+                    "unreadable-body",
+                    "The body could not be read",
+                    format!("the body could not be read: {e}"),
+                )
+            });
+        }
+    };
+    parse_json(&bytes)
+}
+
+/// Parses a JSON document from bytes.
+///
+/// # Errors
+/// `400 malformed-json` naming the line, column and what the parser expected.
+pub fn parse_json(bytes: &[u8]) -> Result<Value, Problem> {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Err(Problem::new(
+            StatusCode::BAD_REQUEST,
+            "malformed-json",
+            "The body is not valid JSON",
+            "the body is empty; expected a JSON object",
+        ));
+    }
+    serde_json::from_slice(bytes).map_err(|e| {
+        Problem::new(
+            StatusCode::BAD_REQUEST,
+            "malformed-json",
+            "The body is not valid JSON",
+            format!(
+                "malformed JSON at line {} column {}: {e}",
+                e.line(),
+                e.column()
+            ),
+        )
+    })
+}
+
+async fn evaluation(State(s): St, headers: HeaderMap, body: Body) -> Result<Response, Problem> {
+    let v = read_json(&s, &headers, body).await?;
+    let d = s.engine.decide_json(&v).map_err(|e| Problem::request(&e))?;
+    s.metrics
+        .decision(Transport::Http, d.verdict, d.mode, d.latency_us);
+    Ok(json_ok(&d.to_response()))
+}
+
+async fn plan(State(s): St, headers: HeaderMap, body: Body) -> Result<Response, Problem> {
+    let v = read_json(&s, &headers, body).await?;
+    let p = s.engine.plan_json(&v).map_err(|e| Problem::request(&e))?;
+    s.metrics
+        .plan(Transport::Http, p.outcome.as_str(), p.pinned, p.latency_us);
+    Ok(json_ok(&p.to_response()))
+}
+
+/// Validates a challenge wait (SPEC 2.5) as far as it can be without the challenge service.
+///
+/// # Errors
+/// [`RequestError`] naming the field: missing/empty `challenge_qid`, a malformed principal, a
+/// `wait_secs` outside 0 to 25, an unknown field.
+pub fn check_challenge_wait(v: &Value) -> Result<(), RequestError> {
+    let obj = v
+        .as_object()
+        .ok_or_else(|| RequestError::new("request", "expected a JSON object"))?;
+    for k in obj.keys() {
+        if !["challenge_qid", "principal", "on_behalf_of", "wait_secs"].contains(&k.as_str()) {
+            return Err(RequestError::new(
+                k.clone(),
+                "unknown field; expected challenge_qid, principal, on_behalf_of, wait_secs",
+            ));
+        }
+    }
+    match obj.get("challenge_qid") {
+        Some(Value::String(q)) if !q.is_empty() => {}
+        _ => {
+            return Err(RequestError::new(
+                "challenge_qid",
+                "is required: the `challenge_qid` of the check's response",
+            ))
+        }
+    }
+    pdp_core::request::parse_uid(obj.get("principal").unwrap_or(&Value::Null), "principal")?;
+    if let Some(o) = obj.get("on_behalf_of").filter(|o| !o.is_null()) {
+        pdp_core::request::parse_uid(o, "on_behalf_of")?;
+    }
+    if let Some(w) = obj.get("wait_secs") {
+        match w.as_u64() {
+            Some(n) if n <= 25 => {}
+            _ => {
+                return Err(RequestError::new(
+                    "wait_secs",
+                    "expected an integer from 0 to 25 (SPEC 8)",
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The problem (and gRPC status text) for a challenge wait while no challenge service is
+/// connected (standalone mode).
+pub const NO_CHALLENGE_SERVICE: &str = "no challenge service (svc-challenge) is connected to this decision point, so no challenge can be waited for; in standalone mode challenge verdicts carry no challenge_qid";
+
+async fn challenge(State(s): St, headers: HeaderMap, body: Body) -> Result<Response, Problem> {
+    let v = read_json(&s, &headers, body).await?;
+    check_challenge_wait(&v).map_err(|e| Problem::request(&e))?;
+    s.metrics.challenge_unavailable();
+    let mut resp = Problem::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "challenge-service-unavailable",
+        "The challenge service is not available",
+        NO_CHALLENGE_SERVICE,
+    )
+    .into_response();
+    resp.headers_mut()
+        .insert("retry-after", HeaderValue::from_static("30"));
+    Ok(resp)
+}
+
+async fn noop(State(s): St, headers: HeaderMap, body: Body) -> Result<Response, Problem> {
+    let v = read_json(&s, &headers, body).await?;
+    let _ = v.as_object();
+    Ok(json_ok(&json!({
+        "qid": "00000000-0000-7000-8000-000000000000",
+        "verdict": "allow",
+        "challenges": [],
+        "policies": ["noop"],
+        "mode": "enforce",
+    })))
+}
+
+// ---------------------------------------------------------------- AuthZEN 1.0
+
+/// Maps AuthZEN field paths back from the engine's: `principal` is AuthZEN's `subject`, the
+/// action is `action.name`, inline entity `i` is the subject's or resource's `properties`.
+fn authzen_field(field: &str, entity_fields: &[&'static str]) -> String {
+    if let Some(rest) = field.strip_prefix("principal") {
+        return format!("subject{rest}");
+    }
+    if field == "action" {
+        return "action.name".to_owned();
+    }
+    if let Some(rest) = field.strip_prefix("entities[") {
+        let (idx, tail) = rest.split_once(']').unwrap_or((rest, ""));
+        if let Some(name) = idx.parse::<usize>().ok().and_then(|i| entity_fields.get(i)) {
+            return format!("{name}.properties{}", tail.replacen(".attrs", "", 1));
+        }
+    }
+    field.to_owned()
+}
+
+/// An AuthZEN entity's `type`, `id` and `properties`.
+type AuthzenEntity<'a> = (&'a str, &'a str, Option<&'a Map<String, Value>>);
+
+/// One AuthZEN entity (`subject` or `resource`): `{type, id, properties?}`.
+fn authzen_entity<'a>(
+    v: Option<&'a Value>,
+    field: &str,
+) -> Result<AuthzenEntity<'a>, RequestError> {
+    let obj = v
+        .and_then(Value::as_object)
+        .ok_or_else(|| RequestError::new(field, "is required: an object with `type` and `id`"))?;
+    let ty = obj
+        .get("type")
+        .and_then(Value::as_str)
+        .ok_or_else(|| RequestError::new(format!("{field}.type"), "expected a string"))?;
+    let id = obj
+        .get("id")
+        .and_then(Value::as_str)
+        .ok_or_else(|| RequestError::new(format!("{field}.id"), "expected a string"))?;
+    let props = match obj.get("properties") {
+        None | Some(Value::Null) => None,
+        Some(Value::Object(p)) => Some(p),
+        Some(_) => {
+            return Err(RequestError::new(
+                format!("{field}.properties"),
+                "expected an object of attributes",
+            ))
+        }
+    };
+    Ok((ty, id, props))
+}
+
+/// The inline entity for an AuthZEN entity with `properties`: the stored entity's attributes
+/// with `properties` laid over them, keeping its parents and tags.
+fn with_properties(s: &Shared, ty: &str, id: &str, props: &Map<String, Value>) -> Value {
+    let uid = json!({"type": ty, "id": id});
+    let stored = pdp_core::request::parse_uid(&uid, "uid")
+        .ok()
+        .and_then(|u| s.engine.entity_json(&u));
+    let mut ent = match stored {
+        Some(Value::Object(m)) => m,
+        _ => {
+            let mut m = Map::new();
+            m.insert("parents".into(), json!([]));
+            m
+        }
+    };
+    let mut attrs = match ent.remove("attrs") {
+        Some(Value::Object(a)) => a,
+        _ => Map::new(),
+    };
+    for (k, v) in props {
+        attrs.insert(k.clone(), v.clone());
+    }
+    ent.insert("uid".into(), uid);
+    ent.insert("attrs".into(), Value::Object(attrs));
+    Value::Object(ent)
+}
+
+/// Translates one AuthZEN evaluation (`subject`, `action`, `resource`, `context`) into the
+/// engine's check request and decides it. Errors name AuthZEN's fields.
+fn authzen_decide(
+    s: &Shared,
+    subject: Option<&Value>,
+    action: Option<&Value>,
+    resource: Option<&Value>,
+    context: Option<&Value>,
+) -> Result<Decision, RequestError> {
+    let (sty, sid, sprops) = authzen_entity(subject, "subject")?;
+    let (rty, rid, rprops) = authzen_entity(resource, "resource")?;
+    let name = action
+        .and_then(Value::as_object)
+        .and_then(|a| a.get("name"))
+        .and_then(Value::as_str)
+        .ok_or_else(|| RequestError::new("action.name", "is required: the action's name"))?;
+    let mut entities = Vec::new();
+    let mut entity_fields = Vec::new();
+    if let Some(p) = sprops {
+        entities.push(with_properties(s, sty, sid, p));
+        entity_fields.push("subject");
+    }
+    if let Some(p) = rprops {
+        entities.push(with_properties(s, rty, rid, p));
+        entity_fields.push("resource");
+    }
+    let mut req = Map::new();
+    req.insert("principal".into(), json!({"type": sty, "id": sid}));
+    req.insert("action".into(), name.into());
+    req.insert("resource".into(), json!({"type": rty, "id": rid}));
+    match context {
+        None | Some(Value::Null) => {}
+        Some(c @ Value::Object(_)) => {
+            req.insert("context".into(), c.clone());
+        }
+        Some(_) => return Err(RequestError::new("context", "expected an object")),
+    }
+    if !entities.is_empty() {
+        req.insert("entities".into(), Value::Array(entities));
+    }
+    s.engine
+        .decide_json(&Value::Object(req))
+        .map_err(|e| RequestError::new(authzen_field(&e.field, &entity_fields), e.message))
+}
+
+/// AuthZEN's decision: `true` when the verdict is allow, or in monitor mode (which allows
+/// whatever the verdict says, SPEC 2.4); the verdict itself is in `context.verdict`.
+pub fn authzen_response(d: &Decision) -> Value {
+    let mut ctx = Map::new();
+    ctx.insert("qid".into(), d.qid.clone().into());
+    ctx.insert("verdict".into(), d.verdict.as_str().into());
+    ctx.insert("challenges".into(), json!(d.challenges));
+    ctx.insert("policies".into(), json!(d.principal_outcome.policies));
+    ctx.insert("mode".into(), d.mode.as_str().into());
+    json!({
+        "decision": d.verdict == Verdict::Allow || d.mode == Mode::Monitor,
+        "context": Value::Object(ctx),
+    })
+}
+
+fn authzen_top(v: &Value) -> Result<&Map<String, Value>, Problem> {
+    v.as_object()
+        .ok_or_else(|| Problem::request(&RequestError::new("request", "expected a JSON object")))
+}
+
+async fn authzen_evaluation(
+    State(s): St,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, Problem> {
+    let v = read_json(&s, &headers, body).await?;
+    let o = authzen_top(&v)?;
+    for k in o.keys() {
+        if !["subject", "action", "resource", "context"].contains(&k.as_str()) {
+            return Err(Problem::request(&RequestError::new(
+                k.clone(),
+                "unknown field; an AuthZEN evaluation has subject, action, resource, context",
+            )));
+        }
+    }
+    let d = authzen_decide(
+        &s,
+        o.get("subject"),
+        o.get("action"),
+        o.get("resource"),
+        o.get("context"),
+    )
+    .map_err(|e| Problem::request(&e))?;
+    s.metrics
+        .decision(Transport::Authzen, d.verdict, d.mode, d.latency_us);
+    Ok(json_ok(&authzen_response(&d)))
+}
+
+/// `evaluations_semantic` of AuthZEN 1.0 section 7.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Semantic {
+    ExecuteAll,
+    DenyOnFirstDeny,
+    PermitOnFirstPermit,
+}
+
+async fn authzen_evaluations(
+    State(s): St,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, Problem> {
+    let v = read_json(&s, &headers, body).await?;
+    let o = authzen_top(&v)?;
+    for k in o.keys() {
+        if ![
+            "subject",
+            "action",
+            "resource",
+            "context",
+            "evaluations",
+            "options",
+        ]
+        .contains(&k.as_str())
+        {
+            return Err(Problem::request(&RequestError::new(
+                k.clone(),
+                "unknown field; AuthZEN evaluations have subject, action, resource, context, evaluations, options",
+            )));
+        }
+    }
+    let semantic = match o
+        .get("options")
+        .and_then(|op| op.get("evaluations_semantic"))
+    {
+        None | Some(Value::Null) => Semantic::ExecuteAll,
+        Some(Value::String(x)) if x == "execute_all" => Semantic::ExecuteAll,
+        Some(Value::String(x)) if x == "deny_on_first_deny" => Semantic::DenyOnFirstDeny,
+        Some(Value::String(x)) if x == "permit_on_first_permit" => Semantic::PermitOnFirstPermit,
+        Some(other) => {
+            return Err(Problem::request(&RequestError::new(
+                "options.evaluations_semantic",
+                format!(
+                "`{other}` is not one of execute_all, deny_on_first_deny, permit_on_first_permit"
+            ),
+            )))
+        }
+    };
+    if let Some(op) = o.get("options") {
+        if !op.is_object() && !op.is_null() {
+            return Err(Problem::request(&RequestError::new(
+                "options",
+                "expected an object",
+            )));
+        }
+    }
+    let items = match o.get("evaluations") {
+        None | Some(Value::Null) => None,
+        Some(Value::Array(a)) if a.is_empty() => None,
+        Some(Value::Array(a)) => Some(a),
+        Some(_) => {
+            return Err(Problem::request(&RequestError::new(
+                "evaluations",
+                "expected an array of evaluations",
+            )))
+        }
+    };
+    // Without `evaluations`, the request is a single evaluation (AuthZEN 1.0 section 7.1).
+    let Some(items) = items else {
+        let d = authzen_decide(
+            &s,
+            o.get("subject"),
+            o.get("action"),
+            o.get("resource"),
+            o.get("context"),
+        )
+        .map_err(|e| Problem::request(&e))?;
+        s.metrics
+            .decision(Transport::Authzen, d.verdict, d.mode, d.latency_us);
+        return Ok(json_ok(&authzen_response(&d)));
+    };
+    let mut out = Vec::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        let Some(it) = item.as_object() else {
+            return Err(Problem::request(&RequestError::new(
+                format!("evaluations[{i}]"),
+                "expected an object",
+            )));
+        };
+        let pick = |k: &str| it.get(k).filter(|x| !x.is_null()).or_else(|| o.get(k));
+        let res = authzen_decide(
+            &s,
+            pick("subject"),
+            pick("action"),
+            pick("resource"),
+            pick("context"),
+        );
+        let (entry, decision) = match res {
+            Ok(d) => {
+                s.metrics
+                    .decision(Transport::Authzen, d.verdict, d.mode, d.latency_us);
+                let r = authzen_response(&d);
+                let allowed = r.get("decision") == Some(&Value::Bool(true));
+                (r, allowed)
+            }
+            // One bad evaluation does not fail the batch (AuthZEN 1.0 section 7.2): it is a
+            // deny carrying the error.
+            Err(e) => (
+                json!({
+                    "decision": false,
+                    "context": {"error": {"status": 400, "field": e.field, "message": e.to_string()}},
+                }),
+                false,
+            ),
+        };
+        out.push(entry);
+        let stop = match semantic {
+            Semantic::ExecuteAll => false,
+            Semantic::DenyOnFirstDeny => !decision,
+            Semantic::PermitOnFirstPermit => decision,
+        };
+        if stop {
+            break;
+        }
+    }
+    Ok(json_ok(&json!({ "evaluations": out })))
+}
+
+async fn authzen_configuration(State(s): St, headers: HeaderMap) -> Response {
+    let base = s.config.public_url.clone().unwrap_or_else(|| {
+        let host = headers
+            .get(HOST)
+            .and_then(|h| h.to_str().ok())
+            .unwrap_or("127.0.0.1:8080");
+        format!("http://{host}")
+    });
+    let base = base.trim_end_matches('/');
+    json_ok(&json!({
+        "policy_decision_point": base,
+        "access_evaluation_endpoint": format!("{base}/access/v1/evaluation"),
+        "access_evaluations_endpoint": format!("{base}/access/v1/evaluations"),
+    }))
+}
+
+// ---------------------------------------------------------------- health, version, metrics
+
+async fn healthz() -> Response {
+    json_ok(&json!({"status": "ok"}))
+}
+
+async fn readyz(State(s): St) -> Response {
+    let err = s.bundle_error();
+    let v = s.engine.versions();
+    if s.ready() {
+        let mut body = json!({
+            "ready": true,
+            "policy_version": v.policy_version,
+            "principals_version": v.principals_version,
+        });
+        if let (Some(e), Some(m)) = (err, body.as_object_mut()) {
+            // Still ready: the previous bundle keeps serving.
+            m.insert("bundle_error".into(), e.into());
+        }
+        return json_ok(&body);
+    }
+    let mut missing = Vec::new();
+    if !s.bundle_loaded() {
+        missing.push("a policy bundle");
+    }
+    if !s.containments_loaded() {
+        missing.push("the containment list");
+    }
+    let mut detail = format!("not ready: waiting for {}", missing.join(" and "));
+    if let Some(e) = err {
+        detail.push_str(&format!("; last bundle load failed: {e}"));
+    }
+    Problem::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "not-ready",
+        "The decision point is not ready",
+        detail,
+    )
+    .into_response()
+}
+
+async fn version(State(s): St) -> Response {
+    let v = s.engine.versions();
+    json_ok(&json!({
+        "component": "svc-pdp",
+        "version": s.config.version,
+        "cedar_policy": "4.14.1",
+        "policy_version": v.policy_version,
+        "principals_version": v.principals_version,
+    }))
+}
+
+async fn metrics(State(s): St) -> Response {
+    let v = s.engine.versions();
+    let text = s.metrics.render(
+        v.policy_version,
+        v.principals_version,
+        s.engine.plans_cached(),
+        s.ready(),
+    );
+    (
+        StatusCode::OK,
+        [(
+            CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+        )],
+        text,
+    )
+        .into_response()
+}

@@ -1,0 +1,297 @@
+//! Prometheus metrics of the decision point (`GET /metrics`, SPEC 1: every component serves
+//! them). Label sets are small and fixed, so every series used on the request path is resolved
+//! once at start and then only incremented (one atomic add; no label lookup per request).
+
+use pdp_core::{Mode, Verdict};
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
+    Registry, TextEncoder,
+};
+
+/// How a request reached the decision point (the `transport` label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    /// `POST /v1/access/evaluation` and `/v1/access/plan`.
+    Http,
+    /// `svc.authz.v1.Authorizer`.
+    Grpc,
+    /// `POST /access/v1/evaluation(s)`.
+    Authzen,
+}
+
+impl Transport {
+    const ALL: [Transport; 3] = [Self::Http, Self::Grpc, Self::Authzen];
+
+    fn index(self) -> usize {
+        match self {
+            Self::Http => 0,
+            Self::Grpc => 1,
+            Self::Authzen => 2,
+        }
+    }
+
+    /// The label value: `http`, `grpc` or `authzen`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Http => "http",
+            Self::Grpc => "grpc",
+            Self::Authzen => "authzen",
+        }
+    }
+}
+
+const VERDICTS: [Verdict; 3] = [Verdict::Allow, Verdict::Challenge, Verdict::Deny];
+const MODES: [Mode; 2] = [Mode::Enforce, Mode::Monitor];
+
+fn verdict_index(v: Verdict) -> usize {
+    match v {
+        Verdict::Allow => 0,
+        Verdict::Challenge => 1,
+        Verdict::Deny => 2,
+    }
+}
+
+fn mode_index(m: Mode) -> usize {
+    match m {
+        Mode::Enforce => 0,
+        Mode::Monitor => 1,
+    }
+}
+
+/// Latency buckets in seconds: 10 us to 100 ms, for a call whose target is well under 1 ms.
+const LATENCY_BUCKETS: [f64; 14] = [
+    10e-6, 25e-6, 50e-6, 75e-6, 100e-6, 150e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3,
+    100e-3,
+];
+
+/// Every metric of the decision point, registered in one registry.
+pub struct Metrics {
+    registry: Registry,
+    /// `svc_pdp_decisions_total{transport,verdict,mode}`, indexed [transport][verdict][mode].
+    decisions: Vec<IntCounter>,
+    /// `svc_pdp_decision_duration_seconds{transport}` (engine time of one check).
+    decision_latency: Vec<Histogram>,
+    plans: IntCounterVec,
+    plan_latency: Histogram,
+    plan_cache_hits: IntCounter,
+    plan_cache_misses: IntCounter,
+    plans_cached: IntGauge,
+    rejected: IntCounterVec,
+    bundle_reloads: IntCounterVec,
+    bundle_error: IntGauge,
+    policy_version: IntGauge,
+    principals_version: IntGauge,
+    ready: IntGauge,
+    challenge_unavailable: IntCounter,
+}
+
+fn counter_vec(reg: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    let c = IntCounterVec::new(Opts::new(name, help), labels)
+        .unwrap_or_else(|e| unreachable_metric(name, &e));
+    let _ = reg.register(Box::new(c.clone()));
+    c
+}
+
+fn gauge(reg: &Registry, name: &str, help: &str) -> IntGauge {
+    let g = IntGauge::new(name, help).unwrap_or_else(|e| unreachable_metric(name, &e));
+    let _ = reg.register(Box::new(g.clone()));
+    g
+}
+
+fn counter(reg: &Registry, name: &str, help: &str) -> IntCounter {
+    let c = IntCounter::new(name, help).unwrap_or_else(|e| unreachable_metric(name, &e));
+    let _ = reg.register(Box::new(c.clone()));
+    c
+}
+
+/// Metric names and help texts are constants checked by the tests; a failure here is a bug in
+/// this file, reported loudly rather than serving without metrics.
+#[allow(clippy::panic)]
+fn unreachable_metric(name: &str, e: &prometheus::Error) -> ! {
+    panic!("metric `{name}` is malformed: {e}")
+}
+
+impl Metrics {
+    /// Registers every metric; series on the request path are resolved here once.
+    pub fn new() -> Self {
+        let registry = Registry::new();
+        let decisions_vec = counter_vec(
+            &registry,
+            "svc_pdp_decisions_total",
+            "Decisions made, by transport, verdict and mode (monitor: the verdict that would have applied).",
+            &["transport", "verdict", "mode"],
+        );
+        let mut decisions = Vec::new();
+        for t in Transport::ALL {
+            for v in VERDICTS {
+                for m in MODES {
+                    decisions.push(decisions_vec.with_label_values(&[
+                        t.as_str(),
+                        v.as_str(),
+                        m.as_str(),
+                    ]));
+                }
+            }
+        }
+        let lat_vec = HistogramVec::new(
+            HistogramOpts::new(
+                "svc_pdp_decision_duration_seconds",
+                "Time the engine spent on one check, by transport.",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
+            &["transport"],
+        )
+        .unwrap_or_else(|e| unreachable_metric("svc_pdp_decision_duration_seconds", &e));
+        let _ = registry.register(Box::new(lat_vec.clone()));
+        let decision_latency = Transport::ALL
+            .iter()
+            .map(|t| lat_vec.with_label_values(&[t.as_str()]))
+            .collect();
+        let plan_latency = Histogram::with_opts(
+            HistogramOpts::new(
+                "svc_pdp_plan_duration_seconds",
+                "Time the engine spent on one query plan.",
+            )
+            .buckets(LATENCY_BUCKETS.to_vec()),
+        )
+        .unwrap_or_else(|e| unreachable_metric("svc_pdp_plan_duration_seconds", &e));
+        let _ = registry.register(Box::new(plan_latency.clone()));
+        Self {
+            decisions,
+            decision_latency,
+            plans: counter_vec(
+                &registry,
+                "svc_pdp_plans_total",
+                "Query plans made, by transport and outcome.",
+                &["transport", "outcome"],
+            ),
+            plan_latency,
+            plan_cache_hits: counter(
+                &registry,
+                "svc_pdp_plan_cache_hits_total",
+                "Plan requests answered with a pinned plan from the plan cache (paging).",
+            ),
+            plan_cache_misses: counter(
+                &registry,
+                "svc_pdp_plan_cache_misses_total",
+                "Plan requests that built a new plan.",
+            ),
+            plans_cached: gauge(
+                &registry,
+                "svc_pdp_plans_cached",
+                "Plans held in the plan cache for paging.",
+            ),
+            rejected: counter_vec(
+                &registry,
+                "svc_pdp_requests_rejected_total",
+                "Requests refused before a decision, by HTTP status (gRPC maps to the same).",
+                &["status"],
+            ),
+            bundle_reloads: counter_vec(
+                &registry,
+                "svc_pdp_bundle_reloads_total",
+                "Bundle reloads, by result (ok, error).",
+                &["result"],
+            ),
+            bundle_error: gauge(
+                &registry,
+                "svc_pdp_bundle_error",
+                "1 while the last bundle reload failed (the previous bundle keeps serving).",
+            ),
+            policy_version: gauge(
+                &registry,
+                "svc_pdp_policy_version",
+                "Version of the policy bundle in force.",
+            ),
+            principals_version: gauge(
+                &registry,
+                "svc_pdp_principals_version",
+                "Version of the principals snapshot in force.",
+            ),
+            ready: gauge(
+                &registry,
+                "svc_pdp_ready",
+                "1 once a bundle and the containment list are loaded.",
+            ),
+            challenge_unavailable: counter(
+                &registry,
+                "svc_pdp_challenge_unavailable_total",
+                "Challenge waits refused because no challenge service is connected.",
+            ),
+            registry,
+        }
+    }
+
+    /// Counts one decision and its engine time (`latency_us`, microseconds).
+    pub fn decision(&self, t: Transport, verdict: Verdict, mode: Mode, latency_us: u64) {
+        let i = t.index() * 6 + verdict_index(verdict) * 2 + mode_index(mode);
+        if let Some(c) = self.decisions.get(i) {
+            c.inc();
+        }
+        if let Some(h) = self.decision_latency.get(t.index()) {
+            h.observe(micros(latency_us));
+        }
+    }
+
+    /// Counts one plan: its outcome, whether it came from the cache, and its engine time.
+    pub fn plan(&self, t: Transport, outcome: &str, pinned: bool, latency_us: u64) {
+        self.plans.with_label_values(&[t.as_str(), outcome]).inc();
+        if pinned {
+            self.plan_cache_hits.inc();
+        } else {
+            self.plan_cache_misses.inc();
+        }
+        self.plan_latency.observe(micros(latency_us));
+    }
+
+    /// Counts a request refused with HTTP status `status` (or its gRPC equivalent).
+    pub fn rejected(&self, status: u16) {
+        self.rejected
+            .with_label_values(&[status.to_string().as_str()])
+            .inc();
+    }
+
+    /// Counts a challenge wait refused for want of a challenge service.
+    pub fn challenge_unavailable(&self) {
+        self.challenge_unavailable.inc();
+    }
+
+    /// Records the result of a bundle reload.
+    pub fn bundle_reload(&self, ok: bool) {
+        self.bundle_reloads
+            .with_label_values(&[if ok { "ok" } else { "error" }])
+            .inc();
+        self.bundle_error.set(i64::from(!ok));
+    }
+
+    /// The text exposition of every metric, after refreshing the gauges read from the engine.
+    pub fn render(
+        &self,
+        policy_version: u64,
+        principals_version: u64,
+        plans: usize,
+        ready: bool,
+    ) -> String {
+        self.policy_version
+            .set(i64::try_from(policy_version).unwrap_or(i64::MAX));
+        self.principals_version
+            .set(i64::try_from(principals_version).unwrap_or(i64::MAX));
+        self.plans_cached
+            .set(i64::try_from(plans).unwrap_or(i64::MAX));
+        self.ready.set(i64::from(ready));
+        let mut buf = Vec::new();
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
+        String::from_utf8(buf).unwrap_or_default()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[allow(clippy::cast_precision_loss)]
+fn micros(us: u64) -> f64 {
+    us as f64 / 1e6
+}

@@ -1,0 +1,206 @@
+//! The decision point's network front (SPEC 4.2, DESIGN 1): one TCP listener serving the gRPC
+//! `svc.authz.v1.Authorizer` (tonic, with gRPC health checking and server reflection) and the
+//! HTTP decision API, AuthZEN 1.0 and the health/version/metrics routes (axum) on the same
+//! port. HTTP/1.1 and HTTP/2 (h2c with prior knowledge, which is what gRPC clients speak on a
+//! plaintext port) are told apart per connection by hyper's auto builder; requests are routed by
+//! path, and gRPC paths (`/svc.authz.v1.Authorizer/...`) never collide with HTTP ones.
+//!
+//! The server runs on its own multi-threaded Tokio runtime and calls the Rust engine directly:
+//! no request ever takes Python's GIL. Python (`svc.pdp.server`) starts and stops it, and keeps
+//! its control plane: bundle reloads, readiness flags.
+//!
+//! * [`http`]: HTTP routes, RFC 9457 problem details, AuthZEN.
+//! * [`grpc`]: the tonic service and the proto <-> JSON mapping.
+//! * [`metrics`]: Prometheus metrics.
+
+pub mod grpc;
+pub mod http;
+pub mod metrics;
+
+use pdp_core::Engine;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+
+/// Listener settings.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Address to bind, e.g. `127.0.0.1` or `0.0.0.0`.
+    pub host: String,
+    /// Port to bind (SPEC 8: 8080); 0 picks a free one.
+    pub port: u16,
+    /// Largest request body accepted, in bytes; larger bodies get `413`.
+    pub max_body_bytes: usize,
+    /// Tokio worker threads; 0 means one per available core.
+    pub workers: usize,
+    /// Base URL published in `/.well-known/authzen-configuration`; `None` derives it from the
+    /// request's `Host` header.
+    pub public_url: Option<String>,
+    /// Release reported by `/version`.
+    pub version: String,
+    /// Also serve the benchmark ceiling: `POST /v1/noop` and gRPC `svc.authz.v1.NoopAuthorizer`
+    /// (parse the request, answer a fixed allow). Off unless asked for.
+    pub noop_routes: bool,
+}
+
+/// What every request handler shares.
+pub struct Shared {
+    /// The engine deciding every request.
+    pub engine: Arc<Engine>,
+    /// Prometheus metrics.
+    pub metrics: metrics::Metrics,
+    /// Settings.
+    pub config: Config,
+    bundle_loaded: AtomicBool,
+    containments_loaded: AtomicBool,
+    bundle_error: RwLock<Option<String>>,
+    health: tonic_health::server::HealthReporter,
+}
+
+impl Shared {
+    /// Whether the decision point can serve (SPEC 1): a bundle and the containment list are
+    /// loaded.
+    pub fn ready(&self) -> bool {
+        self.bundle_loaded.load(Ordering::Acquire)
+            && self.containments_loaded.load(Ordering::Acquire)
+    }
+
+    /// Whether the control plane has loaded a policy bundle.
+    pub fn bundle_loaded(&self) -> bool {
+        self.bundle_loaded.load(Ordering::Acquire)
+    }
+
+    /// Whether the control plane has loaded the containment list.
+    pub fn containments_loaded(&self) -> bool {
+        self.containments_loaded.load(Ordering::Acquire)
+    }
+
+    /// Why the last bundle reload failed, while the previous bundle keeps serving.
+    pub fn bundle_error(&self) -> Option<String> {
+        self.bundle_error
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Sets the readiness flags the control plane owns; `None` leaves a flag as it is. gRPC
+    /// health (`grpc.health.v1`) follows: SERVING when ready, else NOT_SERVING.
+    pub async fn set_ready(&self, bundle: Option<bool>, containments: Option<bool>) {
+        if let Some(b) = bundle {
+            self.bundle_loaded.store(b, Ordering::Release);
+        }
+        if let Some(c) = containments {
+            self.containments_loaded.store(c, Ordering::Release);
+        }
+        let status = if self.ready() {
+            tonic_health::ServingStatus::Serving
+        } else {
+            tonic_health::ServingStatus::NotServing
+        };
+        self.health
+            .set_service_status(grpc::SERVICE_NAME, status)
+            .await;
+        self.health.set_service_status("", status).await;
+    }
+
+    /// Records the outcome of a bundle reload: `None` for success (clears the error), else the
+    /// error text shown on `/readyz` and counted in `svc_pdp_bundle_reloads_total`.
+    pub fn bundle_reloaded(&self, error: Option<String>) {
+        self.metrics.bundle_reload(error.is_none());
+        *self
+            .bundle_error
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = error;
+    }
+}
+
+/// A started server: stop it with [`Running::stop`] (also on drop).
+pub struct Running {
+    runtime: Option<tokio::runtime::Runtime>,
+    shutdown: Option<oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+    /// The bound address (the real port when 0 was asked for).
+    pub local_addr: SocketAddr,
+    /// Shared state, for the control plane.
+    pub shared: Arc<Shared>,
+}
+
+/// Binds the listener and starts serving `engine` on a new runtime.
+///
+/// # Errors
+/// The `std::io::Error` of building the runtime or binding (`AddrInUse` when the port is taken,
+/// `AddrNotAvailable` for a host this machine does not have).
+pub fn start(engine: Arc<Engine>, config: Config) -> std::io::Result<Running> {
+    let mut rt = tokio::runtime::Builder::new_multi_thread();
+    if config.workers > 0 {
+        rt.worker_threads(config.workers);
+    }
+    let runtime = rt.enable_all().thread_name("svc-pdp").build()?;
+    let (health, health_service) = tonic_health::server::health_reporter();
+    let shared = Arc::new(Shared {
+        engine,
+        metrics: metrics::Metrics::new(),
+        config,
+        bundle_loaded: AtomicBool::new(false),
+        containments_loaded: AtomicBool::new(false),
+        bundle_error: RwLock::new(None),
+        health,
+    });
+    let addr = format!("{}:{}", shared.config.host, shared.config.port);
+    let listener = runtime.block_on(TcpListener::bind(&addr))?;
+    let local_addr = listener.local_addr()?;
+    runtime.block_on(shared.set_ready(None, None));
+    let app = http::router(
+        shared.clone(),
+        grpc::routes(shared.clone(), health_service)?,
+    );
+    let (tx, rx) = oneshot::channel::<()>();
+    let task = runtime.spawn(async move {
+        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+            // Small responses go out at once; gRPC writes headers, data and trailers apart.
+            let _ = tcp.set_nodelay(true);
+        });
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = rx.await;
+            })
+            .await
+    });
+    Ok(Running {
+        runtime: Some(runtime),
+        shutdown: Some(tx),
+        task: Some(task),
+        local_addr,
+        shared,
+    })
+}
+
+impl Running {
+    /// Stops accepting, lets requests in flight finish (up to `grace`), then stops the runtime.
+    /// Calling it twice is harmless.
+    pub fn stop(&mut self, grace: Duration) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let (Some(rt), Some(task)) = (self.runtime.as_ref(), self.task.take()) {
+            let _ = rt.block_on(async { tokio::time::timeout(grace, task).await });
+        }
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_timeout(Duration::from_millis(100));
+        }
+    }
+
+    /// Runs `f` on the server's runtime (for async control-plane calls).
+    pub fn block_on<F: std::future::Future>(&self, f: F) -> Option<F::Output> {
+        self.runtime.as_ref().map(|rt| rt.block_on(f))
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.stop(Duration::from_secs(2));
+    }
+}

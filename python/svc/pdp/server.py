@@ -1,0 +1,207 @@
+"""The decision point service (svc-pdp, SPEC 4.2) and its standalone mode.
+
+The listener itself is Rust (``svc._pdp_core.Server``: tonic + axum on one port, its own Tokio
+runtime, the GIL never taken per request). This module is its control plane in standalone
+mode: load one bundle directory, serve it, and reload it atomically when its files change.
+
+``serve_bundle`` is what ``svc pdp --bundle DIR`` runs. A reload that fails (the bundle does
+not parse or validate) keeps the previous bundle serving; the error is logged, shown in
+``/readyz``'s body and reported by the ``svc_pdp_bundle_error`` metric until a good reload.
+
+Standalone mode has no svc-challenge (SPEC 1), so challenge verdicts carry no
+``challenge_qid`` and ``POST /v1/access/challenge`` answers 503 naming the missing service. It
+has no containment feed either: the containment list is the (empty) one of the bundle, so it
+counts as loaded.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import watchfiles
+
+from svc._pdp_core import BundleError, Engine, Server
+
+__all__ = ["BundleWatcher", "StandaloneOptions", "run_standalone", "serve_bundle"]
+
+log = logging.getLogger("svc.pdp")
+
+
+def _bundle_file(path: Path) -> bool:
+    """Whether a change to `path` can change the bundle (docs/bundles.md's layout)."""
+    name = path.name
+    return (
+        name.endswith(".cedar")
+        or name.endswith(".cedarschema")
+        or name in {"schema.json", "entities.json", "linked"}
+    )
+
+
+class BundleWatcher:
+    """Reloads a bundle directory into an engine whenever one of its files changes.
+
+    Args:
+        engine: the engine to reload (``Engine.load_bundle_dir``, an atomic swap).
+        server: the running server whose ``/readyz`` and metrics report reload errors.
+        bundle_dir: the directory to watch (not recursively: a bundle is flat).
+        debounce_ms: changes closer together than this are one reload (editors write a file
+            in several steps).
+
+    Uses ``watchfiles`` (inotify on Linux) in a daemon thread; ``stop()`` ends it.
+
+    """
+
+    def __init__(
+        self, engine: Engine, server: Server, bundle_dir: Path, debounce_ms: int = 300
+    ) -> None:
+        self.engine = engine
+        self.server = server
+        self.bundle_dir = bundle_dir
+        self.debounce_ms = debounce_ms
+        self.reloads = 0
+        self.failures = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="svc-bundle-watch", daemon=True)
+
+    def start(self) -> None:
+        """Starts watching."""
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stops watching and waits for the thread (at most about a second)."""
+        self._stop.set()
+        self._thread.join(timeout=2)
+
+    def reload(self) -> bool:
+        """Loads the bundle directory now; returns whether it loaded.
+
+        On failure the previous bundle keeps serving and the error is logged and reported.
+        """
+        try:
+            self.engine.load_bundle_dir(self.bundle_dir)
+        except BundleError as e:
+            self.failures += 1
+            log.error("bundle reload failed, the previous bundle keeps serving: %s", e)
+            self.server.bundle_reloaded(str(e))
+            return False
+        except OSError as e:
+            self.failures += 1
+            log.error("bundle reload failed, the previous bundle keeps serving: %s", e)
+            self.server.bundle_reloaded(f"cannot read the bundle: {e}")
+            return False
+        self.reloads += 1
+        self.server.bundle_reloaded(None)
+        log.info(
+            "bundle reloaded from %s (policy_version %d)",
+            self.bundle_dir,
+            self.engine.versions["policy_version"],
+        )
+        return True
+
+    def _run(self) -> None:
+        for changes in watchfiles.watch(
+            self.bundle_dir,
+            stop_event=self._stop,
+            debounce=self.debounce_ms,
+            recursive=False,
+            raise_interrupt=False,
+        ):
+            if any(_bundle_file(Path(p)) for _, p in changes):
+                self.reload()
+
+
+@dataclass
+class StandaloneOptions:
+    """Settings of ``svc pdp`` (each is also an environment variable, see ``svc pdp --help``).
+
+    Attributes:
+        host: address to bind (``127.0.0.1``; ``0.0.0.0`` in a container).
+        port: port (SPEC 8: 8080; 0 picks a free one).
+        mode: ``enforce`` or ``monitor`` (SPEC 3), reported with every decision.
+        max_body_bytes: largest request body; larger get 413.
+        workers: Tokio worker threads (0: one per core).
+        public_url: base URL for AuthZEN discovery; derived from ``Host`` when ``None``.
+        watch: reload the bundle when its files change.
+        noop_routes: also serve the benchmark ceiling routes.
+        plan_max_age_secs: ``max_age_secs`` of query plans (SPEC 2.6).
+
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 8080
+    mode: str = "enforce"
+    max_body_bytes: int = 1_048_576
+    workers: int = 0
+    public_url: str | None = None
+    watch: bool = True
+    noop_routes: bool = False
+    plan_max_age_secs: int = 300
+
+
+@contextmanager
+def serve_bundle(bundle_dir: Path, options: StandaloneOptions | None = None) -> Iterator[Server]:
+    """Serves one bundle directory until the ``with`` block ends.
+
+    Args:
+        bundle_dir: a bundle directory (docs/bundles.md); each app of Cedar's examples works.
+        options: listener and engine settings (defaults: 127.0.0.1:8080, enforce).
+
+    Yields:
+        The running ``Server`` (read ``server.port`` when ``port=0``); it is ready.
+
+    Raises:
+        BundleError: the bundle does not load at start (nothing is served).
+        RequestError: ``options.mode`` is neither ``monitor`` nor ``enforce``.
+        OSError: the port cannot be bound.
+
+    """
+    opts = options or StandaloneOptions()
+    engine = Engine.from_bundle_dir(bundle_dir)
+    engine.set_mode(opts.mode)
+    engine.configure_plans(max_age_secs=opts.plan_max_age_secs)
+    for w in engine.warnings:
+        log.warning("bundle %s: %s", bundle_dir, w)
+    server = Server(
+        engine,
+        host=opts.host,
+        port=opts.port,
+        max_body_bytes=opts.max_body_bytes,
+        workers=opts.workers,
+        public_url=opts.public_url,
+        noop_routes=opts.noop_routes,
+    )
+    server.start()
+    watcher = BundleWatcher(engine, server, bundle_dir) if opts.watch else None
+    try:
+        # Standalone: the bundle is loaded and the containment list is the bundle's own.
+        server.set_ready(bundle=True, containments=True)
+        if watcher is not None:
+            watcher.start()
+        yield server
+    finally:
+        if watcher is not None:
+            watcher.stop()
+        server.stop()
+
+
+def run_standalone(bundle_dir: Path, options: StandaloneOptions, stop: threading.Event) -> None:
+    """Serves `bundle_dir` until `stop` is set (``svc pdp``'s main loop).
+
+    Raises:
+        BundleError, RequestError, OSError: as ``serve_bundle``.
+
+    """
+    with serve_bundle(bundle_dir, options) as server:
+        log.info(
+            "svc-pdp serving %s on http://%s:%d (gRPC and HTTP), mode %s",
+            bundle_dir,
+            options.host,
+            server.port or 0,
+            options.mode,
+        )
+        stop.wait()

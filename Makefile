@@ -35,8 +35,9 @@ proto: ## Generate the Python gRPC stubs from proto/ (grpcio-tools; Rust's come 
 		--grpc_python_out=python proto/svc/authz/v1/authz.proto
 
 .PHONY: run
-run: build ## Set up and run the main job: decide an example request with `svc check`
-	$(BIN)/svc check --bundle $(EXAMPLE_BUNDLE) $(EXAMPLE_REQUEST)
+run: build ## Set up and run the main job: the decision point (gRPC + HTTP) on 127.0.0.1:8080
+	@echo "try: curl -s localhost:8080/v1/access/evaluation -d @$(EXAMPLE_REQUEST) -H 'content-type: application/json'"
+	$(BIN)/svc pdp --bundle $(EXAMPLE_BUNDLE) --port 8080
 
 .PHONY: lint
 lint: build ## rustfmt, clippy -D warnings, ruff, mypy and stubtest on the extension

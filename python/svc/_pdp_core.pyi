@@ -14,11 +14,19 @@ Shapes used below (SPEC 2.1, 2.4, DESIGN 3):
   names a person), "mode": "monitor"|"enforce"}``.
 """
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from os import PathLike
 from typing import Any, Final, Literal, final
 
-__all__ = ["BundleError", "Engine", "RequestError", "Server", "__version__"]
+__all__ = [
+    "BundleError",
+    "DecisionLog",
+    "Engine",
+    "RequestError",
+    "Server",
+    "SpoolBatchHandle",
+    "__version__",
+]
 
 __version__: Final[str]
 
@@ -318,6 +326,9 @@ class Server:
         version: release reported by ``/version`` (default: the extension's version).
         noop_routes: also serve the benchmark ceiling (``POST /v1/noop`` and gRPC
             ``svc.authz.v1.NoopAuthorizer``), which parse a request and answer a fixed allow.
+        decision_log: where every decision's and plan's record goes (DESIGN 6); ``None``
+            logs nothing.
+        pdp_name: this decision point's name in records (``pdp``; default ``svc-pdp``).
 
     """
 
@@ -331,6 +342,8 @@ class Server:
         public_url: str | None = None,
         version: str | None = None,
         noop_routes: bool = False,
+        decision_log: DecisionLog | None = None,
+        pdp_name: str | None = None,
     ) -> Server: ...
     def start(self) -> int:
         """Binds and starts serving; returns the bound port.
@@ -373,4 +386,75 @@ class Server:
         Raises:
             RuntimeError: the server is not running.
 
+        """
+
+@final
+class SpoolBatchHandle:
+    """A batch read from a ``DecisionLog`` spool; pass it to ``spool_commit``."""
+
+@final
+class DecisionLog:
+    """The decision log's in-memory queue and on-disk spool (SPEC 6, DESIGN 6).
+
+    The server pushes one record per decision; the shipper (``svc.pdp.decision_log``) drains
+    them in batches and produces them to the broker, spooling what the broker cannot take and
+    replaying the spool, in order, when it is back. Nothing is dropped unless the spool is full,
+    and then it is counted.
+
+    Args:
+        spool_dir: directory of the spool (created if missing; its contents survive restarts).
+        queue_bound: records held in memory; past it, new records go straight to the spool.
+        spool_max_bytes: largest spool (unreplayed bytes); records past it are dropped.
+        segment_bytes: size of one spool segment file.
+
+    Raises:
+        OSError: the spool directory cannot be created or read.
+
+    """
+
+    def __new__(
+        cls,
+        spool_dir: str | PathLike[str],
+        queue_bound: int = 100_000,
+        spool_max_bytes: int = 1_073_741_824,
+        segment_bytes: int = 16_777_216,
+    ) -> DecisionLog: ...
+    def push(self, key: bytes, value: bytes) -> None:
+        """Queues one record (key: principal ``Type::id``; value: the record JSON)."""
+
+    def drain(self, max: int = 5000, timeout: float = 0.1) -> list[tuple[bytes, bytes]]:
+        """Takes up to ``max`` records in arrival order, waiting up to ``timeout`` seconds."""
+
+    def spool(self, records: Iterable[tuple[bytes, bytes]]) -> int:
+        """Writes records to the spool (fsynced); returns how many fit (the rest are dropped).
+
+        Raises:
+            ValueError: an item is not a ``(bytes, bytes)`` pair.
+
+        """
+
+    def spool_read(self, max: int = 5000) -> tuple[list[tuple[bytes, bytes]], SpoolBatchHandle]:
+        """Reads up to ``max`` spooled records from the replay position, without moving it.
+
+        Raises:
+            OSError: a spool segment cannot be read.
+
+        """
+
+    def spool_commit(self, batch: SpoolBatchHandle) -> None:
+        """Moves the replay position past ``batch``; committing twice is harmless.
+
+        Raises:
+            OSError: the cursor file cannot be written.
+
+        """
+
+    def mark_sent(self, n: int) -> None:
+        """Counts ``n`` records the broker acknowledged."""
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """Counters: ``pushed``, ``queued_now``, ``sent``, ``spooled``, ``replayed``, ``dropped``.
+
+        Also ``spool_pending``, ``spool_pending_bytes`` and ``io_errors``.
         """

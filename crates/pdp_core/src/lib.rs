@@ -6,12 +6,14 @@
 //! * [`request`]: the check request of SPEC 2.4.
 //! * [`engine`]: [`Engine::decide`], the check semantics of SPEC 2.4 and DESIGN 3-4, and
 //!   [`Engine::plan`], the query plans of SPEC 2.6.
+//! * [`decision_log`]: the queue and on-disk spool decision records wait in for the broker.
 //! * [`plan`]: partial-evaluation residuals to filter trees; [`query_plan`]: what they mean
 //!   together (outcomes, challenges, agent and person), and the plan cache.
 //!
 //! The crate knows nothing of Python; `crates/pdp_py` wraps it as `svc._pdp_core`.
 
 pub mod bundle;
+pub mod decision_log;
 pub mod engine;
 pub mod error;
 pub mod plan;

@@ -13,6 +13,7 @@ use serde_json::{Map, Number, Value};
 use std::path::PathBuf;
 use std::sync::Arc;
 
+mod pylog;
 mod pyserver;
 pub mod server;
 
@@ -493,6 +494,8 @@ fn _pdp_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add_class::<Engine>()?;
     m.add_class::<pyserver::Server>()?;
+    m.add_class::<pylog::DecisionLog>()?;
+    m.add_class::<pylog::SpoolBatchHandle>()?;
     m.add("BundleError", py.get_type::<BundleError>())?;
     m.add("RequestError", py.get_type::<RequestError>())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

@@ -12,6 +12,7 @@ use std::time::Duration;
 #[pyclass(frozen, module = "svc._pdp_core")]
 pub struct Server {
     engine: Arc<pdp_core::Engine>,
+    log: Option<Arc<pdp_core::decision_log::DecisionLog>>,
     config: Config,
     running: Mutex<Option<Running>>,
 }
@@ -32,7 +33,7 @@ impl Server {
 #[pymethods]
 impl Server {
     #[new]
-    #[pyo3(signature = (engine, host="127.0.0.1", port=8080, max_body_bytes=1_048_576, workers=0, public_url=None, version=None, noop_routes=false))]
+    #[pyo3(signature = (engine, host="127.0.0.1", port=8080, max_body_bytes=1_048_576, workers=0, public_url=None, version=None, noop_routes=false, decision_log=None, pdp_name=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         engine: &crate::Engine,
@@ -43,9 +44,12 @@ impl Server {
         public_url: Option<String>,
         version: Option<String>,
         noop_routes: bool,
+        decision_log: Option<&crate::pylog::DecisionLog>,
+        pdp_name: Option<String>,
     ) -> Self {
         Self {
             engine: engine.shared(),
+            log: decision_log.map(|l| l.inner.clone()),
             config: Config {
                 host: host.to_owned(),
                 port,
@@ -54,6 +58,7 @@ impl Server {
                 public_url,
                 version: version.unwrap_or_else(|| env!("CARGO_PKG_VERSION").to_owned()),
                 noop_routes,
+                pdp_name: pdp_name.unwrap_or_else(|| "svc-pdp".to_owned()),
             },
             running: Mutex::new(None),
         }
@@ -71,15 +76,18 @@ impl Server {
         }
         let engine = self.engine.clone();
         let config = self.config.clone();
-        let running = py.detach(|| server::start(engine, config)).map_err(|e| {
-            PyOSError::new_err((
-                e.raw_os_error().unwrap_or(0),
-                format!(
-                    "cannot serve on {}:{}: {e}",
-                    self.config.host, self.config.port
-                ),
-            ))
-        })?;
+        let log = self.log.clone();
+        let running = py
+            .detach(|| server::start(engine, config, log))
+            .map_err(|e| {
+                PyOSError::new_err((
+                    e.raw_os_error().unwrap_or(0),
+                    format!(
+                        "cannot serve on {}:{}: {e}",
+                        self.config.host, self.config.port
+                    ),
+                ))
+            })?;
         let port = running.local_addr.port();
         *guard = Some(running);
         Ok(port)

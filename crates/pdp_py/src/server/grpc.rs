@@ -280,8 +280,7 @@ impl Authorizer for AuthorizerService {
             .engine
             .decide_json(&check_json(request.get_ref()))
             .map_err(|e| invalid(&e))?;
-        s.metrics
-            .decision(Transport::Grpc, d.verdict, d.mode, d.latency_us);
+        s.decided(&d, Transport::Grpc);
         Ok(Response::new(check_response(&d)))
     }
 
@@ -311,8 +310,7 @@ impl Authorizer for AuthorizerService {
             .engine
             .plan_json(&plan_json(request.get_ref()))
             .map_err(|e| invalid(&e))?;
-        s.metrics
-            .plan(Transport::Grpc, p.outcome.as_str(), p.pinned, p.latency_us);
+        s.planned(&p, Transport::Grpc);
         Ok(Response::new(plan_response(&p.to_response())))
     }
 }

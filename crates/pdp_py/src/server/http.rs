@@ -272,16 +272,14 @@ pub fn parse_json(bytes: &[u8]) -> Result<Value, Problem> {
 async fn evaluation(State(s): St, headers: HeaderMap, body: Body) -> Result<Response, Problem> {
     let v = read_json(&s, &headers, body).await?;
     let d = s.engine.decide_json(&v).map_err(|e| Problem::request(&e))?;
-    s.metrics
-        .decision(Transport::Http, d.verdict, d.mode, d.latency_us);
+    s.decided(&d, Transport::Http);
     Ok(json_ok(&d.to_response()))
 }
 
 async fn plan(State(s): St, headers: HeaderMap, body: Body) -> Result<Response, Problem> {
     let v = read_json(&s, &headers, body).await?;
     let p = s.engine.plan_json(&v).map_err(|e| Problem::request(&e))?;
-    s.metrics
-        .plan(Transport::Http, p.outcome.as_str(), p.pinned, p.latency_us);
+    s.planned(&p, Transport::Http);
     Ok(json_ok(&p.to_response()))
 }
 
@@ -500,6 +498,21 @@ pub fn authzen_response(d: &Decision) -> Value {
     })
 }
 
+/// Refuses a member an AuthZEN evaluation does not have (a misspelt `context` must not be
+/// decided as if it were absent).
+fn unknown_authzen_member(o: &Map<String, Value>) -> Result<(), RequestError> {
+    match o
+        .keys()
+        .find(|k| !["subject", "action", "resource", "context"].contains(&k.as_str()))
+    {
+        Some(k) => Err(RequestError::new(
+            k.clone(),
+            "unknown field; an AuthZEN evaluation has subject, action, resource, context",
+        )),
+        None => Ok(()),
+    }
+}
+
 fn authzen_top(v: &Value) -> Result<&Map<String, Value>, Problem> {
     v.as_object()
         .ok_or_else(|| Problem::request(&RequestError::new("request", "expected a JSON object")))
@@ -512,14 +525,7 @@ async fn authzen_evaluation(
 ) -> Result<Response, Problem> {
     let v = read_json(&s, &headers, body).await?;
     let o = authzen_top(&v)?;
-    for k in o.keys() {
-        if !["subject", "action", "resource", "context"].contains(&k.as_str()) {
-            return Err(Problem::request(&RequestError::new(
-                k.clone(),
-                "unknown field; an AuthZEN evaluation has subject, action, resource, context",
-            )));
-        }
-    }
+    unknown_authzen_member(o).map_err(|e| Problem::request(&e))?;
     let d = authzen_decide(
         &s,
         o.get("subject"),
@@ -528,8 +534,7 @@ async fn authzen_evaluation(
         o.get("context"),
     )
     .map_err(|e| Problem::request(&e))?;
-    s.metrics
-        .decision(Transport::Authzen, d.verdict, d.mode, d.latency_us);
+    s.decided(&d, Transport::Authzen);
     Ok(json_ok(&authzen_response(&d)))
 }
 
@@ -611,8 +616,7 @@ async fn authzen_evaluations(
             o.get("context"),
         )
         .map_err(|e| Problem::request(&e))?;
-        s.metrics
-            .decision(Transport::Authzen, d.verdict, d.mode, d.latency_us);
+        s.decided(&d, Transport::Authzen);
         return Ok(json_ok(&authzen_response(&d)));
     };
     let mut out = Vec::with_capacity(items.len());
@@ -624,17 +628,18 @@ async fn authzen_evaluations(
             )));
         };
         let pick = |k: &str| it.get(k).filter(|x| !x.is_null()).or_else(|| o.get(k));
-        let res = authzen_decide(
-            &s,
-            pick("subject"),
-            pick("action"),
-            pick("resource"),
-            pick("context"),
-        );
+        let res = unknown_authzen_member(it).and_then(|()| {
+            authzen_decide(
+                &s,
+                pick("subject"),
+                pick("action"),
+                pick("resource"),
+                pick("context"),
+            )
+        });
         let (entry, decision) = match res {
             Ok(d) => {
-                s.metrics
-                    .decision(Transport::Authzen, d.verdict, d.mode, d.latency_us);
+                s.decided(&d, Transport::Authzen);
                 let r = authzen_response(&d);
                 let allowed = r.get("decision") == Some(&Value::Bool(true));
                 (r, allowed)
@@ -737,6 +742,7 @@ async fn metrics(State(s): St) -> Response {
         v.principals_version,
         s.engine.plans_cached(),
         s.ready(),
+        s.log.as_ref().map(|l| l.stats()),
     );
     (
         StatusCode::OK,

@@ -2,6 +2,7 @@
 //! them). Label sets are small and fixed, so every series used on the request path is resolved
 //! once at start and then only incremented (one atomic add; no label lookup per request).
 
+use pdp_core::decision_log::LogStats;
 use pdp_core::{Mode, Verdict};
 use prometheus::{
     Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
@@ -83,6 +84,10 @@ pub struct Metrics {
     principals_version: IntGauge,
     ready: IntGauge,
     challenge_unavailable: IntCounter,
+    log_records: IntCounterVec,
+    log_queued: IntGauge,
+    log_spool_pending: IntGauge,
+    log_spool_bytes: IntGauge,
 }
 
 fn counter_vec(reg: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -218,8 +223,50 @@ impl Metrics {
                 "svc_pdp_challenge_unavailable_total",
                 "Challenge waits refused because no challenge service is connected.",
             ),
+            log_records: counter_vec(
+                &registry,
+                "svc_pdp_decision_log_records_total",
+                "Decision-log records by state: pushed (made), sent (acknowledged by the broker), spooled (written to the local spool), replayed (sent from the spool), dropped (spool full; never silently).",
+                &["state"],
+            ),
+            log_queued: gauge(
+                &registry,
+                "svc_pdp_decision_log_queued",
+                "Decision-log records waiting in memory for the shipper.",
+            ),
+            log_spool_pending: gauge(
+                &registry,
+                "svc_pdp_decision_log_spool_pending",
+                "Decision-log records in the spool, not yet replayed.",
+            ),
+            log_spool_bytes: gauge(
+                &registry,
+                "svc_pdp_decision_log_spool_pending_bytes",
+                "Bytes of the spool not yet replayed.",
+            ),
             registry,
         }
+    }
+
+    /// Brings the decision-log series up to `s` (counters only move forward).
+    fn log_stats(&self, s: &LogStats) {
+        for (state, v) in [
+            ("pushed", s.pushed),
+            ("sent", s.sent),
+            ("spooled", s.spooled),
+            ("replayed", s.replayed),
+            ("dropped", s.dropped),
+        ] {
+            let c = self.log_records.with_label_values(&[state]);
+            let delta = v.saturating_sub(c.get());
+            if delta > 0 {
+                c.inc_by(delta);
+            }
+        }
+        let g = |x: u64| i64::try_from(x).unwrap_or(i64::MAX);
+        self.log_queued.set(g(s.queued_now));
+        self.log_spool_pending.set(g(s.spool_pending));
+        self.log_spool_bytes.set(g(s.spool_pending_bytes));
     }
 
     /// Counts one decision and its engine time (`latency_us`, microseconds).
@@ -264,14 +311,19 @@ impl Metrics {
         self.bundle_error.set(i64::from(!ok));
     }
 
-    /// The text exposition of every metric, after refreshing the gauges read from the engine.
+    /// The text exposition of every metric, after refreshing the gauges read from the engine
+    /// and the decision log.
     pub fn render(
         &self,
         policy_version: u64,
         principals_version: u64,
         plans: usize,
         ready: bool,
+        log: Option<LogStats>,
     ) -> String {
+        if let Some(s) = &log {
+            self.log_stats(s);
+        }
         self.policy_version
             .set(i64::try_from(policy_version).unwrap_or(i64::MAX));
         self.principals_version

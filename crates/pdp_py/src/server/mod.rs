@@ -17,7 +17,11 @@ pub mod grpc;
 pub mod http;
 pub mod metrics;
 
-use pdp_core::Engine;
+use metrics::Transport;
+use pdp_core::decision_log::{DecisionLog, Record};
+use pdp_core::engine::{rfc3339_ms, uid_key};
+use pdp_core::{Decision, Engine, QueryPlan};
+use serde_json::{json, Value};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
@@ -44,6 +48,8 @@ pub struct Config {
     /// Also serve the benchmark ceiling: `POST /v1/noop` and gRPC `svc.authz.v1.NoopAuthorizer`
     /// (parse the request, answer a fixed allow). Off unless asked for.
     pub noop_routes: bool,
+    /// This decision point's name in decision records (`pdp`, DESIGN 6).
+    pub pdp_name: String,
 }
 
 /// What every request handler shares.
@@ -54,13 +60,87 @@ pub struct Shared {
     pub metrics: metrics::Metrics,
     /// Settings.
     pub config: Config,
+    /// Where every decision's record goes (DESIGN 6); `None` logs nothing.
+    pub log: Option<Arc<DecisionLog>>,
     bundle_loaded: AtomicBool,
     containments_loaded: AtomicBool,
     bundle_error: RwLock<Option<String>>,
     health: tonic_health::server::HealthReporter,
 }
 
+fn uid_json(u: &cedar_policy::EntityUid) -> Value {
+    json!({"type": u.type_name().to_string(), "id": u.id().unescaped()})
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+/// The decision-log record of a plan: DESIGN 6's fields with `call: "plan"`, the plan's
+/// `outcome` and `filter`-free summary (`needs_row_checks`, `attributes`), `verdict` null, and
+/// `resource` naming only the type.
+pub fn plan_record(p: &QueryPlan, pdp: &str, transport: Transport) -> Value {
+    let (needs, attrs) = p.filter.as_ref().map_or((false, Vec::new()), |f| {
+        (f.needs_row_checks(), f.attributes())
+    });
+    json!({
+        "qid": p.qid,
+        "at": rfc3339_ms(now_ms()),
+        "call": "plan",
+        "transport": transport.as_str(),
+        "principal": uid_json(&p.principal),
+        "on_behalf_of": p.on_behalf_of.as_ref().map(uid_json),
+        "action": p.action.id().unescaped(),
+        "resource": {"type": p.resource_type.to_string(), "id": Value::Null},
+        "verdict": Value::Null,
+        "outcome": p.outcome.as_str(),
+        "challenges": p.challenges,
+        "policies": p.policies,
+        "mode": p.mode.as_str(),
+        "challenge_qid": Value::Null,
+        "pinned": p.pinned,
+        "needs_row_checks": needs,
+        "attributes": attrs,
+        "policy_version": p.policy_version,
+        "principals_version": p.principals_version,
+        "latency_us": p.latency_us,
+        "pdp": pdp,
+    })
+}
+
 impl Shared {
+    /// Counts a decision and queues its record (DESIGN 6: key = principal, `Type::id`).
+    pub fn decided(&self, d: &Decision, t: Transport) {
+        self.metrics.decision(t, d.verdict, d.mode, d.latency_us);
+        if let Some(log) = &self.log {
+            let mut rec = d.to_record(&self.config.pdp_name);
+            if let Some(m) = rec.as_object_mut() {
+                m.insert("call".into(), "check".into());
+                m.insert("transport".into(), t.as_str().into());
+            }
+            log.push(Record {
+                key: uid_key(&d.principal).into_bytes(),
+                value: serde_json::to_vec(&rec).unwrap_or_default(),
+            });
+        }
+    }
+
+    /// Counts a plan and queues its record.
+    pub fn planned(&self, p: &QueryPlan, t: Transport) {
+        self.metrics
+            .plan(t, p.outcome.as_str(), p.pinned, p.latency_us);
+        if let Some(log) = &self.log {
+            log.push(Record {
+                key: uid_key(&p.principal).into_bytes(),
+                value: serde_json::to_vec(&plan_record(p, &self.config.pdp_name, t))
+                    .unwrap_or_default(),
+            });
+        }
+    }
+
     /// Whether the decision point can serve (SPEC 1): a bundle and the containment list are
     /// loaded.
     pub fn ready(&self) -> bool {
@@ -133,7 +213,11 @@ pub struct Running {
 /// # Errors
 /// The `std::io::Error` of building the runtime or binding (`AddrInUse` when the port is taken,
 /// `AddrNotAvailable` for a host this machine does not have).
-pub fn start(engine: Arc<Engine>, config: Config) -> std::io::Result<Running> {
+pub fn start(
+    engine: Arc<Engine>,
+    config: Config,
+    log: Option<Arc<DecisionLog>>,
+) -> std::io::Result<Running> {
     let mut rt = tokio::runtime::Builder::new_multi_thread();
     if config.workers > 0 {
         rt.worker_threads(config.workers);
@@ -144,6 +228,7 @@ pub fn start(engine: Arc<Engine>, config: Config) -> std::io::Result<Running> {
         engine,
         metrics: metrics::Metrics::new(),
         config,
+        log,
         bundle_loaded: AtomicBool::new(false),
         containments_loaded: AtomicBool::new(false),
         bundle_error: RwLock::new(None),

@@ -170,6 +170,23 @@ def pdp(
     plan_max_age_secs: Annotated[
         int, typer.Option(envvar="SVC_PDP_PLAN_MAX_AGE_SECS", min=0, help="Plan max_age_secs.")
     ] = 300,
+    kafka: Annotated[
+        str | None,
+        typer.Option(
+            envvar="SVC_KAFKA_URL",
+            help="Broker for the decision log (kafka://host:port); none: no decision log.",
+        ),
+    ] = None,
+    spool_dir: Annotated[
+        Path,
+        typer.Option(envvar="SVC_PDP_SPOOL_DIR", help="Decision-log spool (broker outages)."),
+    ] = Path(".svc/pdp-spool"),
+    log_queue_bound: Annotated[
+        int, typer.Option(envvar="SVC_PDP_LOG_QUEUE_BOUND", min=1, help="Records in memory.")
+    ] = 100_000,
+    spool_max_bytes: Annotated[
+        int, typer.Option(envvar="SVC_PDP_SPOOL_MAX_BYTES", min=1, help="Largest spool.")
+    ] = 1 << 30,
 ) -> None:
     """Run the decision point (gRPC + HTTP on one port) over one bundle directory."""
     from svc.pdp.server import StandaloneOptions, run_standalone
@@ -187,6 +204,10 @@ def pdp(
         watch=watch,
         noop_routes=noop_routes,
         plan_max_age_secs=plan_max_age_secs,
+        kafka_url=kafka,
+        spool_dir=spool_dir,
+        log_queue_bound=log_queue_bound,
+        spool_max_bytes=spool_max_bytes,
     )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -197,7 +218,7 @@ def pdp(
         raise _fail(str(e)) from e
     except RequestError as e:
         raise _fail(str(e)) from e
-    except OSError as e:
+    except (OSError, ValueError) as e:
         raise _fail(str(e)) from e
 
 

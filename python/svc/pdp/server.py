@@ -25,7 +25,8 @@ from pathlib import Path
 
 import watchfiles
 
-from svc._pdp_core import BundleError, Engine, Server
+from svc._pdp_core import BundleError, DecisionLog, Engine, Server
+from svc.pdp.decision_log import Shipper, bootstrap_servers
 
 __all__ = ["BundleWatcher", "StandaloneOptions", "run_standalone", "serve_bundle"]
 
@@ -129,6 +130,11 @@ class StandaloneOptions:
         watch: reload the bundle when its files change.
         noop_routes: also serve the benchmark ceiling routes.
         plan_max_age_secs: ``max_age_secs`` of query plans (SPEC 2.6).
+        kafka_url: broker of the decision log (``kafka://host:port`` or a bootstrap list);
+            ``None`` runs without a decision log.
+        spool_dir: the decision log's spool, for broker outages (kept across restarts).
+        log_queue_bound: decision records held in memory before spooling.
+        spool_max_bytes: largest spool; records past it are dropped and counted.
 
     """
 
@@ -141,6 +147,10 @@ class StandaloneOptions:
     watch: bool = True
     noop_routes: bool = False
     plan_max_age_secs: int = 300
+    kafka_url: str | None = None
+    spool_dir: Path = Path(".svc/pdp-spool")
+    log_queue_bound: int = 100_000
+    spool_max_bytes: int = 1 << 30
 
 
 @contextmanager
@@ -157,10 +167,18 @@ def serve_bundle(bundle_dir: Path, options: StandaloneOptions | None = None) -> 
     Raises:
         BundleError: the bundle does not load at start (nothing is served).
         RequestError: ``options.mode`` is neither ``monitor`` nor ``enforce``.
-        OSError: the port cannot be bound.
+        OSError: the port cannot be bound, or the spool directory cannot be opened.
+        ValueError: ``options.kafka_url`` is not a broker URL.
 
     """
     opts = options or StandaloneOptions()
+    decision_log: DecisionLog | None = None
+    shipper: Shipper | None = None
+    if opts.kafka_url:
+        decision_log = DecisionLog(
+            opts.spool_dir, queue_bound=opts.log_queue_bound, spool_max_bytes=opts.spool_max_bytes
+        )
+        shipper = Shipper(decision_log, bootstrap_servers(opts.kafka_url))
     engine = Engine.from_bundle_dir(bundle_dir)
     engine.set_mode(opts.mode)
     engine.configure_plans(max_age_secs=opts.plan_max_age_secs)
@@ -174,8 +192,11 @@ def serve_bundle(bundle_dir: Path, options: StandaloneOptions | None = None) -> 
         workers=opts.workers,
         public_url=opts.public_url,
         noop_routes=opts.noop_routes,
+        decision_log=decision_log,
     )
     server.start()
+    if shipper is not None:
+        shipper.start()
     watcher = BundleWatcher(engine, server, bundle_dir) if opts.watch else None
     try:
         # Standalone: the bundle is loaded and the containment list is the bundle's own.
@@ -187,6 +208,8 @@ def serve_bundle(bundle_dir: Path, options: StandaloneOptions | None = None) -> 
         if watcher is not None:
             watcher.stop()
         server.stop()
+        if shipper is not None:
+            shipper.stop()
 
 
 def run_standalone(bundle_dir: Path, options: StandaloneOptions, stop: threading.Event) -> None:

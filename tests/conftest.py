@@ -12,6 +12,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from kafka_fixture import dev_kafka, kafka_bootstrap  # noqa: F401  (fixtures for all tests)
+
 REPO = Path(__file__).resolve().parent.parent
 SHARED_DATA = REPO.parent / "shared" / "data"
 CEDAR_EXAMPLES = SHARED_DATA / "cedar-examples"

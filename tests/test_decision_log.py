@@ -1,0 +1,243 @@
+"""The decision log against a real Kafka broker (issue: decision log, items 2 and 4).
+
+Every decision the server makes, over HTTP, gRPC or AuthZEN, check or plan, is one record on
+the topic; with the broker stopped mid-run and started again there are still exactly as many
+records as decisions, none lost and none doubled.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import confluent_kafka
+import grpc
+import httpx
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from svc._pdp_core import DecisionLog, Engine, Server
+from svc.authz.v1 import authz_pb2, authz_pb2_grpc
+from svc.pdp.decision_log import Shipper, bootstrap_servers
+
+CORP = Path(__file__).parent / "testdata" / "bundles" / "corp"
+PARTITIONS = 3
+
+ALICE = {"type": "Human", "id": "alice"}
+DESIGN = {"type": "Document", "id": "design"}
+
+
+@pytest.fixture
+def topic(kafka_bootstrap: str) -> str:
+    name = f"test.decisions.{uuid.uuid4().hex[:10]}"
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    for f in admin.create_topics([NewTopic(name, PARTITIONS, 1)]).values():
+        f.result(30)
+    return name
+
+
+def read_all(bootstrap: str, topic: str, count: int, timeout: float = 60) -> list[Any]:
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"test-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False,
+        }
+    )
+    try:
+        consumer.assign(
+            [TopicPartition(topic, p, confluent_kafka.OFFSET_BEGINNING) for p in range(PARTITIONS)]
+        )
+        out: list[Any] = []
+        deadline = time.monotonic() + timeout
+        while len(out) < count and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None:
+                continue
+            assert msg.error() is None, msg.error()
+            out.append((msg.key(), json.loads(msg.value())))
+        # Anything past `count` would be a duplicate.
+        out += [
+            (m.key(), json.loads(m.value()))
+            for m in consumer.consume(num_messages=1000, timeout=2.0)
+            if m.error() is None
+        ]
+        return out
+    finally:
+        consumer.close()
+
+
+class Pdp:
+    """A served engine with a decision log shipped to `topic`."""
+
+    def __init__(self, tmp: Path, bootstrap: str, topic: str, buffer_messages: int) -> None:
+        self.log = DecisionLog(tmp / "spool", queue_bound=10_000)
+        self.engine = Engine.from_bundle_dir(CORP)
+        self.server = Server(self.engine, port=0, decision_log=self.log, pdp_name="pdp-test")
+        self.port = self.server.start()
+        self.server.set_ready(bundle=True, containments=True)
+        self.shipper = Shipper(
+            self.log, bootstrap, topic, buffer_messages=buffer_messages, flush_timeout=5
+        )
+        self.shipper.start()
+        self.http = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=10)
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{self.port}")
+        self.grpc = authz_pb2_grpc.AuthorizerStub(self.channel)
+        self.qids: list[str] = []
+
+    def traffic(self, rounds: int) -> None:
+        """Per round: an HTTP check, a gRPC check, an AuthZEN single, a 2-item AuthZEN batch
+        and an HTTP plan: six records."""
+        for _ in range(rounds):
+            r = self.http.post(
+                "/v1/access/evaluation",
+                json={"principal": ALICE, "action": "view", "resource": DESIGN},
+            )
+            assert r.status_code == 200, r.text
+            self.qids.append(r.json()["qid"])
+            g = self.grpc.Check(
+                authz_pb2.CheckRequest(
+                    principal=authz_pb2.EntityRef(**ALICE),
+                    action="delete",
+                    resource=authz_pb2.EntityRef(**DESIGN),
+                )
+            )
+            self.qids.append(g.decision_qid)
+            a = self.http.post(
+                "/access/v1/evaluation",
+                json={"subject": ALICE, "action": {"name": "view"}, "resource": DESIGN},
+            )
+            self.qids.append(a.json()["context"]["qid"])
+            b = self.http.post(
+                "/access/v1/evaluations",
+                json={
+                    "subject": ALICE,
+                    "resource": DESIGN,
+                    "evaluations": [{"action": {"name": "view"}}, {"action": {"name": "edit"}}],
+                },
+            )
+            self.qids += [e["context"]["qid"] for e in b.json()["evaluations"]]
+            p = self.http.post(
+                "/v1/access/plan",
+                json={"principal": ALICE, "action": "view", "resource_type": "Document"},
+            )
+            assert p.status_code == 200, p.text
+            self.qids.append(p.json()["qid"])
+
+    def wait_shipped(self, timeout: float = 60) -> dict[str, int]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            s = self.log.stats
+            if s["queued_now"] == 0 and s["spool_pending"] == 0 and s["sent"] >= len(self.qids):
+                return s
+            time.sleep(0.1)
+        raise AssertionError(f"records not shipped in {timeout}s: {self.log.stats}")
+
+    def close(self) -> None:
+        self.http.close()
+        self.channel.close()
+        self.server.stop()
+        self.shipper.stop()
+
+
+@pytest.fixture
+def pdp(tmp_path: Path, kafka_bootstrap: str, topic: str) -> Iterator[Pdp]:
+    p = Pdp(tmp_path, bootstrap_servers(kafka_bootstrap), topic, buffer_messages=10_000)
+    yield p
+    p.close()
+
+
+@pytest.fixture
+def small_buffer_pdp(tmp_path: Path, kafka_bootstrap: str, topic: str) -> Iterator[Pdp]:
+    """A producer buffer of 40 records: an outage spills to the spool quickly."""
+    p = Pdp(tmp_path, bootstrap_servers(kafka_bootstrap), topic, buffer_messages=40)
+    yield p
+    p.close()
+
+
+def test_every_decision_is_exactly_one_record(pdp: Pdp, kafka_bootstrap: str, topic: str) -> None:
+    pdp.traffic(20)
+    stats = pdp.wait_shipped()
+    records = read_all(kafka_bootstrap, topic, len(pdp.qids))
+    assert len(records) == len(pdp.qids) == 120
+    assert sorted(r["qid"] for _, r in records) == sorted(pdp.qids)
+    assert stats["dropped"] == 0 and stats["spooled"] == 0
+    for key, rec in records:
+        assert key == b"Human::alice"
+        assert rec["pdp"] == "pdp-test"
+        assert rec["principal"] == ALICE
+    calls = {(r["call"], r["transport"]) for _, r in records}
+    assert calls == {("check", "http"), ("check", "grpc"), ("check", "authzen"), ("plan", "http")}
+    check = next(r for _, r in records if r["call"] == "check" and r["transport"] == "grpc")
+    assert check["verdict"] == "challenge" and check["challenges"] == ["verification"]
+    plan = next(r for _, r in records if r["call"] == "plan")
+    assert plan["outcome"] in {"conditional", "always_allowed", "always_denied", "challenge"}
+    metrics = pdp.http.get("/metrics").text
+    assert 'svc_pdp_decision_log_records_total{state="sent"} 120' in metrics
+
+
+def test_broker_stopped_mid_run_still_exactly_one_record_each(
+    small_buffer_pdp: Pdp,
+    kafka_bootstrap: str,
+    topic: str,
+    dev_kafka,
+) -> None:
+    pdp = small_buffer_pdp
+    pdp.traffic(10)
+    pdp.wait_shipped()
+    dev_kafka.stop()
+    try:
+        # 40 rounds = 240 records with the broker away: more than the producer's buffer (40),
+        # so most go to the spool.
+        pdp.traffic(40)
+        deadline = time.monotonic() + 30
+        while pdp.log.stats["spooled"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert pdp.log.stats["spooled"] > 0
+    finally:
+        dev_kafka.start()
+    pdp.traffic(5)
+    stats = pdp.wait_shipped(timeout=120)
+    records = read_all(kafka_bootstrap, topic, len(pdp.qids), timeout=120)
+    qids = [r["qid"] for _, r in records]
+    assert len(qids) == len(pdp.qids) == 330
+    assert sorted(qids) == sorted(pdp.qids)
+    assert stats["dropped"] == 0
+    assert stats["replayed"] == stats["spooled"]
+
+
+def test_records_spooled_at_shutdown_are_replayed_by_the_next_shipper(
+    tmp_path: Path,
+    kafka_bootstrap: str,
+    topic: str,
+    dev_kafka,
+) -> None:
+    boot = bootstrap_servers(kafka_bootstrap)
+    log = DecisionLog(tmp_path / "spool")
+    dev_kafka.stop()
+    try:
+        shipper = Shipper(log, boot, topic, buffer_messages=1000, flush_timeout=1)
+        shipper.start()
+        for i in range(25):
+            log.push(b"Human::bob", json.dumps({"qid": f"q{i}"}).encode())
+        time.sleep(0.5)
+        shipper.stop()
+        assert log.stats["spool_pending"] == 25
+    finally:
+        dev_kafka.start()
+    # A new process: the spool on disk is all that is left.
+    log2 = DecisionLog(tmp_path / "spool")
+    assert log2.stats["spool_pending"] == 25
+    shipper2 = Shipper(log2, boot, topic)
+    shipper2.start()
+    deadline = time.monotonic() + 60
+    while log2.stats["spool_pending"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    shipper2.stop()
+    records = read_all(kafka_bootstrap, topic, 25)
+    assert sorted(r["qid"] for _, r in records) == sorted(f"q{i}" for i in range(25))

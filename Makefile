@@ -59,6 +59,11 @@ bench: build ## Criterion bench of decide, then the Python benches (evaluate, pl
 	$(BIN)/python benches/bench_evaluate.py
 	$(BIN)/python benches/bench_plan.py
 
+.PHONY: load-bench
+load-bench: build ## Load bench: svc pdp vs its no-op ceiling and Cerbos, pinned cores (LOAD_ARGS=--quick)
+	bash benches/load/setup.sh
+	$(BIN)/python benches/load/run.py $(LOAD_ARGS)
+
 .PHONY: clean
 clean: ## Remove the virtualenv and Python caches (the cargo target dir is kept)
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

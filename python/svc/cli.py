@@ -12,6 +12,11 @@ Commands:
   standalone mode (SPEC 4.2): gRPC and HTTP on one port, serving one bundle directory and
   reloading it when its files change. Runs until Ctrl-C or SIGTERM.
 * ``svc validate --bundle DIR``: load and strictly validate a bundle, listing every problem.
+* ``svc intake [--port 8080] [--dev]``: the event intake (SPEC 4.1; docs/intake.md), settings
+  from ``SVC_INTAKE_*`` and ``SVC_KAFKA_URL``. Runs until Ctrl-C or SIGTERM.
+* ``svc history migrate --dsn DSN``: apply the history store's schema (idempotent).
+* ``svc history load --dsn DSN --kafka URL [--retention-days N]``: load the decision and event
+  topics into the history store (docs/history.md). Runs until Ctrl-C or SIGTERM.
 * ``svc version``: print the release.
 
 Exit codes: 0 decision printed (whatever the verdict, unless ``--exit-code``), 1 with
@@ -231,9 +236,167 @@ def validate(bundle: BundleOpt) -> None:
 
 
 @app.command()
+def intake(
+    host: Annotated[
+        str | None,
+        typer.Option(help="Address to bind (SVC_INTAKE_HOST; default 127.0.0.1)."),
+    ] = None,
+    port: Annotated[
+        int | None,
+        typer.Option(min=0, max=65535, help="Port (SVC_INTAKE_PORT; default 8080)."),
+    ] = None,
+    dev: Annotated[
+        bool,
+        typer.Option("--dev", help="Dev mode: accept the placeholder token (SVC_INTAKE_DEV)."),
+    ] = False,
+    access_log: Annotated[bool, typer.Option(help="Log one line per request.")] = False,
+) -> None:
+    """Run the event intake (HTTP on port 8080); other settings: SVC_INTAKE_*, SVC_KAFKA_URL."""
+    from pydantic import ValidationError
+
+    from svc.intake import IntakeSettings, serve
+
+    overrides: dict[str, Any] = {"host": host, "port": port, "dev": True if dev else None}
+    try:
+        settings = IntakeSettings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as e:
+        problems = "; ".join(
+            f"{'.'.join(map(str, err['loc'])) or 'settings'}: {err['msg']}" for err in e.errors()
+        )
+        raise _fail(f"svc intake: bad settings: {problems}") from e
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    serve(settings, access_log=access_log)
+
+
+@app.command()
 def version() -> None:
     """Print the release."""
     typer.echo(__version__)
+
+
+history_app = typer.Typer(
+    name="history",
+    help="The history store (ClickHouse or chDB): schema job and loader.",
+    no_args_is_help=True,
+)
+app.add_typer(history_app, name="history")
+
+HistoryDsnOpt = Annotated[
+    str,
+    typer.Option(
+        "--dsn",
+        envvar="SVC_HISTORY_DSN",
+        help="chdb:///DIR (embedded; ?database=NAME optional) or http(s)://HOST:8123/DATABASE.",
+    ),
+]
+
+
+def _history_client(dsn: str, create_database: bool = False) -> Any:
+    """`svc.history.connect(dsn)`, or exits with the problem (code 2)."""
+    from svc import history
+
+    try:
+        return history.connect(dsn, create_database=create_database)
+    except ValueError as e:
+        raise _fail(str(e)) from e
+
+
+@history_app.command("migrate")
+def history_migrate(dsn: HistoryDsnOpt) -> None:
+    """Apply the history schema (the per-release schema job; idempotent, SPEC 9)."""
+    from svc import history
+
+    applied = history.migrate(_history_client(dsn, create_database=True))
+    typer.echo(f"applied versions {applied}" if applied else "history schema is up to date")
+
+
+@history_app.command("load")
+def history_load(
+    dsn: HistoryDsnOpt,
+    kafka: Annotated[
+        str, typer.Option(envvar="SVC_KAFKA_URL", help="Broker: kafka://host:port or host:port.")
+    ],
+    retention_days: Annotated[
+        int,
+        typer.Option(
+            envvar="SVC_ANALYTICS_RETENTION_DAYS",
+            min=0,
+            help="analytics.retentionDays: drop whole days older than this (0 keeps all).",
+        ),
+    ] = 0,
+    retention_file: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="SVC_ANALYTICS_RETENTION_FILE",
+            help="File holding the retention days, re-read at each pass (a mounted setting); "
+            "wins over --retention-days while readable.",
+        ),
+    ] = None,
+    retention_interval: Annotated[
+        float, typer.Option(min=1, help="Seconds between retention passes.")
+    ] = 3600,
+    group: Annotated[str, typer.Option(help="Consumer group.")] = "svc-history",
+    decisions_topic: Annotated[str, typer.Option(help="Decision topic.")] = "svc.decisions.v1",
+    events_topic: Annotated[str, typer.Option(help="Event topic.")] = "svc.events.v1",
+    batch_records: Annotated[int, typer.Option(min=1, help="Most records per batch.")] = 50_000,
+    batch_ms: Annotated[int, typer.Option(min=1, help="Longest batch wait, in ms.")] = 1000,
+    migrate: Annotated[bool, typer.Option(help="Apply the schema first.")] = False,
+    until_caught_up: Annotated[
+        bool, typer.Option(help="Exit once every partition is loaded and committed.")
+    ] = False,
+) -> None:
+    """Load svc.decisions.v1 and svc.events.v1 into the history (at least once, deduplicated).
+
+    Offsets are committed only after a batch is stored; runs until Ctrl-C or SIGTERM.
+    """
+    from svc import history
+    from svc.pdp.decision_log import bootstrap_servers
+
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        bootstrap = bootstrap_servers(kafka)
+    except ValueError as e:
+        raise _fail(str(e)) from e
+    client = _history_client(dsn, create_database=migrate)
+    if migrate:
+        history.migrate(client)
+
+    def current_retention() -> int:
+        if retention_file is not None:
+            try:
+                return int(retention_file.read_text().strip() or "0")
+            except (OSError, ValueError) as e:
+                logging.getLogger("svc.history").warning(
+                    "retention file %s unreadable (%s); using %d days",
+                    retention_file,
+                    e,
+                    retention_days,
+                )
+        return retention_days
+
+    loader = history.Loader(
+        client,
+        bootstrap,
+        decisions_topic=decisions_topic or None,
+        events_topic=events_topic or None,
+        group_id=group,
+        batch_records=batch_records,
+        batch_ms=batch_ms,
+        retention_days=current_retention,
+        retention_interval=retention_interval,
+    )
+    stop_on = (signal.SIGINT, signal.SIGTERM)
+    previous = {sig: signal.signal(sig, lambda *_: loader.stop()) for sig in stop_on}
+    try:
+        stats = loader.run(until_caught_up=until_caught_up)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    typer.echo(json.dumps(stats.__dict__))
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,0 +1,607 @@
+"""Reading the history: what the portal and the reasoner ask of it (SPEC 1, 6; DESIGN 4, 6).
+
+Every query reads with ``FINAL``, so a record stored more than once (at least once delivery)
+is returned once. Time ranges are half-open, ``[start, end)``, on the record's ``at``; naive
+datetimes are taken as UTC. Principal and resource references are ``"Type::id"`` strings,
+``(type, id)`` pairs or ``{"type", "id"}`` mappings (SPEC 2.1).
+
+Rows come back as dicts shaped like the broker records (DESIGN 6): ``principal``,
+``on_behalf_of`` and ``resource`` as ``{"type", "id"}`` (``on_behalf_of`` None when absent),
+``at`` as an aware UTC datetime, absent strings as None. Decision rows also carry ``would``:
+``"deny"`` or ``"challenge"`` when the decision was made in monitor mode and enforcement would
+have denied or challenged (DESIGN 4: mode is reported, never applied), else None.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
+from typing import Any
+
+from clickhouse_connect.driver.client import Client
+
+__all__ = [
+    "MOVING_OUT_ACTIONS",
+    "DailyCounts",
+    "Ref",
+    "daily_counts",
+    "decision_by_qid",
+    "decisions_of_principal",
+    "decisions_of_resource",
+    "events_of_principal",
+    "events_of_resource",
+    "parse_ref",
+    "rejected_count",
+    "verdict_counts",
+]
+
+#: A principal or resource: ``"Type::id"``, ``(type, id)`` or ``{"type": ..., "id": ...}``.
+Ref = str | tuple[str, str] | Mapping[str, Any]
+
+#: Event actions treated as moving data out (SPEC 2.2).
+MOVING_OUT_ACTIONS: tuple[str, ...] = ("download", "export", "send_external", "share_external")
+
+_DEFAULT_LIMIT = 10_000
+
+# Decisions made in monitor mode that enforcement would have denied or challenged (checks by
+# verdict, plans by outcome).
+_WOULD_DENY = "mode = 'monitor' AND (verdict = 'deny' OR outcome = 'always_denied')"
+_WOULD_CHALLENGE = "mode = 'monitor' AND (verdict = 'challenge' OR outcome = 'challenge')"
+_MONITOR_ONLY = f"(({_WOULD_DENY}) OR ({_WOULD_CHALLENGE}))"
+
+_DECISION_SELECT = (
+    "qid, at, call, transport, principal_type, principal_id, on_behalf_of_type, "
+    "on_behalf_of_id, action, resource_type, resource_id, verdict, outcome, challenges, "
+    "policies, on_behalf_of_outcome, mode, challenge_qid, work_item, assigned, risk_score, "
+    "policy_version, principals_version, latency_us, pdp, pinned, needs_row_checks, "
+    "plan_attributes"
+)
+
+_EVENT_SELECT = (
+    "ingest_id, at, received_at, system, principal_type, principal_id, on_behalf_of_type, "
+    "on_behalf_of_id, action, resource_type, resource_id, outcome, source_ip, attributes, "
+    "plan_qid, access, row_count, tool, action_class, role_arn"
+)
+
+
+def parse_ref(ref: Ref) -> tuple[str, str]:
+    """A principal or resource reference as (type, id) (SPEC 2.1).
+
+    Args:
+        ref: ``"Human::alice"`` (split at the first ``::``; a Cedar-style quoted id
+            ``Human::"alice"`` is unquoted), a (type, id) pair, or a mapping with ``type`` and
+            ``id``.
+
+    Returns:
+        (type, id).
+
+    Raises:
+        ValueError: the reference has no type, or no ``::`` in the string form.
+
+    """
+    if isinstance(ref, str):
+        t, sep, i = ref.partition("::")
+        if not sep or not t:
+            raise ValueError(f"reference `{ref}`: expected Type::id")
+        if len(i) >= 2 and i[0] == i[-1] == '"':
+            i = str(json.loads(i))
+        return t, i
+    pair: tuple[object, object] = (
+        ref if isinstance(ref, tuple) else (ref.get("type"), ref.get("id"))
+    )
+    rtype, rid = pair
+    if not isinstance(rtype, str) or not rtype or not isinstance(rid, str):
+        raise ValueError(f"reference {ref!r}: expected a type and an id")
+    return rtype, rid
+
+
+def _ms(t: datetime) -> int:
+    """Epoch milliseconds of `t` (naive = UTC)."""
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=UTC)
+    return int(t.timestamp() * 1000)
+
+
+def _utc(t: datetime) -> datetime:
+    return t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)
+
+
+def _or_none(s: str) -> str | None:
+    return s if s else None
+
+
+def _ref_or_none(t: str, i: str) -> dict[str, str] | None:
+    return {"type": t, "id": i} if t else None
+
+
+def _json_or_none(s: str) -> Any:
+    if not s:
+        return None
+    try:
+        return json.loads(s)
+    except ValueError:
+        return s
+
+
+def _decision(row: Sequence[Any]) -> dict[str, Any]:
+    (
+        qid,
+        at,
+        call,
+        transport,
+        ptype,
+        pid,
+        otype,
+        oid,
+        action,
+        rtype,
+        rid,
+        verdict,
+        outcome,
+        challenges,
+        policies,
+        obo_outcome,
+        mode,
+        challenge_qid,
+        work_item,
+        assigned,
+        risk_score,
+        policy_version,
+        principals_version,
+        latency_us,
+        pdp,
+        pinned,
+        needs_row_checks,
+        plan_attributes,
+    ) = row
+    is_plan = call == "plan"
+    would = None
+    if mode == "monitor":
+        if verdict == "deny" or outcome == "always_denied":
+            would = "deny"
+        elif verdict == "challenge" or outcome == "challenge":
+            would = "challenge"
+    d: dict[str, Any] = {
+        "qid": qid,
+        "at": _utc(at),
+        "call": call,
+        "transport": _or_none(transport),
+        "principal": {"type": ptype, "id": pid},
+        "on_behalf_of": _ref_or_none(otype, oid),
+        "action": action,
+        "resource": {"type": rtype, "id": None if is_plan else rid},
+        "verdict": _or_none(verdict),
+        "outcome": _or_none(outcome),
+        "challenges": list(challenges),
+        "policies": list(policies),
+        "on_behalf_of_outcome": _json_or_none(obo_outcome),
+        "mode": mode,
+        "would": would,
+        "challenge_qid": _or_none(challenge_qid),
+        "work_item": _or_none(work_item),
+        "assigned": bool(assigned),
+        "risk_score": risk_score,
+        "policy_version": policy_version,
+        "principals_version": principals_version,
+        "latency_us": latency_us,
+        "pdp": _or_none(pdp),
+    }
+    if is_plan:
+        d["pinned"] = pinned
+        d["needs_row_checks"] = needs_row_checks
+        d["attributes"] = list(plan_attributes)
+    return d
+
+
+def _event(row: Sequence[Any]) -> dict[str, Any]:
+    (
+        ingest_id,
+        at,
+        received_at,
+        system,
+        ptype,
+        pid,
+        otype,
+        oid,
+        action,
+        rtype,
+        rid,
+        outcome,
+        source_ip,
+        attributes,
+        plan_qid,
+        access,
+        row_count,
+        tool,
+        action_class,
+        role_arn,
+    ) = row
+    return {
+        "ingest_id": ingest_id,
+        "at": _utc(at),
+        "received_at": _utc(received_at),
+        "system": _or_none(system),
+        "principal": {"type": ptype, "id": pid},
+        "on_behalf_of": _ref_or_none(otype, oid),
+        "action": action,
+        "resource": {"type": rtype, "id": rid},
+        "outcome": _or_none(outcome),
+        "source_ip": _or_none(source_ip),
+        "attributes": _json_or_none(attributes),
+        "plan_qid": _or_none(plan_qid),
+        "access": _or_none(access),
+        "count": row_count,
+        "tool": _or_none(tool),
+        "action_class": _or_none(action_class),
+        "role_arn": _or_none(role_arn),
+    }
+
+
+def _range_params(start: datetime, end: datetime) -> dict[str, Any]:
+    if _ms(end) <= _ms(start):
+        raise ValueError(f"time range [{start}, {end}): end must be after start")
+    return {"start": _ms(start), "end": _ms(end)}
+
+
+_RANGE = (
+    "at >= fromUnixTimestamp64Milli({start:Int64}, 'UTC') "
+    "AND at < fromUnixTimestamp64Milli({end:Int64}, 'UTC')"
+)
+
+
+def _who(prefix: str, include_on_behalf_of: bool) -> str:
+    own = f"({prefix}_type = {{t:String}} AND {prefix}_id = {{i:String}})"
+    if not include_on_behalf_of:
+        return own
+    return f"({own} OR (on_behalf_of_type = {{t:String}} AND on_behalf_of_id = {{i:String}}))"
+
+
+def _limit(limit: int | None) -> str:
+    if limit is None:
+        return ""
+    if limit <= 0:
+        raise ValueError(f"limit {limit}: must be positive (or None for all)")
+    return f" LIMIT {int(limit)}"
+
+
+def decisions_of_principal(
+    client: Client,
+    principal: Ref,
+    start: datetime,
+    end: datetime,
+    *,
+    monitor_only: bool = False,
+    include_on_behalf_of: bool = False,
+    limit: int | None = _DEFAULT_LIMIT,
+) -> list[dict[str, Any]]:
+    """A principal's decisions (checks and plans) in ``[start, end)``, oldest first.
+
+    Reads ``decisions`` (ordered by principal, DESIGN 6).
+
+    Args:
+        client: a client from ``svc.history.connect``.
+        principal: the principal (``"Human::alice"``, (type, id) or {type, id}).
+        start: first instant included.
+        end: first instant excluded.
+        monitor_only: only decisions made in monitor mode that enforcement would have denied
+            or challenged (``would`` is set; DESIGN 4).
+        include_on_behalf_of: also the decisions where the principal is ``on_behalf_of`` (an
+            agent acting for this person).
+        limit: most rows returned (None: all).
+
+    Returns:
+        Decision dicts (module docs), sorted by ``at`` then ``qid``.
+
+    Raises:
+        ValueError: a bad reference, an empty range, or a non-positive limit.
+        clickhouse_connect.driver.exceptions.ClickHouseError: the query failed.
+
+    """
+    t, i = parse_ref(principal)
+    where = f"{_who('principal', include_on_behalf_of)} AND {_RANGE}"
+    if monitor_only:
+        where += f" AND {_MONITOR_ONLY}"
+    rows = client.query(
+        f"SELECT {_DECISION_SELECT} FROM decisions FINAL WHERE {where} "
+        f"ORDER BY at, qid{_limit(limit)}",
+        parameters={"t": t, "i": i, **_range_params(start, end)},
+    ).result_rows
+    return [_decision(r) for r in rows]
+
+
+def decisions_of_resource(
+    client: Client,
+    resource: Ref,
+    start: datetime,
+    end: datetime,
+    *,
+    monitor_only: bool = False,
+    limit: int | None = _DEFAULT_LIMIT,
+) -> list[dict[str, Any]]:
+    """The checks on one resource in ``[start, end)``, oldest first.
+
+    Reads ``decisions_by_resource`` (ordered by resource type, id, at; DESIGN 6). Plans have no
+    resource id and are not returned.
+
+    Args:
+        client: a client from ``svc.history.connect``.
+        resource: the resource (``"Document::design"``, (type, id) or {type, id}).
+        start: first instant included.
+        end: first instant excluded.
+        monitor_only: only monitor-mode decisions that would have been denied or challenged.
+        limit: most rows returned (None: all).
+
+    Returns:
+        Decision dicts (module docs), sorted by ``at`` then ``qid``.
+
+    Raises:
+        ValueError: a bad reference, an empty range, or a non-positive limit.
+        clickhouse_connect.driver.exceptions.ClickHouseError: the query failed.
+
+    """
+    t, i = parse_ref(resource)
+    where = f"{_who('resource', False)} AND call != 'plan' AND {_RANGE}"
+    if monitor_only:
+        where += f" AND {_MONITOR_ONLY}"
+    rows = client.query(
+        f"SELECT {_DECISION_SELECT} FROM decisions_by_resource FINAL WHERE {where} "
+        f"ORDER BY at, qid{_limit(limit)}",
+        parameters={"t": t, "i": i, **_range_params(start, end)},
+    ).result_rows
+    return [_decision(r) for r in rows]
+
+
+def decision_by_qid(client: Client, qid: str) -> dict[str, Any] | None:
+    """One decision by its id (the ``svc/decision_qid`` a client reports, SPEC 7).
+
+    Args:
+        client: a client from ``svc.history.connect``.
+        qid: the decision or plan id.
+
+    Returns:
+        The decision dict, or None when the history has no such record.
+
+    Raises:
+        clickhouse_connect.driver.exceptions.ClickHouseError: the query failed.
+
+    """
+    rows = client.query(
+        f"SELECT {_DECISION_SELECT} FROM decisions FINAL WHERE qid = {{q:String}} LIMIT 1",
+        parameters={"q": qid},
+    ).result_rows
+    return _decision(rows[0]) if rows else None
+
+
+def events_of_principal(
+    client: Client,
+    principal: Ref,
+    start: datetime,
+    end: datetime,
+    *,
+    include_on_behalf_of: bool = False,
+    limit: int | None = _DEFAULT_LIMIT,
+) -> list[dict[str, Any]]:
+    """A principal's events in ``[start, end)``, oldest first (SPEC 2.2; table ``events``).
+
+    Args:
+        client: a client from ``svc.history.connect``.
+        principal: the principal (``"Human::alice"``, (type, id) or {type, id}).
+        start: first instant included.
+        end: first instant excluded.
+        include_on_behalf_of: also events where the principal is ``on_behalf_of``.
+        limit: most rows returned (None: all).
+
+    Returns:
+        Event dicts (module docs; ``count`` is SPEC 2.2's row count), sorted by ``at`` then
+        ``ingest_id``.
+
+    Raises:
+        ValueError: a bad reference, an empty range, or a non-positive limit.
+        clickhouse_connect.driver.exceptions.ClickHouseError: the query failed.
+
+    """
+    t, i = parse_ref(principal)
+    rows = client.query(
+        f"SELECT {_EVENT_SELECT} FROM events FINAL "
+        f"WHERE {_who('principal', include_on_behalf_of)} AND {_RANGE} "
+        f"ORDER BY at, ingest_id{_limit(limit)}",
+        parameters={"t": t, "i": i, **_range_params(start, end)},
+    ).result_rows
+    return [_event(r) for r in rows]
+
+
+def events_of_resource(
+    client: Client,
+    resource: Ref,
+    start: datetime,
+    end: datetime,
+    *,
+    limit: int | None = _DEFAULT_LIMIT,
+) -> list[dict[str, Any]]:
+    """The events on one resource in ``[start, end)``, oldest first (``events_by_resource``).
+
+    Args:
+        client: a client from ``svc.history.connect``.
+        resource: the resource; an empty id (``("File", "")``) selects the list and search
+            events of that type (SPEC 2.2).
+        start: first instant included.
+        end: first instant excluded.
+        limit: most rows returned (None: all).
+
+    Returns:
+        Event dicts (module docs), sorted by ``at`` then ``ingest_id``.
+
+    Raises:
+        ValueError: a bad reference, an empty range, or a non-positive limit.
+        clickhouse_connect.driver.exceptions.ClickHouseError: the query failed.
+
+    """
+    t, i = parse_ref(resource)
+    rows = client.query(
+        f"SELECT {_EVENT_SELECT} FROM events_by_resource FINAL "
+        f"WHERE {_who('resource', False)} AND {_RANGE} ORDER BY at, ingest_id{_limit(limit)}",
+        parameters={"t": t, "i": i, **_range_params(start, end)},
+    ).result_rows
+    return [_event(r) for r in rows]
+
+
+def verdict_counts(
+    client: Client, principal: Ref, start: datetime, end: datetime
+) -> dict[str, int]:
+    """How a principal's checks in ``[start, end)`` were decided.
+
+    Args:
+        client: a client from ``svc.history.connect``.
+        principal: the principal.
+        start: first instant included.
+        end: first instant excluded.
+
+    Returns:
+        ``{"allow", "deny", "challenge"}`` counts of checks by real verdict, plus
+        ``"would_deny"`` / ``"would_challenge"`` (monitor-mode checks and plans enforcement would
+        have denied / challenged) and ``"plans"``; every key present, 0 when none.
+
+    Raises:
+        ValueError: a bad reference or an empty range.
+        clickhouse_connect.driver.exceptions.ClickHouseError: the query failed.
+
+    """
+    t, i = parse_ref(principal)
+    row = client.query(
+        "SELECT countIf(call != 'plan' AND verdict = 'allow'), "
+        "countIf(call != 'plan' AND verdict = 'deny'), "
+        "countIf(call != 'plan' AND verdict = 'challenge'), "
+        f"countIf({_WOULD_DENY}), countIf({_WOULD_CHALLENGE}), countIf(call = 'plan') "
+        f"FROM decisions FINAL WHERE {_who('principal', False)} AND {_RANGE}",
+        parameters={"t": t, "i": i, **_range_params(start, end)},
+    ).result_rows[0]
+    keys = ("allow", "deny", "challenge", "would_deny", "would_challenge", "plans")
+    return {k: int(v) for k, v in zip(keys, row, strict=True)}
+
+
+@dataclass(frozen=True)
+class DailyCounts:
+    """One UTC day of a principal's history, the reasoner's input (SPEC 1 item 4, SPEC 2.2).
+
+    Attributes:
+        day: the UTC day.
+        allow: checks allowed.
+        deny: checks denied (real verdict).
+        challenge: checks challenged (real verdict).
+        would_deny: monitor-mode checks and plans that enforcement would have denied.
+        would_challenge: monitor-mode checks and plans that enforcement would have challenged.
+        plans: query plans made.
+        events: events.
+        failures: events with ``outcome: failure`` (they count like denials, SPEC 2.2).
+        moved_out: events whose action moves data out (``MOVING_OUT_ACTIONS``).
+        rows_listed: sum of ``count`` over events with ``access: listed``.
+        rows_read: the same for ``read``.
+        rows_written: the same for ``written``.
+        rows_exported: the same for ``exported``.
+
+    """
+
+    day: date
+    allow: int = 0
+    deny: int = 0
+    challenge: int = 0
+    would_deny: int = 0
+    would_challenge: int = 0
+    plans: int = 0
+    events: int = 0
+    failures: int = 0
+    moved_out: int = 0
+    rows_listed: int = 0
+    rows_read: int = 0
+    rows_written: int = 0
+    rows_exported: int = 0
+
+
+def daily_counts(
+    client: Client, principal: Ref, days: int = 30, *, now: datetime | None = None
+) -> list[DailyCounts]:
+    """Per-day aggregates of a principal's decisions and events over the last `days` UTC days.
+
+    The reasoner reads the last 30 days every cycle (SPEC 1 item 4, SPEC 8); this is that read
+    as one aggregate per day and table instead of every row.
+
+    Args:
+        client: a client from ``svc.history.connect``.
+        principal: the principal (the actor; ``on_behalf_of`` rows are not included).
+        days: how many days, today (UTC) included.
+        now: the current time (default: the clock).
+
+    Returns:
+        One ``DailyCounts`` per day, oldest first, exactly `days` of them (zeros where the
+        history has nothing).
+
+    Raises:
+        ValueError: a bad reference, or `days` < 1.
+        clickhouse_connect.driver.exceptions.ClickHouseError: a query failed.
+
+    """
+    if days < 1:
+        raise ValueError(f"days {days}: must be 1 or more")
+    t, i = parse_ref(principal)
+    today = _utc(now or datetime.now(UTC)).date()
+    first = today - timedelta(days=days - 1)
+    start = datetime(first.year, first.month, first.day, tzinfo=UTC)
+    params = {"t": t, "i": i, **_range_params(start, start + timedelta(days=days))}
+    out: dict[date, dict[str, int]] = {first + timedelta(days=n): {} for n in range(days)}
+    decisions = client.query(
+        "SELECT toDate(at) AS day, countIf(call != 'plan' AND verdict = 'allow'), "
+        "countIf(call != 'plan' AND verdict = 'deny'), "
+        "countIf(call != 'plan' AND verdict = 'challenge'), "
+        f"countIf({_WOULD_DENY}), countIf({_WOULD_CHALLENGE}), countIf(call = 'plan') "
+        f"FROM decisions FINAL WHERE {_who('principal', False)} AND {_RANGE} GROUP BY day",
+        parameters=params,
+    ).result_rows
+    keys: tuple[str, ...] = ("allow", "deny", "challenge", "would_deny", "would_challenge", "plans")
+    for day, *counts in decisions:
+        out.setdefault(day, {}).update(zip(keys, map(int, counts), strict=True))
+    moving = ", ".join(f"'{a}'" for a in MOVING_OUT_ACTIONS)
+    events = client.query(
+        "SELECT toDate(at) AS day, count(), countIf(outcome = 'failure'), "
+        f"countIf(action IN ({moving})), "
+        "sumIf(ifNull(row_count, 0), access = 'listed'), "
+        "sumIf(ifNull(row_count, 0), access = 'read'), "
+        "sumIf(ifNull(row_count, 0), access = 'written'), "
+        "sumIf(ifNull(row_count, 0), access = 'exported') "
+        f"FROM events FINAL WHERE {_who('principal', False)} AND {_RANGE} GROUP BY day",
+        parameters=params,
+    ).result_rows
+    for day, *counts in events:
+        keys = (
+            "events",
+            "failures",
+            "moved_out",
+            "rows_listed",
+            "rows_read",
+            "rows_written",
+            "rows_exported",
+        )
+        out.setdefault(day, {}).update(zip(keys, map(int, counts), strict=True))
+    return [DailyCounts(day=d, **out[d]) for d in sorted(out)]
+
+
+def rejected_count(client: Client, topic: str | None = None) -> int:
+    """How many broker records the history could not read (table ``rejected``).
+
+    Args:
+        client: a client from ``svc.history.connect``.
+        topic: only this topic's (default: all).
+
+    Returns:
+        The count (each record once, however often it was re-read).
+
+    Raises:
+        clickhouse_connect.driver.exceptions.ClickHouseError: the query failed.
+
+    """
+    where = "" if topic is None else " WHERE topic = {t:String}"
+    rows = client.query(
+        f"SELECT count() FROM rejected FINAL{where}", parameters={"t": topic or ""}
+    ).result_rows
+    return int(rows[0][0])

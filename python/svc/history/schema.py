@@ -1,0 +1,464 @@
+"""The history store's ClickHouse schema and its migration job (SPEC 1, 6, 8, 9; DESIGN 6).
+
+Tables, partitioned by UTC day so retention drops whole days (SPEC 8, DESIGN 6):
+
+* ``decisions``: one row per record of ``svc.decisions.v1`` (checks and plans), ordered by
+  ``(principal_type, principal_id, at, qid)``: a principal's history is one range read.
+* ``decisions_by_resource``: the same rows ordered by ``(resource_type, resource_id, at, qid)``
+  for resource history.
+* ``events`` / ``events_by_resource``: the same for ``svc.events.v1`` (SPEC 2.2 events plus
+  ``received_at``, ``ingest_id``, ``role_arn``), keyed by ``ingest_id``.
+* ``rejected``: records that could not be read (not JSON, a required field missing), with the
+  topic, partition, offset, the record as received and the reason, by the day they were seen.
+* ``schema_migrations``: the versions applied, so ``migrate`` is idempotent.
+
+How rows get in: the loader sends broker records as they are (bytes, with topic, partition and
+offset) into the ``Null``-engine table ``decisions_intake`` (``events_intake``). A materialized
+view parses each record once (``JSONExtract`` into a typed tuple) into the ``Null`` table
+``decisions_parsed``; two views on that check the record and route it: valid rows to
+``decisions`` (``decisions_load_mv``), the others to ``rejected`` with the reason
+(``decisions_reject_mv``). A view on ``decisions`` then writes the resource-ordered copy
+(``decisions_by_resource_mv``). One INSERT per batch fills every table, and the JSON is parsed
+by ClickHouse's C++ instead of Python's ``json``, which is what gives the loader its rate
+(docs/benchmarks.md). ``Null`` tables keep nothing: the views see each inserted block.
+
+The resource-ordered copy is a view-fed table rather than a second client insert so no writer
+can forget it, and rather than a projection because ClickHouse does not read projections under
+``FINAL``, which the dedup below relies on.
+
+Dedup (at least once delivery): every table is a ``ReplacingMergeTree`` whose sorting key ends in
+the record's id (``qid``, ``ingest_id``; ``(topic, partition, offset)`` for ``rejected``). The
+copies of a record are identical rows with the same key in the same day partition, so merges
+collapse them, and every query in ``svc.history.queries`` reads with ``FINAL``, which collapses
+the rest at read time: counts are exact whether or not a merge has run.
+
+Reading records (what is required, what is lenient):
+
+* decision: non-empty ``qid``, ``at``, ``principal`` {type, id}, ``action``, ``resource.type``,
+  ``mode``; for checks (``call`` is not ``plan``) also ``resource.id`` and ``verdict``.
+* event: non-empty ``ingest_id``, ``at``, ``principal`` {type, id}, ``action``, and
+  ``resource`` {type, id} (``id`` may be ``""``, SPEC 2.2).
+* ``at`` / ``received_at``: RFC 3339, any offset, stored in UTC (SPEC 2.2); no offset means UTC.
+* Other fields of the wrong JSON type are converted as ``JSONExtract`` does (a number where a
+  string is expected is kept as its text; anything else unreadable becomes the column default).
+* Absent strings are stored as ``''`` (ClickHouse's idiom, cheaper than Nullable);
+  ``svc.history.queries`` turns them back into ``None``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from clickhouse_connect.driver.client import Client
+
+__all__ = [
+    "DECISION_COLUMNS",
+    "EVENT_COLUMNS",
+    "INTAKE_COLUMNS",
+    "MIGRATIONS",
+    "RETAINED_TABLES",
+    "Migration",
+    "applied_versions",
+    "migrate",
+]
+
+log = logging.getLogger("svc.history.schema")
+
+#: ``decisions`` columns: (name, ClickHouse type), plus ``loaded_at`` (DEFAULT now).
+DECISION_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("qid", "String"),
+    ("at", "DateTime64(3, 'UTC')"),
+    ("call", "LowCardinality(String)"),
+    ("transport", "LowCardinality(String)"),
+    ("principal_type", "LowCardinality(String)"),
+    ("principal_id", "String"),
+    ("on_behalf_of_type", "LowCardinality(String)"),
+    ("on_behalf_of_id", "String"),
+    ("action", "LowCardinality(String)"),
+    ("resource_type", "LowCardinality(String)"),
+    ("resource_id", "String"),
+    ("verdict", "LowCardinality(String)"),
+    ("outcome", "LowCardinality(String)"),
+    ("challenges", "Array(LowCardinality(String))"),
+    ("policies", "Array(String)"),
+    ("on_behalf_of_outcome", "String"),
+    ("mode", "LowCardinality(String)"),
+    ("challenge_qid", "String"),
+    ("work_item", "String"),
+    ("assigned", "Bool"),
+    ("risk_score", "Nullable(Int64)"),
+    ("policy_version", "UInt64"),
+    ("principals_version", "UInt64"),
+    ("latency_us", "UInt64"),
+    ("pdp", "LowCardinality(String)"),
+    ("pinned", "Nullable(Bool)"),
+    ("needs_row_checks", "Nullable(Bool)"),
+    ("plan_attributes", "Array(String)"),
+)
+
+#: ``events`` columns: (name, ClickHouse type), plus ``loaded_at``. The SPEC 2.2 field
+#: ``count`` is the column ``row_count``; ``plan_qid`` is copied out of ``attributes``.
+EVENT_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("ingest_id", "String"),
+    ("at", "DateTime64(3, 'UTC')"),
+    ("received_at", "DateTime64(3, 'UTC')"),
+    ("system", "LowCardinality(String)"),
+    ("principal_type", "LowCardinality(String)"),
+    ("principal_id", "String"),
+    ("on_behalf_of_type", "LowCardinality(String)"),
+    ("on_behalf_of_id", "String"),
+    ("action", "LowCardinality(String)"),
+    ("resource_type", "LowCardinality(String)"),
+    ("resource_id", "String"),
+    ("outcome", "LowCardinality(String)"),
+    ("source_ip", "String"),
+    ("attributes", "String"),
+    ("plan_qid", "String"),
+    ("access", "LowCardinality(String)"),
+    ("row_count", "Nullable(UInt64)"),
+    ("tool", "LowCardinality(String)"),
+    ("action_class", "LowCardinality(String)"),
+    ("role_arn", "String"),
+)
+
+#: Columns of the intake tables, in the loader's RowBinary order.
+INTAKE_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("topic", "String"),
+    ("partition", "UInt32"),
+    ("offset", "UInt64"),
+    ("key", "String"),
+    ("value", "String"),
+)
+
+
+def _columns_ddl(columns: tuple[tuple[str, str], ...]) -> str:
+    return ",\n    ".join(f"`{name}` {type_}" for name, type_ in columns)
+
+
+@dataclass(frozen=True)
+class Migration:
+    """One schema version: statements applied in order, each safe to run again.
+
+    Attributes:
+        version: strictly increasing integer recorded in ``schema_migrations``.
+        name: short description.
+        statements: SQL statements (``IF NOT EXISTS``), so a run that failed midway is finished
+            by the next one.
+
+    """
+
+    version: int
+    name: str
+    statements: tuple[str, ...]
+
+
+# -- the typed view of a record, as JSONExtract reads it (one parse per record)
+
+_DECISION_TUPLE = (
+    "Tuple(qid String, at String, call String, transport String, "
+    "principal Tuple(type String, id String), on_behalf_of Tuple(type String, id String), "
+    "action String, resource Tuple(type String, id Nullable(String)), verdict String, "
+    "outcome String, challenges Array(String), policies Array(String), "
+    "on_behalf_of_outcome Nullable(String), mode String, challenge_qid String, "
+    "work_item String, assigned Bool, risk_score Nullable(Int64), policy_version UInt64, "
+    "principals_version UInt64, latency_us UInt64, pdp String, pinned Nullable(Bool), "
+    "needs_row_checks Nullable(Bool), attributes Array(String))"
+)
+
+_EVENT_TUPLE = (
+    "Tuple(ingest_id String, at String, received_at Nullable(String), system String, "
+    "principal Tuple(type String, id String), on_behalf_of Tuple(type String, id String), "
+    "action String, resource Tuple(type String, id Nullable(String)), outcome String, "
+    "source_ip String, attributes Nullable(String), access String, count Nullable(UInt64), "
+    "tool String, action_class String, role_arn String)"
+)
+
+# RFC 3339 date and time at the start (parseDateTime64BestEffort alone accepts "12").
+_TIME_RE = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}"
+
+
+def _time(expr: str) -> str:
+    return (
+        f"if(match({expr}, '{_TIME_RE}'), parseDateTime64BestEffortOrNull({expr}, 3, 'UTC'), NULL)"
+    )
+
+
+def _ok(checks: list[tuple[str, str]]) -> str:
+    """SQL that holds when every check holds."""
+    return " AND ".join(f"({c})" for c, _ in checks)
+
+
+def _reason(checks: list[tuple[str, str]]) -> str:
+    """SQL for the rejection reason of a failing row: the first check that fails."""
+    branches = ", ".join(f"NOT ({c}), '{why}'" for c, why in checks)
+    return f"multiIf(NOT isValidJSON(value), 'not JSON', {branches}, 'invalid')"
+
+
+_DECISION_CHECKS: list[tuple[str, str]] = [
+    ("match(value, '^\\\\s*\\\\{')", "not a JSON object"),
+    ("r.qid != ''", "`qid`: missing"),
+    ("parsed_at IS NOT NULL", "`at`: missing or not an RFC 3339 time"),
+    ("r.principal.type != '' AND r.principal.id != ''", "`principal`: missing type or id"),
+    ("r.action != ''", "`action`: missing"),
+    (
+        "r.resource.type != '' AND (r.resource.id IS NOT NULL OR r.call = 'plan')",
+        "`resource`: missing type or id",
+    ),
+    ("r.mode != ''", "`mode`: missing"),
+    ("r.verdict != '' OR r.call = 'plan'", "`verdict`: missing"),
+]
+
+_EVENT_CHECKS: list[tuple[str, str]] = [
+    ("match(value, '^\\\\s*\\\\{')", "not a JSON object"),
+    ("r.ingest_id != ''", "`ingest_id`: missing"),
+    ("parsed_at IS NOT NULL", "`at`: missing or not an RFC 3339 time"),
+    (
+        "r.received_at IS NULL OR parsed_received_at IS NOT NULL",
+        "`received_at`: not an RFC 3339 time",
+    ),
+    ("r.principal.type != '' AND r.principal.id != ''", "`principal`: missing type or id"),
+    ("r.action != ''", "`action`: missing"),
+    ("r.resource.type != '' AND r.resource.id IS NOT NULL", "`resource`: missing type or id"),
+]
+
+
+def _intake_tables(
+    kind: str, tuple_type: str, times: dict[str, str], checks: list[tuple[str, str]]
+) -> list[str]:
+    """The intake (Null) and parsed (Null) tables of one record kind and the views between.
+
+    The JSON is parsed once, into the column ``r`` of ``{kind}_parsed``; the checks and the
+    times read that column. (Computing them from the ``JSONExtract`` expression directly would
+    parse the record again for every check: ClickHouse evaluates the arguments of ``AND``
+    lazily, each with its own copy of the shared expression.)
+    """
+    intake = _columns_ddl(INTAKE_COLUMNS)
+    with_times = ", ".join(["*", *(f"{expr} AS {name}" for name, expr in times.items())])
+    return [
+        f"CREATE TABLE IF NOT EXISTS {kind}_intake (\n    {intake}\n) ENGINE = Null",
+        f"CREATE TABLE IF NOT EXISTS {kind}_parsed (\n    {intake},\n    `r` {tuple_type}\n"
+        ") ENGINE = Null",
+        f"CREATE MATERIALIZED VIEW IF NOT EXISTS {kind}_parse_mv TO {kind}_parsed AS "
+        f"SELECT topic, partition, offset, key, value, JSONExtract(value, '{tuple_type}') AS r "
+        f"FROM {kind}_intake",
+        f"CREATE MATERIALIZED VIEW IF NOT EXISTS {kind}_reject_mv TO rejected AS "
+        f"SELECT topic, partition, offset, key, substring(value, 1, 65536) AS value, "
+        f"{_reason(checks)} AS reason "
+        f"FROM (SELECT {with_times} FROM {kind}_parsed) WHERE NOT ({_ok(checks)})",
+        f"CREATE MATERIALIZED VIEW IF NOT EXISTS {kind}_load_mv TO {kind} AS "
+        + _LOAD_SELECT[kind]
+        + f"FROM (SELECT {with_times} FROM {kind}_parsed) WHERE {_ok(checks)}",
+    ]
+
+
+_DECISIONS = f"""
+CREATE TABLE IF NOT EXISTS decisions (
+    {_columns_ddl(DECISION_COLUMNS)},
+    `loaded_at` DateTime64(3, 'UTC') DEFAULT now64(3),
+    INDEX on_behalf_of_idx on_behalf_of_id TYPE bloom_filter GRANULARITY 4,
+    INDEX qid_idx qid TYPE bloom_filter GRANULARITY 4
+)
+ENGINE = ReplacingMergeTree
+PARTITION BY toDate(at)
+ORDER BY (principal_type, principal_id, at, qid)
+"""
+
+_EVENTS = f"""
+CREATE TABLE IF NOT EXISTS events (
+    {_columns_ddl(EVENT_COLUMNS)},
+    `loaded_at` DateTime64(3, 'UTC') DEFAULT now64(3),
+    INDEX on_behalf_of_idx on_behalf_of_id TYPE bloom_filter GRANULARITY 4,
+    INDEX ingest_id_idx ingest_id TYPE bloom_filter GRANULARITY 4
+)
+ENGINE = ReplacingMergeTree
+PARTITION BY toDate(at)
+ORDER BY (principal_type, principal_id, at, ingest_id)
+"""
+
+_REJECTED = """
+CREATE TABLE IF NOT EXISTS rejected (
+    `topic` LowCardinality(String),
+    `partition` UInt32,
+    `offset` UInt64,
+    `key` String,
+    `value` String,
+    `reason` String,
+    `seen_at` DateTime64(3, 'UTC') DEFAULT now64(3)
+)
+ENGINE = ReplacingMergeTree
+PARTITION BY toDate(seen_at)
+ORDER BY (topic, partition, offset)
+"""
+
+_DECISIONS_SELECT = """
+SELECT
+    r.qid AS qid,
+    assumeNotNull(parsed_at) AS at,
+    if(r.call = '', 'check', r.call) AS call,
+    r.transport AS transport,
+    r.principal.type AS principal_type,
+    r.principal.id AS principal_id,
+    r.on_behalf_of.type AS on_behalf_of_type,
+    r.on_behalf_of.id AS on_behalf_of_id,
+    r.action AS action,
+    r.resource.type AS resource_type,
+    ifNull(r.resource.id, '') AS resource_id,
+    r.verdict AS verdict,
+    r.outcome AS outcome,
+    r.challenges AS challenges,
+    r.policies AS policies,
+    ifNull(r.on_behalf_of_outcome, '') AS on_behalf_of_outcome,
+    r.mode AS mode,
+    r.challenge_qid AS challenge_qid,
+    r.work_item AS work_item,
+    r.assigned AS assigned,
+    r.risk_score AS risk_score,
+    r.policy_version AS policy_version,
+    r.principals_version AS principals_version,
+    r.latency_us AS latency_us,
+    r.pdp AS pdp,
+    r.pinned AS pinned,
+    r.needs_row_checks AS needs_row_checks,
+    r.attributes AS plan_attributes
+"""
+
+_EVENTS_SELECT = """
+SELECT
+    r.ingest_id AS ingest_id,
+    assumeNotNull(parsed_at) AS at,
+    assumeNotNull(ifNull(parsed_received_at, parsed_at)) AS received_at,
+    r.system AS system,
+    r.principal.type AS principal_type,
+    r.principal.id AS principal_id,
+    r.on_behalf_of.type AS on_behalf_of_type,
+    r.on_behalf_of.id AS on_behalf_of_id,
+    r.action AS action,
+    r.resource.type AS resource_type,
+    assumeNotNull(r.resource.id) AS resource_id,
+    r.outcome AS outcome,
+    r.source_ip AS source_ip,
+    ifNull(r.attributes, '') AS attributes,
+    JSONExtractString(ifNull(r.attributes, ''), 'plan_qid') AS plan_qid,
+    r.access AS access,
+    r.count AS row_count,
+    r.tool AS tool,
+    r.action_class AS action_class,
+    r.role_arn AS role_arn
+"""
+
+_LOAD_SELECT = {"decisions": _DECISIONS_SELECT, "events": _EVENTS_SELECT}
+
+_MIGRATIONS_TABLE = """
+CREATE TABLE IF NOT EXISTS schema_migrations (
+    `version` UInt32,
+    `name` String,
+    `applied_at` DateTime64(3, 'UTC') DEFAULT now64(3)
+)
+ENGINE = ReplacingMergeTree
+ORDER BY version
+"""
+
+
+def _by_resource(table: str, key: str) -> tuple[str, str]:
+    """The resource-ordered copy of `table` and the view that fills it from every insert."""
+    return (
+        f"CREATE TABLE IF NOT EXISTS {table}_by_resource AS {table} "
+        f"ENGINE = ReplacingMergeTree PARTITION BY toDate(at) "
+        f"ORDER BY (resource_type, resource_id, at, {key})",
+        f"CREATE MATERIALIZED VIEW IF NOT EXISTS {table}_by_resource_mv "
+        f"TO {table}_by_resource AS SELECT * FROM {table}",
+    )
+
+
+#: Every schema version, oldest first. Add new versions at the end; never edit an applied one.
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(
+        1,
+        "decisions, events, rejected; resource-ordered copies; intake views",
+        (
+            _DECISIONS,
+            *_by_resource("decisions", "qid"),
+            _EVENTS,
+            *_by_resource("events", "ingest_id"),
+            _REJECTED,
+            *_intake_tables(
+                "decisions",
+                _DECISION_TUPLE,
+                {"parsed_at": _time("r.at")},
+                _DECISION_CHECKS,
+            ),
+            *_intake_tables(
+                "events",
+                _EVENT_TUPLE,
+                {"parsed_at": _time("r.at"), "parsed_received_at": _time("r.received_at")},
+                _EVENT_CHECKS,
+            ),
+        ),
+    ),
+)
+
+#: Tables holding day partitions that retention drops (SPEC 8).
+RETAINED_TABLES: tuple[str, ...] = (
+    "decisions",
+    "decisions_by_resource",
+    "events",
+    "events_by_resource",
+    "rejected",
+)
+
+
+def applied_versions(client: Client) -> set[int]:
+    """The schema versions recorded in ``schema_migrations`` (creating that table if missing).
+
+    Args:
+        client: a ``clickhouse-connect`` client on the history database.
+
+    Returns:
+        The set of applied version numbers (empty on a new database).
+
+    Raises:
+        clickhouse_connect.driver.exceptions.DatabaseError: the engine refused a statement.
+
+    """
+    client.command(_MIGRATIONS_TABLE)
+    rows = client.query("SELECT DISTINCT version FROM schema_migrations").result_rows
+    return {int(r[0]) for r in rows}
+
+
+def migrate(client: Client, migrations: tuple[Migration, ...] = MIGRATIONS) -> list[int]:
+    """Applies the schema versions not yet applied: the per-release schema job (SPEC 1, 9).
+
+    Idempotent: a second run applies nothing. Every statement is ``IF NOT EXISTS`` and a
+    version is recorded only after all its statements ran, so a run that failed midway is
+    finished by the next one.
+
+    Args:
+        client: a ``clickhouse-connect`` client on the history database (see
+            ``svc.history.connect``).
+        migrations: the versions to apply (default: this release's schema).
+
+    Returns:
+        The versions applied by this call, in order (``[]`` when already up to date).
+
+    Raises:
+        clickhouse_connect.driver.exceptions.DatabaseError: a statement failed; the versions
+            applied before it stay recorded.
+
+    """
+    done = applied_versions(client)
+    applied: list[int] = []
+    for m in sorted(migrations, key=lambda m: m.version):
+        if m.version in done:
+            continue
+        for stmt in m.statements:
+            client.command(stmt)
+        client.insert(
+            "schema_migrations",
+            [[m.version, m.name]],
+            column_names=["version", "name"],
+            column_type_names=["UInt32", "String"],
+        )
+        log.info("history schema: applied version %d (%s)", m.version, m.name)
+        applied.append(m.version)
+    return applied

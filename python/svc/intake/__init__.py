@@ -1,0 +1,16 @@
+"""The event intake (svc-intake, SPEC 4.1): events from apps and cloud audit logs to Kafka.
+
+``create_app(settings)`` builds the FastAPI app; ``svc intake`` serves it with uvicorn on port
+8080. A batch is validated whole (every bad event named, nothing produced), normalized (SPEC
+2.2, DESIGN 6) and written to ``svc.events.v1`` as one Kafka transaction; the answer is 202
+only after the commit. docs/intake.md is the reference.
+
+Modules: ``models`` (the event, validation, the record, problem details), ``cloudtrail``
+(SPEC 2.3 mapping), ``producer`` (the transactional producers), ``service`` (the two
+ingest operations), ``app`` (HTTP), ``settings`` (``SVC_INTAKE_*``), ``metrics``.
+"""
+
+from svc.intake.app import create_app, serve
+from svc.intake.settings import IntakeSettings
+
+__all__ = ["IntakeSettings", "create_app", "serve"]

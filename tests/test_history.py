@@ -1,0 +1,976 @@
+"""The history store (issue: Decision log and history, item 3): schema, loader, retention, queries.
+
+chDB (the real ClickHouse engine, in process) in a temporary directory, one database per test;
+the loader tests read a real Kafka broker (tests/kafka_fixture.py) on topics of their own.
+
+chDB hosts one engine per process on one directory, so every test of this process shares one
+directory; the kill test runs its loaders in child processes, on a directory of their own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from clickhouse_connect.driver.client import Client
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+from typer.testing import CliRunner
+
+from kafka_fixture import dev_kafka, kafka_bootstrap  # noqa: F401  (fixtures)
+from svc import history
+from svc.cli import app
+
+PARTITIONS = 3
+REPO = Path(__file__).resolve().parent.parent
+NOW = datetime(2026, 11, 22, 10, 30, tzinfo=UTC)
+
+
+# -- records
+
+
+def rfc3339(t: datetime) -> str:
+    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.") + f"{t.microsecond // 1000:03d}Z"
+
+
+def decision(
+    *,
+    principal: tuple[str, str] = ("Human", "alice"),
+    resource: tuple[str, str | None] = ("Document", "design"),
+    at: datetime = NOW,
+    verdict: str | None = "allow",
+    mode: str = "enforce",
+    call: str = "check",
+    outcome: str | None = None,
+    on_behalf_of: tuple[str, str] | None = None,
+    qid: str | None = None,
+    action: str = "view",
+) -> dict[str, Any]:
+    """A decision-log record as the decision point writes it (to_record / plan_record)."""
+    rec: dict[str, Any] = {
+        "qid": qid or str(uuid.uuid4()),
+        "at": rfc3339(at),
+        "call": call,
+        "transport": "grpc",
+        "principal": {"type": principal[0], "id": principal[1]},
+        "on_behalf_of": None
+        if on_behalf_of is None
+        else {"type": on_behalf_of[0], "id": on_behalf_of[1]},
+        "action": action,
+        "resource": {"type": resource[0], "id": resource[1]},
+        "verdict": verdict,
+        "challenges": ["verification"] if verdict == "challenge" else [],
+        "policies": ["policy0"],
+        "mode": mode,
+        "challenge_qid": None,
+        "policy_version": 3,
+        "principals_version": 7,
+        "latency_us": 41,
+        "pdp": "svc-pdp-0",
+    }
+    if call == "plan":
+        rec.update(
+            outcome=outcome or "conditional",
+            pinned=False,
+            needs_row_checks=False,
+            attributes=["owner"],
+        )
+    else:
+        rec.update(
+            on_behalf_of_outcome=None,
+            work_item=None,
+            assigned=False,
+            risk_score=12,
+        )
+    return rec
+
+
+def event(
+    *,
+    principal: tuple[str, str] = ("Human", "alice"),
+    resource: tuple[str, str] = ("File", "budget.xlsx"),
+    at: datetime = NOW,
+    action: str = "download",
+    ingest_id: str | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    """An intake record: a SPEC 2.2 event plus received_at and ingest_id."""
+    rec: dict[str, Any] = {
+        "ingest_id": ingest_id or str(uuid.uuid4()),
+        "at": rfc3339(at),
+        "received_at": rfc3339(at + timedelta(seconds=1)),
+        "system": "drive",
+        "principal": {"type": principal[0], "id": principal[1]},
+        "on_behalf_of": None,
+        "action": action,
+        "resource": {"type": resource[0], "id": resource[1]},
+        "source_ip": "10.0.0.7",
+        "attributes": {},
+    }
+    rec.update(extra)
+    return rec
+
+
+def key_of(rec: dict[str, Any]) -> bytes:
+    p = rec.get("principal") or {}
+    return f"{p.get('type')}::{p.get('id')}".encode()
+
+
+def as_records(topic: str, values: list[Any], partition: int = 0) -> list[history.Record]:
+    out: list[history.Record] = []
+    for i, v in enumerate(values):
+        raw = v if isinstance(v, bytes) else json.dumps(v).encode()
+        out.append((topic, partition, i, key_of(v) if isinstance(v, dict) else b"", raw))
+    return out
+
+
+JUNK: list[bytes] = [
+    b"not json",
+    b"",
+    b"[1, 2, 3]",
+    b"\xff\xfe\x00garbage",
+    b'{"qid": "x"',  # cut short
+    json.dumps({"qid": "no-time", "principal": {"type": "Human", "id": "a"}}).encode(),
+    json.dumps({**decision(), "at": "yesterday"}).encode(),
+    json.dumps({**decision(), "principal": "Human::alice"}).encode(),
+    json.dumps({**decision(), "resource": {"type": "Document", "id": None}}).encode(),
+    json.dumps({**decision(), "mode": None}).encode(),
+]
+JUNK_EVENTS: list[bytes] = [
+    b"{}",
+    json.dumps({**event(), "ingest_id": ""}).encode(),
+    json.dumps({**event(), "resource": {"type": "File"}}).encode(),
+    json.dumps({**event(), "received_at": "soon"}).encode(),
+]
+
+
+# -- fixtures
+
+
+@pytest.fixture(scope="session")
+def chdb_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("chdb")
+
+
+@pytest.fixture
+def dsn(chdb_dir: Path) -> str:
+    return f"chdb://{chdb_dir}?database=t_{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def db(dsn: str) -> Client:
+    client = history.connect(dsn, create_database=True)
+    assert history.migrate(client) == [1]
+    return client
+
+
+def retry(what: str, fn: Callable[[], Any], attempts: int = 8) -> Any:
+    """Setup steps against the shared broker, which other work may restart briefly."""
+    for n in range(attempts):
+        try:
+            return fn()
+        except KafkaException as e:
+            if n == attempts - 1:
+                raise
+            print(f"{what}: {e}; retrying")
+            time.sleep(3)
+    raise AssertionError("unreachable")
+
+
+def create_topics(bootstrap: str, *names: str) -> None:
+    def once() -> None:
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        futures = admin.create_topics([NewTopic(n, PARTITIONS, 1) for n in names])
+        for f in futures.values():
+            try:
+                f.result(30)
+            except KafkaException as e:
+                if "TOPIC_ALREADY_EXISTS" not in str(e):
+                    raise
+
+    retry("create topics", once)
+
+
+@pytest.fixture
+def topics(kafka_bootstrap: str) -> tuple[str, str]:  # noqa: F811
+    tag = uuid.uuid4().hex[:10]
+    names = (f"test.history.decisions.{tag}", f"test.history.events.{tag}")
+    create_topics(kafka_bootstrap, *names)
+    return names
+
+
+def produce(bootstrap: str, topic: str, values: list[Any]) -> None:
+    """Produces every value (dict as JSON, bytes as is), keyed by principal; waits for acks."""
+    failed: list[Any] = []
+    producer = Producer(
+        {"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20}
+    )
+    for v in values:
+        raw = v if isinstance(v, bytes) else json.dumps(v).encode()
+        key = key_of(v) if isinstance(v, dict) else None
+        while True:
+            try:
+                producer.produce(
+                    topic, raw, key, on_delivery=lambda err, _m: err and failed.append(err)
+                )
+                break
+            except BufferError:
+                producer.poll(0.5)
+    assert producer.flush(120) == 0
+    assert not failed, failed
+
+
+def with_duplicates(values: list[Any], every: int = 7) -> list[Any]:
+    """`values` with every `every`-th one sent again later (as a producer retry would)."""
+    return values + values[::every]
+
+
+def loader_for(
+    client: Client, bootstrap: str, topics: tuple[str, str], group: str | None = None, **kw: Any
+) -> Any:
+    kw.setdefault("batch_records", 1000)
+    kw.setdefault("batch_ms", 300)
+    return history.Loader(
+        client,
+        bootstrap,
+        decisions_topic=topics[0],
+        events_topic=topics[1],
+        group_id=group or f"test-history-{uuid.uuid4().hex[:8]}",
+        consumer_overrides={"session.timeout.ms": 6000, "heartbeat.interval.ms": 500},
+        **kw,
+    )
+
+
+def run_until_caught_up(loader: Any, timeout: float = 180) -> Any:
+    """loader.run(until_caught_up=True) with a watchdog; returns its stats."""
+    out: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            out["stats"] = loader.run(until_caught_up=True)
+        except BaseException as e:
+            out["error"] = e
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    t.join(timeout)
+    if t.is_alive():
+        loader.stop()
+        t.join(30)
+        pytest.fail(f"loader not caught up after {timeout}s: {loader.stats}")
+    if "error" in out:
+        raise out["error"]
+    return out["stats"]
+
+
+def count(client: Client, sql: str) -> int:
+    return int(client.query(sql).result_rows[0][0])
+
+
+def counts(client: Client) -> dict[str, int]:
+    return {
+        "decisions": count(client, "SELECT count() FROM decisions FINAL"),
+        "decisions_qids": count(client, "SELECT uniqExact(qid) FROM decisions"),
+        "decisions_by_resource": count(client, "SELECT count() FROM decisions_by_resource FINAL"),
+        "events": count(client, "SELECT count() FROM events FINAL"),
+        "events_ids": count(client, "SELECT uniqExact(ingest_id) FROM events"),
+        "events_by_resource": count(client, "SELECT count() FROM events_by_resource FINAL"),
+        "rejected": count(client, "SELECT count() FROM rejected FINAL"),
+    }
+
+
+def expected(n_decisions: int, n_events: int, n_rejected: int) -> dict[str, int]:
+    return {
+        "decisions": n_decisions,
+        "decisions_qids": n_decisions,
+        "decisions_by_resource": n_decisions,
+        "events": n_events,
+        "events_ids": n_events,
+        "events_by_resource": n_events,
+        "rejected": n_rejected,
+    }
+
+
+def spread(n: int, start: datetime = NOW - timedelta(hours=6)) -> Iterator[datetime]:
+    for i in range(n):
+        yield start + timedelta(milliseconds=997 * i)
+
+
+# -- schema
+
+
+def test_migrate_twice_is_a_noop(dsn: str) -> None:
+    client = history.connect(dsn, create_database=True)
+    assert history.migrate(client) == [1]
+    tables = {r[0] for r in client.query("SHOW TABLES").result_rows}
+    assert history.migrate(client) == []
+    assert {r[0] for r in client.query("SHOW TABLES").result_rows} == tables
+    assert set(history.RETAINED_TABLES) | {"schema_migrations", "decisions_intake"} <= tables
+    assert client.query("SELECT version FROM schema_migrations FINAL").result_rows == [(1,)]
+    assert history.applied_versions(client) == {1}
+
+
+def test_migrate_finishes_a_run_that_failed_midway(dsn: str) -> None:
+    client = history.connect(dsn, create_database=True)
+    # The first statements ran, then the job died before recording the version.
+    for stmt in history.MIGRATIONS[0].statements[:4]:
+        client.command(stmt)
+    assert history.migrate(client) == [1]
+    assert history.migrate(client) == []
+
+
+def test_cli_migrate_is_idempotent(chdb_dir: Path) -> None:
+    dsn = f"chdb://{chdb_dir}?database=cli_{uuid.uuid4().hex[:8]}"
+    runner = CliRunner()
+    first = runner.invoke(app, ["history", "migrate", "--dsn", dsn])
+    assert first.exit_code == 0, first.output
+    assert "applied versions [1]" in first.output
+    again = runner.invoke(app, ["history", "migrate"], env={"SVC_HISTORY_DSN": dsn})
+    assert again.exit_code == 0, again.output
+    assert "up to date" in again.output
+    bad = runner.invoke(app, ["history", "migrate", "--dsn", "mysql://x"])
+    assert bad.exit_code == 2
+
+
+# -- storing (no broker)
+
+
+def test_store_keeps_each_record_once_and_rejects_junk(db: Client) -> None:
+    decisions = [decision(at=t) for t in spread(200)]
+    events = [event(at=t) for t in spread(50)]
+    d = as_records("d", decisions + JUNK)
+    e = as_records("e", events + JUNK_EVENTS)
+    history.store(db, "decisions", d)
+    history.store(db, "events", e)
+    # The same batches again (a retry after a failure), and part of them a third time.
+    history.store(db, "decisions", d)
+    history.store(db, "events", e)
+    history.store(db, "decisions", d[:50])
+    assert counts(db) == expected(200, 50, len(JUNK) + len(JUNK_EVENTS))
+    assert count(db, "SELECT count() FROM decisions") > 200  # copies are there until a merge
+    reasons = dict(
+        db.query("SELECT offset, reason FROM rejected FINAL WHERE topic = 'd'").result_rows
+    )
+    base = len(decisions)
+    assert reasons[base + 0] == "not JSON"
+    assert reasons[base + 2] == "not a JSON object"
+    assert reasons[base + 5] == "`at`: missing or not an RFC 3339 time"
+    assert reasons[base + 7] == "`principal`: missing type or id"
+    assert reasons[base + 8] == "`resource`: missing type or id"
+    assert reasons[base + 9] == "`mode`: missing"
+    assert history.rejected_count(db, "e") == len(JUNK_EVENTS)
+
+
+def test_stored_rows_keep_every_field(db: Client) -> None:
+    check = decision(
+        verdict="challenge", mode="monitor", on_behalf_of=("Human", "bob"), principal=("Agent", "x")
+    )
+    check["on_behalf_of_outcome"] = {"verdict": "allow", "challenges": [], "policies": ["p"]}
+    check["work_item"] = "JIRA-7"
+    check["assigned"] = True
+    plan = decision(call="plan", verdict=None, outcome="always_denied", resource=("Doc", None))
+    ev = event(
+        at=datetime(2026, 11, 22, 11, 30, tzinfo=UTC),
+        access="listed",
+        count=40,
+        tool="search_files",
+        action_class="read",
+        outcome="failure",
+        role_arn="arn:aws:iam::1:role/reader",
+        attributes={"plan_qid": plan["qid"], "query": "q3"},
+    )
+    ev["at"] = "2026-11-22T12:30:00.250+01:00"  # any offset; stored in UTC
+    history.store(db, "decisions", as_records("d", [check, plan]))
+    history.store(db, "events", as_records("e", [ev]))
+
+    got = history.decision_by_qid(db, check["qid"])
+    assert got is not None
+    assert got["at"] == NOW
+    assert got["principal"] == {"type": "Agent", "id": "x"}
+    assert got["on_behalf_of"] == {"type": "Human", "id": "bob"}
+    assert got["on_behalf_of_outcome"] == check["on_behalf_of_outcome"]
+    assert (got["verdict"], got["mode"], got["would"]) == ("challenge", "monitor", "challenge")
+    assert got["challenges"] == ["verification"]
+    assert (got["work_item"], got["assigned"], got["risk_score"]) == ("JIRA-7", True, 12)
+    assert (got["policy_version"], got["principals_version"], got["latency_us"]) == (3, 7, 41)
+    assert got["challenge_qid"] is None and got["pdp"] == "svc-pdp-0"
+
+    p = history.decision_by_qid(db, plan["qid"])
+    assert p is not None
+    assert p["resource"] == {"type": "Doc", "id": None}
+    assert (p["call"], p["verdict"], p["outcome"], p["would"]) == (
+        "plan",
+        None,
+        "always_denied",
+        None,
+    )
+    assert p["attributes"] == ["owner"] and p["pinned"] is False
+    assert history.decision_by_qid(db, "no-such-qid") is None
+
+    (e,) = history.events_of_principal(db, "Human::alice", NOW, NOW + timedelta(hours=2))
+    assert e["at"] == datetime(2026, 11, 22, 11, 30, 0, 250_000, tzinfo=UTC)
+    assert e["received_at"] == datetime(2026, 11, 22, 11, 30, 1, tzinfo=UTC)
+    assert (e["access"], e["count"], e["tool"], e["action_class"]) == (
+        "listed",
+        40,
+        "search_files",
+        "read",
+    )
+    assert e["plan_qid"] == plan["qid"]
+    assert e["attributes"] == {"plan_qid": plan["qid"], "query": "q3"}
+    assert (e["outcome"], e["role_arn"]) == ("failure", "arn:aws:iam::1:role/reader")
+
+
+# -- queries
+
+
+def test_queries_by_principal_resource_time_and_monitor_mode(db: Client) -> None:
+    t0 = datetime(2026, 11, 20, 0, 0, tzinfo=UTC)
+    alice, bob, agent = ("Human", "alice"), ("Human", "bob"), ("ServiceAccount", "bot")
+    design, budget = ("Document", "design"), ("Document", "budget")
+    recs = [
+        decision(principal=alice, resource=design, at=t0, verdict="allow"),
+        decision(principal=alice, resource=design, at=t0 + timedelta(hours=1), verdict="deny"),
+        decision(
+            principal=alice,
+            resource=budget,
+            at=t0 + timedelta(hours=2),
+            verdict="deny",
+            mode="monitor",
+        ),
+        decision(
+            principal=alice,
+            resource=budget,
+            at=t0 + timedelta(hours=3),
+            verdict="challenge",
+            mode="monitor",
+        ),
+        decision(
+            principal=alice, resource=budget, at=t0 + timedelta(hours=4), mode="monitor"
+        ),  # allow in monitor: not a would-anything
+        decision(
+            principal=alice,
+            resource=("Document", None),
+            at=t0 + timedelta(hours=5),
+            call="plan",
+            verdict=None,
+            outcome="always_denied",
+            mode="monitor",
+        ),
+        decision(principal=bob, resource=design, at=t0 + timedelta(hours=1, minutes=1)),
+        decision(
+            principal=agent,
+            on_behalf_of=alice,
+            resource=design,
+            at=t0 + timedelta(days=1),
+            verdict="allow",
+        ),
+    ]
+    # Stored twice: the queries still return each once.
+    history.store(db, "decisions", as_records("d", recs))
+    history.store(db, "decisions", as_records("d", recs))
+    evs = [
+        event(principal=alice, resource=("File", "a"), at=t0 + timedelta(minutes=5)),
+        event(principal=alice, resource=("File", ""), at=t0 + timedelta(minutes=6)),
+        event(principal=bob, resource=("File", "a"), at=t0 + timedelta(days=1)),
+    ]
+    history.store(db, "events", as_records("e", evs))
+    history.store(db, "events", as_records("e", evs))
+    end = t0 + timedelta(days=2)
+
+    def qids(rows: list[dict[str, Any]]) -> list[str]:
+        return [r["qid"] for r in rows]
+
+    assert qids(history.decisions_of_principal(db, "Human::alice", t0, end)) == qids(
+        [r for r in recs[:6]]
+    )
+    # Half-open range: [t0 + 1h, t0 + 3h) holds the 1h and 2h decisions only.
+    got = history.decisions_of_principal(
+        db, alice, t0 + timedelta(hours=1), t0 + timedelta(hours=3)
+    )
+    assert qids(got) == [recs[1]["qid"], recs[2]["qid"]]
+    # Monitor mode: would-deny, would-challenge, and the plan enforcement would have denied.
+    monitor = history.decisions_of_principal(db, alice, t0, end, monitor_only=True)
+    assert [(r["qid"], r["would"]) for r in monitor] == [
+        (recs[2]["qid"], "deny"),
+        (recs[3]["qid"], "challenge"),
+        (recs[5]["qid"], "deny"),
+    ]
+    assert all(r["verdict"] != "allow" for r in monitor)
+    # As the person an agent acted for.
+    with_agent = history.decisions_of_principal(db, alice, t0, end, include_on_behalf_of=True)
+    assert qids(with_agent) == [*qids(recs[:6]), recs[7]["qid"]]
+    assert qids(history.decisions_of_principal(db, alice, t0, end, limit=2)) == qids(recs[:2])
+
+    by_design = history.decisions_of_resource(db, {"type": "Document", "id": "design"}, t0, end)
+    assert qids(by_design) == [recs[0]["qid"], recs[1]["qid"], recs[6]["qid"], recs[7]["qid"]]
+    assert qids(history.decisions_of_resource(db, budget, t0, end, monitor_only=True)) == [
+        recs[2]["qid"],
+        recs[3]["qid"],
+    ]
+    assert history.decisions_of_resource(db, design, end, end + timedelta(days=1)) == []
+
+    assert history.verdict_counts(db, alice, t0, end) == {
+        "allow": 2,
+        "deny": 2,
+        "challenge": 1,
+        "would_deny": 2,
+        "would_challenge": 1,
+        "plans": 1,
+    }
+
+    ev_alice = history.events_of_principal(db, alice, t0, end)
+    assert [e["ingest_id"] for e in ev_alice] == [evs[0]["ingest_id"], evs[1]["ingest_id"]]
+    ev_file = history.events_of_resource(db, "File::a", t0, end)
+    assert [e["ingest_id"] for e in ev_file] == [evs[0]["ingest_id"], evs[2]["ingest_id"]]
+    listing = history.events_of_resource(db, ("File", ""), t0, end)
+    assert [e["ingest_id"] for e in listing] == [evs[1]["ingest_id"]]
+
+    with pytest.raises(ValueError):
+        history.decisions_of_principal(db, alice, end, t0)
+    with pytest.raises(ValueError):
+        history.decisions_of_principal(db, "alice", t0, end)
+
+
+def test_daily_counts_for_the_reasoner(db: Client) -> None:
+    alice = ("Human", "alice")
+    today = NOW
+    recs = [
+        decision(principal=alice, at=today, verdict="allow"),
+        decision(principal=alice, at=today - timedelta(hours=1), verdict="deny"),
+        decision(principal=alice, at=today - timedelta(days=2), verdict="deny", mode="monitor"),
+        decision(principal=alice, at=today - timedelta(days=2), verdict="challenge"),
+        decision(principal=alice, at=today - timedelta(days=40), verdict="deny"),  # too old
+        decision(principal=("Human", "bob"), at=today, verdict="deny"),
+    ]
+    evs = [
+        event(principal=alice, at=today, access="listed", count=40),
+        event(principal=alice, at=today, access="exported", count=3, action="export"),
+        event(principal=alice, at=today - timedelta(days=1), outcome="failure", action="view"),
+    ]
+    history.store(db, "decisions", as_records("d", recs + recs))
+    history.store(db, "events", as_records("e", evs + evs))
+    days = history.daily_counts(db, "Human::alice", 30, now=NOW)
+    assert len(days) == 30
+    assert days[0].day == date(2026, 10, 24) and days[-1].day == date(2026, 11, 22)
+    by_day = {d.day: d for d in days}
+    assert by_day[date(2026, 11, 22)] == history.DailyCounts(
+        day=date(2026, 11, 22),
+        allow=1,
+        deny=1,
+        events=2,
+        moved_out=2,
+        rows_listed=40,
+        rows_exported=3,
+    )
+    assert by_day[date(2026, 11, 21)] == history.DailyCounts(
+        day=date(2026, 11, 21), events=1, failures=1
+    )
+    assert by_day[date(2026, 11, 20)] == history.DailyCounts(
+        day=date(2026, 11, 20), deny=1, challenge=1, would_deny=1
+    )
+    assert sum(d.deny for d in days) == 2
+
+
+def test_dsn_database_is_split_off() -> None:
+    from svc.history.store import _split_database
+
+    assert _split_database("chdb:///var/lib/h?database=svc") == ("chdb:///var/lib/h", "svc")
+    assert _split_database("chdb:///var/lib/h") == ("chdb:///var/lib/h", None)
+    assert _split_database("https://u:p@ch:8443/svc_history?secure=1") == (
+        "https://u:p@ch:8443?secure=1",
+        "svc_history",
+    )
+    assert _split_database("http://ch:8123") == ("http://ch:8123", None)
+    with pytest.raises(ValueError):
+        history.connect("chdb:///tmp/x?database=no;drop")
+
+
+def test_parse_ref() -> None:
+    assert history.parse_ref("Human::alice") == ("Human", "alice")
+    assert history.parse_ref('Human::"al::ice"') == ("Human", "al::ice")
+    assert history.parse_ref(("File", "")) == ("File", "")
+    assert history.parse_ref({"type": "Human", "id": "bob"}) == ("Human", "bob")
+    for bad in ("alice", "::x", {"type": "Human"}):
+        with pytest.raises(ValueError):
+            history.parse_ref(bad)  # type: ignore[arg-type]
+
+
+# -- retention
+
+
+def test_retention_cutoff_keeps_whole_days_within_the_setting() -> None:
+    assert history.retention_cutoff(0, NOW) is None
+    assert history.retention_cutoff(3, NOW) == date(2026, 11, 19)
+    assert history.retention_cutoff(1, datetime(2026, 11, 22, 0, 0, tzinfo=UTC)) == date(
+        2026, 11, 21
+    )
+    with pytest.raises(ValueError):
+        history.retention_cutoff(-1, NOW)
+
+
+def test_retention_drops_only_whole_days_older_than_the_setting(db: Client) -> None:
+    # Ten days of data, with rows at each day's first and last millisecond.
+    recs, evs = [], []
+    for n in range(10):
+        day = datetime(2026, 11, 22, tzinfo=UTC) - timedelta(days=n)
+        for t in (day, day + timedelta(hours=12), day + timedelta(days=1, milliseconds=-1)):
+            recs.append(decision(at=t))
+            evs.append(event(at=t))
+    history.store(db, "decisions", as_records("d", recs))
+    history.store(db, "events", as_records("e", evs))
+
+    def days_left(table: str) -> list[str]:
+        rows = db.query(f"SELECT DISTINCT toString(toDate(at)) FROM {table} ORDER BY 1")
+        return [r[0] for r in rows.result_rows]
+
+    assert history.apply_retention(db, 0, now=NOW) == []
+    assert count(db, "SELECT count() FROM decisions FINAL") == 30
+
+    dropped = history.apply_retention(db, 3, now=NOW)
+    # 3 days at 10:30 on 11-22: every row of 11-18 and before is older than 3 days (dropped);
+    # 11-19 has rows younger than that (kept whole).
+    want = ["2026-11-19", "2026-11-20", "2026-11-21", "2026-11-22"]
+    for table in ("decisions", "decisions_by_resource", "events", "events_by_resource"):
+        assert days_left(table) == want, table
+        assert {d for t, d in dropped if t == table} == {f"2026-11-{d:02d}" for d in range(13, 19)}
+    assert count(db, "SELECT count() FROM decisions FINAL") == 12
+    assert count(db, "SELECT count() FROM events_by_resource FINAL") == 12
+    oldest_kept = history.decisions_of_principal(
+        db, "Human::alice", datetime(2026, 11, 19, tzinfo=UTC), NOW
+    )[0]
+    assert oldest_kept["at"] == datetime(2026, 11, 19, tzinfo=UTC)
+    # Again: nothing more to drop. A larger setting brings nothing back.
+    assert history.apply_retention(db, 3, now=NOW) == []
+    assert history.apply_retention(db, 30, now=NOW) == []
+    assert days_left("decisions") == want
+
+
+def test_retention_setting_changed_at_runtime_takes_effect(
+    db: Client,
+    kafka_bootstrap: str,  # noqa: F811
+    topics: tuple[str, str],
+) -> None:
+    recs = [decision(at=NOW - timedelta(days=n)) for n in range(8)]
+    history.store(db, "decisions", as_records("d", recs))
+    setting = {"days": 0}
+    loader = loader_for(
+        db,
+        kafka_bootstrap,
+        topics,
+        retention_days=lambda: setting["days"],
+        retention_interval=0.2,
+        now=lambda: NOW,
+    )
+    thread = threading.Thread(target=loader.run, daemon=True)
+    thread.start()
+    try:
+
+        def wait_for(n_days: int) -> None:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                got = count(db, "SELECT uniqExact(toDate(at)) FROM decisions FINAL")
+                if got == n_days:
+                    return
+                time.sleep(0.2)
+            pytest.fail(f"expected {n_days} days left, have {got}")
+
+        time.sleep(1.0)  # several passes with 0: nothing dropped
+        assert count(db, "SELECT count() FROM decisions FINAL") == 8
+        setting["days"] = 5
+        wait_for(6)  # 11-17 .. 11-22
+        setting["days"] = 2
+        wait_for(3)  # 11-20 .. 11-22
+        setting["days"] = 0
+        time.sleep(0.6)
+        assert count(db, "SELECT count() FROM decisions FINAL") == 3
+    finally:
+        loader.stop()
+        thread.join(30)
+    assert loader.stats.retention_runs >= 5
+    assert loader.stats.dropped_partitions == 5 * 2  # decisions and decisions_by_resource
+
+
+# -- the loader against Kafka
+
+
+Offset = tuple[str, int, int]
+
+
+def offsets_of(batch: history.Batch) -> set[Offset]:
+    return {(t, p, o) for records in batch.records.values() for t, p, o, _, _ in records}
+
+
+def everything(topics: tuple[str, str]) -> dict[Any, int]:
+    return {(t, p): 0 for t in topics for p in range(PARTITIONS)}
+
+
+def committed_offsets(bootstrap: str, group: str, topics: tuple[str, str]) -> dict[Any, int]:
+    """The group's committed offset per (topic, partition); 0 where nothing is committed."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    try:
+        parts = [TopicPartition(t, p) for t in topics for p in range(PARTITIONS)]
+        got = retry("committed offsets", lambda: consumer.committed(parts, timeout=20))
+        return {(tp.topic, tp.partition): max(tp.offset, 0) for tp in got}
+    finally:
+        consumer.close()
+
+
+def uncommitted(bootstrap: str, topics: tuple[str, str], committed: dict[Any, int]) -> set[Offset]:
+    """Every record offset at or after the committed offset, up to the end of each partition."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "test-history-watermarks"})
+    try:
+        out: set[Offset] = set()
+        for (t, p), start in committed.items():
+            _, end = retry(
+                "watermarks",
+                lambda t=t, p=p: consumer.get_watermark_offsets(TopicPartition(t, p), timeout=20),
+            )
+            out |= {(t, p, o) for o in range(start, end)}
+        return out
+    finally:
+        consumer.close()
+
+
+def test_loader_stores_n_records_exactly_once_despite_duplicates(
+    db: Client,
+    kafka_bootstrap: str,  # noqa: F811
+    topics: tuple[str, str],
+) -> None:
+    people = [("Human", f"user{i}") for i in range(40)] + [("ServiceAccount", "bot")]
+    decisions = [
+        decision(
+            principal=people[i % len(people)],
+            resource=("Document", f"doc{i % 97}"),
+            at=t,
+            verdict=("allow", "deny", "challenge")[i % 3],
+            mode=("enforce", "monitor")[i % 2],
+        )
+        for i, t in enumerate(spread(3000))
+    ]
+    events = [
+        event(principal=people[i % len(people)], resource=("File", f"f{i % 13}"), at=t)
+        for i, t in enumerate(spread(800))
+    ]
+    produce(kafka_bootstrap, topics[0], with_duplicates(decisions))
+    produce(kafka_bootstrap, topics[1], with_duplicates(events))
+    read: list[Offset] = []
+    loader = loader_for(
+        db, kafka_bootstrap, topics, after_store=lambda b: read.extend(offsets_of(b))
+    )
+    stats = run_until_caught_up(loader)
+    assert counts(db) == expected(3000, 800, 0)
+    # Every record of both topics was read (some twice if the broker went away mid-run).
+    assert set(read) == uncommitted(kafka_bootstrap, topics, everything(topics))
+    assert (stats.records, stats.rejected) == (len(read), 0)
+    monitor_denies = sum(1 for d in decisions if d["mode"] == "monitor" and d["verdict"] != "allow")
+    got = count(
+        db,
+        "SELECT count() FROM decisions FINAL "
+        "WHERE mode = 'monitor' AND verdict IN ('deny', 'challenge')",
+    )
+    assert got == monitor_denies
+
+
+def test_junk_records_do_not_stop_the_loader(
+    db: Client,
+    kafka_bootstrap: str,  # noqa: F811
+    topics: tuple[str, str],
+) -> None:
+    good = [decision(at=t) for t in spread(300)]
+    good_events = [event(at=t) for t in spread(100)]
+    # Junk before, between and after the good records.
+    produce(kafka_bootstrap, topics[0], JUNK[:5] + good[:150] + JUNK[5:] + good[150:] + JUNK)
+    produce(kafka_bootstrap, topics[1], JUNK_EVENTS + good_events)
+    junk = set(JUNK) | set(JUNK_EVENTS)
+    junk_read: list[Offset] = []
+
+    def note_junk(batch: history.Batch) -> None:
+        for records in batch.records.values():
+            junk_read.extend((t, p, o) for t, p, o, _, v in records if v in junk)
+
+    loader = loader_for(db, kafka_bootstrap, topics, batch_records=100, after_store=note_junk)
+    stats = run_until_caught_up(loader)
+    n_junk = 2 * len(JUNK) + len(JUNK_EVENTS)
+    assert counts(db) == expected(300, 100, n_junk)
+    assert len(set(junk_read)) == n_junk
+    assert stats.rejected == len(junk_read)  # each read of a junk record is counted
+    assert history.rejected_count(db, topics[0]) == 2 * len(JUNK)
+
+
+def test_loader_crash_between_store_and_commit_restarts_exactly(
+    db: Client,
+    kafka_bootstrap: str,  # noqa: F811
+    topics: tuple[str, str],
+) -> None:
+    decisions = [decision(at=t) for t in spread(2000)]
+    events = [event(at=t) for t in spread(500)]
+    produce(kafka_bootstrap, topics[0], with_duplicates(decisions))
+    produce(kafka_bootstrap, topics[1], with_duplicates(events))
+    group = f"test-history-crash-{uuid.uuid4().hex[:8]}"
+    stored: list[set[Offset]] = []
+
+    class Crash(Exception):
+        pass
+
+    def crash_on_third(batch: history.Batch) -> None:
+        stored.append(offsets_of(batch))
+        if len(stored) == 3:
+            raise Crash
+
+    first = loader_for(
+        db, kafka_bootstrap, topics, group=group, batch_records=400, after_store=crash_on_third
+    )
+    with pytest.raises(Crash):
+        first.run()
+    committed = committed_offsets(kafka_bootstrap, group, topics)
+    to_read = uncommitted(kafka_bootstrap, topics, committed)
+    # The third batch was stored, then the loader died before committing it.
+    assert stored[2] and stored[2] <= to_read
+
+    read: set[Offset] = set()
+    second = loader_for(
+        db,
+        kafka_bootstrap,
+        topics,
+        group=group,
+        batch_records=400,
+        after_store=lambda batch: read.update(offsets_of(batch)),
+    )
+    run_until_caught_up(second)
+    # The restarted loader read again everything not committed, the third batch included,
+    # and the tables still hold each record once.
+    assert read == to_read
+    assert counts(db) == expected(2000, 500, 0)
+
+
+CHILD = textwrap.dedent(
+    """
+    import json, os, signal, sys
+    from svc import history
+
+    dsn, bootstrap, dtopic, etopic, group, kill_after, progress = sys.argv[1:8]
+    client = history.connect(dsn, create_database=True)
+    history.migrate(client)
+    batches = 0
+
+    def hook(batch):
+        global batches
+        batches += 1
+        with open(progress, "a") as f:
+            offsets = [[t, p, o] for rs in batch.records.values() for t, p, o, _, _ in rs]
+            f.write(json.dumps(offsets) + "\\n")
+        if batches == int(kill_after):
+            os.kill(os.getpid(), signal.SIGKILL)  # killed mid-batch: stored, not committed
+
+    loader = history.Loader(
+        client, bootstrap, decisions_topic=dtopic, events_topic=etopic, group_id=group,
+        batch_records=500, batch_ms=500, after_store=hook,
+        consumer_overrides={"session.timeout.ms": 6000, "heartbeat.interval.ms": 500},
+    )
+    stats = loader.run(until_caught_up=True)
+    q = lambda sql: client.query(sql).result_rows[0][0]
+    print(json.dumps({
+        "decisions": q("SELECT count() FROM decisions FINAL"),
+        "decisions_qids": q("SELECT uniqExact(qid) FROM decisions"),
+        "decisions_by_resource": q("SELECT count() FROM decisions_by_resource FINAL"),
+        "events": q("SELECT count() FROM events FINAL"),
+        "events_ids": q("SELECT uniqExact(ingest_id) FROM events"),
+        "events_by_resource": q("SELECT count() FROM events_by_resource FINAL"),
+        "rejected": q("SELECT count() FROM rejected FINAL"),
+    }))
+    """
+)
+
+
+def read_progress(path: Path) -> list[set[Offset]]:
+    return [{(t, p, o) for t, p, o in json.loads(line)} for line in path.read_text().splitlines()]
+
+
+def test_loader_killed_mid_batch_and_restarted_still_exactly_n(
+    tmp_path: Path,
+    kafka_bootstrap: str,  # noqa: F811
+    topics: tuple[str, str],
+) -> None:
+    decisions = [decision(at=t) for t in spread(3000)]
+    events = [event(at=t) for t in spread(700)]
+    produce(kafka_bootstrap, topics[0], with_duplicates(decisions) + JUNK)
+    produce(kafka_bootstrap, topics[1], with_duplicates(events))
+    dsn = f"chdb://{tmp_path / 'chdb'}"
+    group = f"test-history-kill-{uuid.uuid4().hex[:8]}"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+    def child(kill_after: int, progress: Path) -> subprocess.CompletedProcess[str]:
+        args = [dsn, kafka_bootstrap, *topics, group, str(kill_after), str(progress)]
+        return subprocess.run(
+            [sys.executable, "-c", CHILD, *args],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=env,
+            cwd=REPO,
+        )
+
+    killed = child(3, tmp_path / "killed.jsonl")
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    stored = read_progress(tmp_path / "killed.jsonl")
+    assert len(stored) == 3
+    committed = committed_offsets(kafka_bootstrap, group, topics)
+    to_read = uncommitted(kafka_bootstrap, topics, committed)
+    # Killed after storing its third batch and before committing it.
+    assert stored[2] and stored[2] <= to_read
+
+    restarted = child(0, tmp_path / "restarted.jsonl")
+    assert restarted.returncode == 0, restarted.stderr[-2000:]
+    read = set().union(*read_progress(tmp_path / "restarted.jsonl"))
+    assert read == to_read  # everything not committed was read again, the third batch too
+    assert json.loads(restarted.stdout.strip().splitlines()[-1]) == expected(3000, 700, len(JUNK))
+
+
+def test_cli_load_until_caught_up(
+    chdb_dir: Path,
+    kafka_bootstrap: str,  # noqa: F811
+    topics: tuple[str, str],
+) -> None:
+    dsn = f"chdb://{chdb_dir}?database=cli_{uuid.uuid4().hex[:8]}"
+    recent = datetime.now(UTC) - timedelta(hours=1)  # within the 30 days of retention
+    produce(kafka_bootstrap, topics[0], [decision(at=t) for t in spread(120, recent)])
+    produce(kafka_bootstrap, topics[1], [event(at=t) for t in spread(30, recent)] + [b"junk"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "history",
+            "load",
+            "--dsn",
+            dsn,
+            "--kafka",
+            f"kafka://{kafka_bootstrap}",
+            "--decisions-topic",
+            topics[0],
+            "--events-topic",
+            topics[1],
+            "--group",
+            f"test-history-cli-{uuid.uuid4().hex[:8]}",
+            "--migrate",
+            "--until-caught-up",
+            "--batch-ms",
+            "300",
+        ],
+        env={"SVC_ANALYTICS_RETENTION_DAYS": "30"},
+    )
+    assert result.exit_code == 0, result.output
+    stats = json.loads(result.output.strip().splitlines()[-1])
+    assert (stats["records"], stats["rejected"], stats["retention_runs"]) == (151, 1, 1)
+    client = history.connect(dsn)
+    assert counts(client) == expected(120, 30, 1)

@@ -192,6 +192,9 @@ def pdp(
     spool_max_bytes: Annotated[
         int, typer.Option(envvar="SVC_PDP_SPOOL_MAX_BYTES", min=1, help="Largest spool.")
     ] = 1 << 30,
+    decisions_topic: Annotated[
+        str, typer.Option(envvar="SVC_PDP_DECISIONS_TOPIC", help="Decision-log topic.")
+    ] = "svc.decisions.v1",
 ) -> None:
     """Run the decision point (gRPC + HTTP on one port) over one bundle directory."""
     from svc.pdp.server import StandaloneOptions, run_standalone
@@ -213,6 +216,7 @@ def pdp(
         spool_dir=spool_dir,
         log_queue_bound=log_queue_bound,
         spool_max_bytes=spool_max_bytes,
+        decisions_topic=decisions_topic,
     )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -26,7 +26,7 @@ from pathlib import Path
 import watchfiles
 
 from svc._pdp_core import BundleError, DecisionLog, Engine, Server
-from svc.pdp.decision_log import Shipper, bootstrap_servers
+from svc.pdp.decision_log import DECISIONS_TOPIC, Shipper, bootstrap_servers
 
 __all__ = ["BundleWatcher", "StandaloneOptions", "run_standalone", "serve_bundle"]
 
@@ -135,6 +135,7 @@ class StandaloneOptions:
         spool_dir: the decision log's spool, for broker outages (kept across restarts).
         log_queue_bound: decision records held in memory before spooling.
         spool_max_bytes: largest spool; records past it are dropped and counted.
+        decisions_topic: the decision log's topic (``svc.decisions.v1``).
 
     """
 
@@ -151,6 +152,7 @@ class StandaloneOptions:
     spool_dir: Path = Path(".svc/pdp-spool")
     log_queue_bound: int = 100_000
     spool_max_bytes: int = 1 << 30
+    decisions_topic: str = DECISIONS_TOPIC
 
 
 @contextmanager
@@ -178,7 +180,9 @@ def serve_bundle(bundle_dir: Path, options: StandaloneOptions | None = None) -> 
         decision_log = DecisionLog(
             opts.spool_dir, queue_bound=opts.log_queue_bound, spool_max_bytes=opts.spool_max_bytes
         )
-        shipper = Shipper(decision_log, bootstrap_servers(opts.kafka_url))
+        shipper = Shipper(
+            decision_log, bootstrap_servers(opts.kafka_url), topic=opts.decisions_topic
+        )
     engine = Engine.from_bundle_dir(bundle_dir)
     engine.set_mode(opts.mode)
     engine.configure_plans(max_age_secs=opts.plan_max_age_secs)

@@ -6,7 +6,7 @@
 //! `INVALID_ARGUMENT` with the same text as the HTTP problem's `detail`, plus a
 //! `google.rpc.BadRequest` detail naming the field (tonic-types' rich error model).
 
-use super::http::{check_challenge_wait, NO_CHALLENGE_SERVICE};
+use super::http::{bounded, check_challenge_wait, NO_CHALLENGE_SERVICE};
 use super::metrics::Transport;
 use super::Shared;
 use pdp_core::{Decision, Mode, Outcome, RequestError, Verdict};
@@ -29,12 +29,19 @@ use pb::noop_authorizer_server::{NoopAuthorizer, NoopAuthorizerServer};
 /// The service name gRPC health reports on.
 pub const SERVICE_NAME: &str = "svc.authz.v1.Authorizer";
 
-/// `INVALID_ARGUMENT` with the error's text and a `BadRequest` field violation.
+/// The benchmark ceiling's service, served only with `noop_routes`.
+pub const NOOP_SERVICE_NAME: &str = "svc.authz.v1.NoopAuthorizer";
+
+/// `INVALID_ARGUMENT` with the error's text and a `BadRequest` field violation (each cut to
+/// [`super::http::MAX_ERROR_TEXT`], as the HTTP problem's `detail` is).
 pub fn invalid(e: &RequestError) -> Status {
     Status::with_error_details(
         Code::InvalidArgument,
-        e.to_string(),
-        ErrorDetails::with_bad_request_violation(e.field.clone(), e.message.clone()),
+        bounded(e.to_string()),
+        ErrorDetails::with_bad_request_violation(
+            bounded(e.field.clone()),
+            bounded(e.message.clone()),
+        ),
     )
 }
 
@@ -355,13 +362,26 @@ pub fn routes(
     let bad = |e: tonic_reflection::server::Error| {
         std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string())
     };
-    let reflection = || {
-        tonic_reflection::server::Builder::configure()
+    // Advertise exactly the services served: the descriptor set also holds NoopAuthorizer,
+    // which is only served with `noop_routes`.
+    let reflection = |own: &str| {
+        let mut b = tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .with_service_name(SERVICE_NAME)
+            .with_service_name("grpc.health.v1.Health")
+            .with_service_name(own);
+        if noop {
+            b = b.with_service_name(NOOP_SERVICE_NAME);
+        }
+        b
     };
-    let v1 = reflection().build_v1().map_err(bad)?;
-    let v1alpha = reflection().build_v1alpha().map_err(bad)?;
+    let v1 = reflection("grpc.reflection.v1.ServerReflection")
+        .build_v1()
+        .map_err(bad)?;
+    let v1alpha = reflection("grpc.reflection.v1alpha.ServerReflection")
+        .build_v1alpha()
+        .map_err(bad)?;
     let mut routes = tonic::service::Routes::new(health)
         .add_service(
             AuthorizerServer::new(AuthorizerService { shared }).max_decoding_message_size(limit),
@@ -371,5 +391,38 @@ pub fn routes(
     if noop {
         routes = routes.add_service(NoopAuthorizerServer::new(NoopService));
     }
-    Ok(routes.prepare().into_axum_router())
+    Ok(routes
+        .prepare()
+        .into_axum_router()
+        .layer(axum::middleware::map_response(client_fault_statuses)))
+}
+
+/// Gives the request errors tonic raises before a handler runs the codes of a client's fault
+/// (they are trailers-only responses, so the status is a header):
+///
+/// * a message over `max_decoding_message_size` is `OUT_OF_RANGE` in tonic; gRPC's own
+///   implementations (and docs/api.md) say `RESOURCE_EXHAUSTED`;
+/// * a message that does not decode (bad bytes, a `Struct` nested past prost's recursion limit)
+///   is `INTERNAL` in tonic; it is the request that is wrong: `INVALID_ARGUMENT`, like the 400
+///   of malformed JSON on HTTP.
+///
+/// No handler here answers `OUT_OF_RANGE` or `INTERNAL` itself. (`grpc-message` is
+/// percent-encoded, spaces included.)
+async fn client_fault_statuses(mut resp: axum::response::Response) -> axum::response::Response {
+    let headers = resp.headers_mut();
+    let code = match headers.get("grpc-status").map(|v| v.as_bytes()) {
+        Some(b"11") => Some("8"),
+        Some(b"13")
+            if headers
+                .get("grpc-message")
+                .is_some_and(|m| m.as_bytes().starts_with(b"failed%20to%20decode")) =>
+        {
+            Some("3")
+        }
+        _ => None,
+    };
+    if let Some(code) = code {
+        headers.insert("grpc-status", axum::http::HeaderValue::from_static(code));
+    }
+    resp
 }

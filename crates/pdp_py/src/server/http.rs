@@ -8,8 +8,8 @@ use super::metrics::Transport;
 use super::Shared;
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
-use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE, HOST};
-use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::http::header::{CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, HOST, TRANSFER_ENCODING};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, Version};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -62,8 +62,8 @@ impl Problem {
             status: StatusCode::BAD_REQUEST,
             slug: "invalid-request",
             title: "The request is not valid",
-            detail: e.to_string(),
-            field: Some(e.field.clone()),
+            detail: bounded(e.to_string()),
+            field: Some(bounded(e.field.clone())),
         }
     }
 
@@ -97,6 +97,23 @@ impl IntoResponse for Problem {
         )
             .into_response()
     }
+}
+
+/// Longest error text (bytes) echoed back: a request error may quote the request (a context,
+/// an unknown type name), and on gRPC the text travels in `grpc-message` and the details
+/// trailer, which clients cap (8 KiB of metadata in grpc-java, 16 KiB in grpc-core).
+pub const MAX_ERROR_TEXT: usize = 1024;
+
+/// `text` cut to [`MAX_ERROR_TEXT`] bytes (at a character boundary), saying how long it was.
+pub fn bounded(text: String) -> String {
+    if text.len() <= MAX_ERROR_TEXT {
+        return text;
+    }
+    let mut end = MAX_ERROR_TEXT;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}... ({} bytes in all)", &text[..end], text.len())
 }
 
 /// A `200` JSON response.
@@ -140,12 +157,26 @@ pub fn router(shared: Arc<Shared>, grpc: Router) -> Router {
 }
 
 /// Echoes `X-Request-ID` and counts every 4xx/5xx in `svc_pdp_requests_rejected_total`.
+///
+/// An HTTP/1 request answered 404, 405, 413 or 415 had its body left unread; hyper then closes
+/// the connection (it drains only a small rest), so the answer says `Connection: close`: without
+/// it a keep-alive client would send its next request into the closing connection and fail.
 async fn around(State(s): St, req: Request, next: Next) -> Response {
     let rid = req.headers().get(&REQUEST_ID).cloned();
+    let h1_body = req.version() < Version::HTTP_2
+        && (req.headers().contains_key(TRANSFER_ENCODING)
+            || req
+                .headers()
+                .get(CONTENT_LENGTH)
+                .is_some_and(|v| v.as_bytes() != b"0"));
     let mut resp = next.run(req).await;
     let status = resp.status();
     if status.is_client_error() || status.is_server_error() {
         s.metrics.rejected(status.as_u16());
+    }
+    if h1_body && matches!(status.as_u16(), 404 | 405 | 413 | 415) {
+        resp.headers_mut()
+            .insert(CONNECTION, HeaderValue::from_static("close"));
     }
     if let Some(v) = rid {
         resp.headers_mut().insert(REQUEST_ID.clone(), v);

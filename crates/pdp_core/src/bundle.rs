@@ -231,6 +231,8 @@ pub struct Bundle {
     pub warnings: Vec<SourceError>,
     /// Attribute kinds learned by query plans (with a schema only); shared by every plan.
     pub(crate) attr_kinds: Option<Arc<crate::plan::AttrKinds>>,
+    /// The policies that can apply per (action, principal type, resource type).
+    pub(crate) scopes: crate::scope::ScopeIndex,
 }
 
 fn json_err_pos(file: &str, e: &serde_json::Error) -> SourceError {
@@ -741,8 +743,14 @@ impl Bundle {
         let attr_kinds = schema
             .as_ref()
             .map(|s| Arc::new(crate::plan::AttrKinds::new(s)));
+        let scopes = crate::scope::ScopeIndex::new(action_ancestors(
+            schema.is_some(),
+            &action_entities,
+            &entity_types,
+        ));
         let mut bundle = Self {
             attr_kinds,
+            scopes,
             policies,
             eval_set,
             meta,
@@ -854,6 +862,7 @@ impl Bundle {
             links: self.links.clone(),
             warnings: self.warnings.clone(),
             attr_kinds: self.attr_kinds.clone(),
+            scopes: self.scopes.emptied(),
         }
     }
 
@@ -1035,6 +1044,37 @@ impl Bundle {
     pub fn entities(&self) -> impl Iterator<Item = &Entity> {
         self.entities.values().map(|se| &se.entity)
     }
+}
+
+/// Every schema action with all its (transitive) ancestors, for pruning `action in` scopes; `None`
+/// without a schema, or when a declared entity type shares an action's type name (an entity of
+/// that type could then stand in for an action in a check).
+fn action_ancestors(
+    has_schema: bool,
+    actions: &HashMap<EntityUid, Arc<StoredEntity>>,
+    entity_types: &HashSet<String>,
+) -> Option<HashMap<EntityUid, HashSet<EntityUid>>> {
+    if !has_schema
+        || actions
+            .keys()
+            .any(|a| entity_types.contains(&a.type_name().to_string()))
+    {
+        return None;
+    }
+    let mut out = HashMap::with_capacity(actions.len());
+    for (uid, se) in actions {
+        let mut seen: HashSet<EntityUid> = HashSet::new();
+        let mut stack: Vec<&EntityUid> = se.parents.iter().collect();
+        while let Some(p) = stack.pop() {
+            if seen.insert(p.clone()) {
+                if let Some(pe) = actions.get(p) {
+                    stack.extend(pe.parents.iter());
+                }
+            }
+        }
+        out.insert(uid.clone(), seen);
+    }
+    Some(out)
 }
 
 fn stmt_index(id: &PolicyId) -> usize {

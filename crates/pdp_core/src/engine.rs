@@ -1101,8 +1101,16 @@ impl Engine {
             roots.push((a, true));
         }
         let entities = closed_slice(st, &roots, None)?;
-        let res = residuals(
+        // Only the policies whose scope can match; the others leave no residual.
+        let scoped = b.scopes.get(
             &b.policies,
+            &b.eval_set,
+            action,
+            subject.type_name(),
+            resource_type,
+        );
+        let res = residuals(
+            scoped.as_ref().map_or(&b.policies, |s| &s.policies),
             schema,
             kinds,
             subject,
@@ -1153,9 +1161,16 @@ impl Engine {
         .map_err(|e| request_error(&e, field))?;
 
         let entities = gather(cx, subject, agent)?;
-        let response = self
-            .authorizer
-            .is_authorized(&request, &b.eval_set, &entities);
+        // Only the policies whose scope can match: the same satisfied set (crate::scope).
+        let scoped = b.scopes.get(
+            &b.policies,
+            &b.eval_set,
+            cx.action,
+            subject.type_name(),
+            cx.req.resource.type_name(),
+        );
+        let set = scoped.as_ref().map_or(&b.eval_set, |s| &s.eval_set);
+        let response = self.authorizer.is_authorized(&request, set, &entities);
         Ok(classify(b, response.diagnostics().reason()))
     }
 }

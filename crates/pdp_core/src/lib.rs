@@ -17,6 +17,7 @@ pub mod error;
 pub mod plan;
 pub mod query_plan;
 pub mod request;
+mod scope;
 pub mod store;
 
 pub use bundle::{Bundle, BundleSources, PolicyMeta, TemplateLink, CHALLENGE_KINDS};

@@ -233,6 +233,10 @@ pub struct Bundle {
     pub(crate) attr_kinds: Option<Arc<crate::plan::AttrKinds>>,
     /// The policies that can apply per (action, principal type, resource type).
     pub(crate) scopes: crate::scope::ScopeIndex,
+    /// Lookups that keep checks cheap (parsed type names, actions by text, request types).
+    pub(crate) lookups: crate::memo::Lookups,
+    /// Typed contexts by (action, context JSON).
+    pub(crate) contexts: crate::memo::ContextMemo,
 }
 
 fn json_err_pos(file: &str, e: &serde_json::Error) -> SourceError {
@@ -748,9 +752,12 @@ impl Bundle {
             &action_entities,
             &entity_types,
         ));
+        let lookups = crate::memo::Lookups::new(schema.as_ref(), schema_json.as_ref());
         let mut bundle = Self {
             attr_kinds,
             scopes,
+            lookups,
+            contexts: crate::memo::ContextMemo::default(),
             policies,
             eval_set,
             meta,
@@ -863,6 +870,8 @@ impl Bundle {
             warnings: self.warnings.clone(),
             attr_kinds: self.attr_kinds.clone(),
             scopes: self.scopes.emptied(),
+            lookups: self.lookups.clone(),
+            contexts: crate::memo::ContextMemo::default(),
         }
     }
 
@@ -910,6 +919,12 @@ impl Bundle {
     /// [`RequestError`] on `action` when the action is unknown to the schema, or a bare id
     /// names actions in more than one namespace.
     pub fn resolve_action(&self, action: &str) -> Result<EntityUid, RequestError> {
+        // The written form of a schema action (what `EntityUid`'s parser would return).
+        if let Some(uid) = self.lookups.actions_by_text.get(action) {
+            if self.action_entities.contains_key(uid) {
+                return Ok(uid.clone());
+            }
+        }
         if action.contains("::\"") {
             let uid = EntityUid::from_str(action).map_err(|e| {
                 RequestError::new("action", format!("`{action}` is not an action uid: {e}"))
@@ -951,7 +966,7 @@ impl Bundle {
     /// # Errors
     /// [`RequestError`] on `field` naming the unknown type.
     pub fn check_type(&self, ty: &EntityTypeName, field: &str) -> Result<(), RequestError> {
-        if self.schema.is_none() || self.entity_types.contains(&ty.to_string()) {
+        if self.schema.is_none() || self.lookups.type_names.contains(ty) {
             Ok(())
         } else {
             Err(RequestError::new(

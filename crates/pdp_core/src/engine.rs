@@ -14,6 +14,7 @@
 
 use crate::bundle::{Bundle, TemplateLink};
 use crate::error::{chain, BundleError, RequestError};
+use crate::memo::MemoContext;
 use crate::plan::{residuals, PlanError};
 use crate::query_plan::{
     finish, PlanCache, PlanKey, PrincipalState, QueryPlan, Side, DEFAULT_PLAN_CACHE_CAPACITY,
@@ -851,6 +852,14 @@ impl Engine {
         self.decide(&CheckRequest::from_json(value)?)
     }
 
+    /// [`Engine::decide_json`] on an owned request value (nothing of it is copied).
+    ///
+    /// # Errors
+    /// As [`Engine::decide_json`].
+    pub fn decide_value(&self, value: Value) -> Result<Decision, RequestError> {
+        self.decide(&CheckRequest::from_value(value)?)
+    }
+
     /// Decides one check (SPEC 2.4, DESIGN 3-4).
     ///
     /// # Errors
@@ -1115,7 +1124,7 @@ impl Engine {
             kinds,
             subject,
             action,
-            context,
+            context.context.clone(),
             resource_type,
             &entities,
         )
@@ -1151,13 +1160,42 @@ impl Engine {
             cx.assigned,
             cx.work_item,
         )?;
-        let request = Request::new(
-            subject.clone(),
-            cx.action.clone(),
-            cx.req.resource.clone(),
-            context,
-            b.schema.as_ref(),
-        )
+        // Cedar validates a request against the schema: the principal and resource types for
+        // the action, and the context. The context part depends on the context and action
+        // only, so once a request with this very context passed, a request whose types the
+        // action is known to take cannot fail validation and is not validated again. Anything
+        // else is validated in full, so every error stays Cedar's.
+        let request = match b.schema.as_ref() {
+            Some(_)
+                if context.validated()
+                    && b.lookups.types_valid(
+                        cx.action,
+                        subject.type_name(),
+                        cx.req.resource.type_name(),
+                    ) =>
+            {
+                Request::new(
+                    subject.clone(),
+                    cx.action.clone(),
+                    cx.req.resource.clone(),
+                    context.context.clone(),
+                    None,
+                )
+            }
+            schema => {
+                let r = Request::new(
+                    subject.clone(),
+                    cx.action.clone(),
+                    cx.req.resource.clone(),
+                    context.context.clone(),
+                    schema,
+                );
+                if r.is_ok() && schema.is_some() {
+                    context.set_validated();
+                }
+                r
+            }
+        }
         .map_err(|e| request_error(&e, field))?;
 
         let entities = gather(cx, subject, agent)?;
@@ -1180,6 +1218,8 @@ impl Engine {
 /// `work_item`, `agent`), each only where the schema declares it for `action`, typed against the
 /// schema.
 ///
+/// The typed context is memoised per bundle ([`crate::memo::ContextMemo`]).
+///
 /// # Errors
 /// [`RequestError`] on `context` when the result does not match the action's context type.
 #[allow(clippy::too_many_arguments)]
@@ -1192,7 +1232,7 @@ fn context_for(
     human_present: bool,
     assigned: bool,
     work_item: Option<&WorkItem>,
-) -> Result<Context, RequestError> {
+) -> Result<Arc<MemoContext>, RequestError> {
     let b = &*st.bundle;
     let declared = b.context_attrs.get(action);
     let wants = |k: &str| match (b.schema.is_some(), declared) {
@@ -1224,7 +1264,10 @@ fn context_for(
     if let (Some(a), true) = (agent, wants("agent")) {
         ctx.insert("agent".into(), json!({"__entity": uid_json(a)}));
     }
-    Context::from_json_value(Value::Object(ctx), b.schema.as_ref().map(|s| (s, action)))
+    b.contexts
+        .get_or_parse(action, ctx, |v| {
+            Context::from_json_value(v, b.schema.as_ref().map(|s| (s, action)))
+        })
         .map_err(|e| RequestError::new("context", chain(&e)))
 }
 

@@ -14,6 +14,7 @@
 pub mod bundle;
 pub mod engine;
 pub mod error;
+mod memo;
 pub mod plan;
 pub mod query_plan;
 pub mod request;

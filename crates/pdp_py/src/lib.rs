@@ -4,9 +4,10 @@
 
 use pdp_core::{Bundle, BundleSources, Engine as CoreEngine, Mode};
 use pdp_core::{BundleError as CoreBundleError, RequestError as CoreRequestError};
-use pdp_core::{CheckRequest, TemplateLink};
+use pdp_core::{CheckRequest, Decision, TemplateLink};
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyTypeError, PyValueError};
+use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 use serde_json::{Map, Number, Value};
@@ -130,6 +131,28 @@ fn to_py<'py>(py: Python<'py>, v: &Value) -> PyResult<Bound<'py, PyAny>> {
             d.into_any()
         }
     })
+}
+
+/// `Decision::to_response` built straight into a dict (same keys, same order), without the
+/// intermediate JSON value.
+fn response_dict<'py>(py: Python<'py>, d: &Decision) -> PyResult<Bound<'py, PyDict>> {
+    let m = PyDict::new(py);
+    m.set_item(intern!(py, "qid"), PyString::new(py, &d.qid))?;
+    m.set_item(intern!(py, "verdict"), d.verdict.as_str())?;
+    m.set_item(intern!(py, "challenges"), PyList::new(py, &d.challenges)?)?;
+    m.set_item(
+        intern!(py, "policies"),
+        PyList::new(py, &d.principal_outcome.policies)?,
+    )?;
+    if let Some(o) = &d.on_behalf_of_outcome {
+        let od = PyDict::new(py);
+        od.set_item(intern!(py, "verdict"), o.verdict.as_str())?;
+        od.set_item(intern!(py, "challenges"), PyList::new(py, &o.challenges)?)?;
+        od.set_item(intern!(py, "policies"), PyList::new(py, &o.policies)?)?;
+        m.set_item(intern!(py, "on_behalf_of"), od)?;
+    }
+    m.set_item(intern!(py, "mode"), d.mode.as_str())?;
+    Ok(m)
 }
 
 /// Reads `policies=` (a text, or a mapping of file name to text) into `(file, text)` pairs.
@@ -259,9 +282,9 @@ impl Engine {
     ) -> PyResult<Bound<'py, PyAny>> {
         let v = to_json(request, 0)?;
         let d = py
-            .detach(|| self.inner.decide_json(&v))
+            .detach(|| self.inner.decide_value(v))
             .map_err(|e| request_err(py, &e))?;
-        to_py(py, &d.to_response())
+        Ok(response_dict(py, &d)?.into_any())
     }
 
     fn plan<'py>(
@@ -309,7 +332,7 @@ impl Engine {
         let mut parsed = Vec::with_capacity(list.len());
         for (i, r) in list.iter().enumerate() {
             let v = to_json(&r, 0)?;
-            let req = CheckRequest::from_json(&v).map_err(|e| {
+            let req = CheckRequest::from_value(v).map_err(|e| {
                 request_err(
                     py,
                     &CoreRequestError::new(format!("requests[{i}].{}", e.field), e.message),
@@ -317,12 +340,12 @@ impl Engine {
             })?;
             parsed.push(req);
         }
-        let results: Result<Vec<Value>, CoreRequestError> = py.detach(|| {
+        let results: Result<Vec<Decision>, CoreRequestError> = py.detach(|| {
             parsed
                 .iter()
                 .enumerate()
                 .map(|(i, r)| {
-                    self.inner.decide(r).map(|d| d.to_response()).map_err(|e| {
+                    self.inner.decide(r).map_err(|e| {
                         CoreRequestError::new(format!("requests[{i}].{}", e.field), e.message)
                     })
                 })
@@ -330,8 +353,8 @@ impl Engine {
         });
         let results = results.map_err(|e| request_err(py, &e))?;
         let out = PyList::empty(py);
-        for r in &results {
-            out.append(to_py(py, r)?)?;
+        for d in &results {
+            out.append(response_dict(py, d)?)?;
         }
         Ok(out)
     }

@@ -17,7 +17,7 @@
 //! `@challenge("verification" | "approval" | "justification")` marks a step-up policy (DESIGN 4).
 
 use crate::error::{chain, BundleError, RequestError, SourceError};
-use crate::store::StoredEntity;
+use crate::store::{FastMap, StoredEntity};
 use cedar_policy::{
     Effect, Entity, EntityId, EntityTypeName, EntityUid, Policy, PolicyId, PolicySet, Schema,
     SchemaFragment, SlotId, Template, ValidationMode, Validator,
@@ -208,7 +208,7 @@ pub struct Bundle {
     /// rules of DESIGN 4 need.
     pub(crate) eval_set: PolicySet,
     /// Static and linked policies by id.
-    pub(crate) meta: HashMap<PolicyId, PolicyMeta>,
+    pub(crate) meta: FastMap<PolicyId, PolicyMeta>,
     /// Templates by id.
     pub(crate) template_meta: HashMap<PolicyId, PolicyMeta>,
     /// The schema, when the bundle has one.
@@ -218,9 +218,9 @@ pub struct Bundle {
     /// Action uids by bare id, for resolving `read` to `NS::Action::"read"`.
     actions_by_id: HashMap<String, Vec<EntityUid>>,
     /// Action entities (with their action groups as parents).
-    pub(crate) action_entities: HashMap<EntityUid, Arc<StoredEntity>>,
+    pub(crate) action_entities: FastMap<EntityUid, Arc<StoredEntity>>,
     /// Entities from the bundle's `entities.json`: the base layer under the entity store.
-    pub(crate) entities: HashMap<EntityUid, Arc<StoredEntity>>,
+    pub(crate) entities: FastMap<EntityUid, Arc<StoredEntity>>,
     /// Entity type names the schema declares (empty without a schema).
     pub(crate) entity_types: HashSet<String>,
     /// Entity types that may be principals of some action.
@@ -533,7 +533,7 @@ impl Bundle {
         // --- policies -----------------------------------------------------------------------
         let mut policies = PolicySet::new();
         let mut eval_set = PolicySet::new();
-        let mut meta: HashMap<PolicyId, PolicyMeta> = HashMap::new();
+        let mut meta: FastMap<PolicyId, PolicyMeta> = FastMap::default();
         let mut template_meta: HashMap<PolicyId, PolicyMeta> = HashMap::new();
         let mut file_of: HashMap<PolicyId, (String, String)> = HashMap::new();
         let mut offset = 0usize;
@@ -659,7 +659,7 @@ impl Bundle {
         }
 
         // --- base entities ------------------------------------------------------------------
-        let mut entities = HashMap::new();
+        let mut entities = FastMap::default();
         let mut warnings: Vec<SourceError> = Vec::new();
         if let (Some((name, text)), true) = (&src.entities, errors.is_empty()) {
             match serde_json::from_str::<Value>(text) {
@@ -721,7 +721,7 @@ impl Bundle {
 
         // --- schema-derived indexes ---------------------------------------------------------
         let mut actions_by_id: HashMap<String, Vec<EntityUid>> = HashMap::new();
-        let mut action_entities = HashMap::new();
+        let mut action_entities = FastMap::default();
         let mut entity_types = HashSet::new();
         let mut principal_types = HashSet::new();
         if let Some(s) = &schema {
@@ -1066,7 +1066,7 @@ impl Bundle {
 /// that type could then stand in for an action in a check).
 fn action_ancestors(
     has_schema: bool,
-    actions: &HashMap<EntityUid, Arc<StoredEntity>>,
+    actions: &FastMap<EntityUid, Arc<StoredEntity>>,
     entity_types: &HashSet<String>,
 ) -> Option<HashMap<EntityUid, HashSet<EntityUid>>> {
     if !has_schema
@@ -1125,7 +1125,7 @@ fn permit_copy_template(t: &Template) -> Result<Template, String> {
 fn validate(
     pset: &PolicySet,
     schema: &Schema,
-    meta: &HashMap<PolicyId, PolicyMeta>,
+    meta: &FastMap<PolicyId, PolicyMeta>,
     template_meta: &HashMap<PolicyId, PolicyMeta>,
     file_of: &HashMap<PolicyId, (String, String)>,
 ) -> Vec<SourceError> {

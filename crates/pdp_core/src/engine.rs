@@ -21,7 +21,7 @@ use crate::query_plan::{
     DEFAULT_PLAN_MAX_AGE_SECS,
 };
 use crate::request::{kind, parse_uid, CheckRequest, PlanRequest};
-use crate::store::{parse_uid_list, Hierarchy, Store, StoredEntity, WorkItem};
+use crate::store::{parse_uid_list, FastHasher, FastSet, Hierarchy, Store, StoredEntity, WorkItem};
 use arc_swap::ArcSwap;
 use cedar_policy::{
     Authorizer, Context, Effect, Entities, Entity, EntityUid, EvalResult, Request,
@@ -515,7 +515,7 @@ impl Engine {
         self.update(|s| {
             let parsed = Self::parse_entities(&s.bundle, values, "entities")?;
             let n = parsed.len();
-            let mut map = imbl::HashMap::new();
+            let mut map = crate::store::PMap::default();
             for se in parsed {
                 map.insert(se.entity.uid(), Arc::new(se));
             }
@@ -834,7 +834,7 @@ impl Engine {
         }
         self.update(|s| {
             if replace {
-                s.store.risk = imbl::HashMap::new();
+                s.store.risk = crate::store::PMap::default();
             }
             for (p, score) in parsed {
                 s.store.risk.insert(p, score);
@@ -1447,23 +1447,24 @@ fn gather_closed(
 
 /// The pre-closed entities reachable from `roots` (each with its ancestors; with `true`, also
 /// the entities its attributes reference, with theirs) and from the work item.
-fn closed_slice(
-    st: &State,
+fn closed_slice<'s>(
+    st: &'s State,
     roots: &[(&EntityUid, bool)],
-    work_item: Option<&WorkItem>,
+    work_item: Option<&'s WorkItem>,
 ) -> Result<Entities, RequestError> {
     let h = &st.hierarchy;
-    let mut seen: HashSet<cedar_policy_core::ast::EntityUID> = HashSet::with_capacity(16);
-    let mut out: Vec<Arc<cedar_policy_core::ast::Entity>> = Vec::with_capacity(16);
+    let mut seen: FastSet<&cedar_policy_core::ast::EntityUID> =
+        FastSet::with_capacity_and_hasher(32, FastHasher::default());
+    let mut out: Vec<Arc<cedar_policy_core::ast::Entity>> = Vec::with_capacity(32);
     // Adds a closed entity and all its ancestors (already listed in its closure).
-    let mut add = |e: &Arc<cedar_policy_core::ast::Entity>| {
-        if !seen.insert(e.uid().clone()) {
+    let mut add = |e: &'s Arc<cedar_policy_core::ast::Entity>| {
+        if !seen.insert(e.uid()) {
             return;
         }
         out.push(e.clone());
         for a in e.ancestors() {
             if let Some(ae) = h.get_core(a) {
-                if seen.insert(a.clone()) {
+                if seen.insert(a) {
                     out.push(ae.clone());
                 }
             }

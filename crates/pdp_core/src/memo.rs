@@ -11,6 +11,7 @@
 //!   [`Lookups::types_valid`]). Failures are never memoised: they are recomputed, so every error
 //!   message stays Cedar's.
 
+use crate::store::FastMap;
 use cedar_policy::{Context, EntityTypeName, EntityUid, Schema};
 use serde_json::{Map, Value};
 use std::collections::{HashMap, HashSet};
@@ -128,7 +129,7 @@ impl MemoContext {
 /// Typed contexts by (action, context JSON); see the module docs.
 #[derive(Debug, Default)]
 pub(crate) struct ContextMemo {
-    map: RwLock<HashMap<(EntityUid, String), Arc<MemoContext>>>,
+    map: RwLock<FastMap<(EntityUid, String), Arc<MemoContext>>>,
 }
 
 impl ContextMemo {

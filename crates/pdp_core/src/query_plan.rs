@@ -24,7 +24,7 @@ use crate::plan::{combine, Filter, Residual};
 use cedar_policy::{Effect, EntityTypeName, EntityUid, PolicyId};
 use cedar_policy_core::ast;
 use serde_json::{json, Map, Value};
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::num::NonZeroUsize;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -152,7 +152,10 @@ impl Side {
     }
 
     /// Applies DESIGN 4's rules to the residuals of one principal.
-    pub(crate) fn from_residuals(res: &[Residual], meta: &HashMap<PolicyId, PolicyMeta>) -> Self {
+    pub(crate) fn from_residuals(
+        res: &[Residual],
+        meta: &crate::store::FastMap<PolicyId, PolicyMeta>,
+    ) -> Self {
         let mut p = Vec::new();
         let mut pc = Vec::new();
         let mut f = Vec::new();

@@ -15,6 +15,7 @@
 //! `in E` constraints without `is` never prune: any type may be an ancestor. The subsets are built
 //! lazily per environment and kept for the bundle's life (a new bundle starts empty).
 
+use crate::store::FastMap;
 use cedar_policy::{
     ActionConstraint, EntityTypeName, EntityUid, Policy, PolicyId, PolicySet, PrincipalConstraint,
     ResourceConstraint,
@@ -42,7 +43,7 @@ type EnvKey = (EntityUid, EntityTypeName, EntityTypeName);
 pub(crate) struct ScopeIndex {
     /// Every action's transitive ancestors, when the schema fixes the action hierarchy.
     action_ancestors: Option<HashMap<EntityUid, HashSet<EntityUid>>>,
-    cache: RwLock<HashMap<EnvKey, Arc<Scoped>>>,
+    cache: RwLock<FastMap<EnvKey, Arc<Scoped>>>,
 }
 
 impl ScopeIndex {
@@ -51,7 +52,7 @@ impl ScopeIndex {
     pub(crate) fn new(action_ancestors: Option<HashMap<EntityUid, HashSet<EntityUid>>>) -> Self {
         Self {
             action_ancestors,
-            cache: RwLock::new(HashMap::new()),
+            cache: RwLock::new(FastMap::default()),
         }
     }
 

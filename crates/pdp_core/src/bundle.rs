@@ -237,6 +237,10 @@ pub struct Bundle {
     pub(crate) lookups: crate::memo::Lookups,
     /// Typed contexts by (action, context JSON).
     pub(crate) contexts: crate::memo::ContextMemo,
+    /// Plan entity slices, converted for partial evaluation.
+    pub(crate) plan_entities: crate::memo::SliceMemo,
+    /// Plan sides (one principal's filters) by everything they are computed from.
+    pub(crate) plan_sides: crate::memo::SideMemo,
 }
 
 fn json_err_pos(file: &str, e: &serde_json::Error) -> SourceError {
@@ -758,6 +762,8 @@ impl Bundle {
             scopes,
             lookups,
             contexts: crate::memo::ContextMemo::default(),
+            plan_entities: crate::memo::SliceMemo::default(),
+            plan_sides: crate::memo::SideMemo::default(),
             policies,
             eval_set,
             meta,
@@ -872,6 +878,8 @@ impl Bundle {
             scopes: self.scopes.emptied(),
             lookups: self.lookups.clone(),
             contexts: crate::memo::ContextMemo::default(),
+            plan_entities: crate::memo::SliceMemo::default(),
+            plan_sides: crate::memo::SideMemo::default(),
         }
     }
 

@@ -15,7 +15,7 @@
 use crate::bundle::{Bundle, TemplateLink};
 use crate::error::{chain, BundleError, RequestError};
 use crate::memo::MemoContext;
-use crate::plan::{residuals, PlanError};
+use crate::plan::{partial_entities, residuals_with, PlanError};
 use crate::query_plan::{
     finish, PlanCache, PlanKey, PrincipalState, QueryPlan, Side, DEFAULT_PLAN_CACHE_CAPACITY,
     DEFAULT_PLAN_MAX_AGE_SECS,
@@ -29,7 +29,7 @@ use cedar_policy::{
 };
 use serde_json::{json, Map, Value};
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -339,6 +339,8 @@ pub struct Engine {
     authorizer: Authorizer,
     plans: PlanCache,
     plan_max_age_secs: AtomicU64,
+    /// Whether plan sides are memoised ([`Engine::set_plan_memo`]).
+    plan_memo: AtomicBool,
 }
 
 impl std::fmt::Debug for Engine {
@@ -376,6 +378,7 @@ impl Engine {
             authorizer: Authorizer::new(),
             plans: PlanCache::new(DEFAULT_PLAN_CACHE_CAPACITY),
             plan_max_age_secs: AtomicU64::new(DEFAULT_PLAN_MAX_AGE_SECS),
+            plan_memo: AtomicBool::new(true),
         }
     }
 
@@ -1109,27 +1112,52 @@ impl Engine {
         if let Some(a) = agent {
             roots.push((a, true));
         }
-        let entities = closed_slice(st, &roots, None)?;
-        // Only the policies whose scope can match; the others leave no residual.
-        let scoped = b.scopes.get(
-            &b.policies,
-            &b.eval_set,
-            action,
-            subject.type_name(),
-            resource_type,
-        );
-        let res = residuals(
-            scoped.as_ref().map_or(&b.policies, |s| &s.policies),
-            schema,
-            kinds,
-            subject,
-            action,
-            context.context.clone(),
-            resource_type,
-            &entities,
-        )
-        .map_err(|e| plan_error(&e, field))?;
-        Ok(Side::from_residuals(&res, &b.meta))
+        // The slice, converted for partial evaluation once per distinct slice (crate::memo).
+        let known = b
+            .plan_entities
+            .get_or_build(closed_list(st, &roots, None), |list| {
+                let entities = Hierarchy::slice(list)?;
+                let partial = partial_entities(&entities, schema);
+                Ok::<_, RequestError>((entities, partial))
+            })?;
+        // The side is a pure function of its inputs; it is memoised by them (crate::memo).
+        let compute = || {
+            // Only the policies whose scope can match; the others leave no residual.
+            let scoped = b.scopes.get(
+                &b.policies,
+                &b.eval_set,
+                action,
+                subject.type_name(),
+                resource_type,
+            );
+            let res = residuals_with(
+                scoped.as_ref().map_or(&b.policies, |s| &s.policies),
+                schema,
+                kinds,
+                subject,
+                action,
+                context.context.clone(),
+                resource_type,
+                &known.entities,
+                &known.partial,
+            )
+            .map_err(|e| plan_error(&e, field))?;
+            Ok(Side::from_residuals(&res, &b.meta))
+        };
+        if self.plan_memo.load(Ordering::Relaxed) {
+            b.plan_sides
+                .get_or_compute(&known, &context, subject, action, resource_type, compute)
+        } else {
+            compute()
+        }
+    }
+
+    /// Turns the memo of plan sides on (the default) or off. With it on, a plan whose
+    /// principal, action, resource type, context, principal's entities and bundle are those of
+    /// an earlier plan reuses that plan's filters (never its qid); off, every plan runs partial
+    /// evaluation (for measuring that path).
+    pub fn set_plan_memo(&self, on: bool) {
+        self.plan_memo.store(on, Ordering::Relaxed);
     }
 
     /// Checks one principal (`subject`); `agent` is the acting service account on a person's
@@ -1447,11 +1475,21 @@ fn gather_closed(
 
 /// The pre-closed entities reachable from `roots` (each with its ancestors; with `true`, also
 /// the entities its attributes reference, with theirs) and from the work item.
-fn closed_slice<'s>(
+fn closed_slice(
+    st: &State,
+    roots: &[(&EntityUid, bool)],
+    work_item: Option<&WorkItem>,
+) -> Result<Entities, RequestError> {
+    Hierarchy::slice(closed_list(st, roots, work_item))
+}
+
+/// The entities of [`closed_slice`], in a stable order (roots first, each followed by its
+/// ancestors and then by what its attributes reference).
+fn closed_list<'s>(
     st: &'s State,
     roots: &[(&EntityUid, bool)],
     work_item: Option<&'s WorkItem>,
-) -> Result<Entities, RequestError> {
+) -> Vec<Arc<cedar_policy_core::ast::Entity>> {
     let h = &st.hierarchy;
     let mut seen: FastSet<&cedar_policy_core::ast::EntityUID> =
         FastSet::with_capacity_and_hasher(32, FastHasher::default());
@@ -1492,7 +1530,7 @@ fn closed_slice<'s>(
             }
         }
     }
-    Hierarchy::slice(out)
+    out
 }
 
 /// Applies DESIGN 4's verdict rules to the satisfied policies of one principal.

@@ -167,3 +167,144 @@ impl ContextMemo {
         Ok(entry)
     }
 }
+
+/// Most entity slices [`SliceMemo`] keeps per bundle; when full it starts over.
+const MAX_SLICES: usize = 1024;
+
+/// A plan's concrete entities, as Cedar's `Entities` and as TPE's `PartialEntities`.
+#[derive(Debug)]
+pub(crate) struct PlanEntities {
+    /// Keeps the slice's entities alive, so that no other entity can take their addresses
+    /// (the memo's key) while this entry exists.
+    _entities: Vec<Arc<cedar_policy_core::ast::Entity>>,
+    /// The slice as Cedar entities.
+    pub(crate) entities: cedar_policy::Entities,
+    /// The slice as TPE's partial entities (the conforming part; see `plan::partial_entities`).
+    pub(crate) partial: cedar_policy::PartialEntities,
+}
+
+/// The entities of a plan by the closed entities they are made of. A snapshot's closed
+/// entities are immutable and re-created on any change to an entity, its ancestors or their
+/// attributes, so the same list of entities (by address, kept alive by the entry) is the same
+/// slice; converting it for TPE is a pure function of it and the schema (the bundle's).
+#[derive(Debug, Default)]
+pub(crate) struct SliceMemo {
+    map: RwLock<FastMap<Vec<usize>, Arc<PlanEntities>>>,
+}
+
+impl SliceMemo {
+    /// The plan entities of `slice`, built by `build` (Cedar entities, then TPE's) on a miss.
+    ///
+    /// # Errors
+    /// `build`'s error, which is not kept.
+    pub(crate) fn get_or_build<E>(
+        &self,
+        slice: Vec<Arc<cedar_policy_core::ast::Entity>>,
+        build: impl FnOnce(
+            Vec<Arc<cedar_policy_core::ast::Entity>>,
+        )
+            -> Result<(cedar_policy::Entities, cedar_policy::PartialEntities), E>,
+    ) -> Result<Arc<PlanEntities>, E> {
+        let key: Vec<usize> = slice.iter().map(|e| Arc::as_ptr(e) as usize).collect();
+        if let Some(hit) = self
+            .map
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&key)
+        {
+            return Ok(Arc::clone(hit));
+        }
+        let (entities, partial) = build(slice.clone())?;
+        let entry = Arc::new(PlanEntities {
+            _entities: slice,
+            entities,
+            partial,
+        });
+        let mut g = self
+            .map
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if g.len() >= MAX_SLICES {
+            g.clear();
+        }
+        g.insert(key, Arc::clone(&entry));
+        Ok(entry)
+    }
+}
+
+/// Most plan sides [`SideMemo`] keeps per bundle; when full it starts over.
+const MAX_SIDES: usize = 4096;
+
+/// Key of a memoised side: the addresses of its plan entities and typed context (pinned by the
+/// entry), the principal, the action and the resource type.
+type SideKey = (usize, usize, EntityUid, EntityUid, EntityTypeName);
+
+struct SideEntry {
+    _entities: Arc<PlanEntities>,
+    _context: Arc<MemoContext>,
+    side: crate::query_plan::Side,
+}
+
+/// The filters of one principal of a plan, by everything they are computed from. A side is a
+/// pure function of the bundle (policies, schema: the memo lives with it), the principal, the
+/// action, the resource type, the typed context and the principal's entity slice; the last two
+/// are identified by the memo entries they come from ([`SliceMemo`], [`ContextMemo`]), which a
+/// change to the principal, its groups or anything they reference replaces. Contained and
+/// unregistered principals are decided before a side is looked up.
+#[derive(Default)]
+pub(crate) struct SideMemo {
+    map: RwLock<FastMap<SideKey, Arc<SideEntry>>>,
+}
+
+impl std::fmt::Debug for SideMemo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SideMemo").finish_non_exhaustive()
+    }
+}
+
+impl SideMemo {
+    /// The side for these inputs, computed by `compute` on a miss.
+    ///
+    /// # Errors
+    /// `compute`'s error, which is not kept.
+    pub(crate) fn get_or_compute<E>(
+        &self,
+        entities: &Arc<PlanEntities>,
+        context: &Arc<MemoContext>,
+        principal: &EntityUid,
+        action: &EntityUid,
+        resource_type: &EntityTypeName,
+        compute: impl FnOnce() -> Result<crate::query_plan::Side, E>,
+    ) -> Result<crate::query_plan::Side, E> {
+        let key: SideKey = (
+            Arc::as_ptr(entities) as usize,
+            Arc::as_ptr(context) as usize,
+            principal.clone(),
+            action.clone(),
+            resource_type.clone(),
+        );
+        if let Some(hit) = self
+            .map
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&key)
+        {
+            return Ok(hit.side.clone());
+        }
+        let side = compute()?;
+        let entry = Arc::new(SideEntry {
+            _entities: Arc::clone(entities),
+            _context: Arc::clone(context),
+            side: side.clone(),
+        });
+        let mut g = self
+            .map
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if g.len() >= MAX_SIDES {
+            g.clear();
+        }
+        g.insert(key, entry);
+        Ok(side)
+    }
+}

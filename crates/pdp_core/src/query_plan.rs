@@ -200,8 +200,15 @@ pub(crate) struct Finished {
 /// Combines the principal's side with the person's (when an agent acts for one): a row is
 /// shown only when both may see it, and every challenge of either is required (SPEC 2.6).
 pub(crate) fn finish(sides: &[Side]) -> Finished {
-    let allowed = Filter::And(sides.iter().map(|s| s.allowed.clone()).collect()).simplify();
-    let after = Filter::And(sides.iter().map(|s| s.after_challenge.clone()).collect()).simplify();
+    // A side's filters are already simplified, and simplifying is idempotent, so one side needs
+    // no second pass (the `and` of one simplified filter simplifies to that filter).
+    let (allowed, after) = match sides {
+        [one] => (one.allowed.clone(), one.after_challenge.clone()),
+        _ => (
+            Filter::And(sides.iter().map(|s| s.allowed.clone()).collect()).simplify(),
+            Filter::And(sides.iter().map(|s| s.after_challenge.clone()).collect()).simplify(),
+        ),
+    };
     let policies: Vec<String> = sides
         .iter()
         .flat_map(|s| s.policies.iter().cloned())

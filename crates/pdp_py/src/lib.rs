@@ -299,9 +299,10 @@ impl Engine {
         to_py(py, &p.to_response())
     }
 
-    #[pyo3(signature = (max_age_secs=300, capacity=10_000))]
-    fn configure_plans(&self, max_age_secs: u64, capacity: usize) {
+    #[pyo3(signature = (max_age_secs=300, capacity=10_000, memo=true))]
+    fn configure_plans(&self, max_age_secs: u64, capacity: usize, memo: bool) {
         self.inner.configure_plans(max_age_secs, capacity);
+        self.inner.set_plan_memo(memo);
     }
 
     #[getter]

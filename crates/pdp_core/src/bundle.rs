@@ -991,6 +991,10 @@ impl Bundle {
     /// # Errors
     /// [`RequestError`] on `field` when the name is not valid, not declared, or ambiguous.
     pub fn resolve_type(&self, name: &str, field: &str) -> Result<EntityTypeName, RequestError> {
+        // A declared type written in full: what the parser and the check below would return.
+        if let Some(t) = self.lookups.types_by_text.get(name) {
+            return Ok(t.clone());
+        }
         let parsed = EntityTypeName::from_str(name).map_err(|e| {
             RequestError::new(
                 field,

@@ -27,6 +27,8 @@ const MAX_CONTEXTS: usize = 8192;
 pub(crate) struct Lookups {
     /// Declared entity types (empty without a schema).
     pub(crate) type_names: HashSet<EntityTypeName>,
+    /// Declared entity types by their `Display` form (`NS::Document`).
+    pub(crate) types_by_text: HashMap<String, EntityTypeName>,
     /// Schema actions by their `Display` form (`Action::"read"`), as clients often write them.
     pub(crate) actions_by_text: HashMap<String, EntityUid>,
     /// Per action: principal and resource types valid for it, without enumerated types (whose
@@ -41,6 +43,10 @@ impl Lookups {
             return Self::default();
         };
         let type_names: HashSet<EntityTypeName> = s.entity_types().cloned().collect();
+        let types_by_text = type_names
+            .iter()
+            .map(|t| (t.to_string(), t.clone()))
+            .collect();
         let mut actions_by_text = HashMap::new();
         for a in s.actions() {
             actions_by_text.insert(a.to_string(), a.clone());
@@ -64,6 +70,7 @@ impl Lookups {
         }
         Self {
             type_names,
+            types_by_text,
             actions_by_text,
             request_types,
         }

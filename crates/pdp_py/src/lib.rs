@@ -4,7 +4,7 @@
 
 use pdp_core::{Bundle, BundleSources, Engine as CoreEngine, Mode};
 use pdp_core::{BundleError as CoreBundleError, RequestError as CoreRequestError};
-use pdp_core::{CheckRequest, Decision, TemplateLink};
+use pdp_core::{CheckRequest, Decision, Filter, QueryPlan, TemplateLink};
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyTypeError, PyValueError};
 use pyo3::intern;
@@ -155,6 +155,127 @@ fn response_dict<'py>(py: Python<'py>, d: &Decision) -> PyResult<Bound<'py, PyDi
     Ok(m)
 }
 
+/// `Filter::to_json` built straight into Python objects (same keys, same order).
+fn filter_py<'py>(py: Python<'py>, f: &Filter) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    let op = intern!(py, "op");
+    let attr_list = |a: &[String]| PyList::new(py, a);
+    let list = |args: &[Filter]| -> PyResult<Bound<'py, PyList>> {
+        let l = PyList::empty(py);
+        for a in args {
+            l.append(filter_py(py, a)?)?;
+        }
+        Ok(l)
+    };
+    // `{"type", "id"}` of an entity, as `Filter::to_json` writes it.
+    macro_rules! uid_dict {
+        ($u:expr) => {{
+            let e = PyDict::new(py);
+            e.set_item(intern!(py, "type"), $u.type_name().to_string())?;
+            e.set_item(intern!(py, "id"), $u.id().unescaped())?;
+            e
+        }};
+    }
+    let values = |vs: &[Value]| -> PyResult<Bound<'py, PyList>> {
+        let l = PyList::empty(py);
+        for v in vs {
+            l.append(to_py(py, v)?)?;
+        }
+        Ok(l)
+    };
+    match f {
+        Filter::True => d.set_item(op, "true")?,
+        Filter::False => d.set_item(op, "false")?,
+        Filter::And(args) => {
+            d.set_item(op, "and")?;
+            d.set_item(intern!(py, "args"), list(args)?)?;
+        }
+        Filter::Or(args) => {
+            d.set_item(op, "or")?;
+            d.set_item(intern!(py, "args"), list(args)?)?;
+        }
+        Filter::Not(arg) => {
+            d.set_item(op, "not")?;
+            d.set_item(intern!(py, "arg"), filter_py(py, arg)?)?;
+        }
+        Filter::Compare { attr, cmp, value } => {
+            d.set_item(op, "compare")?;
+            d.set_item(intern!(py, "attr"), attr_list(attr)?)?;
+            d.set_item(intern!(py, "cmp"), cmp.as_str())?;
+            d.set_item(intern!(py, "value"), to_py(py, value)?)?;
+        }
+        Filter::Has { attr } => {
+            d.set_item(op, "has")?;
+            d.set_item(intern!(py, "attr"), attr_list(attr)?)?;
+        }
+        Filter::Contains { attr, value } => {
+            d.set_item(op, "contains")?;
+            d.set_item(intern!(py, "attr"), attr_list(attr)?)?;
+            d.set_item(intern!(py, "value"), to_py(py, value)?)?;
+        }
+        Filter::ContainsAny { attr, values: vs } => {
+            d.set_item(op, "contains_any")?;
+            d.set_item(intern!(py, "attr"), attr_list(attr)?)?;
+            d.set_item(intern!(py, "values"), values(vs)?)?;
+        }
+        Filter::ContainsAll { attr, values: vs } => {
+            d.set_item(op, "contains_all")?;
+            d.set_item(intern!(py, "attr"), attr_list(attr)?)?;
+            d.set_item(intern!(py, "values"), values(vs)?)?;
+        }
+        Filter::Like { attr, pattern } => {
+            d.set_item(op, "like")?;
+            d.set_item(intern!(py, "attr"), attr_list(attr)?)?;
+            d.set_item(intern!(py, "pattern"), pattern)?;
+        }
+        Filter::In { entity } => {
+            d.set_item(op, "in")?;
+            d.set_item(intern!(py, "entity"), uid_dict!(entity))?;
+        }
+        Filter::Is { entity } => {
+            d.set_item(op, "is")?;
+            d.set_item(intern!(py, "entity"), uid_dict!(entity))?;
+        }
+        Filter::Unknown { detail } => {
+            d.set_item(op, "unknown")?;
+            d.set_item(intern!(py, "detail"), detail)?;
+        }
+        Filter::Unmappable { detail } => {
+            d.set_item(op, "unmappable")?;
+            d.set_item(intern!(py, "detail"), detail)?;
+        }
+    }
+    Ok(d)
+}
+
+/// `QueryPlan::to_response` built straight into a dict (same keys, same order).
+fn plan_dict<'py>(py: Python<'py>, p: &QueryPlan) -> PyResult<Bound<'py, PyDict>> {
+    let m = PyDict::new(py);
+    m.set_item(intern!(py, "qid"), &p.qid)?;
+    m.set_item(intern!(py, "outcome"), p.outcome.as_str())?;
+    if let Some(f) = &p.filter {
+        m.set_item(intern!(py, "filter"), filter_py(py, f)?)?;
+    }
+    m.set_item(intern!(py, "challenges"), PyList::new(py, &p.challenges)?)?;
+    m.set_item(
+        intern!(py, "challenge_could_widen"),
+        p.challenge_could_widen,
+    )?;
+    let (needs, attrs) = match &p.filter {
+        Some(f) => (f.needs_row_checks(), f.attributes()),
+        None => (false, Vec::new()),
+    };
+    m.set_item(intern!(py, "needs_row_checks"), needs)?;
+    m.set_item(intern!(py, "attributes"), PyList::new(py, &attrs)?)?;
+    m.set_item(intern!(py, "policies"), PyList::new(py, &p.policies)?)?;
+    m.set_item(intern!(py, "mode"), p.mode.as_str())?;
+    m.set_item(intern!(py, "policy_version"), p.policy_version)?;
+    m.set_item(intern!(py, "principals_version"), p.principals_version)?;
+    m.set_item(intern!(py, "max_age_secs"), p.max_age_secs)?;
+    m.set_item(intern!(py, "pinned"), p.pinned)?;
+    Ok(m)
+}
+
 /// Reads `policies=` (a text, or a mapping of file name to text) into `(file, text)` pairs.
 fn policy_sources(obj: &Bound<'_, PyAny>) -> PyResult<Vec<(String, String)>> {
     if let Ok(s) = obj.cast::<PyString>() {
@@ -296,7 +417,7 @@ impl Engine {
         let p = py
             .detach(|| self.inner.plan_json(&v))
             .map_err(|e| request_err(py, &e))?;
-        to_py(py, &p.to_response())
+        Ok(plan_dict(py, &p)?.into_any())
     }
 
     #[pyo3(signature = (max_age_secs=300, capacity=10_000, memo=true))]

@@ -20,13 +20,18 @@ Subjects (each one bundle, loaded into an ``svc`` engine and into ``cedarpy`` ha
   ``@id`` on every tenth policy. 50 users in 20 groups and 100 docs in the store; each set is
   validated by cedarpy and loaded strictly by svc.
 
-Per subject, three kinds of call, each timed one call at a time with ``time.perf_counter_ns``
+Per subject, four kinds of call, each timed one call at a time with ``time.perf_counter_ns``
 (the Python -> Rust conversion of the request and the conversion of the response dict back to
 Python are inside the sample):
 
 * ``svc plan``: ``engine.plan({principal, action, resource_type, context})``, principals varied
   over the mix (shuffled, cycled); ``plan_qid`` is never passed, so every call builds a plan
-  (the engine keeps plans only for paging);
+  with its own qid. The engine's plan memo is on (the default): a question asked before, with
+  the principal's entities, context and policies unchanged, reuses that plan's filters; since
+  the mix cycles, nearly every timed call is such a repeat;
+* ``svc plan cold``: the same calls with the memo off (``configure_plans(memo=False)`` around
+  the chunk), so every call runs Cedar's partial evaluation: the cost of a question not seen
+  before;
 * ``svc check``: ``engine.evaluate`` with the same principals, actions and contexts and a
   concrete resource of the planned type, for the "plan at most 2x check" target;
 * ``cedarpy partial``: ``cedarpy.is_authorized_partial`` on the same policies, schema, entities
@@ -40,8 +45,8 @@ Interleaved rounds (20; 4 with ``--quick``): each round times a chunk of every k
 subject, subjects and kinds in rotated order, so that drift of the machine's speed hits every
 side alike. Chunk sizes are set per subject and kind from a calibration pass (about 0.1 s of
 calls per chunk). A short warm-up precedes every chunk and the cyclic GC is paused while timing.
-p50/p99 pool all samples; ratios (plan/check, cedarpy/plan) are medians of per-round ratios of
-p50s measured back to back.
+p50/p99 pool all samples; ratios (plan/check, cold/check, cedarpy/plan, cedarpy/cold) are
+medians of per-round ratios of p50s measured back to back.
 
 Before timing, every request is run once on every side: svc must return a plan (an ``outcome``,
 and a ``filter`` when conditional), ``evaluate`` must agree with ``cedarpy.is_authorized`` on

@@ -1292,11 +1292,10 @@ fn context_for(
     if let (Some(a), true) = (agent, wants("agent")) {
         ctx.insert("agent".into(), json!({"__entity": uid_json(a)}));
     }
-    b.contexts
-        .get_or_parse(action, ctx, |v| {
-            Context::from_json_value(v, b.schema.as_ref().map(|s| (s, action)))
-        })
-        .map_err(|e| RequestError::new("context", chain(&e)))
+    b.contexts.get_or_parse(action, ctx, |v| {
+        Context::from_json_value(v, b.schema.as_ref().map(|s| (s, action)))
+            .map_err(|e| RequestError::new("context", chain(&e)))
+    })
 }
 
 struct CheckCtx<'a> {

@@ -84,12 +84,12 @@ thread_local! {
 /// parsed (and reported) every time.
 ///
 /// # Errors
-/// Cedar's parse errors for `ty`.
-fn type_name(ty: &str) -> Result<EntityTypeName, cedar_policy::ParseErrors> {
+/// Cedar's parse errors for `ty`, as text.
+fn type_name(ty: &str) -> Result<EntityTypeName, String> {
     if let Some(t) = TYPE_NAMES.with(|m| m.borrow().get(ty).cloned()) {
         return Ok(t);
     }
-    let t = EntityTypeName::from_str(ty)?;
+    let t = EntityTypeName::from_str(ty).map_err(|e| e.to_string())?;
     TYPE_NAMES.with(|m| {
         let mut m = m.borrow_mut();
         if m.len() >= TYPE_NAME_MEMO {

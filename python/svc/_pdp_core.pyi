@@ -162,11 +162,16 @@ class Engine:
 
         """
 
-    def configure_plans(self, max_age_secs: int = 300, capacity: int = 10_000) -> None:
+    def configure_plans(
+        self, max_age_secs: int = 300, capacity: int = 10_000, memo: bool = True
+    ) -> None:
         """Sets how plans are kept for paging.
 
         ``max_age_secs``: seconds a plan may be paged with (SPEC 2.6 ``max_age_secs``);
-        ``capacity``: how many plans are kept (least recently used dropped first; at least one).
+        ``capacity``: how many plans are kept (least recently used dropped first; at least one);
+        ``memo``: reuse the filters of an earlier plan whose principal, action, resource type,
+        context, principal's entities and policies are all unchanged (never its ``qid``); off,
+        every plan runs partial evaluation.
         """
 
     @property

@@ -34,6 +34,16 @@ const LISTS: usize = 100;
 const SQUADS: usize = 5;
 const MIX: usize = 64;
 
+/// Store sizes to bench: [`SIZES`], or the comma-separated list in `$SVC_BENCH_SIZES` (for
+/// example `10` for a quick profile without building the 100,000-principal stores).
+fn sizes() -> Vec<usize> {
+    std::env::var("SVC_BENCH_SIZES")
+        .ok()
+        .map(|s| s.split(',').filter_map(|x| x.trim().parse().ok()).collect())
+        .filter(|v: &Vec<usize>| !v.is_empty())
+        .unwrap_or_else(|| SIZES.to_vec())
+}
+
 fn examples_dir() -> PathBuf {
     std::env::var_os("SVC_CEDAR_EXAMPLES").map_or_else(
         || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/cedar-examples"),
@@ -205,7 +215,7 @@ fn bench_decide(c: &mut Criterion) {
             );
             continue;
         }
-        for n in SIZES {
+        for n in sizes() {
             let bundle = match Bundle::from_dir(&dir) {
                 Ok(b) => b,
                 Err(e) => {

@@ -17,7 +17,7 @@
 //! `@challenge("verification" | "approval" | "justification")` marks a step-up policy (DESIGN 4).
 
 use crate::error::{chain, BundleError, RequestError, SourceError};
-use crate::store::StoredEntity;
+use crate::store::{FastMap, StoredEntity};
 use cedar_policy::{
     Effect, Entity, EntityId, EntityTypeName, EntityUid, Policy, PolicyId, PolicySet, Schema,
     SchemaFragment, SlotId, Template, ValidationMode, Validator,
@@ -208,7 +208,7 @@ pub struct Bundle {
     /// rules of DESIGN 4 need.
     pub(crate) eval_set: PolicySet,
     /// Static and linked policies by id.
-    pub(crate) meta: HashMap<PolicyId, PolicyMeta>,
+    pub(crate) meta: FastMap<PolicyId, PolicyMeta>,
     /// Templates by id.
     pub(crate) template_meta: HashMap<PolicyId, PolicyMeta>,
     /// The schema, when the bundle has one.
@@ -218,9 +218,9 @@ pub struct Bundle {
     /// Action uids by bare id, for resolving `read` to `NS::Action::"read"`.
     actions_by_id: HashMap<String, Vec<EntityUid>>,
     /// Action entities (with their action groups as parents).
-    pub(crate) action_entities: HashMap<EntityUid, Arc<StoredEntity>>,
+    pub(crate) action_entities: FastMap<EntityUid, Arc<StoredEntity>>,
     /// Entities from the bundle's `entities.json`: the base layer under the entity store.
-    pub(crate) entities: HashMap<EntityUid, Arc<StoredEntity>>,
+    pub(crate) entities: FastMap<EntityUid, Arc<StoredEntity>>,
     /// Entity type names the schema declares (empty without a schema).
     pub(crate) entity_types: HashSet<String>,
     /// Entity types that may be principals of some action.
@@ -231,6 +231,16 @@ pub struct Bundle {
     pub warnings: Vec<SourceError>,
     /// Attribute kinds learned by query plans (with a schema only); shared by every plan.
     pub(crate) attr_kinds: Option<Arc<crate::plan::AttrKinds>>,
+    /// The policies that can apply per (action, principal type, resource type).
+    pub(crate) scopes: crate::scope::ScopeIndex,
+    /// Lookups that keep checks cheap (parsed type names, actions by text, request types).
+    pub(crate) lookups: crate::memo::Lookups,
+    /// Typed contexts by (action, context JSON).
+    pub(crate) contexts: crate::memo::ContextMemo,
+    /// Plan entity slices, converted for partial evaluation.
+    pub(crate) plan_entities: crate::memo::SliceMemo,
+    /// Plan sides (one principal's filters) by everything they are computed from.
+    pub(crate) plan_sides: crate::memo::SideMemo,
 }
 
 fn json_err_pos(file: &str, e: &serde_json::Error) -> SourceError {
@@ -527,7 +537,7 @@ impl Bundle {
         // --- policies -----------------------------------------------------------------------
         let mut policies = PolicySet::new();
         let mut eval_set = PolicySet::new();
-        let mut meta: HashMap<PolicyId, PolicyMeta> = HashMap::new();
+        let mut meta: FastMap<PolicyId, PolicyMeta> = FastMap::default();
         let mut template_meta: HashMap<PolicyId, PolicyMeta> = HashMap::new();
         let mut file_of: HashMap<PolicyId, (String, String)> = HashMap::new();
         let mut offset = 0usize;
@@ -653,7 +663,7 @@ impl Bundle {
         }
 
         // --- base entities ------------------------------------------------------------------
-        let mut entities = HashMap::new();
+        let mut entities = FastMap::default();
         let mut warnings: Vec<SourceError> = Vec::new();
         if let (Some((name, text)), true) = (&src.entities, errors.is_empty()) {
             match serde_json::from_str::<Value>(text) {
@@ -715,7 +725,7 @@ impl Bundle {
 
         // --- schema-derived indexes ---------------------------------------------------------
         let mut actions_by_id: HashMap<String, Vec<EntityUid>> = HashMap::new();
-        let mut action_entities = HashMap::new();
+        let mut action_entities = FastMap::default();
         let mut entity_types = HashSet::new();
         let mut principal_types = HashSet::new();
         if let Some(s) = &schema {
@@ -741,8 +751,19 @@ impl Bundle {
         let attr_kinds = schema
             .as_ref()
             .map(|s| Arc::new(crate::plan::AttrKinds::new(s)));
+        let scopes = crate::scope::ScopeIndex::new(action_ancestors(
+            schema.is_some(),
+            &action_entities,
+            &entity_types,
+        ));
+        let lookups = crate::memo::Lookups::new(schema.as_ref(), schema_json.as_ref());
         let mut bundle = Self {
             attr_kinds,
+            scopes,
+            lookups,
+            contexts: crate::memo::ContextMemo::default(),
+            plan_entities: crate::memo::SliceMemo::default(),
+            plan_sides: crate::memo::SideMemo::default(),
             policies,
             eval_set,
             meta,
@@ -854,6 +875,11 @@ impl Bundle {
             links: self.links.clone(),
             warnings: self.warnings.clone(),
             attr_kinds: self.attr_kinds.clone(),
+            scopes: self.scopes.emptied(),
+            lookups: self.lookups.clone(),
+            contexts: crate::memo::ContextMemo::default(),
+            plan_entities: crate::memo::SliceMemo::default(),
+            plan_sides: crate::memo::SideMemo::default(),
         }
     }
 
@@ -901,6 +927,12 @@ impl Bundle {
     /// [`RequestError`] on `action` when the action is unknown to the schema, or a bare id
     /// names actions in more than one namespace.
     pub fn resolve_action(&self, action: &str) -> Result<EntityUid, RequestError> {
+        // The written form of a schema action (what `EntityUid`'s parser would return).
+        if let Some(uid) = self.lookups.actions_by_text.get(action) {
+            if self.action_entities.contains_key(uid) {
+                return Ok(uid.clone());
+            }
+        }
         if action.contains("::\"") {
             let uid = EntityUid::from_str(action).map_err(|e| {
                 RequestError::new("action", format!("`{action}` is not an action uid: {e}"))
@@ -942,7 +974,7 @@ impl Bundle {
     /// # Errors
     /// [`RequestError`] on `field` naming the unknown type.
     pub fn check_type(&self, ty: &EntityTypeName, field: &str) -> Result<(), RequestError> {
-        if self.schema.is_none() || self.entity_types.contains(&ty.to_string()) {
+        if self.schema.is_none() || self.lookups.type_names.contains(ty) {
             Ok(())
         } else {
             Err(RequestError::new(
@@ -959,6 +991,10 @@ impl Bundle {
     /// # Errors
     /// [`RequestError`] on `field` when the name is not valid, not declared, or ambiguous.
     pub fn resolve_type(&self, name: &str, field: &str) -> Result<EntityTypeName, RequestError> {
+        // A declared type written in full: what the parser and the check below would return.
+        if let Some(t) = self.lookups.types_by_text.get(name) {
+            return Ok(t.clone());
+        }
         let parsed = EntityTypeName::from_str(name).map_err(|e| {
             RequestError::new(
                 field,
@@ -1037,6 +1073,37 @@ impl Bundle {
     }
 }
 
+/// Every schema action with all its (transitive) ancestors, for pruning `action in` scopes; `None`
+/// without a schema, or when a declared entity type shares an action's type name (an entity of
+/// that type could then stand in for an action in a check).
+fn action_ancestors(
+    has_schema: bool,
+    actions: &FastMap<EntityUid, Arc<StoredEntity>>,
+    entity_types: &HashSet<String>,
+) -> Option<HashMap<EntityUid, HashSet<EntityUid>>> {
+    if !has_schema
+        || actions
+            .keys()
+            .any(|a| entity_types.contains(&a.type_name().to_string()))
+    {
+        return None;
+    }
+    let mut out = HashMap::with_capacity(actions.len());
+    for (uid, se) in actions {
+        let mut seen: HashSet<EntityUid> = HashSet::new();
+        let mut stack: Vec<&EntityUid> = se.parents.iter().collect();
+        while let Some(p) = stack.pop() {
+            if seen.insert(p.clone()) {
+                if let Some(pe) = actions.get(p) {
+                    stack.extend(pe.parents.iter());
+                }
+            }
+        }
+        out.insert(uid.clone(), seen);
+    }
+    Some(out)
+}
+
 fn stmt_index(id: &PolicyId) -> usize {
     id.to_string()
         .strip_prefix("policy")
@@ -1070,7 +1137,7 @@ fn permit_copy_template(t: &Template) -> Result<Template, String> {
 fn validate(
     pset: &PolicySet,
     schema: &Schema,
-    meta: &HashMap<PolicyId, PolicyMeta>,
+    meta: &FastMap<PolicyId, PolicyMeta>,
     template_meta: &HashMap<PolicyId, PolicyMeta>,
     file_of: &HashMap<PolicyId, (String, String)>,
 ) -> Vec<SourceError> {

@@ -14,13 +14,14 @@
 
 use crate::bundle::{Bundle, TemplateLink};
 use crate::error::{chain, BundleError, RequestError};
-use crate::plan::{residuals, PlanError};
+use crate::memo::MemoContext;
+use crate::plan::{partial_entities, residuals_with, PlanError};
 use crate::query_plan::{
     finish, PlanCache, PlanKey, PrincipalState, QueryPlan, Side, DEFAULT_PLAN_CACHE_CAPACITY,
     DEFAULT_PLAN_MAX_AGE_SECS,
 };
 use crate::request::{kind, parse_uid, CheckRequest, PlanRequest};
-use crate::store::{parse_uid_list, Hierarchy, Store, StoredEntity, WorkItem};
+use crate::store::{parse_uid_list, FastHasher, FastSet, Hierarchy, Store, StoredEntity, WorkItem};
 use arc_swap::ArcSwap;
 use cedar_policy::{
     Authorizer, Context, Effect, Entities, Entity, EntityUid, EvalResult, Request,
@@ -28,7 +29,7 @@ use cedar_policy::{
 };
 use serde_json::{json, Map, Value};
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -338,6 +339,8 @@ pub struct Engine {
     authorizer: Authorizer,
     plans: PlanCache,
     plan_max_age_secs: AtomicU64,
+    /// Whether plan sides are memoised ([`Engine::set_plan_memo`]).
+    plan_memo: AtomicBool,
 }
 
 impl std::fmt::Debug for Engine {
@@ -375,6 +378,7 @@ impl Engine {
             authorizer: Authorizer::new(),
             plans: PlanCache::new(DEFAULT_PLAN_CACHE_CAPACITY),
             plan_max_age_secs: AtomicU64::new(DEFAULT_PLAN_MAX_AGE_SECS),
+            plan_memo: AtomicBool::new(true),
         }
     }
 
@@ -514,7 +518,7 @@ impl Engine {
         self.update(|s| {
             let parsed = Self::parse_entities(&s.bundle, values, "entities")?;
             let n = parsed.len();
-            let mut map = imbl::HashMap::new();
+            let mut map = crate::store::PMap::default();
             for se in parsed {
                 map.insert(se.entity.uid(), Arc::new(se));
             }
@@ -833,7 +837,7 @@ impl Engine {
         }
         self.update(|s| {
             if replace {
-                s.store.risk = imbl::HashMap::new();
+                s.store.risk = crate::store::PMap::default();
             }
             for (p, score) in parsed {
                 s.store.risk.insert(p, score);
@@ -849,6 +853,14 @@ impl Engine {
     /// [`RequestError`] naming the field at fault (see [`Engine::decide`]).
     pub fn decide_json(&self, value: &Value) -> Result<Decision, RequestError> {
         self.decide(&CheckRequest::from_json(value)?)
+    }
+
+    /// [`Engine::decide_json`] on an owned request value (nothing of it is copied).
+    ///
+    /// # Errors
+    /// As [`Engine::decide_json`].
+    pub fn decide_value(&self, value: Value) -> Result<Decision, RequestError> {
+        self.decide(&CheckRequest::from_value(value)?)
     }
 
     /// Decides one check (SPEC 2.4, DESIGN 3-4).
@@ -1109,19 +1121,52 @@ impl Engine {
         if let Some(a) = agent {
             roots.push((a, true));
         }
-        let entities = closed_slice(st, &roots, None)?;
-        let res = residuals(
-            &b.policies,
-            schema,
-            kinds,
-            subject,
-            action,
-            context,
-            resource_type,
-            &entities,
-        )
-        .map_err(|e| plan_error(&e, field))?;
-        Ok(Side::from_residuals(&res, &b.meta))
+        // The slice, converted for partial evaluation once per distinct slice (crate::memo).
+        let known = b
+            .plan_entities
+            .get_or_build(closed_list(st, &roots, None), |list| {
+                let entities = Hierarchy::slice(list)?;
+                let partial = partial_entities(&entities, schema);
+                Ok::<_, RequestError>((entities, partial))
+            })?;
+        // The side is a pure function of its inputs; it is memoised by them (crate::memo).
+        let compute = || {
+            // Only the policies whose scope can match; the others leave no residual.
+            let scoped = b.scopes.get(
+                &b.policies,
+                &b.eval_set,
+                action,
+                subject.type_name(),
+                resource_type,
+            );
+            let res = residuals_with(
+                scoped.as_ref().map_or(&b.policies, |s| &s.policies),
+                schema,
+                kinds,
+                subject,
+                action,
+                context.context.clone(),
+                resource_type,
+                &known.entities,
+                &known.partial,
+            )
+            .map_err(|e| plan_error(&e, field))?;
+            Ok(Side::from_residuals(&res, &b.meta))
+        };
+        if self.plan_memo.load(Ordering::Relaxed) {
+            b.plan_sides
+                .get_or_compute(&known, &context, subject, action, resource_type, compute)
+        } else {
+            compute()
+        }
+    }
+
+    /// Turns the memo of plan sides on (the default) or off. With it on, a plan whose
+    /// principal, action, resource type, context, principal's entities and bundle are those of
+    /// an earlier plan reuses that plan's filters (never its qid); off, every plan runs partial
+    /// evaluation (for measuring that path).
+    pub fn set_plan_memo(&self, on: bool) {
+        self.plan_memo.store(on, Ordering::Relaxed);
     }
 
     /// Checks one principal (`subject`); `agent` is the acting service account on a person's
@@ -1152,19 +1197,55 @@ impl Engine {
             cx.assigned,
             cx.work_item,
         )?;
-        let request = Request::new(
-            subject.clone(),
-            cx.action.clone(),
-            cx.req.resource.clone(),
-            context,
-            b.schema.as_ref(),
-        )
+        // Cedar validates a request against the schema: the principal and resource types for
+        // the action, and the context. The context part depends on the context and action
+        // only, so once a request with this very context passed, a request whose types the
+        // action is known to take cannot fail validation and is not validated again. Anything
+        // else is validated in full, so every error stays Cedar's.
+        let request = match b.schema.as_ref() {
+            Some(_)
+                if context.validated()
+                    && b.lookups.types_valid(
+                        cx.action,
+                        subject.type_name(),
+                        cx.req.resource.type_name(),
+                    ) =>
+            {
+                Request::new(
+                    subject.clone(),
+                    cx.action.clone(),
+                    cx.req.resource.clone(),
+                    context.context.clone(),
+                    None,
+                )
+            }
+            schema => {
+                let r = Request::new(
+                    subject.clone(),
+                    cx.action.clone(),
+                    cx.req.resource.clone(),
+                    context.context.clone(),
+                    schema,
+                );
+                if r.is_ok() && schema.is_some() {
+                    context.set_validated();
+                }
+                r
+            }
+        }
         .map_err(|e| request_error(&e, field))?;
 
         let entities = gather(cx, subject, agent)?;
-        let response = self
-            .authorizer
-            .is_authorized(&request, &b.eval_set, &entities);
+        // Only the policies whose scope can match: the same satisfied set (crate::scope).
+        let scoped = b.scopes.get(
+            &b.policies,
+            &b.eval_set,
+            cx.action,
+            subject.type_name(),
+            cx.req.resource.type_name(),
+        );
+        let set = scoped.as_ref().map_or(&b.eval_set, |s| &s.eval_set);
+        let response = self.authorizer.is_authorized(&request, set, &entities);
         Ok(classify(b, response.diagnostics().reason()))
     }
 }
@@ -1173,6 +1254,8 @@ impl Engine {
 /// fields on top (DESIGN 3: the reasoner's `risk_score`, `human_present`, `assigned`,
 /// `work_item`, `agent`), each only where the schema declares it for `action`, typed against the
 /// schema.
+///
+/// The typed context is memoised per bundle ([`crate::memo::ContextMemo`]).
 ///
 /// # Errors
 /// [`RequestError`] on `context` when the result does not match the action's context type.
@@ -1186,7 +1269,7 @@ fn context_for(
     human_present: bool,
     assigned: bool,
     work_item: Option<&WorkItem>,
-) -> Result<Context, RequestError> {
+) -> Result<Arc<MemoContext>, RequestError> {
     let b = &*st.bundle;
     let declared = b.context_attrs.get(action);
     let wants = |k: &str| match (b.schema.is_some(), declared) {
@@ -1218,8 +1301,10 @@ fn context_for(
     if let (Some(a), true) = (agent, wants("agent")) {
         ctx.insert("agent".into(), json!({"__entity": uid_json(a)}));
     }
-    Context::from_json_value(Value::Object(ctx), b.schema.as_ref().map(|s| (s, action)))
-        .map_err(|e| RequestError::new("context", chain(&e)))
+    b.contexts.get_or_parse(action, ctx, |v| {
+        Context::from_json_value(v, b.schema.as_ref().map(|s| (s, action)))
+            .map_err(|e| RequestError::new("context", chain(&e)))
+    })
 }
 
 struct CheckCtx<'a> {
@@ -1403,18 +1488,29 @@ fn closed_slice(
     roots: &[(&EntityUid, bool)],
     work_item: Option<&WorkItem>,
 ) -> Result<Entities, RequestError> {
+    Hierarchy::slice(closed_list(st, roots, work_item))
+}
+
+/// The entities of [`closed_slice`], in a stable order (roots first, each followed by its
+/// ancestors and then by what its attributes reference).
+fn closed_list<'s>(
+    st: &'s State,
+    roots: &[(&EntityUid, bool)],
+    work_item: Option<&'s WorkItem>,
+) -> Vec<Arc<cedar_policy_core::ast::Entity>> {
     let h = &st.hierarchy;
-    let mut seen: HashSet<cedar_policy_core::ast::EntityUID> = HashSet::with_capacity(16);
-    let mut out: Vec<Arc<cedar_policy_core::ast::Entity>> = Vec::with_capacity(16);
+    let mut seen: FastSet<&cedar_policy_core::ast::EntityUID> =
+        FastSet::with_capacity_and_hasher(32, FastHasher::default());
+    let mut out: Vec<Arc<cedar_policy_core::ast::Entity>> = Vec::with_capacity(32);
     // Adds a closed entity and all its ancestors (already listed in its closure).
-    let mut add = |e: &Arc<cedar_policy_core::ast::Entity>| {
-        if !seen.insert(e.uid().clone()) {
+    let mut add = |e: &'s Arc<cedar_policy_core::ast::Entity>| {
+        if !seen.insert(e.uid()) {
             return;
         }
         out.push(e.clone());
         for a in e.ancestors() {
             if let Some(ae) = h.get_core(a) {
-                if seen.insert(a.clone()) {
+                if seen.insert(a) {
                     out.push(ae.clone());
                 }
             }
@@ -1442,7 +1538,7 @@ fn closed_slice(
             }
         }
     }
-    Hierarchy::slice(out)
+    out
 }
 
 /// Applies DESIGN 4's verdict rules to the satisfied policies of one principal.

@@ -16,9 +16,11 @@ pub mod bundle;
 pub mod decision_log;
 pub mod engine;
 pub mod error;
+mod memo;
 pub mod plan;
 pub mod query_plan;
 pub mod request;
+mod scope;
 pub mod store;
 
 pub use bundle::{Bundle, BundleSources, PolicyMeta, TemplateLink, CHALLENGE_KINDS};

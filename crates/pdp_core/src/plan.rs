@@ -389,6 +389,36 @@ pub fn residuals(
     resource_type: &EntityTypeName,
     entities: &Entities,
 ) -> Result<Vec<Residual>, PlanError> {
+    let known = partial_entities(entities, schema);
+    residuals_with(
+        policies,
+        schema,
+        kinds,
+        principal,
+        action,
+        context,
+        resource_type,
+        entities,
+        &known,
+    )
+}
+
+/// [`residuals`] with `known`, the entities already converted by [`partial_entities`].
+///
+/// # Errors
+/// As [`residuals`].
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn residuals_with(
+    policies: &PolicySet,
+    schema: &Schema,
+    kinds: &AttrKinds,
+    principal: &EntityUid,
+    action: &EntityUid,
+    context: Context,
+    resource_type: &EntityTypeName,
+    entities: &Entities,
+    known: &PartialEntities,
+) -> Result<Vec<Residual>, PlanError> {
     check_request(schema, principal, action, resource_type)?;
     let request = PartialRequest::new(
         PartialEntityUid::from_concrete(principal.clone()),
@@ -398,9 +428,8 @@ pub fn residuals(
         schema,
     )
     .map_err(|e| PlanError::InvalidRequest(chain(&e)))?;
-    let known = partial_entities(entities, schema);
     let response = policies
-        .tpe(&request, &known, schema)
+        .tpe(&request, known, schema)
         .map_err(|e| PlanError::Evaluation(chain(&e)))?;
     let mut planner = Planner {
         action,
@@ -465,7 +494,7 @@ fn check_request(
 
 /// The entities TPE may read. TPE insists on schema-conforming entities; when some do not
 /// conform, the ones that do are kept and the others stay unknown.
-fn partial_entities(entities: &Entities, schema: &Schema) -> PartialEntities {
+pub(crate) fn partial_entities(entities: &Entities, schema: &Schema) -> PartialEntities {
     if let Ok(all) = PartialEntities::from_concrete(entities.clone(), schema) {
         return all;
     }

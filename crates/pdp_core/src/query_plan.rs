@@ -24,7 +24,7 @@ use crate::plan::{combine, Filter, Residual};
 use cedar_policy::{Effect, EntityTypeName, EntityUid, PolicyId};
 use cedar_policy_core::ast;
 use serde_json::{json, Map, Value};
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::num::NonZeroUsize;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -152,7 +152,10 @@ impl Side {
     }
 
     /// Applies DESIGN 4's rules to the residuals of one principal.
-    pub(crate) fn from_residuals(res: &[Residual], meta: &HashMap<PolicyId, PolicyMeta>) -> Self {
+    pub(crate) fn from_residuals(
+        res: &[Residual],
+        meta: &crate::store::FastMap<PolicyId, PolicyMeta>,
+    ) -> Self {
         let mut p = Vec::new();
         let mut pc = Vec::new();
         let mut f = Vec::new();
@@ -197,8 +200,15 @@ pub(crate) struct Finished {
 /// Combines the principal's side with the person's (when an agent acts for one): a row is
 /// shown only when both may see it, and every challenge of either is required (SPEC 2.6).
 pub(crate) fn finish(sides: &[Side]) -> Finished {
-    let allowed = Filter::And(sides.iter().map(|s| s.allowed.clone()).collect()).simplify();
-    let after = Filter::And(sides.iter().map(|s| s.after_challenge.clone()).collect()).simplify();
+    // A side's filters are already simplified, and simplifying is idempotent, so one side needs
+    // no second pass (the `and` of one simplified filter simplifies to that filter).
+    let (allowed, after) = match sides {
+        [one] => (one.allowed.clone(), one.after_challenge.clone()),
+        _ => (
+            Filter::And(sides.iter().map(|s| s.allowed.clone()).collect()).simplify(),
+            Filter::And(sides.iter().map(|s| s.after_challenge.clone()).collect()).simplify(),
+        ),
+    };
     let policies: Vec<String> = sides
         .iter()
         .flat_map(|s| s.policies.iter().cloned())

@@ -52,7 +52,7 @@ pub fn parse_uid(value: &Value, field: &str) -> Result<EntityUid, RequestError> 
             let id = obj.get("id").and_then(Value::as_str).ok_or_else(|| {
                 RequestError::new(format!("{field}.id"), "expected a string entity id")
             })?;
-            let tn = EntityTypeName::from_str(ty).map_err(|e| {
+            let tn = type_name(ty).map_err(|e| {
                 RequestError::new(
                     format!("{field}.type"),
                     format!("`{ty}` is not a valid entity type name: {e}"),
@@ -69,6 +69,35 @@ pub fn parse_uid(value: &Value, field: &str) -> Result<EntityUid, RequestError> 
             ),
         )),
     }
+}
+
+/// Most type names [`type_name`] keeps per thread before it starts over.
+const TYPE_NAME_MEMO: usize = 256;
+
+thread_local! {
+    static TYPE_NAMES: std::cell::RefCell<std::collections::HashMap<String, EntityTypeName>> =
+        std::cell::RefCell::new(std::collections::HashMap::new());
+}
+
+/// Parses an entity type name, remembering valid ones per thread: Cedar's parser is the
+/// dearest part of reading a request, and requests name few distinct types. Invalid names are
+/// parsed (and reported) every time.
+///
+/// # Errors
+/// Cedar's parse errors for `ty`, as text.
+fn type_name(ty: &str) -> Result<EntityTypeName, String> {
+    if let Some(t) = TYPE_NAMES.with(|m| m.borrow().get(ty).cloned()) {
+        return Ok(t);
+    }
+    let t = EntityTypeName::from_str(ty).map_err(|e| e.to_string())?;
+    TYPE_NAMES.with(|m| {
+        let mut m = m.borrow_mut();
+        if m.len() >= TYPE_NAME_MEMO {
+            m.clear();
+        }
+        m.insert(ty.to_owned(), t.clone());
+    });
+    Ok(t)
 }
 
 /// A JSON type's name for messages.
@@ -111,12 +140,21 @@ impl CheckRequest {
     /// [`RequestError`] naming the field: unknown field, missing `principal`/`action`/`resource`,
     /// wrong JSON types.
     pub fn from_json(value: &Value) -> Result<Self, RequestError> {
-        let obj = value.as_object().ok_or_else(|| {
-            RequestError::new(
+        Self::from_value(value.clone())
+    }
+
+    /// [`CheckRequest::from_json`] on an owned value: the context and inline entities are moved,
+    /// not copied.
+    ///
+    /// # Errors
+    /// As [`CheckRequest::from_json`].
+    pub fn from_value(value: Value) -> Result<Self, RequestError> {
+        let Value::Object(mut obj) = value else {
+            return Err(RequestError::new(
                 "request",
-                format!("expected a JSON object, got {}", kind(value)),
-            )
-        })?;
+                format!("expected a JSON object, got {}", kind(&value)),
+            ));
+        };
         for k in obj.keys() {
             if !CHECK_FIELDS.contains(&k.as_str()) {
                 return Err(RequestError::new(
@@ -143,9 +181,9 @@ impl CheckRequest {
                 ))
             }
         };
-        let context = match obj.get("context") {
+        let context = match obj.get_mut("context") {
             None | Some(Value::Null) => Map::new(),
-            Some(Value::Object(m)) => m.clone(),
+            Some(Value::Object(m)) => std::mem::take(m),
             Some(other) => {
                 return Err(RequestError::new(
                     "context",
@@ -177,9 +215,9 @@ impl CheckRequest {
                 ))
             }
         };
-        let entities = match obj.get("entities") {
+        let entities = match obj.get_mut("entities") {
             None | Some(Value::Null) => Vec::new(),
-            Some(Value::Array(a)) => a.clone(),
+            Some(Value::Array(a)) => std::mem::take(a),
             Some(other) => {
                 return Err(RequestError::new(
                     "entities",
@@ -264,7 +302,7 @@ impl PlanRequest {
             "resource".into(),
             serde_json::json!({"type": "_", "id": "_"}),
         );
-        let check = CheckRequest::from_json(&Value::Object(as_check))?;
+        let check = CheckRequest::from_value(Value::Object(as_check))?;
         let resource_type = match obj.get("resource_type") {
             Some(Value::String(s)) if !s.is_empty() => s.clone(),
             None | Some(Value::Null) => {

@@ -4,9 +4,10 @@
 
 use pdp_core::{Bundle, BundleSources, Engine as CoreEngine, Mode};
 use pdp_core::{BundleError as CoreBundleError, RequestError as CoreRequestError};
-use pdp_core::{CheckRequest, TemplateLink};
+use pdp_core::{CheckRequest, Decision, Filter, QueryPlan, TemplateLink};
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyTypeError, PyValueError};
+use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 use serde_json::{Map, Number, Value};
@@ -135,6 +136,149 @@ fn to_py<'py>(py: Python<'py>, v: &Value) -> PyResult<Bound<'py, PyAny>> {
             d.into_any()
         }
     })
+}
+
+/// `Decision::to_response` built straight into a dict (same keys, same order), without the
+/// intermediate JSON value.
+fn response_dict<'py>(py: Python<'py>, d: &Decision) -> PyResult<Bound<'py, PyDict>> {
+    let m = PyDict::new(py);
+    m.set_item(intern!(py, "qid"), PyString::new(py, &d.qid))?;
+    m.set_item(intern!(py, "verdict"), d.verdict.as_str())?;
+    m.set_item(intern!(py, "challenges"), PyList::new(py, &d.challenges)?)?;
+    m.set_item(
+        intern!(py, "policies"),
+        PyList::new(py, &d.principal_outcome.policies)?,
+    )?;
+    if let Some(o) = &d.on_behalf_of_outcome {
+        let od = PyDict::new(py);
+        od.set_item(intern!(py, "verdict"), o.verdict.as_str())?;
+        od.set_item(intern!(py, "challenges"), PyList::new(py, &o.challenges)?)?;
+        od.set_item(intern!(py, "policies"), PyList::new(py, &o.policies)?)?;
+        m.set_item(intern!(py, "on_behalf_of"), od)?;
+    }
+    m.set_item(intern!(py, "mode"), d.mode.as_str())?;
+    Ok(m)
+}
+
+/// `Filter::to_json` built straight into Python objects (same keys, same order).
+fn filter_py<'py>(py: Python<'py>, f: &Filter) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    let op = intern!(py, "op");
+    let attr_list = |a: &[String]| PyList::new(py, a);
+    let list = |args: &[Filter]| -> PyResult<Bound<'py, PyList>> {
+        let l = PyList::empty(py);
+        for a in args {
+            l.append(filter_py(py, a)?)?;
+        }
+        Ok(l)
+    };
+    // `{"type", "id"}` of an entity, as `Filter::to_json` writes it.
+    macro_rules! uid_dict {
+        ($u:expr) => {{
+            let e = PyDict::new(py);
+            e.set_item(intern!(py, "type"), $u.type_name().to_string())?;
+            e.set_item(intern!(py, "id"), $u.id().unescaped())?;
+            e
+        }};
+    }
+    let values = |vs: &[Value]| -> PyResult<Bound<'py, PyList>> {
+        let l = PyList::empty(py);
+        for v in vs {
+            l.append(to_py(py, v)?)?;
+        }
+        Ok(l)
+    };
+    match f {
+        Filter::True => d.set_item(op, "true")?,
+        Filter::False => d.set_item(op, "false")?,
+        Filter::And(args) => {
+            d.set_item(op, "and")?;
+            d.set_item(intern!(py, "args"), list(args)?)?;
+        }
+        Filter::Or(args) => {
+            d.set_item(op, "or")?;
+            d.set_item(intern!(py, "args"), list(args)?)?;
+        }
+        Filter::Not(arg) => {
+            d.set_item(op, "not")?;
+            d.set_item(intern!(py, "arg"), filter_py(py, arg)?)?;
+        }
+        Filter::Compare { attr, cmp, value } => {
+            d.set_item(op, "compare")?;
+            d.set_item(intern!(py, "attr"), attr_list(attr)?)?;
+            d.set_item(intern!(py, "cmp"), cmp.as_str())?;
+            d.set_item(intern!(py, "value"), to_py(py, value)?)?;
+        }
+        Filter::Has { attr } => {
+            d.set_item(op, "has")?;
+            d.set_item(intern!(py, "attr"), attr_list(attr)?)?;
+        }
+        Filter::Contains { attr, value } => {
+            d.set_item(op, "contains")?;
+            d.set_item(intern!(py, "attr"), attr_list(attr)?)?;
+            d.set_item(intern!(py, "value"), to_py(py, value)?)?;
+        }
+        Filter::ContainsAny { attr, values: vs } => {
+            d.set_item(op, "contains_any")?;
+            d.set_item(intern!(py, "attr"), attr_list(attr)?)?;
+            d.set_item(intern!(py, "values"), values(vs)?)?;
+        }
+        Filter::ContainsAll { attr, values: vs } => {
+            d.set_item(op, "contains_all")?;
+            d.set_item(intern!(py, "attr"), attr_list(attr)?)?;
+            d.set_item(intern!(py, "values"), values(vs)?)?;
+        }
+        Filter::Like { attr, pattern } => {
+            d.set_item(op, "like")?;
+            d.set_item(intern!(py, "attr"), attr_list(attr)?)?;
+            d.set_item(intern!(py, "pattern"), pattern)?;
+        }
+        Filter::In { entity } => {
+            d.set_item(op, "in")?;
+            d.set_item(intern!(py, "entity"), uid_dict!(entity))?;
+        }
+        Filter::Is { entity } => {
+            d.set_item(op, "is")?;
+            d.set_item(intern!(py, "entity"), uid_dict!(entity))?;
+        }
+        Filter::Unknown { detail } => {
+            d.set_item(op, "unknown")?;
+            d.set_item(intern!(py, "detail"), detail)?;
+        }
+        Filter::Unmappable { detail } => {
+            d.set_item(op, "unmappable")?;
+            d.set_item(intern!(py, "detail"), detail)?;
+        }
+    }
+    Ok(d)
+}
+
+/// `QueryPlan::to_response` built straight into a dict (same keys, same order).
+fn plan_dict<'py>(py: Python<'py>, p: &QueryPlan) -> PyResult<Bound<'py, PyDict>> {
+    let m = PyDict::new(py);
+    m.set_item(intern!(py, "qid"), &p.qid)?;
+    m.set_item(intern!(py, "outcome"), p.outcome.as_str())?;
+    if let Some(f) = &p.filter {
+        m.set_item(intern!(py, "filter"), filter_py(py, f)?)?;
+    }
+    m.set_item(intern!(py, "challenges"), PyList::new(py, &p.challenges)?)?;
+    m.set_item(
+        intern!(py, "challenge_could_widen"),
+        p.challenge_could_widen,
+    )?;
+    let (needs, attrs) = match &p.filter {
+        Some(f) => (f.needs_row_checks(), f.attributes()),
+        None => (false, Vec::new()),
+    };
+    m.set_item(intern!(py, "needs_row_checks"), needs)?;
+    m.set_item(intern!(py, "attributes"), PyList::new(py, &attrs)?)?;
+    m.set_item(intern!(py, "policies"), PyList::new(py, &p.policies)?)?;
+    m.set_item(intern!(py, "mode"), p.mode.as_str())?;
+    m.set_item(intern!(py, "policy_version"), p.policy_version)?;
+    m.set_item(intern!(py, "principals_version"), p.principals_version)?;
+    m.set_item(intern!(py, "max_age_secs"), p.max_age_secs)?;
+    m.set_item(intern!(py, "pinned"), p.pinned)?;
+    Ok(m)
 }
 
 /// Reads `policies=` (a text, or a mapping of file name to text) into `(file, text)` pairs.
@@ -269,9 +413,9 @@ impl Engine {
     ) -> PyResult<Bound<'py, PyAny>> {
         let v = to_json(request, 0)?;
         let d = py
-            .detach(|| self.inner.decide_json(&v))
+            .detach(|| self.inner.decide_value(v))
             .map_err(|e| request_err(py, &e))?;
-        to_py(py, &d.to_response())
+        Ok(response_dict(py, &d)?.into_any())
     }
 
     fn plan<'py>(
@@ -283,12 +427,13 @@ impl Engine {
         let p = py
             .detach(|| self.inner.plan_json(&v))
             .map_err(|e| request_err(py, &e))?;
-        to_py(py, &p.to_response())
+        Ok(plan_dict(py, &p)?.into_any())
     }
 
-    #[pyo3(signature = (max_age_secs=300, capacity=10_000))]
-    fn configure_plans(&self, max_age_secs: u64, capacity: usize) {
+    #[pyo3(signature = (max_age_secs=300, capacity=10_000, memo=true))]
+    fn configure_plans(&self, max_age_secs: u64, capacity: usize, memo: bool) {
         self.inner.configure_plans(max_age_secs, capacity);
+        self.inner.set_plan_memo(memo);
     }
 
     #[getter]
@@ -319,7 +464,7 @@ impl Engine {
         let mut parsed = Vec::with_capacity(list.len());
         for (i, r) in list.iter().enumerate() {
             let v = to_json(&r, 0)?;
-            let req = CheckRequest::from_json(&v).map_err(|e| {
+            let req = CheckRequest::from_value(v).map_err(|e| {
                 request_err(
                     py,
                     &CoreRequestError::new(format!("requests[{i}].{}", e.field), e.message),
@@ -327,12 +472,12 @@ impl Engine {
             })?;
             parsed.push(req);
         }
-        let results: Result<Vec<Value>, CoreRequestError> = py.detach(|| {
+        let results: Result<Vec<Decision>, CoreRequestError> = py.detach(|| {
             parsed
                 .iter()
                 .enumerate()
                 .map(|(i, r)| {
-                    self.inner.decide(r).map(|d| d.to_response()).map_err(|e| {
+                    self.inner.decide(r).map_err(|e| {
                         CoreRequestError::new(format!("requests[{i}].{}", e.field), e.message)
                     })
                 })
@@ -340,8 +485,8 @@ impl Engine {
         });
         let results = results.map_err(|e| request_err(py, &e))?;
         let out = PyList::empty(py);
-        for r in &results {
-            out.append(to_py(py, r)?)?;
+        for d in &results {
+            out.append(response_dict(py, d)?)?;
         }
         Ok(out)
     }

@@ -240,7 +240,7 @@ impl SliceMemo {
 }
 
 /// Most plan sides [`SideMemo`] keeps per bundle; when full it starts over.
-const MAX_SIDES: usize = 4096;
+const MAX_SIDES: usize = 1024;
 
 /// Key of a memoised side: the addresses of its plan entities and typed context (pinned by the
 /// entry), the principal, the action and the resource type.

@@ -8,6 +8,8 @@ records as decisions, none lost and none doubled.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -241,3 +243,64 @@ def test_records_spooled_at_shutdown_are_replayed_by_the_next_shipper(
     shipper2.stop()
     records = read_all(kafka_bootstrap, topic, 25)
     assert sorted(r["qid"] for _, r in records) == sorted(f"q{i}" for i in range(25))
+
+
+# chDB hosts one engine per process, on one directory, and other tests open theirs: the loader
+# and the queries run in a child process of their own (as in test_intake.py).
+LOAD_AND_COUNT = """
+import json, sys, time
+from datetime import UTC, datetime, timedelta
+from svc import history
+
+dsn, bootstrap, topic, expect = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+client = history.connect(dsn, create_database=True)
+history.migrate(client)
+loader = history.Loader(client, bootstrap, decisions_topic=topic, events_topic=None,
+                        group_id="test-decision-log-" + topic, batch_ms=500)
+now = datetime.now(UTC)
+start, end = now - timedelta(hours=1), now + timedelta(hours=1)
+deadline = time.monotonic() + 120
+while True:
+    loader.poll()
+    loader.flush()
+    by_principal = history.decisions_of_principal(client, "Human::alice", start, end)
+    by_resource = history.decisions_of_resource(client, "Document::design", start, end)
+    if len(by_principal) >= expect or time.monotonic() > deadline:
+        break
+loader.consumer.close()
+print(json.dumps({"principal": [d["qid"] for d in by_principal],
+                  "resource": [d["qid"] for d in by_resource]}))
+"""
+
+
+def test_every_decision_is_one_row_in_clickhouse(
+    pdp: Pdp, kafka_bootstrap: str, topic: str, tmp_path: Path
+) -> None:
+    pdp.traffic(5)
+    pdp.wait_shipped()
+    # Redelivery must not add rows: the same records produced a second time.
+    records = read_all(kafka_bootstrap, topic, len(pdp.qids))
+    producer = confluent_kafka.Producer({"bootstrap.servers": kafka_bootstrap})
+    for key, rec in records[:5]:
+        producer.produce(topic, key=key, value=json.dumps(rec).encode())
+    assert producer.flush(30) == 0
+    child = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            LOAD_AND_COUNT,
+            f"chdb://{tmp_path / 'chdb'}?database=decisions",
+            kafka_bootstrap,
+            topic,
+            str(len(pdp.qids)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert child.returncode == 0, child.stderr[-3000:]
+    got = json.loads(child.stdout.strip().splitlines()[-1])
+    # 30 decisions: checks and plans of alice; the plans have no resource id.
+    assert sorted(got["principal"]) == sorted(pdp.qids)
+    assert len(got["resource"]) == len(pdp.qids) - 5  # the 5 plans name only a type
+    assert set(got["resource"]) <= set(pdp.qids)

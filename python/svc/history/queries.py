@@ -49,6 +49,22 @@ _DEFAULT_LIMIT = 10_000
 # verdict, plans by outcome).
 _WOULD_DENY = "mode = 'monitor' AND (verdict = 'deny' OR outcome = 'always_denied')"
 _WOULD_CHALLENGE = "mode = 'monitor' AND (verdict = 'challenge' OR outcome = 'challenge')"
+# Per-verdict counts of a principal's decisions, in the order of _VERDICT_KEYS (plans have no
+# verdict and are counted apart); verdict_counts and daily_counts both select them.
+_VERDICT_COUNTS = (
+    "countIf(call != 'plan' AND verdict = 'allow'), "
+    "countIf(call != 'plan' AND verdict = 'deny'), "
+    "countIf(call != 'plan' AND verdict = 'challenge'), "
+    f"countIf({_WOULD_DENY}), countIf({_WOULD_CHALLENGE}), countIf(call = 'plan')"
+)
+_VERDICT_KEYS: tuple[str, ...] = (
+    "allow",
+    "deny",
+    "challenge",
+    "would_deny",
+    "would_challenge",
+    "plans",
+)
 _MONITOR_ONLY = f"(({_WOULD_DENY}) OR ({_WOULD_CHALLENGE}))"
 
 _DECISION_SELECT = (
@@ -258,6 +274,30 @@ def _who(prefix: str, include_on_behalf_of: bool) -> str:
     return f"({own} OR (on_behalf_of_type = {{t:String}} AND on_behalf_of_id = {{i:String}}))"
 
 
+def _range_rows(
+    client: Client,
+    select: str,
+    table: str,
+    where: str,
+    order: str,
+    ref: Ref,
+    start: datetime,
+    end: datetime,
+    limit: int | None,
+) -> Sequence[Sequence[Any]]:
+    """Rows of ``table`` (read with ``FINAL``) for the entity ``ref`` in ``[start, end)``.
+
+    ``where`` refers to the entity as ``{t}``/``{i}``; rows are sorted by ``order``. Raises
+    ``ValueError`` for a bad reference, an empty range or a non-positive limit.
+    """
+    t, i = parse_ref(ref)
+    return client.query(
+        f"SELECT {select} FROM {table} FINAL WHERE {where} AND {_RANGE} "
+        f"ORDER BY {order}{_limit(limit)}",
+        parameters={"t": t, "i": i, **_range_params(start, end)},
+    ).result_rows
+
+
 def _limit(limit: int | None) -> str:
     if limit is None:
         return ""
@@ -299,15 +339,12 @@ def decisions_of_principal(
         clickhouse_connect.driver.exceptions.ClickHouseError: the query failed.
 
     """
-    t, i = parse_ref(principal)
-    where = f"{_who('principal', include_on_behalf_of)} AND {_RANGE}"
+    where = _who("principal", include_on_behalf_of)
     if monitor_only:
         where += f" AND {_MONITOR_ONLY}"
-    rows = client.query(
-        f"SELECT {_DECISION_SELECT} FROM decisions FINAL WHERE {where} "
-        f"ORDER BY at, qid{_limit(limit)}",
-        parameters={"t": t, "i": i, **_range_params(start, end)},
-    ).result_rows
+    rows = _range_rows(
+        client, _DECISION_SELECT, "decisions", where, "at, qid", principal, start, end, limit
+    )
     return [_decision(r) for r in rows]
 
 
@@ -341,15 +378,20 @@ def decisions_of_resource(
         clickhouse_connect.driver.exceptions.ClickHouseError: the query failed.
 
     """
-    t, i = parse_ref(resource)
-    where = f"{_who('resource', False)} AND call != 'plan' AND {_RANGE}"
+    where = f"{_who('resource', False)} AND call != 'plan'"
     if monitor_only:
         where += f" AND {_MONITOR_ONLY}"
-    rows = client.query(
-        f"SELECT {_DECISION_SELECT} FROM decisions_by_resource FINAL WHERE {where} "
-        f"ORDER BY at, qid{_limit(limit)}",
-        parameters={"t": t, "i": i, **_range_params(start, end)},
-    ).result_rows
+    rows = _range_rows(
+        client,
+        _DECISION_SELECT,
+        "decisions_by_resource",
+        where,
+        "at, qid",
+        resource,
+        start,
+        end,
+        limit,
+    )
     return [_decision(r) for r in rows]
 
 
@@ -402,13 +444,10 @@ def events_of_principal(
         clickhouse_connect.driver.exceptions.ClickHouseError: the query failed.
 
     """
-    t, i = parse_ref(principal)
-    rows = client.query(
-        f"SELECT {_EVENT_SELECT} FROM events FINAL "
-        f"WHERE {_who('principal', include_on_behalf_of)} AND {_RANGE} "
-        f"ORDER BY at, ingest_id{_limit(limit)}",
-        parameters={"t": t, "i": i, **_range_params(start, end)},
-    ).result_rows
+    where = _who("principal", include_on_behalf_of)
+    rows = _range_rows(
+        client, _EVENT_SELECT, "events", where, "at, ingest_id", principal, start, end, limit
+    )
     return [_event(r) for r in rows]
 
 
@@ -438,12 +477,18 @@ def events_of_resource(
         clickhouse_connect.driver.exceptions.ClickHouseError: the query failed.
 
     """
-    t, i = parse_ref(resource)
-    rows = client.query(
-        f"SELECT {_EVENT_SELECT} FROM events_by_resource FINAL "
-        f"WHERE {_who('resource', False)} AND {_RANGE} ORDER BY at, ingest_id{_limit(limit)}",
-        parameters={"t": t, "i": i, **_range_params(start, end)},
-    ).result_rows
+    where = _who("resource", False)
+    rows = _range_rows(
+        client,
+        _EVENT_SELECT,
+        "events_by_resource",
+        where,
+        "at, ingest_id",
+        resource,
+        start,
+        end,
+        limit,
+    )
     return [_event(r) for r in rows]
 
 
@@ -470,15 +515,11 @@ def verdict_counts(
     """
     t, i = parse_ref(principal)
     row = client.query(
-        "SELECT countIf(call != 'plan' AND verdict = 'allow'), "
-        "countIf(call != 'plan' AND verdict = 'deny'), "
-        "countIf(call != 'plan' AND verdict = 'challenge'), "
-        f"countIf({_WOULD_DENY}), countIf({_WOULD_CHALLENGE}), countIf(call = 'plan') "
+        f"SELECT {_VERDICT_COUNTS} "
         f"FROM decisions FINAL WHERE {_who('principal', False)} AND {_RANGE}",
         parameters={"t": t, "i": i, **_range_params(start, end)},
     ).result_rows[0]
-    keys = ("allow", "deny", "challenge", "would_deny", "would_challenge", "plans")
-    return {k: int(v) for k, v in zip(keys, row, strict=True)}
+    return {k: int(v) for k, v in zip(_VERDICT_KEYS, row, strict=True)}
 
 
 @dataclass(frozen=True)
@@ -551,16 +592,12 @@ def daily_counts(
     params = {"t": t, "i": i, **_range_params(start, start + timedelta(days=days))}
     out: dict[date, dict[str, int]] = {first + timedelta(days=n): {} for n in range(days)}
     decisions = client.query(
-        "SELECT toDate(at) AS day, countIf(call != 'plan' AND verdict = 'allow'), "
-        "countIf(call != 'plan' AND verdict = 'deny'), "
-        "countIf(call != 'plan' AND verdict = 'challenge'), "
-        f"countIf({_WOULD_DENY}), countIf({_WOULD_CHALLENGE}), countIf(call = 'plan') "
+        f"SELECT toDate(at) AS day, {_VERDICT_COUNTS} "
         f"FROM decisions FINAL WHERE {_who('principal', False)} AND {_RANGE} GROUP BY day",
         parameters=params,
     ).result_rows
-    keys: tuple[str, ...] = ("allow", "deny", "challenge", "would_deny", "would_challenge", "plans")
     for day, *counts in decisions:
-        out.setdefault(day, {}).update(zip(keys, map(int, counts), strict=True))
+        out.setdefault(day, {}).update(zip(_VERDICT_KEYS, map(int, counts), strict=True))
     moving = ", ".join(f"'{a}'" for a in MOVING_OUT_ACTIONS)
     events = client.query(
         "SELECT toDate(at) AS day, count(), countIf(outcome = 'failure'), "

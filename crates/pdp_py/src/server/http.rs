@@ -557,8 +557,13 @@ async fn authzen_evaluation(
     let v = read_json(&s, &headers, body).await?;
     let o = authzen_top(&v)?;
     unknown_authzen_member(o).map_err(|e| Problem::request(&e))?;
+    authzen_single(&s, o)
+}
+
+/// Decides one AuthZEN evaluation whose members are `o`'s and answers the single response.
+fn authzen_single(s: &Shared, o: &Map<String, Value>) -> Result<Response, Problem> {
     let d = authzen_decide(
-        &s,
+        s,
         o.get("subject"),
         o.get("action"),
         o.get("resource"),
@@ -639,16 +644,7 @@ async fn authzen_evaluations(
     };
     // Without `evaluations`, the request is a single evaluation (AuthZEN 1.0 section 7.1).
     let Some(items) = items else {
-        let d = authzen_decide(
-            &s,
-            o.get("subject"),
-            o.get("action"),
-            o.get("resource"),
-            o.get("context"),
-        )
-        .map_err(|e| Problem::request(&e))?;
-        s.decided(&d, Transport::Authzen);
-        return Ok(json_ok(&authzen_response(&d)));
+        return authzen_single(&s, o);
     };
     let mut out = Vec::with_capacity(items.len());
     for (i, item) in items.iter().enumerate() {

@@ -227,6 +227,19 @@ class Shipper:
         elif state.acked + state.failed == state.size:
             self._replaying = None
 
+    def _ship(self, records: list[tuple[bytes, bytes]]) -> None:
+        """Produces new records, or spools them behind what the spool already holds.
+
+        While the broker is down, a spool batch is in replay, or the spool holds anything, new
+        records queue behind, so they keep their order; what the producer refuses is spooled.
+        """
+        if self._broker_down or self._replaying is not None or self.log.stats["spool_pending"]:
+            self.log.spool(records)
+            return
+        left = self._produce(records)
+        if left:
+            self.log.spool(left)
+
     def run_once(self, wait: float = 0.1) -> None:
         """One step: replay the spool when due, then drain, produce or spool new records."""
         self._settle_replay()
@@ -236,13 +249,7 @@ class Shipper:
                 self._replay()
         records = self.log.drain(self.batch, wait)
         if records:
-            # While the spool holds records, new ones queue behind them, in order.
-            if self._broker_down or self._replaying is not None or self.log.stats["spool_pending"]:
-                self.log.spool(records)
-            else:
-                left = self._produce(records)
-                if left:
-                    self.log.spool(left)
+            self._ship(records)
         self._settle(0)
         self._settle_replay()
 
@@ -261,12 +268,7 @@ class Shipper:
             records = self.log.drain(self.batch, 0)
             if not records:
                 break
-            if self._broker_down or self.log.stats["spool_pending"]:
-                self.log.spool(records)
-            else:
-                left = self._produce(records)
-                if left:
-                    self.log.spool(left)
+            self._ship(records)
         remaining = self.producer.flush(self.flush_timeout)
         if remaining:
             self.producer.purge(in_queue=True, in_flight=True, blocking=True)

@@ -22,6 +22,51 @@ use std::sync::{Arc, RwLock};
 /// risk scores, so their number is not bounded by the schema).
 const MAX_CONTEXTS: usize = 8192;
 
+/// The store under each memo: a map that starts over when it holds `CAP` entries. Values are
+/// cheap to clone (`Arc`s); readers share the lock, a miss takes it for writing once.
+pub(crate) struct Bounded<K, V, const CAP: usize> {
+    map: RwLock<FastMap<K, V>>,
+}
+
+impl<K, V, const CAP: usize> Default for Bounded<K, V, CAP> {
+    fn default() -> Self {
+        Self {
+            map: RwLock::new(FastMap::default()),
+        }
+    }
+}
+
+impl<K, V, const CAP: usize> std::fmt::Debug for Bounded<K, V, CAP> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Bounded")
+            .field("cap", &CAP)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<K: std::hash::Hash + Eq, V: Clone, const CAP: usize> Bounded<K, V, CAP> {
+    /// The value kept for `key`, if any.
+    fn get(&self, key: &K) -> Option<V> {
+        self.map
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(key)
+            .cloned()
+    }
+
+    /// Keeps `value` for `key`, first emptying the map when it is full.
+    fn insert(&self, key: K, value: V) {
+        let mut g = self
+            .map
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if g.len() >= CAP {
+            g.clear();
+        }
+        g.insert(key, value);
+    }
+}
+
 /// Lookups computed once per bundle.
 #[derive(Debug, Default, Clone)]
 pub(crate) struct Lookups {
@@ -136,7 +181,7 @@ impl MemoContext {
 /// Typed contexts by (action, context JSON); see the module docs.
 #[derive(Debug, Default)]
 pub(crate) struct ContextMemo {
-    map: RwLock<FastMap<(EntityUid, String), Arc<MemoContext>>>,
+    map: Bounded<(EntityUid, String), Arc<MemoContext>, MAX_CONTEXTS>,
 }
 
 impl ContextMemo {
@@ -151,26 +196,14 @@ impl ContextMemo {
         let value = Value::Object(json);
         let text = value.to_string();
         let key = (action.clone(), text);
-        if let Some(hit) = self
-            .map
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get(&key)
-        {
-            return Ok(Arc::clone(hit));
+        if let Some(hit) = self.map.get(&key) {
+            return Ok(hit);
         }
         let entry = Arc::new(MemoContext {
             context: parse(value)?,
             validated: AtomicBool::new(false),
         });
-        let mut g = self
-            .map
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if g.len() >= MAX_CONTEXTS {
-            g.clear();
-        }
-        g.insert(key, Arc::clone(&entry));
+        self.map.insert(key, Arc::clone(&entry));
         Ok(entry)
     }
 }
@@ -196,7 +229,7 @@ pub(crate) struct PlanEntities {
 /// slice; converting it for TPE is a pure function of it and the schema (the bundle's).
 #[derive(Debug, Default)]
 pub(crate) struct SliceMemo {
-    map: RwLock<FastMap<Vec<usize>, Arc<PlanEntities>>>,
+    map: Bounded<Vec<usize>, Arc<PlanEntities>, MAX_SLICES>,
 }
 
 impl SliceMemo {
@@ -213,13 +246,8 @@ impl SliceMemo {
             -> Result<(cedar_policy::Entities, cedar_policy::PartialEntities), E>,
     ) -> Result<Arc<PlanEntities>, E> {
         let key: Vec<usize> = slice.iter().map(|e| Arc::as_ptr(e) as usize).collect();
-        if let Some(hit) = self
-            .map
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get(&key)
-        {
-            return Ok(Arc::clone(hit));
+        if let Some(hit) = self.map.get(&key) {
+            return Ok(hit);
         }
         let (entities, partial) = build(slice.clone())?;
         let entry = Arc::new(PlanEntities {
@@ -227,14 +255,7 @@ impl SliceMemo {
             entities,
             partial,
         });
-        let mut g = self
-            .map
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if g.len() >= MAX_SLICES {
-            g.clear();
-        }
-        g.insert(key, Arc::clone(&entry));
+        self.map.insert(key, Arc::clone(&entry));
         Ok(entry)
     }
 }
@@ -260,7 +281,7 @@ struct SideEntry {
 /// unregistered principals are decided before a side is looked up.
 #[derive(Default)]
 pub(crate) struct SideMemo {
-    map: RwLock<FastMap<SideKey, Arc<SideEntry>>>,
+    map: Bounded<SideKey, Arc<SideEntry>, MAX_SIDES>,
 }
 
 impl std::fmt::Debug for SideMemo {
@@ -290,12 +311,7 @@ impl SideMemo {
             action.clone(),
             resource_type.clone(),
         );
-        if let Some(hit) = self
-            .map
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get(&key)
-        {
+        if let Some(hit) = self.map.get(&key) {
             return Ok(hit.side.clone());
         }
         let side = compute()?;
@@ -304,14 +320,7 @@ impl SideMemo {
             _context: Arc::clone(context),
             side: side.clone(),
         });
-        let mut g = self
-            .map
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if g.len() >= MAX_SIDES {
-            g.clear();
-        }
-        g.insert(key, entry);
+        self.map.insert(key, entry);
         Ok(side)
     }
 }

@@ -35,10 +35,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import confluent_kafka
 from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import ClickHouseError
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
+from svc.broker import Consumer
 from svc.history.store import Kind, Record, apply_retention, store
 from svc.pdp.decision_log import DECISIONS_TOPIC
 
@@ -213,14 +215,18 @@ class Loader:
         else:
             log.warning("history loader: consumer error: %s", err)
 
-    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    def _on_revoke(
+        self, consumer: confluent_kafka.Consumer, partitions: list[TopicPartition]
+    ) -> None:
         """Stores and commits what was read before the partitions go to another member."""
         try:
             self._flush()
         except _Stopped:
             self._drop()
 
-    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    def _on_lost(
+        self, consumer: confluent_kafka.Consumer, partitions: list[TopicPartition]
+    ) -> None:
         """Partitions lost without a clean revoke: their offsets can no longer be committed.
 
         The batch being stored is finished (its commit may fail; the records are then read

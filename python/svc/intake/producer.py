@@ -43,6 +43,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
+from svc.broker import Producer as make_producer
 from svc.intake.metrics import IntakeMetrics
 
 __all__ = ["BrokerUnavailable", "TransactionalPool", "producer_config"]
@@ -274,7 +275,7 @@ class TransactionalPool:
                     conf["error_cb"] = _on_error
                     conf["logger"] = _RdkafkaLog()
                     conf.update(self.extra_config)
-                    slot.producer = Producer(conf)
+                    slot.producer = make_producer(conf)
                 slot.producer.init_transactions(timeout)
                 self._check_topic(slot.producer, timeout)
                 self._initialised = True

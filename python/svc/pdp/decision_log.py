@@ -27,9 +27,10 @@ import threading
 import time
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, Message, Producer
+from confluent_kafka import KafkaError, KafkaException, Message
 
 from svc._pdp_core import DecisionLog, SpoolBatchHandle
+from svc.broker import LOCAL_SCHEME, Producer
 
 __all__ = ["DECISIONS_TOPIC", "Shipper", "bootstrap_servers", "producer_config"]
 
@@ -42,13 +43,18 @@ def bootstrap_servers(url: str) -> str:
     """Kafka bootstrap servers from the one broker setting (``SVC_KAFKA_URL``).
 
     Accepts ``kafka://host:port[,host:port]`` or a plain ``host:port[,host:port]`` list and
-    returns the plain list librdkafka takes.
+    returns the plain list librdkafka takes. ``local:///path/log.db``, the embedded topic log of
+    ``svc up`` (``svc.broker``), is returned as it is: ``svc.broker``'s clients read it.
 
     Raises:
         ValueError: the URL is empty or has another scheme.
 
     """
     u = url.strip()
+    if u.startswith(LOCAL_SCHEME):
+        if len(u) == len(LOCAL_SCHEME):
+            raise ValueError(f"broker URL `{url}` names no file; expected local:///path/log.db")
+        return u
     if "://" in u:
         scheme, _, rest = u.partition("://")
         if scheme not in ("kafka", "plaintext"):

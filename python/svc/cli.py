@@ -17,6 +17,10 @@ Commands:
 * ``svc history migrate --dsn DSN``: apply the history store's schema (idempotent).
 * ``svc history load --dsn DSN --kafka URL [--retention-days N]``: load the decision and event
   topics into the history store (docs/history.md). Runs until Ctrl-C or SIGTERM.
+* ``svc up [--demo] [--port 8080] [--data-dir DIR]``: the decision point, the intake and the
+  history loader on one machine with the embedded defaults (DESIGN 2, 8; ``svc.up``).
+* ``svc demo``: ``svc up`` with the demo company's traffic; prints the summary read back from
+  the history and stops (``--serve`` keeps it running).
 * ``svc version``: print the release.
 
 Exit codes: 0 decision printed (whatever the verdict, unless ``--exit-code``), 1 with
@@ -272,6 +276,85 @@ def intake(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     serve(settings, access_log=access_log)
+
+
+DataDirOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--data-dir",
+        envvar="SVC_DATA_DIR",
+        help="Where svc up keeps its data (default $XDG_DATA_HOME/svc or ~/.local/share/svc).",
+        file_okay=False,
+    ),
+]
+UpPortOpt = Annotated[
+    int,
+    typer.Option(
+        min=1, max=65533, help="Decision point port; intake on PORT+1, history on PORT+2."
+    ),
+]
+UpHostOpt = Annotated[str, typer.Option(help="Address every component binds.")]
+
+
+@app.command()
+def up(
+    data_dir: DataDirOpt = None,
+    host: UpHostOpt = "127.0.0.1",
+    port: UpPortOpt = 8080,
+    bundle: Annotated[
+        Path | None,
+        typer.Option(
+            "--bundle",
+            "-b",
+            help="Bundle to serve (default: DATA_DIR/bundle, the demo company's on first start).",
+            exists=True,
+            file_okay=False,
+        ),
+    ] = None,
+    mode: Annotated[str, typer.Option(help="monitor or enforce, reported with decisions.")] = (
+        "enforce"
+    ),
+    demo: Annotated[
+        bool, typer.Option("--demo", help="Also run the demo traffic and print its summary.")
+    ] = False,
+    retention_days: Annotated[
+        int, typer.Option(min=0, help="History retention in days (0 keeps everything).")
+    ] = 0,
+) -> None:
+    """Run the decision point, intake and history loader on this machine (embedded defaults).
+
+    Prints each URL once everything is up; Ctrl-C stops cleanly and keeps the data directory.
+    """
+    from svc.up import UpOptions, default_data_dir, run
+
+    if demo and bundle is not None:
+        raise _fail("svc up: --demo drives the demo company's bundle; leave out --bundle")
+    opts = UpOptions(
+        data_dir=data_dir or default_data_dir(),
+        host=host,
+        port=port,
+        bundle=bundle,
+        mode=mode,
+        retention_days=retention_days,
+    )
+    raise typer.Exit(run(opts, demo_checks=2000 if demo else 0, keep_serving=True))
+
+
+@app.command("demo")
+def demo_command(
+    data_dir: DataDirOpt = None,
+    host: UpHostOpt = "127.0.0.1",
+    port: UpPortOpt = 8080,
+    checks: Annotated[int, typer.Option(min=1, help="Checks to send.")] = 2000,
+    serve: Annotated[
+        bool, typer.Option(help="Keep serving after the summary (as svc up --demo does).")
+    ] = False,
+) -> None:
+    """Provision the demo company, drive traffic through svc up, print what history holds."""
+    from svc.up import UpOptions, default_data_dir, run
+
+    opts = UpOptions(data_dir=data_dir or default_data_dir(), host=host, port=port)
+    raise typer.Exit(run(opts, demo_checks=checks, keep_serving=serve))
 
 
 @app.command()

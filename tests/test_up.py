@@ -1,0 +1,155 @@
+"""`svc up`: the whole install on one machine with the embedded defaults (issue: svc up).
+
+Each test runs `svc up` as a child process, as a newcomer would, and talks to it over HTTP only.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import socket
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from svc.intake.cloudtrail import map_record
+from uphelp import Up, free_base_port, get_json, run_svc, start_up
+
+CORP = Path(__file__).parent / "testdata" / "bundles" / "corp"
+SHARED_CLOUDTRAIL = Path(__file__).resolve().parents[2] / "shared" / "data" / "cloudtrail"
+ALICE_DELETE = {
+    "principal": {"type": "Human", "id": "alice"},
+    "action": "delete",
+    "resource": {"type": "Document", "id": "design"},
+}
+
+
+@pytest.fixture(scope="module")
+def corp_up(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    up = start_up(tmp_path_factory.mktemp("up-corp"), "--bundle", str(CORP))
+    yield up
+    code, _, err = up.stop()
+    assert code == 0, err
+
+
+def test_banner_names_every_component_and_each_answers(corp_up: Up) -> None:
+    banner = "".join(corp_up.stdout)
+    for url in (corp_up.pdp, corp_up.intake, corp_up.history):
+        assert url in banner
+        assert get_json(f"{url}/healthz")
+        assert httpx.get(f"{url}/readyz", timeout=10).status_code == 200
+        assert "version" in get_json(f"{url}/version")
+        assert httpx.get(f"{url}/metrics", timeout=10).status_code == 200
+    assert str(corp_up.data_dir) in banner
+
+
+def test_a_decision_reaches_the_history(corp_up: Up) -> None:
+    r = httpx.post(f"{corp_up.pdp}/v1/access/evaluation", json=ALICE_DELETE, timeout=10)
+    assert r.status_code == 200
+    qid = r.json()["qid"]
+    deadline_rows = corp_up.wait_totals(decisions=1)
+    assert deadline_rows["decisions"] >= 1
+    for _ in range(100):
+        r = httpx.get(f"{corp_up.history}/v1/history/decisions", params={"qid": qid}, timeout=10)
+        if r.status_code == 200:
+            break
+    assert r.status_code == 200, r.text
+    row = r.json()
+    assert row["verdict"] == "challenge" and row["challenges"] == ["verification"]
+    assert row["principal"] == {"type": "Human", "id": "alice"}
+
+
+def test_history_routes_name_bad_parameters(corp_up: Up) -> None:
+    r = httpx.get(f"{corp_up.history}/v1/history/decisions", params={"principal": "alice"})
+    assert r.status_code == 400
+    assert r.headers["content-type"].startswith("application/problem+json")
+    assert "principal" in r.json()["title"]
+    r = httpx.get(
+        f"{corp_up.history}/v1/history/events",
+        params={"principal": "Human::alice", "since": "yesterday"},
+    )
+    assert r.status_code == 400 and "since" in r.json()["title"]
+    r = httpx.get(f"{corp_up.history}/v1/history/decisions", params={"qid": "no-such"})
+    assert r.status_code == 404
+
+
+@pytest.mark.skipif(not SHARED_CLOUDTRAIL.is_dir(), reason="../shared/data/cloudtrail missing")
+def test_cloudtrail_files_posted_to_intake_are_found_in_history(corp_up: Up) -> None:
+    files = sorted(SHARED_CLOUDTRAIL.rglob("*.json.gz"))
+    assert files
+    expected: dict[tuple[str, str], set[str]] = defaultdict(set)
+    before = corp_up.totals()["events"]
+    total = 0
+    for path in files:
+        raw = path.read_bytes()
+        r = httpx.post(
+            f"{corp_up.intake}/v1/events/cloud-audit-trail",
+            content=raw,
+            headers={
+                "authorization": f"Bearer {corp_up.token}",
+                "content-type": "application/json",
+                "content-encoding": "gzip",
+            },
+            timeout=30,
+        )
+        assert r.status_code == 202, r.text
+        records = json.loads(gzip.decompress(raw))["Records"]
+        assert r.json()["accepted"] == len(records)
+        for rec in records:
+            event = map_record(rec, lambda *_: False)
+            assert event is not None
+            p = event["principal"]
+            expected[(p["type"], p["id"])].add(rec["eventID"])
+            total += 1
+    corp_up.wait_totals(events=before + total)
+    for (ptype, pid), ids in expected.items():
+        rows = get_json(
+            f"{corp_up.history}/v1/history/events",
+            principal=f"{ptype}::{pid}",
+            since="2000-01-01T00:00:00Z",
+            until="2100-01-01T00:00:00Z",
+            limit=10_000,
+        )
+        got = {row["attributes"].get("cloud_event_id") for row in rows}
+        assert ids <= got, (ptype, pid, ids - got)
+
+
+def test_port_taken_refused_with_a_clear_message(tmp_path: Path) -> None:
+    port = free_base_port()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port + 1))
+        s.listen()
+        r = run_svc("up", "--data-dir", str(tmp_path), "--port", str(port), "--bundle", str(CORP))
+    assert r.returncode == 2
+    assert f"port {port + 1}" in r.stderr and "intake" in r.stderr and "--port" in r.stderr
+
+
+def test_second_svc_up_on_one_data_dir_refused(corp_up: Up) -> None:
+    r = run_svc(
+        "up", "--data-dir", str(corp_up.data_dir), "--port", str(free_base_port()),
+        "--bundle", str(CORP),
+    )  # fmt: skip
+    assert r.returncode == 2
+    assert "another svc up" in r.stderr and str(corp_up.data_dir) in r.stderr
+
+
+def test_ctrl_c_stops_cleanly_and_the_data_dir_is_kept(tmp_path: Path) -> None:
+    up = start_up(tmp_path, "--bundle", str(CORP))
+    for _ in range(5):
+        assert httpx.post(f"{up.pdp}/v1/access/evaluation", json=ALICE_DELETE).status_code == 200
+    up.wait_totals(decisions=5)
+    code, _, err = up.stop()
+    assert code == 0, err
+    assert "stopped; data kept in" in err
+    assert (tmp_path / "intake.token").exists()
+    token = (tmp_path / "intake.token").read_text()
+    again = start_up(tmp_path, "--bundle", str(CORP))
+    try:
+        assert again.totals()["decisions"] == 5
+        assert again.token == token.strip()
+    finally:
+        code, _, err = again.stop()
+    assert code == 0, err

@@ -6,8 +6,6 @@ PY ?= python3.11
 VENV ?= .venv
 BIN := $(VENV)/bin
 export CARGO_TARGET_DIR ?= $(HOME)/.cache/svc-target
-EXAMPLE_BUNDLE := tests/testdata/bundles/corp
-EXAMPLE_REQUEST := examples/requests/alice-delete-design.json
 
 .PHONY: help
 help: ## List the targets
@@ -35,9 +33,12 @@ proto: ## Generate the Python gRPC stubs from proto/ (grpcio-tools; Rust's come 
 		--grpc_python_out=python proto/svc/authz/v1/authz.proto
 
 .PHONY: run
-run: build ## Set up and run the main job: the decision point (gRPC + HTTP) on 127.0.0.1:8080
-	@echo "try: curl -s localhost:8080/v1/access/evaluation -d @$(EXAMPLE_REQUEST) -H 'content-type: application/json'"
-	$(BIN)/svc pdp --bundle $(EXAMPLE_BUNDLE) --port 8080
+run: build ## Set up and run the main job: svc up (decision point :8080, intake :8081, history :8082)
+	$(BIN)/svc up
+
+.PHONY: demo
+demo: build ## svc demo: the demo company's traffic through svc up, then its summary from history
+	$(BIN)/svc demo
 
 .PHONY: lint
 lint: build ## rustfmt, clippy -D warnings, ruff, mypy and stubtest on the extension

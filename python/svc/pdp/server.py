@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -156,12 +156,19 @@ class StandaloneOptions:
 
 
 @contextmanager
-def serve_bundle(bundle_dir: Path, options: StandaloneOptions | None = None) -> Iterator[Server]:
+def serve_bundle(
+    bundle_dir: Path,
+    options: StandaloneOptions | None = None,
+    prepare: Callable[[Engine], None] | None = None,
+) -> Iterator[Server]:
     """Serves one bundle directory until the ``with`` block ends.
 
     Args:
         bundle_dir: a bundle directory (docs/bundles.md); each app of Cedar's examples works.
         options: listener and engine settings (defaults: 127.0.0.1:8080, enforce).
+        prepare: called with the engine once the bundle is loaded, before the listener starts:
+            loads what a bundle cannot carry (work items, containments, risk scores; ``svc up``
+            does so for the demo company). Bundle reloads keep what it loaded.
 
     Yields:
         The running ``Server`` (read ``server.port`` when ``port=0``); it is ready.
@@ -171,6 +178,7 @@ def serve_bundle(bundle_dir: Path, options: StandaloneOptions | None = None) -> 
         RequestError: ``options.mode`` is neither ``monitor`` nor ``enforce``.
         OSError: the port cannot be bound, or the spool directory cannot be opened.
         ValueError: ``options.kafka_url`` is not a broker URL.
+        Exception: whatever ``prepare`` raised (nothing is served).
 
     """
     opts = options or StandaloneOptions()
@@ -188,6 +196,8 @@ def serve_bundle(bundle_dir: Path, options: StandaloneOptions | None = None) -> 
     engine.configure_plans(max_age_secs=opts.plan_max_age_secs)
     for w in engine.warnings:
         log.warning("bundle %s: %s", bundle_dir, w)
+    if prepare is not None:
+        prepare(engine)
     server = Server(
         engine,
         host=opts.host,

@@ -276,3 +276,22 @@ def test_serve_bundle_reloads_in_process(app_copy: Path) -> None:
         assert c.post(EVAL, json=allowed).json()["policies"] == ["svc-test-forbid"]
         c.close()
     assert not server.running
+
+
+def test_svc_pdp_process_serves_every_example_app_as_it_stands(cedar_examples: Path) -> None:
+    """`svc pdp --bundle APP` (the command, as a user runs it) on each Cedar example app."""
+    served, decided = 0, 0
+    for app in _apps(cedar_examples):
+        requests = list(_example_requests(app))
+        pdp = Pdp("--bundle", str(app), "--port", "0", "--no-watch")
+        try:
+            base = f"http://127.0.0.1:{pdp.port()}"
+            assert httpx.get(f"{base}/readyz", timeout=10).json()["ready"] is True
+            for f, verdict in requests:
+                r = httpx.post(f"{base}{EVAL}", json=json.loads(f.read_text()), timeout=10)
+                assert r.status_code == 200 and r.json()["verdict"] == verdict, (f, r.text)
+                decided += 1
+        finally:
+            assert pdp.stop() == 0, pdp.log
+        served += 1
+    assert served == len(_apps(cedar_examples)) >= 5 and decided >= 20

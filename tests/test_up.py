@@ -153,3 +153,28 @@ def test_ctrl_c_stops_cleanly_and_the_data_dir_is_kept(tmp_path: Path) -> None:
     finally:
         code, _, err = again.stop()
     assert code == 0, err
+
+
+def test_svc_demo_runs_to_its_summary_read_from_history(tmp_path: Path) -> None:
+    r = run_svc("demo", "--data-dir", str(tmp_path), "--port", str(free_base_port()))
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert "svc up: ready" in out
+    summary = out[out.index("History ") :]
+    lines = {line.split()[0]: line for line in summary.splitlines()[1:] if line.strip()}
+    for verdict in ("allow", "deny", "challenge"):
+        assert f"{verdict} " in lines["checks"], summary
+    for kind in ("verification", "approval", "justification"):
+        assert kind in lines["challenges"], summary
+    for outcome in ("conditional", "always_allowed", "always_denied", "challenge"):
+        assert outcome in lines["plans"], summary
+    assert "rows listed" in lines["list"] and "agents" in lines
+    assert "stopped; data kept in" in r.stderr
+    # The bundle, the intake token and the history stay for the next start.
+    assert (tmp_path / "bundle" / "entities.json").exists()
+    assert (tmp_path / "intake.token").exists()
+
+
+def test_svc_up_demo_refuses_a_bundle(tmp_path: Path) -> None:
+    r = run_svc("up", "--demo", "--data-dir", str(tmp_path), "--bundle", str(CORP))
+    assert r.returncode == 2 and "--bundle" in r.stderr

@@ -491,7 +491,7 @@ def run(options: UpOptions, *, demo_checks: int = 0, keep_serving: bool = True) 
 
     from svc.pdp import BundleError
 
-    err = Console(stderr=True, highlight=False)
+    err = Console(stderr=True, highlight=False, markup=False, soft_wrap=True)
     stack = Stack(options)
     t0 = time.monotonic()
     try:

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import gzip
 import json
+import signal
 import socket
+import subprocess
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -16,7 +18,7 @@ import httpx
 import pytest
 
 from svc.intake.cloudtrail import map_record
-from uphelp import Up, free_base_port, get_json, run_svc, start_up
+from uphelp import SVC, Up, free_base_port, get_json, run_svc, start_up
 
 CORP = Path(__file__).parent / "testdata" / "bundles" / "corp"
 SHARED_CLOUDTRAIL = Path(__file__).resolve().parents[2] / "shared" / "data" / "cloudtrail"
@@ -178,3 +180,23 @@ def test_svc_demo_runs_to_its_summary_read_from_history(tmp_path: Path) -> None:
 def test_svc_up_demo_refuses_a_bundle(tmp_path: Path) -> None:
     r = run_svc("up", "--demo", "--data-dir", str(tmp_path), "--bundle", str(CORP))
     assert r.returncode == 2 and "--bundle" in r.stderr
+
+
+def test_ctrl_c_interrupts_the_demo_and_stops_cleanly(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [*SVC, "demo", "--data-dir", str(tmp_path), "--port", str(free_base_port())],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stderr is not None
+    seen = []
+    for line in proc.stderr:  # plain progress lines (not a terminal)
+        seen.append(line)
+        if line.startswith("demo: ") and "checks" in line:
+            proc.send_signal(signal.SIGINT)
+            break
+    _, rest = proc.communicate(timeout=90)
+    err = "".join(seen) + rest
+    assert proc.returncode == 130, err
+    assert "demo: interrupted" in err and "stopped; data kept in" in err

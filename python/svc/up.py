@@ -484,7 +484,8 @@ def run(options: UpOptions, *, demo_checks: int = 0, keep_serving: bool = True) 
         keep_serving: serve until SIGINT/SIGTERM after starting (and after the demo).
 
     Returns:
-        The exit code: 0, or 2 when the install could not start (the reason is printed).
+        The exit code: 0; 2 when the install could not start (the reason is printed); 130
+        when Ctrl-C interrupted the start or the demo.
 
     """
     import signal
@@ -510,13 +511,26 @@ def run(options: UpOptions, *, demo_checks: int = 0, keep_serving: bool = True) 
     except OSError as e:
         err.print(f"svc up: could not start: {e}")
         return 2
-    stop = threading.Event()
-    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def interrupt(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    # While the demo runs, Ctrl-C (or SIGTERM) interrupts it; while serving, it ends the wait.
+    signals = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.signal(s, interrupt) for s in signals}
+    code = 0
     try:
         print(_banner(stack, time.monotonic() - t0), flush=True)
         if demo_checks:
-            print(run_demo(stack, demo_checks, err), flush=True)
-        if keep_serving and not stop.is_set():
+            try:
+                print(run_demo(stack, demo_checks, err), flush=True)
+            except KeyboardInterrupt:
+                err.print("demo: interrupted")
+                keep_serving, code = False, 130
+        if keep_serving:
+            stop = threading.Event()
+            for s in signals:
+                signal.signal(s, lambda *_: stop.set())
             print("Ctrl-C stops (the data directory is kept).", flush=True)
             stop.wait()
     finally:
@@ -525,7 +539,7 @@ def run(options: UpOptions, *, demo_checks: int = 0, keep_serving: bool = True) 
         for s, h in previous.items():
             signal.signal(s, h)
         err.print(f"svc up: stopped; data kept in {options.data_dir}")
-    return 0
+    return code
 
 
 def run_demo(stack: Stack, checks: int, err: Console) -> str:

@@ -3,6 +3,8 @@
 #   * wrk (Debian)            HTTP/1.1 load, closed loop, Lua POST script
 #   * h2load (nghttp2-client) gRPC (h2c) load, and constant-rate runs (--rps) for latency
 #   * cerbos (npm @cerbos/cerbos-linux-x64) the peer PDP, unpacked into a cache dir
+#   * vegeta, ghz (Go module proxy, `go install`)  open-loop HTTP and gRPC load at a constant,
+#     evenly spaced rate, for the latency-at-half-rate runs (skipped when Go is missing)
 # The cerbos binary lives in $SVC_BENCH_CACHE (default ~/.cache/svc-bench), never in the repo.
 # Usage: bash benches/load/setup.sh   (prints the path of the cerbos binary on its last line)
 set -euo pipefail
@@ -28,6 +30,18 @@ if [ ! -x "$bin" ] || ! "$bin" --version 2>/dev/null | grep -q "$CERBOS_VERSION"
   npm install --prefix "$CACHE" --no-save --no-audit --no-fund --silent \
     "@cerbos/cerbos-linux-x64@$CERBOS_VERSION" >/dev/null
   chmod +x "$bin"
+fi
+
+VEGETA_VERSION="${VEGETA_VERSION:-v12.12.0}"
+GHZ_VERSION="${GHZ_VERSION:-v0.121.0}"
+if command -v go >/dev/null; then
+  export GOPATH="$CACHE/go" GOBIN="$CACHE/bin"
+  [ -x "$GOBIN/vegeta" ] || go install "github.com/tsenart/vegeta/v12@$VEGETA_VERSION"
+  [ -x "$GOBIN/ghz" ] || go install "github.com/bojand/ghz/cmd/ghz@$GHZ_VERSION"
+  echo "vegeta: $("$GOBIN/vegeta" -version 2>&1 | head -1)"
+  echo "ghz:    $("$GOBIN/ghz" --version 2>&1 | head -1)"
+else
+  echo "setup: no Go toolchain; the open-loop latency runs (vegeta, ghz) will be skipped" >&2
 fi
 
 echo "wrk:    $(command -v wrk) ($(wrk -v 2>&1 | head -1 | cut -c1-40))"

@@ -41,9 +41,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, Producer
+import confluent_kafka
+from confluent_kafka import KafkaError, KafkaException
 
-from svc.broker import Producer as make_producer
+from svc.broker import Producer
 from svc.intake.metrics import IntakeMetrics
 
 __all__ = ["BrokerUnavailable", "TransactionalPool", "producer_config"]
@@ -112,7 +113,7 @@ class _Slot:
 
     def __init__(self, transactional_id: str) -> None:
         self.transactional_id = transactional_id
-        self.producer: Producer | None = None
+        self.producer: confluent_kafka.Producer | None = None
         self.state = _State.NEW
 
 
@@ -275,7 +276,7 @@ class TransactionalPool:
                     conf["error_cb"] = _on_error
                     conf["logger"] = _RdkafkaLog()
                     conf.update(self.extra_config)
-                    slot.producer = make_producer(conf)
+                    slot.producer = Producer(conf)
                 slot.producer.init_transactions(timeout)
                 self._check_topic(slot.producer, timeout)
                 self._initialised = True
@@ -310,7 +311,7 @@ class TransactionalPool:
         slot.state = _State.READY
         return True
 
-    def _check_topic(self, producer: Producer, timeout: float) -> None:
+    def _check_topic(self, producer: confluent_kafka.Producer, timeout: float) -> None:
         """Raises ``_TopicMissing`` when the topic does not exist (topics are not auto-created)."""
         md = producer.list_topics(self.topic, timeout=timeout)
         t = md.topics.get(self.topic)

@@ -421,6 +421,7 @@ def vegeta(
         f"-duration={seconds}s",
         "-keepalive=true",
         "-workers=16",
+        "-max-workers=64",
         f"-output={results}",
     ]
     subprocess.run(client(attack), check=True, capture_output=True)

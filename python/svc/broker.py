@@ -481,7 +481,7 @@ class LocalProducer:
             return
         for (t, k, v, ts, cb), off in zip(pending, offsets, strict=True):
             if cb is not None:
-                self._done.append((_ok(cb), LocalMessage(t, off, k, v, ts)))
+                self._done.append((cb, LocalMessage(t, off, k, v, ts)))
 
     def _serve(self) -> int:
         done, self._done = self._done, []
@@ -731,10 +731,6 @@ class LocalConsumer:
 
 def _b(v: bytes | str | None) -> bytes | None:
     return v.encode() if isinstance(v, str) else v
-
-
-def _ok(cb: DeliveryCallback) -> DeliveryCallback:
-    return cb
 
 
 def _failed(cb: DeliveryCallback, err: KafkaError) -> DeliveryCallback:

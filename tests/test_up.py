@@ -18,10 +18,10 @@ import httpx
 import pytest
 
 from svc.intake.cloudtrail import map_record
+from test_intake import cloudtrail_files
 from uphelp import SVC, Up, free_base_port, get_json, run_svc, start_up
 
 CORP = Path(__file__).parent / "testdata" / "bundles" / "corp"
-SHARED_CLOUDTRAIL = Path(__file__).resolve().parents[2] / "shared" / "data" / "cloudtrail"
 ALICE_DELETE = {
     "principal": {"type": "Human", "id": "alice"},
     "action": "delete",
@@ -78,9 +78,9 @@ def test_history_routes_name_bad_parameters(corp_up: Up) -> None:
     assert r.status_code == 404
 
 
-@pytest.mark.skipif(not SHARED_CLOUDTRAIL.is_dir(), reason="../shared/data/cloudtrail missing")
+@pytest.mark.skipif(not cloudtrail_files(), reason="../shared/data/cloudtrail is not present")
 def test_cloudtrail_files_posted_to_intake_are_found_in_history(corp_up: Up) -> None:
-    files = sorted(SHARED_CLOUDTRAIL.rglob("*.json.gz"))
+    files = cloudtrail_files()
     assert files
     expected: dict[tuple[str, str], set[str]] = defaultdict(set)
     before = corp_up.totals()["events"]

@@ -35,7 +35,8 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, cast
@@ -197,6 +198,23 @@ class LocalLog:
         with self._lock:
             self._db.close()
 
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        """The connection inside ``BEGIN IMMEDIATE``: committed at the end, rolled back on error.
+
+        ``IMMEDIATE`` takes SQLite's write lock at once, so offsets read inside are not raced by
+        another process's writer.
+        """
+        with self._lock:
+            db = self._db
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                yield db
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+
     # -- topics
 
     def create_topics(self, names: Iterable[str]) -> None:
@@ -230,43 +248,36 @@ class LocalLog:
         if not records:
             return []
         offsets: list[int] = []
-        with self._lock:
-            db = self._db
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                known = {r[0] for r in db.execute("SELECT name FROM topics")}
-                nexts: dict[str, int] = {}
-                rows = []
-                for topic, key, value, ts in records:
-                    if topic not in known:
-                        raise KafkaException(
-                            KafkaError(
-                                KafkaError.UNKNOWN_TOPIC_OR_PART,
-                                f"topic `{topic}` does not exist in {self.path}",
-                            )
+        with self._transaction() as db:
+            known = {r[0] for r in db.execute("SELECT name FROM topics")}
+            nexts: dict[str, int] = {}
+            rows = []
+            for topic, key, value, ts in records:
+                if topic not in known:
+                    raise KafkaException(
+                        KafkaError(
+                            KafkaError.UNKNOWN_TOPIC_OR_PART,
+                            f"topic `{topic}` does not exist in {self.path}",
                         )
-                    n = nexts.get(topic)
-                    if n is None:
-                        row = db.execute(
-                            "SELECT next FROM next_offsets WHERE topic = ?", (topic,)
-                        ).fetchone()
-                        n = int(row[0]) if row else 0
-                    rows.append((topic, n, key, value, ts))
-                    offsets.append(n)
-                    nexts[topic] = n + 1
-                db.executemany(
-                    "INSERT INTO records (topic, offset, key, value, ts_ms) VALUES (?, ?, ?, ?, ?)",
-                    rows,
-                )
-                db.executemany(
-                    "INSERT INTO next_offsets (topic, next) VALUES (?, ?) "
-                    "ON CONFLICT (topic) DO UPDATE SET next = excluded.next",
-                    list(nexts.items()),
-                )
-                db.execute("COMMIT")
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
+                    )
+                n = nexts.get(topic)
+                if n is None:
+                    row = db.execute(
+                        "SELECT next FROM next_offsets WHERE topic = ?", (topic,)
+                    ).fetchone()
+                    n = int(row[0]) if row else 0
+                rows.append((topic, n, key, value, ts))
+                offsets.append(n)
+                nexts[topic] = n + 1
+            db.executemany(
+                "INSERT INTO records (topic, offset, key, value, ts_ms) VALUES (?, ?, ?, ?, ?)",
+                rows,
+            )
+            db.executemany(
+                "INSERT INTO next_offsets (topic, next) VALUES (?, ?) "
+                "ON CONFLICT (topic) DO UPDATE SET next = excluded.next",
+                list(nexts.items()),
+            )
         with self.appended:
             self.appended.notify_all()
         return offsets
@@ -313,18 +324,12 @@ class LocalLog:
 
     def commit(self, group_id: str, offsets: Sequence[tuple[str, int]]) -> None:
         """Stores a group's next offset per topic (one transaction)."""
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                self._db.executemany(
-                    "INSERT INTO group_offsets (group_id, topic, offset) VALUES (?, ?, ?) "
-                    "ON CONFLICT (group_id, topic) DO UPDATE SET offset = excluded.offset",
-                    [(group_id, t, o) for t, o in offsets],
-                )
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
+        with self._transaction() as db:
+            db.executemany(
+                "INSERT INTO group_offsets (group_id, topic, offset) VALUES (?, ?, ?) "
+                "ON CONFLICT (group_id, topic) DO UPDATE SET offset = excluded.offset",
+                [(group_id, t, o) for t, o in offsets],
+            )
 
     def committed(self, group_id: str, topic: str) -> int | None:
         """A group's committed next offset of ``topic``, or None when it has none."""

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import fcntl
+import functools
 import logging
 import os
 import secrets
@@ -35,7 +36,7 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import uvicorn
 from clickhouse_connect.driver.client import Client
@@ -51,6 +52,9 @@ from svc.history.service import totals
 from svc.pdp import Engine, RequestError
 from svc.pdp.decision_log import DECISIONS_TOPIC
 from svc.pdp.server import StandaloneOptions, serve_bundle
+
+if TYPE_CHECKING:
+    from svc.demo.company import Company
 
 __all__ = [
     "DataDirBusy",
@@ -260,8 +264,15 @@ class Stack:
 
         tmp = self.bundle_dir.with_name(self.bundle_dir.name + ".new")
         tmp.mkdir(parents=True, exist_ok=True)
-        company.write_bundle(company.generate(), tmp)
+        company.write_bundle(self.demo_company, tmp)
         tmp.rename(self.bundle_dir)
+
+    @functools.cached_property
+    def demo_company(self) -> Company:
+        """The demo company (``svc.demo.company.generate()``, deterministic), built once."""
+        from svc.demo import company
+
+        return company.generate()
 
     def _provision_engine(self, engine: Engine) -> None:
         """Loads the demo company's work items, containments and risk scores (``svc.demo``).
@@ -273,7 +284,7 @@ class Stack:
         from svc.demo import company
 
         try:
-            company.provision(engine, company.generate())
+            company.provision(engine, self.demo_company)
         except RequestError as e:
             log.warning("the bundle is not the demo company's; not provisioned: %s", e)
 
@@ -554,12 +565,11 @@ def run_demo(stack: Stack, checks: int, err: Console) -> str:
         The summary, read from the history (``svc.demo.summary``).
 
     """
-    from svc.demo import company, summary, traffic
+    from svc.demo import summary, traffic
 
-    co = company.generate()
     with _Progress(err, "demo") as progress:
         report = traffic.drive(
-            co,
+            stack.demo_company,
             stack.urls.pdp,
             stack.urls.intake,
             stack.intake_token,

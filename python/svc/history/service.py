@@ -33,7 +33,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from svc import __version__
 from svc.history import queries
 from svc.history.loader import Loader
-from svc.intake.app import problem_response
+from svc.intake.app import http_exception_problem, problem_response
 from svc.intake.models import Problem
 
 __all__ = ["create_app", "totals"]
@@ -154,9 +154,7 @@ def create_app(
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> Response:
-        slug = {404: "not-found", 405: "method-not-allowed"}.get(exc.status_code, "http-error")
-        title = {404: "Not found", 405: "Method not allowed"}.get(exc.status_code, "HTTP error")
-        return problem_response(Problem(exc.status_code, slug, title, str(exc.detail).lower()))
+        return http_exception_problem(exc)
 
     def run(fn: Callable[[], Any]) -> Any:
         try:

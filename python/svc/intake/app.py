@@ -55,6 +55,21 @@ def problem_response(p: Problem) -> JSONResponse:
     return JSONResponse(p.body(), status_code=p.status, headers=p.headers, media_type=PROBLEM_JSON)
 
 
+def http_exception_problem(exc: StarletteHTTPException) -> JSONResponse:
+    """Starlette's own HTTP errors (unknown route 404, wrong method 405, ...) as RFC 9457.
+
+    Used as the ``StarletteHTTPException`` handler of every Python service's app, so routing
+    errors answer in the same ``urn:svc:problem:<slug>`` shape as the services' own (DESIGN 7);
+    the exception's headers (``Allow`` on a 405) are kept.
+    """
+    slug = {404: "not-found", 405: "method-not-allowed"}.get(exc.status_code, "http-error")
+    title = {404: "Not found", 405: "Method not allowed"}.get(exc.status_code, "HTTP error")
+    p = Problem(exc.status_code, slug, title, str(exc.detail).lower().rstrip("."))
+    if exc.headers:
+        p.headers.update(exc.headers)
+    return problem_response(p)
+
+
 def _too_large(limit: int, what: str) -> Problem:
     return Problem(
         413,
@@ -281,12 +296,7 @@ def create_app(settings: IntakeSettings | None = None) -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> Response:
-        slug = {404: "not-found", 405: "method-not-allowed"}.get(exc.status_code, "http-error")
-        title = {404: "Not found", 405: "Method not allowed"}.get(exc.status_code, "HTTP error")
-        p = Problem(exc.status_code, slug, title, str(exc.detail).lower().rstrip("."))
-        if exc.headers:
-            p.headers.update(exc.headers)
-        return problem_response(p)
+        return http_exception_problem(exc)
 
     return app
 

@@ -203,10 +203,6 @@ impl TemplateLink {
 pub struct Bundle {
     /// Policies with their real effects, named by [`PolicyMeta::name`].
     pub(crate) policies: PolicySet,
-    /// The same policies, every one turned into a `permit`: one evaluation of this set reports
-    /// every satisfied policy (Cedar reports all satisfied permits on `Allow`), which the verdict
-    /// rules of DESIGN 4 need.
-    pub(crate) eval_set: PolicySet,
     /// Static and linked policies by id.
     pub(crate) meta: FastMap<PolicyId, PolicyMeta>,
     /// Templates by id.
@@ -536,7 +532,6 @@ impl Bundle {
 
         // --- policies -----------------------------------------------------------------------
         let mut policies = PolicySet::new();
-        let mut eval_set = PolicySet::new();
         let mut meta: FastMap<PolicyId, PolicyMeta> = FastMap::default();
         let mut template_meta: HashMap<PolicyId, PolicyMeta> = HashMap::new();
         let mut file_of: HashMap<PolicyId, (String, String)> = HashMap::new();
@@ -623,13 +618,8 @@ impl Bundle {
                             challenges,
                             file: file.clone(),
                         };
-                        let as_permit = permit_copy_policy(&renamed);
                         meta.insert(pid.clone(), m);
-                        policies
-                            .add(renamed)
-                            .map_err(|e| chain(&e))
-                            .and(as_permit)
-                            .and_then(|ap| eval_set.add(ap).map_err(|e| chain(&e)))
+                        policies.add(renamed).map_err(|e| chain(&e))
                     }
                     (_, Some(t)) => {
                         let renamed = t.new_id(pid.clone());
@@ -639,13 +629,8 @@ impl Bundle {
                             challenges,
                             file: file.clone(),
                         };
-                        let as_permit = permit_copy_template(&renamed);
                         template_meta.insert(pid.clone(), m);
-                        policies
-                            .add_template(renamed)
-                            .map_err(|e| chain(&e))
-                            .and(as_permit)
-                            .and_then(|ap| eval_set.add_template(ap).map_err(|e| chain(&e)))
+                        policies.add_template(renamed).map_err(|e| chain(&e))
                     }
                     _ => Ok(()),
                 };
@@ -765,7 +750,6 @@ impl Bundle {
             plan_entities: crate::memo::SliceMemo::default(),
             plan_sides: crate::memo::SideMemo::default(),
             policies,
-            eval_set,
             meta,
             template_meta,
             schema,
@@ -862,7 +846,6 @@ impl Bundle {
     fn clone_shallow(&self) -> Self {
         Self {
             policies: self.policies.clone(),
-            eval_set: self.eval_set.clone(),
             meta: self.meta.clone(),
             template_meta: self.template_meta.clone(),
             schema: self.schema.clone(),
@@ -905,9 +888,6 @@ impl Bundle {
             })
             .collect();
         self.policies
-            .link(tid.clone(), lid.clone(), vals.clone())
-            .map_err(|e| chain(&e))?;
-        self.eval_set
             .link(tid, lid.clone(), vals)
             .map_err(|e| chain(&e))?;
         self.meta.insert(
@@ -1109,29 +1089,6 @@ fn stmt_index(id: &PolicyId) -> usize {
         .strip_prefix("policy")
         .and_then(|n| n.parse().ok())
         .unwrap_or(usize::MAX)
-}
-
-fn flip_to_permit(mut json: Value) -> Value {
-    if let Some(obj) = json.as_object_mut() {
-        obj.insert("effect".to_owned(), Value::String("permit".to_owned()));
-    }
-    json
-}
-
-fn permit_copy_policy(p: &Policy) -> Result<Policy, String> {
-    if p.effect() == Effect::Permit {
-        return Ok(p.clone());
-    }
-    let json = p.to_json().map_err(|e| chain(&e))?;
-    Policy::from_json(Some(p.id().clone()), flip_to_permit(json)).map_err(|e| chain(&e))
-}
-
-fn permit_copy_template(t: &Template) -> Result<Template, String> {
-    if t.effect() == Effect::Permit {
-        return Ok(t.clone());
-    }
-    let json = t.to_json().map_err(|e| chain(&e))?;
-    Template::from_json(Some(t.id().clone()), flip_to_permit(json)).map_err(|e| chain(&e))
 }
 
 fn validate(

@@ -24,9 +24,10 @@ use crate::request::{kind, parse_uid, CheckRequest, PlanRequest};
 use crate::store::{parse_uid_list, FastHasher, FastSet, Hierarchy, Store, StoredEntity, WorkItem};
 use arc_swap::ArcSwap;
 use cedar_policy::{
-    Authorizer, Context, Effect, Entities, Entity, EntityUid, EvalResult, Request,
-    RequestValidationError,
+    Context, Effect, Entities, Entity, EntityUid, EvalResult, Request, RequestValidationError,
 };
+use cedar_policy_core::evaluator::Evaluator;
+use cedar_policy_core::extensions::Extensions;
 use serde_json::{json, Map, Value};
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -336,7 +337,6 @@ pub struct Versions {
 pub struct Engine {
     state: ArcSwap<State>,
     writer: Mutex<()>,
-    authorizer: Authorizer,
     plans: PlanCache,
     plan_max_age_secs: AtomicU64,
     /// Whether plan sides are memoised ([`Engine::set_plan_memo`]).
@@ -375,7 +375,6 @@ impl Engine {
         Self {
             state: ArcSwap::from_pointee(st),
             writer: Mutex::new(()),
-            authorizer: Authorizer::new(),
             plans: PlanCache::new(DEFAULT_PLAN_CACHE_CAPACITY),
             plan_max_age_secs: AtomicU64::new(DEFAULT_PLAN_MAX_AGE_SECS),
             plan_memo: AtomicBool::new(true),
@@ -1132,15 +1131,11 @@ impl Engine {
         // The side is a pure function of its inputs; it is memoised by them (crate::memo).
         let compute = || {
             // Only the policies whose scope can match; the others leave no residual.
-            let scoped = b.scopes.get(
-                &b.policies,
-                &b.eval_set,
-                action,
-                subject.type_name(),
-                resource_type,
-            );
+            let scoped = b
+                .scopes
+                .get(&b.policies, action, subject.type_name(), resource_type);
             let res = residuals_with(
-                scoped.as_ref().map_or(&b.policies, |s| &s.policies),
+                scoped.policies.as_ref().unwrap_or(&b.policies),
                 schema,
                 kinds,
                 subject,
@@ -1236,17 +1231,20 @@ impl Engine {
         .map_err(|e| request_error(&e, field))?;
 
         let entities = gather(cx, subject, agent)?;
-        // Only the policies whose scope can match: the same satisfied set (crate::scope).
+        // Only the policies whose scope can match: the same satisfied set (crate::scope),
+        // evaluated from their pre-built conditions.
         let scoped = b.scopes.get(
             &b.policies,
-            &b.eval_set,
             cx.action,
             subject.type_name(),
             cx.req.resource.type_name(),
         );
-        let set = scoped.as_ref().map_or(&b.eval_set, |s| &s.eval_set);
-        let response = self.authorizer.is_authorized(&request, set, &entities);
-        Ok(classify(b, response.diagnostics().reason()))
+        let eval = Evaluator::new(
+            request.as_ref().clone(),
+            entities.as_ref(),
+            Extensions::all_available(),
+        );
+        Ok(classify(b, scoped.satisfied(&eval)))
     }
 }
 

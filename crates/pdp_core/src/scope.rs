@@ -14,12 +14,19 @@
 //!
 //! `in E` constraints without `is` never prune: any type may be an ancestor. The subsets are built
 //! lazily per environment and kept for the bundle's life (a new bundle starts empty).
+//!
+//! Each subset also keeps its policies compiled for checks ([`Compiled`]): the condition Cedar
+//! evaluates for a policy (scope and `when`/`unless` clauses as one expression, which Cedar's
+//! authorizer rebuilds on every call) built once, so a check only interprets it
+//! ([`Scoped::satisfied`]).
 
 use crate::store::FastMap;
 use cedar_policy::{
     ActionConstraint, EntityTypeName, EntityUid, Policy, PolicyId, PolicySet, PrincipalConstraint,
     ResourceConstraint,
 };
+use cedar_policy_core::ast::{Expr, Literal, SlotEnv, ValueKind};
+use cedar_policy_core::evaluator::Evaluator;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, RwLock};
 
@@ -27,13 +34,42 @@ use std::sync::{Arc, RwLock};
 /// bound the number of environments; this only guards bundles without one.
 const MAX_ENVS: usize = 4096;
 
+/// One policy ready for checks: its id and the condition Cedar's authorizer would evaluate for it
+/// (`ast::Policy::condition`, with the link's slot values for a template-linked policy).
+#[derive(Debug)]
+pub(crate) struct Compiled {
+    id: PolicyId,
+    condition: Expr,
+    slots: SlotEnv,
+}
+
 /// The policies of a bundle that can apply to one request environment.
 #[derive(Debug)]
 pub(crate) struct Scoped {
-    /// The subset of the bundle's permit copies (for checks).
-    pub(crate) eval_set: PolicySet,
-    /// The subset of the bundle's policies with their real effects (for plans).
-    pub(crate) policies: PolicySet,
+    /// Those policies compiled for checks, in the policy set's order.
+    compiled: Vec<Compiled>,
+    /// The subset of the bundle's policies (for plans); `None` when it could not be built, and
+    /// then plans use the whole set, which is always correct.
+    pub(crate) policies: Option<PolicySet>,
+}
+
+impl Scoped {
+    /// The ids of the policies satisfied by the request `eval` was built for, in the policy
+    /// set's order: exactly those Cedar's authorizer reports as satisfied (a policy whose
+    /// condition errors or is not `true` is not satisfied, as with Cedar's `ErrorHandling::Skip`;
+    /// `cedar_policy_core::authorizer::Authorizer::is_authorized_core`). Both effects are
+    /// reported; the caller applies the verdict rules (DESIGN 4).
+    pub(crate) fn satisfied<'s>(
+        &'s self,
+        eval: &'s Evaluator<'_>,
+    ) -> impl Iterator<Item = &'s PolicyId> + 's {
+        self.compiled
+            .iter()
+            .filter_map(move |c| match eval.interpret(&c.condition, &c.slots) {
+                Ok(v) if matches!(v.value, ValueKind::Lit(Literal::Bool(true))) => Some(&c.id),
+                _ => None,
+            })
+    }
 }
 
 type EnvKey = (EntityUid, EntityTypeName, EntityTypeName);
@@ -61,17 +97,15 @@ impl ScopeIndex {
         Self::new(self.action_ancestors.clone())
     }
 
-    /// The policies of `policies` / `eval_set` (the same ids) that can apply when a principal of
-    /// type `principal` performs `action` on a resource of type `resource`. `None` when a subset
-    /// could not be built (the caller then uses the whole sets, which is always correct).
+    /// The policies of `policies` that can apply when a principal of type `principal` performs
+    /// `action` on a resource of type `resource`.
     pub(crate) fn get(
         &self,
         policies: &PolicySet,
-        eval_set: &PolicySet,
         action: &EntityUid,
         principal: &EntityTypeName,
         resource: &EntityTypeName,
-    ) -> Option<Arc<Scoped>> {
+    ) -> Arc<Scoped> {
         let key: EnvKey = (action.clone(), principal.clone(), resource.clone());
         if let Some(s) = self
             .cache
@@ -79,18 +113,29 @@ impl ScopeIndex {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .get(&key)
         {
-            return Some(Arc::clone(s));
+            return Arc::clone(s);
         }
         // An action the hierarchy does not list keeps every `action in` policy.
         let ancestors = self.action_ancestors.as_ref().and_then(|m| m.get(action));
-        let keep: Vec<&PolicyId> = policies
+        let keep: Vec<&Policy> = policies
             .policies()
             .filter(|p| may_apply(p, action, ancestors, principal, resource))
-            .map(Policy::id)
             .collect();
+        let compiled = keep
+            .iter()
+            .map(|p| {
+                let ast: &cedar_policy_core::ast::Policy = (*p).as_ref();
+                Compiled {
+                    id: p.id().clone(),
+                    condition: ast.condition(),
+                    slots: ast.env().clone(),
+                }
+            })
+            .collect();
+        let ids: Vec<&PolicyId> = keep.iter().map(|p| p.id()).collect();
         let scoped = Arc::new(Scoped {
-            eval_set: subset(eval_set, &keep)?,
-            policies: subset(policies, &keep)?,
+            compiled,
+            policies: subset(policies, &ids),
         });
         let mut g = self
             .cache
@@ -99,7 +144,7 @@ impl ScopeIndex {
         if g.len() < MAX_ENVS {
             g.insert(key, Arc::clone(&scoped));
         }
-        Some(scoped)
+        scoped
     }
 }
 

@@ -129,3 +129,17 @@ def test_decide_returns_the_decision_log_record() -> None:
         }
     )
     assert closed["work_item"] == "jira:OPS-8" and closed["assigned"] is False
+
+
+def test_golden_cases_decide_the_same_without_slice_pruning() -> None:
+    """Slice pruning (``configure_checks``) only leaves out entities no policy reads through."""
+    for cid, doc, case in CASES:
+        if "expect" not in case:
+            continue
+        engine = _engine(doc)
+        engine.configure_checks(prune_slices=False)
+        try:
+            got = without_qid(engine.evaluate(case["request"]))
+        finally:
+            engine.configure_checks(prune_slices=True)
+        assert got == expected_response(case), cid

@@ -584,6 +584,16 @@ def check_plan(
     plan = engine.plan({**base, "resource_type": "Doc"})
     # The oracle: a per-row decision with the row in the store (build_engine put it there).
     verdicts = {row_key(row): engine.evaluate({**base, "resource": row["uid"]}) for row in rows}
+    # Slice pruning (the slice holds only references some policy reads through) decides as the
+    # full one-hop slice does, policies included.
+    engine.configure_checks(prune_slices=False)
+    try:
+        for row in rows:
+            full = engine.evaluate({**base, "resource": row["uid"]})
+            pruned = verdicts[row_key(row)]
+            assert (full["verdict"], full["policies"]) == (pruned["verdict"], pruned["policies"])
+    finally:
+        engine.configure_checks(prune_slices=True)
     if not DEREF.search(policy_text):
         # The same row passed inline decides the same (with a dereference it does not yet:
         # test_plan.py::test_inline_resource_reads_referenced_entities_from_the_store).

@@ -174,6 +174,16 @@ class Engine:
         every plan runs partial evaluation.
         """
 
+    def configure_checks(self, prune_slices: bool = True) -> None:
+        """Sets how checks gather entities.
+
+        ``prune_slices``: a check's entity slice holds, of the entities its principal's,
+        resource's, agent's and work item's attributes reference, only those in attributes some
+        policy that can apply reads through (``.``, ``has``, tags, left of ``in``); off, all of
+        them (one hop). Decisions are identical either way (property-tested); off exists for
+        tests and benchmarks. Default on.
+        """
+
     @property
     def plans_cached(self) -> int:
         """Number of plans currently kept for paging."""

@@ -21,6 +21,7 @@ use crate::query_plan::{
     DEFAULT_PLAN_MAX_AGE_SECS,
 };
 use crate::request::{kind, parse_uid, CheckRequest, PlanRequest};
+use crate::scope::{Derefs, Follow, DEREFS_ALL, FOLLOW_ALL, FOLLOW_NONE};
 use crate::store::{parse_uid_list, FastHasher, FastSet, Hierarchy, Store, StoredEntity, WorkItem};
 use arc_swap::ArcSwap;
 use cedar_policy::{
@@ -341,6 +342,9 @@ pub struct Engine {
     plan_max_age_secs: AtomicU64,
     /// Whether plan sides are memoised ([`Engine::set_plan_memo`]).
     plan_memo: AtomicBool,
+    /// Whether check slices leave out references no policy looks into
+    /// ([`Engine::set_slice_pruning`]).
+    slice_pruning: AtomicBool,
 }
 
 impl std::fmt::Debug for Engine {
@@ -378,6 +382,7 @@ impl Engine {
             plans: PlanCache::new(DEFAULT_PLAN_CACHE_CAPACITY),
             plan_max_age_secs: AtomicU64::new(DEFAULT_PLAN_MAX_AGE_SECS),
             plan_memo: AtomicBool::new(true),
+            slice_pruning: AtomicBool::new(true),
         }
     }
 
@@ -1116,18 +1121,19 @@ impl Engine {
         // No resource, so no work-item assignment: `assigned` is false for every row (a plan
         // never shows rows only an assignment would).
         let context = context_for(st, action, subject, agent, &req.context, true, false, None)?;
-        let mut roots: Vec<(&EntityUid, bool)> = vec![(subject, true), (action, false)];
+        let mut roots: Vec<(&EntityUid, &Follow)> =
+            vec![(subject, &FOLLOW_ALL), (action, &FOLLOW_NONE)];
         if let Some(a) = agent {
-            roots.push((a, true));
+            roots.push((a, &FOLLOW_ALL));
         }
         // The slice, converted for partial evaluation once per distinct slice (crate::memo).
-        let known = b
-            .plan_entities
-            .get_or_build(closed_list(st, &roots, None), |list| {
-                let entities = Hierarchy::slice(list)?;
-                let partial = partial_entities(&entities, schema);
-                Ok::<_, RequestError>((entities, partial))
-            })?;
+        let known =
+            b.plan_entities
+                .get_or_build(closed_list(st, &roots, None, &FOLLOW_ALL), |list| {
+                    let entities = Hierarchy::slice(list)?;
+                    let partial = partial_entities(&entities, schema);
+                    Ok::<_, RequestError>((entities, partial))
+                })?;
         // The side is a pure function of its inputs; it is memoised by them (crate::memo).
         let compute = || {
             // Only the policies whose scope can match; the others leave no residual.
@@ -1162,6 +1168,14 @@ impl Engine {
     /// evaluation (for measuring that path).
     pub fn set_plan_memo(&self, on: bool) {
         self.plan_memo.store(on, Ordering::Relaxed);
+    }
+
+    /// Turns slice pruning on (the default) or off. On, a check's entity slice holds, of the
+    /// entities the roots' attributes reference, only those in attributes some policy that can
+    /// apply looks into ([`crate::scope::Derefs`]); off, all of them (the one-hop slice in
+    /// full). Decisions are the same either way; off exists to test and measure that.
+    pub fn set_slice_pruning(&self, on: bool) {
+        self.slice_pruning.store(on, Ordering::Relaxed);
     }
 
     /// Checks one principal (`subject`); `agent` is the acting service account on a person's
@@ -1230,15 +1244,20 @@ impl Engine {
         }
         .map_err(|e| request_error(&e, field))?;
 
-        let entities = gather(cx, subject, agent)?;
         // Only the policies whose scope can match: the same satisfied set (crate::scope),
-        // evaluated from their pre-built conditions.
+        // evaluated from their pre-built conditions, over the slice they can look into.
         let scoped = b.scopes.get(
             &b.policies,
             cx.action,
             subject.type_name(),
             cx.req.resource.type_name(),
         );
+        let derefs = if self.slice_pruning.load(Ordering::Relaxed) {
+            &scoped.derefs
+        } else {
+            &DEREFS_ALL
+        };
+        let entities = gather(cx, subject, agent, derefs)?;
         let eval = Evaluator::new(
             request.as_ref().clone(),
             entities.as_ref(),
@@ -1409,34 +1428,36 @@ fn is_registered(st: &State, uid: &EntityUid) -> bool {
 }
 
 /// Builds the entity slice a check can reach: the principal, resource, agent, action and work
-/// item with their ancestors, the entities their attributes reference (one hop, with
-/// ancestors), and every inline entity. Its size depends on the request, not on the store.
+/// item with their ancestors, the entities referenced by those of their attributes the
+/// policies may look into (`derefs`, see [`crate::scope::Derefs`]; one hop, with ancestors),
+/// and every inline entity. Its size depends on the request, not on the store.
 fn gather(
     cx: &CheckCtx<'_>,
     subject: &EntityUid,
     agent: Option<&EntityUid>,
+    derefs: &Derefs,
 ) -> Result<Entities, RequestError> {
     if cx.inline.is_empty() {
-        return gather_closed(cx, subject, agent);
+        return gather_closed(cx, subject, agent, derefs);
     }
     let mut seen: HashSet<EntityUid> = HashSet::new();
     let mut out: Vec<Entity> = Vec::new();
-    // (uid, follow attribute references)
-    let mut stack: Vec<(EntityUid, bool)> = Vec::with_capacity(16);
+    // (uid, the attribute references to follow)
+    let mut stack: Vec<(EntityUid, &Follow)> = Vec::with_capacity(16);
     // Inline entities go to the bottom of the stack: a root that is also inline (the app's
     // fresher copy of the resource) must be reached as a root first, so that the entities its
     // attributes reference are followed.
     for uid in cx.inline.keys() {
-        stack.push((uid.clone(), false));
+        stack.push((uid.clone(), &FOLLOW_NONE));
     }
-    stack.push((subject.clone(), true));
-    stack.push((cx.req.resource.clone(), true));
-    stack.push((cx.action.clone(), false));
+    stack.push((subject.clone(), &derefs.principal));
+    stack.push((cx.req.resource.clone(), &derefs.resource));
+    stack.push((cx.action.clone(), &FOLLOW_NONE));
     if let Some(a) = agent {
-        stack.push((a.clone(), true));
+        stack.push((a.clone(), &derefs.agent));
     }
     if let Some(w) = cx.work_item {
-        stack.push((w.entity.entity.uid(), true));
+        stack.push((w.entity.entity.uid(), &derefs.work_item));
     }
     while let Some((uid, follow)) = stack.pop() {
         if !seen.insert(uid.clone()) {
@@ -1448,13 +1469,13 @@ fn gather(
         out.push(se.entity.clone());
         for p in &se.parents {
             if !seen.contains(p) {
-                stack.push((p.clone(), false));
+                stack.push((p.clone(), &FOLLOW_NONE));
             }
         }
-        if follow {
-            for r in &se.refs {
-                if !seen.contains(r) {
-                    stack.push((r.clone(), false));
+        if follow.any() {
+            for (attr, r) in &se.refs {
+                if follow.takes(attr) && !seen.contains(r) {
+                    stack.push((r.clone(), &FOLLOW_NONE));
                 }
             }
         }
@@ -1468,33 +1489,27 @@ fn gather_closed(
     cx: &CheckCtx<'_>,
     subject: &EntityUid,
     agent: Option<&EntityUid>,
+    derefs: &Derefs,
 ) -> Result<Entities, RequestError> {
-    let mut roots: Vec<(&EntityUid, bool)> = Vec::with_capacity(4);
-    roots.push((subject, true));
-    roots.push((&cx.req.resource, true));
-    roots.push((cx.action, false));
+    let mut roots: Vec<(&EntityUid, &Follow)> = Vec::with_capacity(4);
+    roots.push((subject, &derefs.principal));
+    roots.push((&cx.req.resource, &derefs.resource));
+    roots.push((cx.action, &FOLLOW_NONE));
     if let Some(a) = agent {
-        roots.push((a, true));
+        roots.push((a, &derefs.agent));
     }
-    closed_slice(cx.st, &roots, cx.work_item)
+    Hierarchy::slice(closed_list(cx.st, &roots, cx.work_item, &derefs.work_item))
 }
 
-/// The pre-closed entities reachable from `roots` (each with its ancestors; with `true`, also
-/// the entities its attributes reference, with theirs) and from the work item.
-fn closed_slice(
-    st: &State,
-    roots: &[(&EntityUid, bool)],
-    work_item: Option<&WorkItem>,
-) -> Result<Entities, RequestError> {
-    Hierarchy::slice(closed_list(st, roots, work_item))
-}
-
-/// The entities of [`closed_slice`], in a stable order (roots first, each followed by its
+/// The pre-closed entities reachable from `roots` (each with its ancestors, and the entities
+/// referenced by the attributes its [`Follow`] takes, with theirs) and from the work item (its
+/// references by `work_item_follow`), in a stable order (roots first, each followed by its
 /// ancestors and then by what its attributes reference).
 fn closed_list<'s>(
     st: &'s State,
-    roots: &[(&EntityUid, bool)],
+    roots: &[(&EntityUid, &Follow)],
     work_item: Option<&'s WorkItem>,
+    work_item_follow: &Follow,
 ) -> Vec<Arc<cedar_policy_core::ast::Entity>> {
     let h = &st.hierarchy;
     let mut seen: FastSet<&cedar_policy_core::ast::EntityUID> =
@@ -1518,11 +1533,13 @@ fn closed_list<'s>(
         if let Some(e) = h.get(uid) {
             add(e);
         }
-        if follow {
+        if follow.any() {
             if let Some(se) = st.entity(uid) {
-                for r in &se.refs {
-                    if let Some(e) = h.get(r) {
-                        add(e);
+                for (attr, r) in &se.refs {
+                    if follow.takes(attr) {
+                        if let Some(e) = h.get(r) {
+                            add(e);
+                        }
                     }
                 }
             }
@@ -1530,9 +1547,11 @@ fn closed_list<'s>(
     }
     if let Some(w) = work_item {
         add(&w.closed);
-        for r in &w.entity.refs {
-            if let Some(e) = h.get(r) {
-                add(e);
+        for (attr, r) in &w.entity.refs {
+            if work_item_follow.takes(attr) {
+                if let Some(e) = h.get(r) {
+                    add(e);
+                }
             }
         }
     }

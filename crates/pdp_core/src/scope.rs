@@ -19,13 +19,19 @@
 //! evaluates for a policy (scope and `when`/`unless` clauses as one expression, which Cedar's
 //! authorizer rebuilds on every call) built once, so a check only interprets it
 //! ([`Scoped::satisfied`]).
+//!
+//! And it records which entity-valued attributes those conditions dereference ([`Derefs`]), so a
+//! check's entity slice holds only the referenced entities the evaluation can look up. Cedar
+//! looks an entity up only to read its attributes or tags (`.`, `has`, `getTag`, `hasTag`) or
+//! its ancestors (the left side of `in`); an entity that is merely compared (`==`, `contains`,
+//! the right side of `in`) need not be present, and its absence changes nothing.
 
 use crate::store::FastMap;
 use cedar_policy::{
     ActionConstraint, EntityTypeName, EntityUid, Policy, PolicyId, PolicySet, PrincipalConstraint,
     ResourceConstraint,
 };
-use cedar_policy_core::ast::{Expr, Literal, SlotEnv, ValueKind};
+use cedar_policy_core::ast::{BinaryOp, Expr, ExprKind, Literal, SlotEnv, ValueKind, Var};
 use cedar_policy_core::evaluator::Evaluator;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, RwLock};
@@ -43,11 +49,171 @@ pub(crate) struct Compiled {
     slots: SlotEnv,
 }
 
+/// Which attributes of an entity in a check's slice hold entities the policies may look up:
+/// the slice adds the entities those attributes reference (at any depth of sets and records),
+/// each with its ancestors.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Follow {
+    /// Every attribute (the conservative answer).
+    all: bool,
+    /// These attributes (when not `all`).
+    attrs: Vec<Box<str>>,
+}
+
+/// Every attribute: the slice of the one-hop contract in full.
+pub(crate) static FOLLOW_ALL: Follow = Follow::ALL;
+/// No attribute.
+pub(crate) static FOLLOW_NONE: Follow = Follow {
+    all: false,
+    attrs: Vec::new(),
+};
+
+impl Follow {
+    const ALL: Self = Self {
+        all: true,
+        attrs: Vec::new(),
+    };
+
+    /// Whether the entities referenced by attribute `attr` belong in the slice.
+    pub(crate) fn takes(&self, attr: &str) -> bool {
+        self.all || self.attrs.iter().any(|a| &**a == attr)
+    }
+
+    /// Whether any attribute is followed.
+    pub(crate) fn any(&self) -> bool {
+        self.all || !self.attrs.is_empty()
+    }
+
+    fn add(&mut self, attr: &str) {
+        if !self.takes(attr) {
+            self.attrs.push(attr.into());
+        }
+    }
+}
+
+/// The attributes followed from each root of a check's slice (see [`Follow`]): the principal
+/// (`principal.a...`), the resource, and the entities the decision point puts in the context,
+/// `context.agent` and `context.work_item`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Derefs {
+    pub(crate) principal: Follow,
+    pub(crate) resource: Follow,
+    pub(crate) agent: Follow,
+    pub(crate) work_item: Follow,
+}
+
+/// Every attribute of every root: the one-hop slice in full (plans use it).
+pub(crate) static DEREFS_ALL: Derefs = Derefs::ALL;
+
+impl Derefs {
+    const ALL: Self = Self {
+        principal: Follow::ALL,
+        resource: Follow::ALL,
+        agent: Follow::ALL,
+        work_item: Follow::ALL,
+    };
+
+    /// What `conditions` dereference. A condition that dereferences something other than a
+    /// root or one of its attributes (`(if c then a else b).x`, `principal.a.b.c`, ...) makes
+    /// the answer [`Derefs::ALL`], so the slice is never smaller than the one-hop contract
+    /// needs.
+    pub(crate) fn of<'e>(conditions: impl IntoIterator<Item = &'e Expr>) -> Self {
+        let mut d = Self::default();
+        let mut all = false;
+        for c in conditions {
+            walk(c, &mut d, &mut all);
+            if all {
+                return Self::ALL;
+            }
+        }
+        d
+    }
+}
+
+/// Records in `d` every dereference in `e` (see [`Derefs::of`]); sets `all` when one cannot be
+/// placed.
+fn walk(e: &Expr, d: &mut Derefs, all: &mut bool) {
+    match e.expr_kind() {
+        ExprKind::GetAttr { expr, .. } | ExprKind::HasAttr { expr, .. } => {
+            target(expr, &[], d, all);
+            walk(expr, d, all);
+        }
+        ExprKind::ExtHasAttr { expr, attrs } => {
+            // `e has a.b.c` reads `e`, `e.a` and `e.a.b`.
+            let attrs: Vec<&str> = attrs.iter().map(|a| a.as_str()).collect();
+            for n in 0..attrs.len() {
+                target(expr, attrs.get(..n).unwrap_or_default(), d, all);
+            }
+            walk(expr, d, all);
+        }
+        ExprKind::BinaryApp { op, arg1, arg2 } => {
+            if matches!(op, BinaryOp::In | BinaryOp::GetTag | BinaryOp::HasTag) {
+                target(arg1, &[], d, all);
+            }
+            walk(arg1, d, all);
+            walk(arg2, d, all);
+        }
+        ExprKind::Lit(_) | ExprKind::Var(_) | ExprKind::Slot(_) | ExprKind::Unknown(_) => {}
+        ExprKind::If {
+            test_expr,
+            then_expr,
+            else_expr,
+        } => {
+            walk(test_expr, d, all);
+            walk(then_expr, d, all);
+            walk(else_expr, d, all);
+        }
+        ExprKind::And { left, right } | ExprKind::Or { left, right } => {
+            walk(left, d, all);
+            walk(right, d, all);
+        }
+        ExprKind::UnaryApp { arg, .. } => walk(arg, d, all),
+        ExprKind::Like { expr, .. } | ExprKind::Is { expr, .. } => walk(expr, d, all),
+        ExprKind::ExtensionFunctionApp { args, .. } | ExprKind::Set(args) => {
+            args.iter().for_each(|a| walk(a, d, all));
+        }
+        ExprKind::Record(fields) => fields.values().for_each(|a| walk(a, d, all)),
+        #[allow(unreachable_patterns)]
+        _ => *all = true,
+    }
+}
+
+/// Records that the value of `e.extra[0].extra[1]...` may be looked up as an entity.
+fn target(e: &Expr, extra: &[&str], d: &mut Derefs, all: &mut bool) {
+    let mut path: Vec<&str> = Vec::new();
+    let mut cur = e;
+    while let ExprKind::GetAttr { expr, attr } = cur.expr_kind() {
+        path.push(attr.as_str());
+        cur = expr;
+    }
+    path.reverse();
+    path.extend_from_slice(extra);
+    match (cur.expr_kind(), path.as_slice()) {
+        // A root itself, or an entity / literal the slice never holds unless it is a root.
+        (ExprKind::Var(_), []) | (ExprKind::Lit(_) | ExprKind::Slot(_), _) => {}
+        (ExprKind::Var(Var::Principal), [a]) => d.principal.add(a),
+        (ExprKind::Var(Var::Resource), [a]) => d.resource.add(a),
+        // The action's own attributes hold no entities the slice follows.
+        (ExprKind::Var(Var::Action), _) => {}
+        (ExprKind::Var(Var::Context), [root, rest @ ..]) => match (*root, rest) {
+            ("agent" | "work_item", []) => {}
+            ("agent", [a]) => d.agent.add(a),
+            ("work_item", [a]) => d.work_item.add(a),
+            ("agent" | "work_item", _) => *all = true,
+            // Any other context value is never in the slice unless it is also a root.
+            _ => {}
+        },
+        _ => *all = true,
+    }
+}
+
 /// The policies of a bundle that can apply to one request environment.
 #[derive(Debug)]
 pub(crate) struct Scoped {
     /// Those policies compiled for checks, in the policy set's order.
     compiled: Vec<Compiled>,
+    /// What their conditions dereference: the slice a check needs.
+    pub(crate) derefs: Derefs,
     /// The subset of the bundle's policies (for plans); `None` when it could not be built, and
     /// then plans use the whole set, which is always correct.
     pub(crate) policies: Option<PolicySet>,
@@ -131,9 +297,10 @@ impl ScopeIndex {
                     slots: ast.env().clone(),
                 }
             })
-            .collect();
+            .collect::<Vec<Compiled>>();
         let ids: Vec<&PolicyId> = keep.iter().map(|p| p.id()).collect();
         let scoped = Arc::new(Scoped {
+            derefs: Derefs::of(compiled.iter().map(|c| &c.condition)),
             compiled,
             policies: subset(policies, &ids),
         });
@@ -195,4 +362,64 @@ fn subset(src: &PolicySet, keep: &[&PolicyId]) -> Option<PolicySet> {
         }
     }
     Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use std::str::FromStr;
+
+    fn derefs(src: &str) -> Derefs {
+        let set = PolicySet::from_str(src).unwrap();
+        let conds: Vec<Expr> = set
+            .policies()
+            .map(|p| AsRef::<cedar_policy_core::ast::Policy>::as_ref(p).condition())
+            .collect();
+        Derefs::of(conds.iter())
+    }
+
+    fn follows(f: &Follow) -> Vec<&str> {
+        let mut v: Vec<&str> = f.attrs.iter().map(|a| &**a).collect();
+        v.sort_unstable();
+        v
+    }
+
+    #[test]
+    fn compared_entities_are_not_followed() {
+        let d = derefs(
+            r#"permit (principal, action, resource) when {
+                 resource.owner == principal && principal in resource.readers &&
+                 resource.tags.contains(principal.team) && principal has blocked };"#,
+        );
+        assert_eq!(d, Derefs::default());
+    }
+
+    #[test]
+    fn read_through_attributes_are_followed() {
+        let d = derefs(
+            r#"permit (principal, action, resource) when {
+                 resource.owner.blocked.contains(principal) && resource.meta.rank > 2 };
+               forbid (principal, action, resource) when {
+                 principal.manager in Group::"g" && principal has boss.name &&
+                 context.agent.owner.hasTag("x") && context.work_item.project.key == "k" &&
+                 context.request.ip == "1" };"#,
+        );
+        assert!(!d.principal.all && !d.resource.all);
+        assert_eq!(follows(&d.resource), vec!["meta", "owner"]);
+        assert_eq!(follows(&d.principal), vec!["boss", "manager"]);
+        assert_eq!(follows(&d.agent), vec!["owner"]);
+        assert_eq!(follows(&d.work_item), vec!["project"]);
+    }
+
+    #[test]
+    fn deeper_or_computed_reads_follow_everything() {
+        for src in [
+            r#"permit (principal, action, resource) when { resource.owner.manager.level > 1 };"#,
+            r#"permit (principal, action, resource) when { (if context.a then resource.owner else principal).level > 1 };"#,
+            r#"permit (principal, action, resource) when { context.agent.owner.team.x == 1 };"#,
+        ] {
+            assert_eq!(derefs(src), Derefs::ALL, "{src}");
+        }
+    }
 }

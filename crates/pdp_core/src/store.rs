@@ -36,8 +36,9 @@ pub struct StoredEntity {
     pub entity: Entity,
     /// Its parents (as written; Cedar computes the transitive closure per check).
     pub parents: Vec<EntityUid>,
-    /// Entities referenced by its attributes, at any depth of sets and records.
-    pub refs: Vec<EntityUid>,
+    /// Entities referenced by its attributes, at any depth of sets and records, each with the
+    /// name of the attribute it was found in.
+    pub refs: Vec<(Arc<str>, EntityUid)>,
 }
 
 fn collect_refs(v: &EvalResult, out: &mut Vec<EntityUid>) {
@@ -53,9 +54,14 @@ impl StoredEntity {
     /// Wraps a Cedar entity, recording its parents and attribute references.
     pub fn from_entity(entity: Entity) -> Self {
         let mut refs = Vec::new();
-        for (_, v) in entity.attrs() {
+        let mut found = Vec::new();
+        for (name, v) in entity.attrs() {
             if let Ok(v) = v {
-                collect_refs(&v, &mut refs);
+                collect_refs(&v, &mut found);
+                if !found.is_empty() {
+                    let name: Arc<str> = name.into();
+                    refs.extend(found.drain(..).map(|u| (Arc::clone(&name), u)));
+                }
             }
         }
         let (_, _, parents) = entity.clone().into_inner();

@@ -436,6 +436,11 @@ impl Engine {
         self.inner.set_plan_memo(memo);
     }
 
+    #[pyo3(signature = (prune_slices=true))]
+    fn configure_checks(&self, prune_slices: bool) {
+        self.inner.set_slice_pruning(prune_slices);
+    }
+
     #[getter]
     fn plans_cached(&self) -> usize {
         self.inner.plans_cached()

@@ -24,6 +24,7 @@ mod scope;
 pub mod store;
 
 pub use bundle::{Bundle, BundleSources, PolicyMeta, TemplateLink, CHALLENGE_KINDS};
+pub use cedar_policy::EntityUid;
 pub use engine::{Decision, Engine, Mode, Outcome, Verdict, Versions};
 pub use error::{BundleError, RequestError, SourceError};
 pub use plan::{Cmp, Filter, PlanError, Residual};

@@ -52,13 +52,7 @@ pub fn parse_uid(value: &Value, field: &str) -> Result<EntityUid, RequestError> 
             let id = obj.get("id").and_then(Value::as_str).ok_or_else(|| {
                 RequestError::new(format!("{field}.id"), "expected a string entity id")
             })?;
-            let tn = type_name(ty).map_err(|e| {
-                RequestError::new(
-                    format!("{field}.type"),
-                    format!("`{ty}` is not a valid entity type name: {e}"),
-                )
-            })?;
-            Ok(EntityUid::from_type_name_and_id(tn, EntityId::new(id)))
+            uid_from_parts(ty, id, field)
         }
         Value::Null => Err(RequestError::new(field, "is required")),
         other => Err(RequestError::new(
@@ -69,6 +63,20 @@ pub fn parse_uid(value: &Value, field: &str) -> Result<EntityUid, RequestError> 
             ),
         )),
     }
+}
+
+/// The entity reference `{"type": ty, "id": id}` (see [`parse_uid`]).
+///
+/// # Errors
+/// [`RequestError`] on `<field>.type` when `ty` is not a valid Cedar entity type name.
+pub fn uid_from_parts(ty: &str, id: &str, field: &str) -> Result<EntityUid, RequestError> {
+    let tn = type_name(ty).map_err(|e| {
+        RequestError::new(
+            format!("{field}.type"),
+            format!("`{ty}` is not a valid entity type name: {e}"),
+        )
+    })?;
+    Ok(EntityUid::from_type_name_and_id(tn, EntityId::new(id)))
 }
 
 /// Most type names [`type_name`] keeps per thread before it starts over.
@@ -149,12 +157,27 @@ impl CheckRequest {
     /// # Errors
     /// As [`CheckRequest::from_json`].
     pub fn from_value(value: Value) -> Result<Self, RequestError> {
-        let Value::Object(mut obj) = value else {
+        let Value::Object(obj) = value else {
             return Err(RequestError::new(
                 "request",
                 format!("expected a JSON object, got {}", kind(&value)),
             ));
         };
+        Self::from_object(obj, None, None)
+    }
+
+    /// [`CheckRequest::from_value`] on the request object, with the principal and resource
+    /// already parsed where the caller could (`None`: read from `obj`, which then must not
+    /// also hold them). Bindings use it to skip building JSON for the two entity references
+    /// (see [`uid_from_parts`]).
+    ///
+    /// # Errors
+    /// As [`CheckRequest::from_json`].
+    pub fn from_object(
+        mut obj: Map<String, Value>,
+        principal: Option<EntityUid>,
+        resource: Option<EntityUid>,
+    ) -> Result<Self, RequestError> {
         for k in obj.keys() {
             if !CHECK_FIELDS.contains(&k.as_str()) {
                 return Err(RequestError::new(
@@ -166,8 +189,14 @@ impl CheckRequest {
                 ));
             }
         }
-        let principal = parse_uid(obj.get("principal").unwrap_or(&Value::Null), "principal")?;
-        let resource = parse_uid(obj.get("resource").unwrap_or(&Value::Null), "resource")?;
+        let principal = match principal {
+            Some(u) => u,
+            None => parse_uid(obj.get("principal").unwrap_or(&Value::Null), "principal")?,
+        };
+        let resource = match resource {
+            Some(u) => u,
+            None => parse_uid(obj.get("resource").unwrap_or(&Value::Null), "resource")?,
+        };
         let action = match obj.get("action") {
             Some(Value::String(s)) if !s.is_empty() => s.clone(),
             Some(Value::Object(o)) if o.contains_key("type") || o.contains_key("__entity") => {

@@ -111,6 +111,112 @@ fn to_json(obj: &Bound<'_, PyAny>, depth: u32) -> PyResult<Value> {
     )))
 }
 
+/// A plain entity reference `{"type": str, "id": str}` with a valid type name, parsed without
+/// building JSON; `None` for anything else (the generic path then parses it and names what is
+/// wrong).
+fn plain_uid(v: &Bound<'_, PyAny>, field: &str) -> Option<pdp_core::EntityUid> {
+    let d = v.cast::<PyDict>().ok()?;
+    if d.len() != 2 {
+        return None;
+    }
+    let ty = d.get_item(intern!(v.py(), "type")).ok()??;
+    let id = d.get_item(intern!(v.py(), "id")).ok()??;
+    let ty = ty.cast::<PyString>().ok()?.to_str().ok()?;
+    let id = id.cast::<PyString>().ok()?.to_str().ok()?;
+    pdp_core::request::uid_from_parts(ty, id, field).ok()
+}
+
+/// Reads one check request from Python: a dict's plain `principal` and `resource` references
+/// straight to entity uids, the rest through JSON ([`CheckRequest::from_object`]).
+///
+/// # Errors
+/// Outer: `TypeError`/`ValueError` for values that are not JSON. Inner: the request's own
+/// [`CoreRequestError`].
+fn check_request(obj: &Bound<'_, PyAny>) -> PyResult<Result<CheckRequest, CoreRequestError>> {
+    let Ok(d) = obj.cast::<PyDict>() else {
+        return Ok(CheckRequest::from_value(to_json(obj, 0)?));
+    };
+    let mut rest = Map::new();
+    let (mut principal, mut resource) = (None, None);
+    for (k, v) in d.iter() {
+        let key = k
+            .cast::<PyString>()
+            .map_err(|_| PyTypeError::new_err("object keys must be strings"))?
+            .to_str()?;
+        let slot = match key {
+            "principal" => &mut principal,
+            "resource" => &mut resource,
+            _ => {
+                rest.insert(key.to_owned(), to_json(&v, 1)?);
+                continue;
+            }
+        };
+        match plain_uid(&v, key) {
+            Some(u) => *slot = Some(u),
+            None => {
+                rest.insert(key.to_owned(), to_json(&v, 1)?);
+            }
+        }
+    }
+    Ok(CheckRequest::from_object(rest, principal, resource))
+}
+
+/// Smallest batch worth splitting over threads (below it, spawning costs more than it saves).
+const PARALLEL_MIN: usize = 64;
+
+/// Decides every request of a batch, over as many threads as the machine has cores (each
+/// thread takes one contiguous chunk, so the first error by index is the one reported).
+///
+/// # Errors
+/// The first request (by index) that fails, its field prefixed with `requests[i].`.
+fn decide_all(
+    engine: &CoreEngine,
+    reqs: &[CheckRequest],
+) -> Result<Vec<Decision>, CoreRequestError> {
+    let run = |offset: usize, chunk: &[CheckRequest]| -> Result<Vec<Decision>, CoreRequestError> {
+        chunk
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                engine.decide(r).map_err(|e| {
+                    CoreRequestError::new(
+                        format!("requests[{}].{}", offset + i, e.field),
+                        e.message,
+                    )
+                })
+            })
+            .collect()
+    };
+    let threads = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    if threads < 2 || reqs.len() < PARALLEL_MIN {
+        return run(0, reqs);
+    }
+    let size = reqs.len().div_ceil(threads);
+    let parts: Vec<Result<Vec<Decision>, CoreRequestError>> = std::thread::scope(|s| {
+        let handles: Vec<_> = reqs
+            .chunks(size)
+            .enumerate()
+            .map(|(k, chunk)| s.spawn(move || run(k * size, chunk)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(CoreRequestError::new(
+                        "requests",
+                        "a decision thread panicked",
+                    ))
+                })
+            })
+            .collect()
+    });
+    let mut out = Vec::with_capacity(reqs.len());
+    for part in parts {
+        out.extend(part?);
+    }
+    Ok(out)
+}
+
 /// Converts JSON to Python objects.
 fn to_py<'py>(py: Python<'py>, v: &Value) -> PyResult<Bound<'py, PyAny>> {
     Ok(match v {
@@ -411,9 +517,9 @@ impl Engine {
         py: Python<'py>,
         request: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let v = to_json(request, 0)?;
+        let req = check_request(request)?.map_err(|e| request_err(py, &e))?;
         let d = py
-            .detach(|| self.inner.decide_value(v))
+            .detach(|| self.inner.decide(&req))
             .map_err(|e| request_err(py, &e))?;
         Ok(response_dict(py, &d)?.into_any())
     }
@@ -468,8 +574,7 @@ impl Engine {
             .map_err(|_| PyTypeError::new_err("`requests` must be a list of request dicts"))?;
         let mut parsed = Vec::with_capacity(list.len());
         for (i, r) in list.iter().enumerate() {
-            let v = to_json(&r, 0)?;
-            let req = CheckRequest::from_value(v).map_err(|e| {
+            let req = check_request(&r)?.map_err(|e| {
                 request_err(
                     py,
                     &CoreRequestError::new(format!("requests[{i}].{}", e.field), e.message),
@@ -477,17 +582,7 @@ impl Engine {
             })?;
             parsed.push(req);
         }
-        let results: Result<Vec<Decision>, CoreRequestError> = py.detach(|| {
-            parsed
-                .iter()
-                .enumerate()
-                .map(|(i, r)| {
-                    self.inner.decide(r).map_err(|e| {
-                        CoreRequestError::new(format!("requests[{i}].{}", e.field), e.message)
-                    })
-                })
-                .collect()
-        });
+        let results = py.detach(|| decide_all(&self.inner, &parsed));
         let results = results.map_err(|e| request_err(py, &e))?;
         let out = PyList::empty(py);
         for d in &results {

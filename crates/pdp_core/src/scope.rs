@@ -293,7 +293,7 @@ impl ScopeIndex {
                 let ast: &cedar_policy_core::ast::Policy = (*p).as_ref();
                 Compiled {
                     id: p.id().clone(),
-                    condition: ast.condition(),
+                    condition: condition_for(p, ast, action, ancestors, principal, resource),
                     slots: ast.env().clone(),
                 }
             })
@@ -313,6 +313,57 @@ impl ScopeIndex {
         }
         scoped
     }
+}
+
+/// The condition Cedar evaluates for `p` (`ast::Policy::condition`: principal, action and
+/// resource constraints and the `when`/`unless` body, joined by `&&` in that order), less the
+/// scope constraints that are true for every request of this environment: `principal,` and
+/// `principal is T` when the principal's type is `T` (the same for `resource`), and an action
+/// constraint [`may_apply`] found to hold (for `action in [...]` only when the action hierarchy
+/// is fixed by the schema). Scope constraints never error, and `true && x` is `x` (errors
+/// included), so the policy is satisfied exactly when Cedar's full condition is.
+fn condition_for(
+    p: &Policy,
+    ast: &cedar_policy_core::ast::Policy,
+    action: &EntityUid,
+    ancestors: Option<&HashSet<EntityUid>>,
+    principal: &EntityTypeName,
+    resource: &EntityTypeName,
+) -> Expr {
+    let action_true = match p.action_constraint() {
+        ActionConstraint::Any => true,
+        ActionConstraint::Eq(a) => &a == action,
+        ActionConstraint::In(list) => {
+            ancestors.is_some_and(|anc| list.iter().any(|a| a == action || anc.contains(a)))
+        }
+    };
+    let principal_true = match p.principal_constraint() {
+        PrincipalConstraint::Any => true,
+        PrincipalConstraint::Is(t) => &t == principal,
+        _ => false,
+    };
+    let resource_true = match p.resource_constraint() {
+        ResourceConstraint::Any => true,
+        ResourceConstraint::Is(t) => &t == resource,
+        _ => false,
+    };
+    let mut parts: Vec<Expr> = Vec::with_capacity(4);
+    if !principal_true {
+        parts.push(ast.principal_constraint().as_expr());
+    }
+    if !action_true {
+        parts.push(ast.action_constraint().as_expr());
+    }
+    if !resource_true {
+        parts.push(ast.resource_constraint().as_expr());
+    }
+    if let Some(body) = ast.non_scope_constraints() {
+        parts.push(body.clone());
+    }
+    // Right-nested like Cedar's own: a && (b && (c && d)).
+    let mut it = parts.into_iter().rev();
+    let last = it.next().unwrap_or_else(|| Expr::val(true));
+    it.fold(last, |acc, e| Expr::and(e, acc))
 }
 
 /// Whether `p`'s scope can match the environment (see the module docs). `ancestors`: the

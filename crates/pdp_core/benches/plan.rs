@@ -11,7 +11,8 @@
 //! action and context, and the type of its resource as `resource_type` (requests whose plan is
 //! refused, for example for a context the plan cannot take, are dropped). tinytodo has no request
 //! files: its mix is `GetList`, `UpdateList` and `DeleteList` on `List` by each of its users.
-//! The mix is planned cyclically, one request per iteration, without `plan_qid`.
+//! The mix is planned cyclically, one request per iteration, without `plan_qid`, with the plan
+//! memo on (`<app>`) and off (`<app>/cold`: every call runs Cedar's partial evaluation).
 //!
 //! Run: `cargo bench -p pdp_core --bench plan` (apps under `../../../shared/data/cedar-examples`
 //! or `$SVC_CEDAR_EXAMPLES`).
@@ -100,14 +101,18 @@ fn bench_plan(c: &mut Criterion) {
         if reqs.is_empty() {
             continue;
         }
-        let mut i = 0usize;
-        group.bench_function(app, |b| {
-            b.iter(|| {
-                let r = &reqs[i % reqs.len()];
-                i += 1;
-                black_box(engine.plan_json(black_box(r)).unwrap().to_response())
+        // Memo on (the default), then off: every cold call runs Cedar's partial evaluation.
+        for (name, memo) in [(app.to_owned(), true), (format!("{app}/cold"), false)] {
+            engine.set_plan_memo(memo);
+            let mut i = 0usize;
+            group.bench_function(name, |b| {
+                b.iter(|| {
+                    let r = &reqs[i % reqs.len()];
+                    i += 1;
+                    black_box(engine.plan_json(black_box(r)).unwrap().to_response())
+                });
             });
-        });
+        }
     }
     group.finish();
 }

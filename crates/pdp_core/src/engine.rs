@@ -1066,7 +1066,7 @@ impl Engine {
                 (schema, kinds),
             )?);
         }
-        let done = finish(&sides);
+        let done = finish(sides);
         let plan = QueryPlan {
             qid: uuid::Uuid::now_v7().to_string(),
             outcome: done.outcome,
@@ -1152,7 +1152,7 @@ impl Engine {
                 &known.partial,
             )
             .map_err(|e| plan_error(&e, field))?;
-            Ok(Side::from_residuals(&res, &b.meta))
+            Ok(Side::from_residuals(res, &b.meta))
         };
         if self.plan_memo.load(Ordering::Relaxed) {
             b.plan_sides

@@ -25,7 +25,7 @@ use cedar_policy::{
 use serde_json::{json, Map, Value};
 use std::collections::{BTreeSet, HashMap};
 use std::fmt;
-use std::str::FromStr;
+use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::{Arc, Mutex};
 
 /// A comparison operator of a `compare` node (SPEC 2.6).
@@ -163,6 +163,34 @@ pub enum Filter {
     },
 }
 
+/// Length of an `and`/`or` argument list from which [`Filter::simplify`] looks for repeated
+/// arguments by fingerprint instead of comparing each new argument with all the others.
+const HASHED_DEDUP_FROM: usize = 8;
+
+/// Hashes a JSON value consistently with its `==`: an object's entries are hashed one by one
+/// and summed, since objects compare equal whatever the order of their keys.
+fn hash_value(v: &Value, h: &mut impl Hasher) {
+    match v {
+        Value::Null => 0u8.hash(h),
+        Value::Bool(b) => (1u8, b).hash(h),
+        Value::Number(n) => (2u8, n).hash(h),
+        Value::String(s) => (3u8, s).hash(h),
+        Value::Array(items) => {
+            (4u8, items.len()).hash(h);
+            items.iter().for_each(|i| hash_value(i, h));
+        }
+        Value::Object(m) => {
+            let entries = m.iter().fold(0u64, |acc, (k, v)| {
+                let mut e = foldhash::fast::FixedState::default().build_hasher();
+                k.hash(&mut e);
+                hash_value(v, &mut e);
+                acc.wrapping_add(e.finish())
+            });
+            (5u8, m.len(), entries).hash(h);
+        }
+    }
+}
+
 fn uid_json(uid: &EntityUid) -> Value {
     json!({"type": uid.type_name().to_string(), "id": uid.id().unescaped()})
 }
@@ -223,15 +251,33 @@ impl Filter {
 
     /// Simplifies an `and` (`is_and`) or an `or`.
     fn junction(args: Vec<Filter>, is_and: bool) -> Filter {
+        Self::junction_with(args, is_and, Self::simplify)
+    }
+
+    /// [`Filter::junction`] of arguments that are already simplified: the same result (simplifying
+    /// is idempotent) without simplifying them again.
+    fn junction_of_simplified(args: Vec<Filter>, is_and: bool) -> Filter {
+        Self::junction_with(args, is_and, |f| f)
+    }
+
+    /// Simplifies an `and` (`is_and`) or an `or`, with `simplify` applied to each argument.
+    fn junction_with(
+        args: Vec<Filter>,
+        is_and: bool,
+        simplify: impl Fn(Filter) -> Filter,
+    ) -> Filter {
         let (unit, zero) = if is_and {
             (Self::True, Self::False)
         } else {
             (Self::False, Self::True)
         };
         let mut out: Vec<Filter> = Vec::new();
+        // Fingerprints of `out`, once it is long enough for pairwise comparisons to cost more
+        // than hashing (equal filters have equal fingerprints; see `Filter::fingerprint`).
+        let mut prints: Vec<u64> = Vec::new();
         for arg in args {
             // A simplified child of the same kind is already flat and free of constants.
-            let parts = match (arg.simplify(), is_and) {
+            let parts = match (simplify(arg), is_and) {
                 (Self::And(inner), true) | (Self::Or(inner), false) => inner,
                 (other, _) => vec![other],
             };
@@ -239,7 +285,24 @@ impl Filter {
                 if part == zero {
                     return zero;
                 }
-                if part != unit && !out.contains(&part) {
+                if part == unit {
+                    continue;
+                }
+                if out.len() < HASHED_DEDUP_FROM {
+                    if !out.contains(&part) {
+                        out.push(part);
+                    }
+                    continue;
+                }
+                let known = prints.len();
+                prints.extend(out.iter().skip(known).map(Self::fingerprint));
+                let print = part.fingerprint();
+                let seen = prints
+                    .iter()
+                    .zip(&out)
+                    .any(|(p, o)| *p == print && *o == part);
+                if !seen {
+                    prints.push(print);
                     out.push(part);
                 }
             }
@@ -255,6 +318,58 @@ impl Filter {
                 } else {
                     Self::Or(all)
                 }
+            }
+        }
+    }
+
+    /// A hash of the filter consistent with `==` (equal filters, including JSON values whose
+    /// objects list their keys in another order, hash alike).
+    fn fingerprint(&self) -> u64 {
+        let mut h = foldhash::fast::FixedState::default().build_hasher();
+        self.hash_into(&mut h);
+        h.finish()
+    }
+
+    fn hash_into(&self, h: &mut impl Hasher) {
+        std::mem::discriminant(self).hash(h);
+        match self {
+            Self::True | Self::False => {}
+            Self::And(args) | Self::Or(args) => {
+                args.len().hash(h);
+                args.iter().for_each(|a| a.hash_into(h));
+            }
+            Self::Not(arg) => arg.hash_into(h),
+            Self::Compare { attr, cmp, value } => {
+                attr.hash(h);
+                cmp.hash(h);
+                hash_value(value, h);
+            }
+            Self::Has { attr } => attr.hash(h),
+            Self::Contains { attr, value } => {
+                attr.hash(h);
+                hash_value(value, h);
+            }
+            Self::ContainsAny { attr, values } | Self::ContainsAll { attr, values } => {
+                attr.hash(h);
+                values.len().hash(h);
+                values.iter().for_each(|v| hash_value(v, h));
+            }
+            Self::Like { attr, pattern } => {
+                attr.hash(h);
+                pattern.hash(h);
+            }
+            Self::In { entity } | Self::Is { entity } => entity.hash(h),
+            Self::Unknown { detail } | Self::Unmappable { detail } => detail.hash(h),
+        }
+    }
+
+    /// `simplify(and(filters))` for filters that are already simplified, without simplifying
+    /// them again (simplifying is idempotent).
+    pub(crate) fn and_of_simplified(mut filters: Vec<Filter>) -> Filter {
+        match (filters.pop(), filters.is_empty()) {
+            (Some(one), true) => one,
+            (last, _) => {
+                Self::junction_of_simplified(filters.into_iter().chain(last).collect(), true)
             }
         }
     }
@@ -457,6 +572,20 @@ pub(crate) fn residuals_with(
 pub fn combine(permits: &[&Filter], forbids: &[&Filter]) -> Filter {
     let any = |fs: &[&Filter]| Filter::Or(fs.iter().map(|f| (*f).clone()).collect());
     Filter::And(vec![any(permits), Filter::Not(Box::new(any(forbids)))]).simplify()
+}
+
+/// [`combine`] for filters that are already simplified (as [`Residual::filter`] is), taken by
+/// value. Simplifying is idempotent, so the result is [`combine`]'s: only the two `or`s, the
+/// `not` and the `and` around them are simplified, not the filters again.
+pub(crate) fn combine_simplified(permits: Vec<Filter>, forbids: Vec<Filter>) -> Filter {
+    let any = Filter::junction_of_simplified(permits, false);
+    let none = match Filter::junction_of_simplified(forbids, false) {
+        Filter::True => Filter::False,
+        Filter::False => Filter::True,
+        Filter::Not(inner) => *inner,
+        other => Filter::Not(Box::new(other)),
+    };
+    Filter::junction_of_simplified(vec![any, none], true)
 }
 
 fn check_request(
@@ -731,7 +860,7 @@ impl Planner<'_> {
                 in_expr,
             } => match self.side(expr) {
                 Side::Resource => {
-                    if entity_type.to_string() != self.resource_type.to_string() {
+                    if &type_name(entity_type) != self.resource_type {
                         return Filter::False;
                     }
                     match in_expr {
@@ -933,7 +1062,7 @@ impl Planner<'_> {
                 Some(p) => Side::Attr(p),
                 None => Side::Deref(deref(e)),
             },
-            _ if literal(e).is_some() => Side::Lit(e),
+            _ if is_literal(e) => Side::Lit(e),
             _ => Side::Other,
         }
     }
@@ -1148,9 +1277,26 @@ fn literal(e: &Expr) -> Option<Value> {
     }
 }
 
+/// Whether [`literal`] gives a value for `e` (without building it).
+fn is_literal(e: &Expr) -> bool {
+    match e {
+        Expr::Literal(Literal::Bool(_) | Literal::Long(_) | Literal::String(_)) => true,
+        Expr::Literal(Literal::EntityUID(_)) => entity(e).is_some(),
+        Expr::Set(items) => items.iter().all(|i| is_literal(i)),
+        Expr::Record(fields) => fields.values().all(|v| is_literal(v)),
+        _ => false,
+    }
+}
+
 /// A string, integer, boolean or entity literal.
 fn scalar(e: &Expr) -> Option<Value> {
-    literal(e).filter(|v| (!v.is_array() && !v.is_object()) || v.get("__entity").is_some())
+    match e {
+        // A set literal is an array: never a scalar.
+        Expr::Set(_) => None,
+        _ => {
+            literal(e).filter(|v| (!v.is_array() && !v.is_object()) || v.get("__entity").is_some())
+        }
+    }
 }
 
 /// A set literal of scalars.
@@ -1163,15 +1309,19 @@ fn scalar_set(e: &Expr) -> Option<Vec<Value>> {
 
 fn entity(e: &Expr) -> Option<EntityUid> {
     match e {
-        Expr::Literal(Literal::EntityUID(u)) => {
-            let ty = EntityTypeName::from_str(&u.ty.to_string()).ok()?;
-            Some(EntityUid::from_type_name_and_id(
-                ty,
-                EntityId::new(u.eid.as_str()),
-            ))
-        }
+        Expr::Literal(Literal::EntityUID(u)) => Some(EntityUid::from_type_name_and_id(
+            type_name(&u.ty),
+            EntityId::new(u.eid.as_str()),
+        )),
         _ => None,
     }
+}
+
+/// The entity type of a residual as Cedar's public type, converted without printing and
+/// parsing it again (the residual's names are already valid, and names compare without their
+/// source locations).
+fn type_name(ty: &pst::EntityType) -> EntityTypeName {
+    EntityTypeName::from(cedar_policy_core::ast::EntityType::from(ty.clone()))
 }
 
 fn entity_set(e: &Expr) -> Option<Vec<EntityUid>> {
@@ -1207,4 +1357,88 @@ fn pst_uid(uid: &EntityUid) -> Option<pst::EntityUID> {
         ty: pst_type(uid.type_name())?,
         eid: uid.id().unescaped().into(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{combine, combine_simplified, Cmp, Filter};
+    use serde_json::{json, Value};
+
+    fn eq(attr: &str, value: Value) -> Filter {
+        Filter::Compare {
+            attr: vec![attr.to_owned()],
+            cmp: Cmp::Eq,
+            value,
+        }
+    }
+
+    /// Many arguments, with repeats spelled differently (object keys in another order), so the
+    /// fingerprint path of `junction` runs: the first of each repeat is kept, in order.
+    #[test]
+    fn long_junctions_drop_repeats_like_short_ones() {
+        let entity = |id: usize, flip: bool| {
+            let mut m = serde_json::Map::new();
+            if flip {
+                m.insert("id".into(), json!(format!("g{id}")));
+                m.insert("type".into(), json!("Group"));
+            } else {
+                m.insert("type".into(), json!("Group"));
+                m.insert("id".into(), json!(format!("g{id}")));
+            }
+            json!({ "__entity": Value::Object(m) })
+        };
+        let args: Vec<Filter> = (0..40)
+            .map(|i| eq("readers", entity(i % 13, i % 2 == 1)))
+            .chain([
+                Filter::False,
+                Filter::Has {
+                    attr: vec!["x".into()],
+                },
+            ])
+            .chain((0..5).map(|i| Filter::Not(Box::new(eq("n", json!(i % 3))))))
+            .collect();
+        let want: Vec<Filter> = (0..13)
+            .map(|i| eq("readers", entity(i, i % 2 == 1)))
+            .chain([Filter::Has {
+                attr: vec!["x".into()],
+            }])
+            .chain((0..3).map(|i| Filter::Not(Box::new(eq("n", json!(i))))))
+            .collect();
+        // `not (n == i)` simplifies as is (no comparison flipping in `simplify`).
+        assert_eq!(Filter::Or(args).simplify(), Filter::Or(want));
+    }
+
+    /// `combine_simplified` on simplified filters equals `combine`.
+    #[test]
+    fn combine_simplified_is_combine() {
+        let leaf = |i: usize| eq("a", json!(i % 4));
+        let filters: Vec<Filter> = vec![
+            Filter::True,
+            Filter::False,
+            leaf(1),
+            Filter::And(vec![leaf(1), leaf(2)]),
+            Filter::Or(vec![leaf(3), leaf(1), Filter::And(vec![leaf(0), leaf(2)])]),
+            Filter::Not(Box::new(Filter::Or(vec![leaf(2), leaf(3)]))),
+            Filter::Or((0..20).map(leaf).collect()),
+        ]
+        .into_iter()
+        .map(Filter::simplify)
+        .collect();
+        for n in 0..filters.len() {
+            for m in 0..filters.len() {
+                let permits: Vec<Filter> = filters.iter().skip(n).take(3).cloned().collect();
+                let forbids: Vec<Filter> = filters.iter().skip(m).take(2).cloned().collect();
+                let p: Vec<&Filter> = permits.iter().collect();
+                let f: Vec<&Filter> = forbids.iter().collect();
+                assert_eq!(
+                    combine_simplified(permits.clone(), forbids.clone()),
+                    combine(&p, &f)
+                );
+                assert_eq!(
+                    Filter::and_of_simplified(permits.clone()),
+                    Filter::And(permits.clone()).simplify()
+                );
+            }
+        }
+    }
 }

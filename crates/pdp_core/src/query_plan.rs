@@ -20,7 +20,7 @@
 
 use crate::bundle::PolicyMeta;
 use crate::engine::Mode;
-use crate::plan::{combine, Filter, Residual};
+use crate::plan::{combine_simplified, Filter, Residual};
 use cedar_policy::{Effect, EntityTypeName, EntityUid, PolicyId};
 use cedar_policy_core::ast;
 use serde_json::{json, Map, Value};
@@ -153,7 +153,7 @@ impl Side {
 
     /// Applies DESIGN 4's rules to the residuals of one principal.
     pub(crate) fn from_residuals(
-        res: &[Residual],
+        res: Vec<Residual>,
         meta: &crate::store::FastMap<PolicyId, PolicyMeta>,
     ) -> Self {
         let mut p = Vec::new();
@@ -174,14 +174,17 @@ impl Side {
                 (Effect::Forbid, true) => &mut f,
                 (Effect::Forbid, false) => &mut fc,
             };
-            bucket.push(&r.filter);
+            bucket.push(r.filter);
             challenges.extend(kinds.iter().cloned());
         }
-        let all_forbids: Vec<&Filter> = f.iter().chain(fc.iter()).copied().collect();
-        let all_permits: Vec<&Filter> = p.iter().chain(pc.iter()).copied().collect();
+        // allowed: P and not (F or FC); after_challenge: (P or PC) and not F. The residuals'
+        // filters are simplified (crate::plan::residuals).
+        let all_forbids: Vec<Filter> = f.iter().cloned().chain(fc).collect();
+        let allowed = combine_simplified(p.clone(), all_forbids);
+        let all_permits: Vec<Filter> = p.into_iter().chain(pc).collect();
         Self {
-            allowed: combine(&p, &all_forbids),
-            after_challenge: combine(&all_permits, &f),
+            allowed,
+            after_challenge: combine_simplified(all_permits, f),
             challenges,
             policies,
         }
@@ -199,16 +202,9 @@ pub(crate) struct Finished {
 
 /// Combines the principal's side with the person's (when an agent acts for one): a row is
 /// shown only when both may see it, and every challenge of either is required (SPEC 2.6).
-pub(crate) fn finish(sides: &[Side]) -> Finished {
-    // A side's filters are already simplified, and simplifying is idempotent, so one side needs
-    // no second pass (the `and` of one simplified filter simplifies to that filter).
-    let (allowed, after) = match sides {
-        [one] => (one.allowed.clone(), one.after_challenge.clone()),
-        _ => (
-            Filter::And(sides.iter().map(|s| s.allowed.clone()).collect()).simplify(),
-            Filter::And(sides.iter().map(|s| s.after_challenge.clone()).collect()).simplify(),
-        ),
-    };
+pub(crate) fn finish(sides: Vec<Side>) -> Finished {
+    // A side's filters are already simplified, and simplifying is idempotent, so they are not
+    // simplified again (the `and` of one simplified filter simplifies to that filter).
     let policies: Vec<String> = sides
         .iter()
         .flat_map(|s| s.policies.iter().cloned())
@@ -221,6 +217,12 @@ pub(crate) fn finish(sides: &[Side]) -> Finished {
         .collect::<BTreeSet<_>>()
         .into_iter()
         .collect();
+    let (allowed, after): (Vec<Filter>, Vec<Filter>) = sides
+        .into_iter()
+        .map(|s| (s.allowed, s.after_challenge))
+        .unzip();
+    let allowed = Filter::and_of_simplified(allowed);
+    let after = Filter::and_of_simplified(after);
     match (&allowed, &after) {
         (Filter::True, _) => Finished {
             outcome: PlanOutcome::AlwaysAllowed,

@@ -283,22 +283,23 @@ impl ScopeIndex {
         }
         // An action the hierarchy does not list keeps every `action in` policy.
         let ancestors = self.action_ancestors.as_ref().and_then(|m| m.get(action));
-        let keep: Vec<&Policy> = policies
+        let keep: Vec<(&Policy, ScopeTruth)> = policies
             .policies()
-            .filter(|p| may_apply(p, action, ancestors, principal, resource))
+            .map(|p| (p, ScopeTruth::of(p, action, ancestors, principal, resource)))
+            .filter(|(_, truth)| truth.may_apply())
             .collect();
         let compiled = keep
             .iter()
-            .map(|p| {
-                let ast: &cedar_policy_core::ast::Policy = (*p).as_ref();
+            .map(|&(p, truth)| {
+                let ast: &cedar_policy_core::ast::Policy = p.as_ref();
                 Compiled {
                     id: p.id().clone(),
-                    condition: condition_for(p, ast, action, ancestors, principal, resource),
+                    condition: condition_for(ast, truth),
                     slots: ast.env().clone(),
                 }
             })
             .collect::<Vec<Compiled>>();
-        let ids: Vec<&PolicyId> = keep.iter().map(|p| p.id()).collect();
+        let ids: Vec<&PolicyId> = keep.iter().map(|(p, _)| p.id()).collect();
         let scoped = Arc::new(Scoped {
             derefs: Derefs::of(compiled.iter().map(|c| &c.condition)),
             compiled,
@@ -315,46 +316,77 @@ impl ScopeIndex {
     }
 }
 
+/// What a policy's scope constraints are for every request of one environment: `Some(true)`
+/// holds for all of them, `Some(false)` for none, `None` depends on the request.
+#[derive(Debug, Clone, Copy)]
+struct ScopeTruth {
+    principal: Option<bool>,
+    action: Option<bool>,
+    resource: Option<bool>,
+}
+
+impl ScopeTruth {
+    /// The truth of `p`'s scope for `action` on a principal of type `principal` and a resource
+    /// of type `resource` (see the module docs). `ancestors`: the action's ancestors when the
+    /// schema fixes the action hierarchy, else `None` (then `action in` depends on the request).
+    /// `principal == E` and `in` constraints depend on the request unless `E`'s type differs;
+    /// `principal is T` is decided by the type alone.
+    fn of(
+        p: &Policy,
+        action: &EntityUid,
+        ancestors: Option<&HashSet<EntityUid>>,
+        principal: &EntityTypeName,
+        resource: &EntityTypeName,
+    ) -> Self {
+        let unless_other_type = |same: bool| if same { None } else { Some(false) };
+        Self {
+            principal: match p.principal_constraint() {
+                PrincipalConstraint::Any => Some(true),
+                PrincipalConstraint::In(_) => None,
+                PrincipalConstraint::Eq(e) => unless_other_type(e.type_name() == principal),
+                PrincipalConstraint::Is(t) => Some(&t == principal),
+                PrincipalConstraint::IsIn(t, _) => unless_other_type(&t == principal),
+            },
+            action: match p.action_constraint() {
+                ActionConstraint::Any => Some(true),
+                ActionConstraint::Eq(a) => Some(&a == action),
+                ActionConstraint::In(list) => {
+                    ancestors.map(|anc| list.iter().any(|a| a == action || anc.contains(a)))
+                }
+            },
+            resource: match p.resource_constraint() {
+                ResourceConstraint::Any => Some(true),
+                ResourceConstraint::In(_) => None,
+                ResourceConstraint::Eq(e) => unless_other_type(e.type_name() == resource),
+                ResourceConstraint::Is(t) => Some(&t == resource),
+                ResourceConstraint::IsIn(t, _) => unless_other_type(&t == resource),
+            },
+        }
+    }
+
+    /// Whether the scope can match some request of the environment: no constraint is false
+    /// for all of them.
+    fn may_apply(self) -> bool {
+        [self.principal, self.action, self.resource]
+            .iter()
+            .all(|t| *t != Some(false))
+    }
+}
+
 /// The condition Cedar evaluates for `p` (`ast::Policy::condition`: principal, action and
 /// resource constraints and the `when`/`unless` body, joined by `&&` in that order), less the
-/// scope constraints that are true for every request of this environment: `principal,` and
-/// `principal is T` when the principal's type is `T` (the same for `resource`), and an action
-/// constraint [`may_apply`] found to hold (for `action in [...]` only when the action hierarchy
-/// is fixed by the schema). Scope constraints never error, and `true && x` is `x` (errors
-/// included), so the policy is satisfied exactly when Cedar's full condition is.
-fn condition_for(
-    p: &Policy,
-    ast: &cedar_policy_core::ast::Policy,
-    action: &EntityUid,
-    ancestors: Option<&HashSet<EntityUid>>,
-    principal: &EntityTypeName,
-    resource: &EntityTypeName,
-) -> Expr {
-    let action_true = match p.action_constraint() {
-        ActionConstraint::Any => true,
-        ActionConstraint::Eq(a) => &a == action,
-        ActionConstraint::In(list) => {
-            ancestors.is_some_and(|anc| list.iter().any(|a| a == action || anc.contains(a)))
-        }
-    };
-    let principal_true = match p.principal_constraint() {
-        PrincipalConstraint::Any => true,
-        PrincipalConstraint::Is(t) => &t == principal,
-        _ => false,
-    };
-    let resource_true = match p.resource_constraint() {
-        ResourceConstraint::Any => true,
-        ResourceConstraint::Is(t) => &t == resource,
-        _ => false,
-    };
+/// scope constraints `truth` says hold for every request of the environment. Scope constraints
+/// never error, and `true && x` is `x` (errors included), so the policy is satisfied exactly
+/// when Cedar's full condition is.
+fn condition_for(ast: &cedar_policy_core::ast::Policy, truth: ScopeTruth) -> Expr {
     let mut parts: Vec<Expr> = Vec::with_capacity(4);
-    if !principal_true {
+    if truth.principal != Some(true) {
         parts.push(ast.principal_constraint().as_expr());
     }
-    if !action_true {
+    if truth.action != Some(true) {
         parts.push(ast.action_constraint().as_expr());
     }
-    if !resource_true {
+    if truth.resource != Some(true) {
         parts.push(ast.resource_constraint().as_expr());
     }
     if let Some(body) = ast.non_scope_constraints() {
@@ -364,36 +396,6 @@ fn condition_for(
     let mut it = parts.into_iter().rev();
     let last = it.next().unwrap_or_else(|| Expr::val(true));
     it.fold(last, |acc, e| Expr::and(e, acc))
-}
-
-/// Whether `p`'s scope can match the environment (see the module docs). `ancestors`: the
-/// action's ancestors when the action hierarchy is known, else `None` (then `action in` keeps).
-fn may_apply(
-    p: &Policy,
-    action: &EntityUid,
-    ancestors: Option<&HashSet<EntityUid>>,
-    principal: &EntityTypeName,
-    resource: &EntityTypeName,
-) -> bool {
-    let action_ok = match p.action_constraint() {
-        ActionConstraint::Any => true,
-        ActionConstraint::Eq(a) => &a == action,
-        ActionConstraint::In(list) => match ancestors {
-            None => true,
-            Some(anc) => list.iter().any(|a| a == action || anc.contains(a)),
-        },
-    };
-    let principal_ok = match p.principal_constraint() {
-        PrincipalConstraint::Any | PrincipalConstraint::In(_) => true,
-        PrincipalConstraint::Eq(e) => e.type_name() == principal,
-        PrincipalConstraint::Is(t) | PrincipalConstraint::IsIn(t, _) => &t == principal,
-    };
-    let resource_ok = match p.resource_constraint() {
-        ResourceConstraint::Any | ResourceConstraint::In(_) => true,
-        ResourceConstraint::Eq(e) => e.type_name() == resource,
-        ResourceConstraint::Is(t) | ResourceConstraint::IsIn(t, _) => &t == resource,
-    };
-    action_ok && principal_ok && resource_ok
 }
 
 /// The policies `keep` of `src` (static or template-linked, with the same ids) as a new set.

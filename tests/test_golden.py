@@ -143,3 +143,49 @@ def test_golden_cases_decide_the_same_without_slice_pruning() -> None:
         finally:
             engine.configure_checks(prune_slices=True)
         assert got == expected_response(case), cid
+
+
+ANCESTOR_READS = """
+@id("open-admins")
+permit (principal, action == Action::"view", resource)
+when { Group::"admins".open && principal in Group::"admins" };
+
+@id("team-lead")
+permit (principal, action == Action::"edit", resource)
+when { context.team.lead == principal };
+"""
+
+
+@pytest.mark.parametrize("prune", [True, False])
+def test_ancestors_read_through_literals_and_context_stay_in_the_slice(prune: bool) -> None:
+    """A policy that reads an ancestor's attributes through an entity literal or a context value
+    decides as plain Cedar over the whole store (docs/decisions.md, "which entities a slice
+    keeps"): the ancestor is not a root nor a followed attribute, but it is in the slice."""
+    entities = [
+        {
+            "uid": {"type": "User", "id": "alice"},
+            "attrs": {},
+            "parents": [{"type": "Group", "id": "staff"}],
+        },
+        {
+            "uid": {"type": "Group", "id": "staff"},
+            "attrs": {"lead": {"__entity": {"type": "User", "id": "alice"}}},
+            "parents": [{"type": "Group", "id": "admins"}],
+        },
+        {"uid": {"type": "Group", "id": "admins"}, "attrs": {"open": True}, "parents": []},
+    ]
+    engine = Engine(policies=ANCESTOR_READS, entities=entities)
+    engine.configure_checks(prune_slices=prune)
+    alice = {"type": "User", "id": "alice"}
+    doc = {"type": "Doc", "id": "d"}
+    view = engine.evaluate({"principal": alice, "action": "view", "resource": doc})
+    assert (view["verdict"], view["policies"]) == ("allow", ["open-admins"])
+    edit = engine.evaluate(
+        {
+            "principal": alice,
+            "action": "edit",
+            "resource": doc,
+            "context": {"team": {"__entity": {"type": "Group", "id": "staff"}}},
+        }
+    )
+    assert (edit["verdict"], edit["policies"]) == ("allow", ["team-lead"])

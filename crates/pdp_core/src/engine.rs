@@ -420,6 +420,8 @@ impl Engine {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let mut next = State::clone(&self.state.load());
         let out = f(&mut next)?;
+        next.store.settle();
+        next.hierarchy.settle();
         self.state.store(Arc::new(next));
         Ok(out)
     }
@@ -522,11 +524,10 @@ impl Engine {
         self.update(|s| {
             let parsed = Self::parse_entities(&s.bundle, values, "entities")?;
             let n = parsed.len();
-            let mut map = crate::store::PMap::default();
-            for se in parsed {
-                map.insert(se.entity.uid(), Arc::new(se));
-            }
-            s.store.entities = map;
+            s.store.entities = parsed
+                .into_iter()
+                .map(|se| (se.entity.uid(), Arc::new(se)))
+                .collect();
             s.rebuild_hierarchy("entities")?;
             Self::touch(
                 s,
@@ -841,7 +842,7 @@ impl Engine {
         }
         self.update(|s| {
             if replace {
-                s.store.risk = crate::store::PMap::default();
+                s.store.risk = crate::store::Layered::default();
             }
             for (p, score) in parsed {
                 s.store.risk.insert(p, score);
@@ -1127,13 +1128,14 @@ impl Engine {
             roots.push((a, &FOLLOW_ALL));
         }
         // The slice, converted for partial evaluation once per distinct slice (crate::memo).
-        let known =
-            b.plan_entities
-                .get_or_build(closed_list(st, &roots, None, &FOLLOW_ALL), |list| {
-                    let entities = Hierarchy::slice(list)?;
-                    let partial = partial_entities(&entities, schema);
-                    Ok::<_, RequestError>((entities, partial))
-                })?;
+        let known = b.plan_entities.get_or_build(
+            closed_list(st, &roots, None, &FOLLOW_ALL, true),
+            |list| {
+                let entities = Hierarchy::slice(list)?;
+                let partial = partial_entities(&entities, schema);
+                Ok::<_, RequestError>((entities, partial))
+            },
+        )?;
         // The side is a pure function of its inputs; it is memoised by them (crate::memo).
         let compute = || {
             // Only the policies whose scope can match; the others leave no residual.
@@ -1428,9 +1430,12 @@ fn is_registered(st: &State, uid: &EntityUid) -> bool {
 }
 
 /// Builds the entity slice a check can reach: the principal, resource, agent, action and work
-/// item with their ancestors, the entities referenced by those of their attributes the
-/// policies may look into (`derefs`, see [`crate::scope::Derefs`]; one hop, with ancestors),
-/// and every inline entity. Its size depends on the request, not on the store.
+/// item, the entities referenced by those of their attributes the policies may look into
+/// (`derefs`, see [`crate::scope::Derefs`]; one hop), all with their ancestors unless no policy
+/// can look an ancestor up ([`Derefs::ancestors`]; their uids stay in each entity's ancestor
+/// set, which is all `in` reads), and every inline entity (with inline entities the slice keeps
+/// every ancestor, because Cedar closes the hierarchy of that slice itself). Its size depends
+/// on the request, not on the store.
 fn gather(
     cx: &CheckCtx<'_>,
     subject: &EntityUid,
@@ -1498,18 +1503,26 @@ fn gather_closed(
     if let Some(a) = agent {
         roots.push((a, &derefs.agent));
     }
-    Hierarchy::slice(closed_list(cx.st, &roots, cx.work_item, &derefs.work_item))
+    Hierarchy::slice(closed_list(
+        cx.st,
+        &roots,
+        cx.work_item,
+        &derefs.work_item,
+        derefs.ancestors,
+    ))
 }
 
-/// The pre-closed entities reachable from `roots` (each with its ancestors, and the entities
-/// referenced by the attributes its [`Follow`] takes, with theirs) and from the work item (its
-/// references by `work_item_follow`), in a stable order (roots first, each followed by its
-/// ancestors and then by what its attributes reference).
+/// The pre-closed entities reachable from `roots` (each with the entities referenced by the
+/// attributes its [`Follow`] takes) and from the work item (its references by
+/// `work_item_follow`), each with its ancestors when `ancestors` (see [`Derefs::ancestors`]),
+/// in a stable order (roots first, each followed by its ancestors and then by what its
+/// attributes reference).
 fn closed_list<'s>(
     st: &'s State,
     roots: &[(&EntityUid, &Follow)],
     work_item: Option<&'s WorkItem>,
     work_item_follow: &Follow,
+    ancestors: bool,
 ) -> Vec<Arc<cedar_policy_core::ast::Entity>> {
     let h = &st.hierarchy;
     let mut seen: FastSet<&cedar_policy_core::ast::EntityUID> =
@@ -1521,6 +1534,9 @@ fn closed_list<'s>(
             return;
         }
         out.push(e.clone());
+        if !ancestors {
+            return;
+        }
         for a in e.ancestors() {
             if let Some(ae) = h.get_core(a) {
                 if seen.insert(a) {

@@ -93,13 +93,22 @@ impl Follow {
 
 /// The attributes followed from each root of a check's slice (see [`Follow`]): the principal
 /// (`principal.a...`), the resource, and the entities the decision point puts in the context,
-/// `context.agent` and `context.work_item`.
+/// `context.agent` and `context.work_item`; and whether the slice must hold the ancestors of
+/// the entities it holds.
+///
+/// Ancestors are read only as values: `in` looks at the left entity's own (pre-closed) ancestor
+/// set, never at the ancestor entities. A condition can look an ancestor up only through a uid
+/// it did not get from a root or a followed attribute: an entity literal or slot
+/// (`Group::"admins".level`), a context value other than the agent and work item, the action's
+/// attributes, or a read the analysis cannot place. Any of those sets `ancestors`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Derefs {
     pub(crate) principal: Follow,
     pub(crate) resource: Follow,
     pub(crate) agent: Follow,
     pub(crate) work_item: Follow,
+    /// Whether the ancestors of every entity in the slice go in with it.
+    pub(crate) ancestors: bool,
 }
 
 /// Every attribute of every root: the one-hop slice in full (plans use it).
@@ -111,6 +120,7 @@ impl Derefs {
         resource: Follow::ALL,
         agent: Follow::ALL,
         work_item: Follow::ALL,
+        ancestors: true,
     };
 
     /// What `conditions` dereference. A condition that dereferences something other than a
@@ -189,20 +199,24 @@ fn target(e: &Expr, extra: &[&str], d: &mut Derefs, all: &mut bool) {
     path.reverse();
     path.extend_from_slice(extra);
     match (cur.expr_kind(), path.as_slice()) {
-        // A root itself, or an entity / literal the slice never holds unless it is a root.
-        (ExprKind::Var(_), []) | (ExprKind::Lit(_) | ExprKind::Slot(_), _) => {}
+        // A root itself.
+        (ExprKind::Var(_), []) => {}
         (ExprKind::Var(Var::Principal), [a]) => d.principal.add(a),
         (ExprKind::Var(Var::Resource), [a]) => d.resource.add(a),
-        // The action's own attributes hold no entities the slice follows.
-        (ExprKind::Var(Var::Action), _) => {}
         (ExprKind::Var(Var::Context), [root, rest @ ..]) => match (*root, rest) {
             ("agent" | "work_item", []) => {}
             ("agent", [a]) => d.agent.add(a),
             ("work_item", [a]) => d.work_item.add(a),
             ("agent" | "work_item", _) => *all = true,
-            // Any other context value is never in the slice unless it is also a root.
-            _ => {}
+            // Any other context value is in the slice only if it is a root or an ancestor of
+            // one; keep the ancestors.
+            _ => d.ancestors = true,
         },
+        // An entity literal or slot, or what the action's attributes hold: in the slice only if
+        // it is a root or an ancestor of one.
+        (ExprKind::Lit(_) | ExprKind::Slot(_) | ExprKind::Var(Var::Action), _) => {
+            d.ancestors = true;
+        }
         _ => *all = true,
     }
 }
@@ -455,14 +469,30 @@ mod tests {
                  resource.owner.blocked.contains(principal) && resource.meta.rank > 2 };
                forbid (principal, action, resource) when {
                  principal.manager in Group::"g" && principal has boss.name &&
-                 context.agent.owner.hasTag("x") && context.work_item.project.key == "k" &&
-                 context.request.ip == "1" };"#,
+                 context.agent.owner.hasTag("x") && context.work_item.project.key == "k" };"#,
         );
         assert!(!d.principal.all && !d.resource.all);
         assert_eq!(follows(&d.resource), vec!["meta", "owner"]);
         assert_eq!(follows(&d.principal), vec!["boss", "manager"]);
         assert_eq!(follows(&d.agent), vec!["owner"]);
         assert_eq!(follows(&d.work_item), vec!["project"]);
+        assert!(!d.ancestors);
+    }
+
+    #[test]
+    fn literal_or_context_lookups_keep_ancestors() {
+        for src in [
+            r#"permit (principal, action, resource) when { Group::"admins".level > 1 };"#,
+            r#"permit (principal, action, resource) when { context.team has name };"#,
+            r#"permit (principal, action, resource) when { Group::"a" in Group::"b" };"#,
+            r#"permit (principal, action, resource) when { action.meta.x == 1 };"#,
+            // A record or an entity: without types, the analysis cannot tell.
+            r#"permit (principal, action, resource) when { context.request.ip == "1" };"#,
+        ] {
+            let d = derefs(src);
+            assert!(d.ancestors, "{src}");
+            assert!(!d.principal.all && !d.resource.all, "{src}");
+        }
     }
 
     #[test]

@@ -1,9 +1,10 @@
 //! The in-memory entity store: principals, groups, resources, work items, containments,
 //! service-account registrations and risk scores (SPEC 1 "what the decision point keeps").
 //!
-//! The store is a persistent (structurally shared) map, so a writer clones it in O(1), changes
-//! its copy and publishes it with one atomic pointer swap: checks that already started keep the
-//! snapshot they began with, and no check ever sees half an update.
+//! A writer clones the store cheaply, changes its copy and publishes it with one atomic pointer
+//! swap: checks that already started keep the snapshot they began with, and no check ever sees
+//! half an update. The large maps are [`Layered`]: a flat hash table shared by every snapshot,
+//! under a small persistent map of the writes made since the table was built.
 
 use crate::error::{chain, RequestError};
 use crate::request::parse_uid;
@@ -12,7 +13,9 @@ use cedar_policy_core::ast;
 use cedar_policy_core::entities::{Entities as CoreEntities, NoEntitiesSchema, TCComputation};
 use cedar_policy_core::extensions::Extensions;
 use serde_json::Value;
+use std::borrow::Borrow;
 use std::collections::HashSet;
+use std::hash::Hash;
 use std::sync::Arc;
 
 /// The hasher of svc's own maps: foldhash, seeded at random per process. Entity uids are hashed
@@ -27,6 +30,144 @@ pub(crate) type PSet<K> = imbl::GenericHashSet<K, FastHasher, imbl::shared_ptr::
 pub(crate) type FastMap<K, V> = std::collections::HashMap<K, V, FastHasher>;
 /// A hash set with [`FastHasher`].
 pub(crate) type FastSet<K> = HashSet<K, FastHasher>;
+
+/// Writes an overlay holds before [`Layered::settle`] folds it into a new base, at least.
+const OVERLAY_MIN: usize = 1024;
+/// ... and at most this fraction of the base (1/16): folding copies the base, so each write
+/// pays for at most 16 copied entries.
+const OVERLAY_SHARE: usize = 16;
+
+/// A map read on every check and written incrementally (entities, their closures, risk
+/// scores): a flat hash table (`base`, shared by snapshots through an `Arc`) under a persistent
+/// map of the writes made since it was built (`overlay`, `None` marking a removal).
+///
+/// A persistent map alone (a hash array mapped trie) costs a check one dependent memory load
+/// per trie level; with 200,000 entities those loads miss the cache and a check grew by half
+/// (docs/benchmarks.md, decision core run 5). A lookup here costs one probe of the overlay,
+/// which stays small and hot, and one probe of the flat table. Cloning is O(1); a write costs
+/// an overlay insert, and [`Layered::settle`] (called once per published snapshot) folds the
+/// overlay into a new base when it has grown past `max(1024, base / 16)` entries.
+#[derive(Debug, Clone)]
+pub(crate) struct Layered<K: Hash + Eq + Clone, V: Clone> {
+    base: Arc<FastMap<K, V>>,
+    overlay: PMap<K, Option<V>>,
+    len: usize,
+}
+
+impl<K: Hash + Eq + Clone, V: Clone> Default for Layered<K, V> {
+    fn default() -> Self {
+        Self {
+            base: Arc::new(FastMap::default()),
+            overlay: PMap::default(),
+            len: 0,
+        }
+    }
+}
+
+impl<K: Hash + Eq + Clone, V: Clone> Layered<K, V> {
+    /// The value of `k`, if present.
+    pub(crate) fn get<Q>(&self, k: &Q) -> Option<&V>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        if !self.overlay.is_empty() {
+            if let Some(v) = self.overlay.get(k) {
+                return v.as_ref();
+            }
+        }
+        self.base.get(k)
+    }
+
+    /// Whether `k` is present.
+    pub(crate) fn contains_key<Q>(&self, k: &Q) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        self.get(k).is_some()
+    }
+
+    /// Inserts or replaces `k`; returns the previous value.
+    pub(crate) fn insert(&mut self, k: K, v: V) -> Option<V> {
+        let old = self.get(&k).cloned();
+        if old.is_none() {
+            self.len += 1;
+        }
+        self.overlay.insert(k, Some(v));
+        old
+    }
+
+    /// Removes `k`; returns its value if it was present.
+    pub(crate) fn remove<Q>(&mut self, k: &Q) -> Option<V>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let old = self.get(k).cloned()?;
+        self.len -= 1;
+        if self.base.contains_key(k) {
+            self.overlay.insert(k.to_owned(), None);
+        } else {
+            self.overlay.remove(k);
+        }
+        Some(old)
+    }
+
+    /// Number of entries.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the map is empty.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Every entry, in no particular order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&K, &V)> {
+        let shadowed = !self.overlay.is_empty();
+        self.base
+            .iter()
+            .filter(move |(k, _)| !shadowed || !self.overlay.contains_key(*k))
+            .chain(
+                self.overlay
+                    .iter()
+                    .filter_map(|(k, v)| v.as_ref().map(|v| (k, v))),
+            )
+    }
+
+    /// Every key, in no particular order.
+    pub(crate) fn keys(&self) -> impl Iterator<Item = &K> {
+        self.iter().map(|(k, _)| k)
+    }
+
+    /// Folds the overlay into a new flat base once it has grown past its share (see the type's
+    /// documentation); snapshots that hold the old base keep it.
+    pub(crate) fn settle(&mut self) {
+        if self.overlay.len() <= OVERLAY_MIN.max(self.base.len() / OVERLAY_SHARE) {
+            return;
+        }
+        let mut base: FastMap<K, V> =
+            FastMap::with_capacity_and_hasher(self.len, FastHasher::default());
+        for (k, v) in self.iter() {
+            base.insert(k.clone(), v.clone());
+        }
+        self.base = Arc::new(base);
+        self.overlay = PMap::default();
+    }
+}
+
+impl<K: Hash + Eq + Clone, V: Clone> FromIterator<(K, V)> for Layered<K, V> {
+    fn from_iter<I: IntoIterator<Item = (K, V)>>(iter: I) -> Self {
+        let base: FastMap<K, V> = iter.into_iter().collect();
+        Self {
+            len: base.len(),
+            base: Arc::new(base),
+            overlay: PMap::default(),
+        }
+    }
+}
 
 /// An entity with its direct parents and the entities its attributes reference, kept beside
 /// the Cedar entity so a check can gather the slice it needs without scanning the store.
@@ -120,10 +261,10 @@ pub struct WorkItem {
 /// One immutable snapshot of everything the decision point knows besides the bundle.
 #[derive(Debug, Clone, Default)]
 pub struct Store {
-    pub(crate) entities: PMap<EntityUid, Arc<StoredEntity>>,
+    pub(crate) entities: Layered<EntityUid, Arc<StoredEntity>>,
     pub(crate) work_items: PMap<String, Arc<WorkItem>>,
     pub(crate) contained: PSet<EntityUid>,
-    pub(crate) risk: PMap<EntityUid, i64>,
+    pub(crate) risk: Layered<EntityUid, i64>,
 }
 
 impl Store {
@@ -145,6 +286,13 @@ impl Store {
     /// The reasoner's risk score of `uid`, if it has one.
     pub fn risk(&self, uid: &EntityUid) -> Option<i64> {
         self.risk.get(uid).copied()
+    }
+
+    /// Folds the large maps' recent writes into their flat tables when due
+    /// ([`Layered::settle`]); writers call it once before publishing a snapshot.
+    pub(crate) fn settle(&mut self) {
+        self.entities.settle();
+        self.risk.settle();
     }
 }
 
@@ -173,7 +321,7 @@ pub fn parse_uid_list(value: &Value, field: &str) -> Result<Vec<EntityUid>, Requ
 /// entity whose ancestors include it.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Hierarchy {
-    closed: PMap<ast::EntityUID, Arc<ast::Entity>>,
+    closed: Layered<ast::EntityUID, Arc<ast::Entity>>,
     /// Uids that are (or were, since the last rebuild) a parent of some entity. An entity
     /// outside this set has no descendants, so changing it re-closes only itself.
     parents: PSet<EntityUid>,
@@ -219,6 +367,7 @@ impl Hierarchy {
     ) -> (Self, Vec<EntityUid>) {
         let mut h = Self::default();
         let mut cycles = Vec::new();
+        let mut closed = Vec::new();
         for uid in uids {
             if let Some(se) = look(uid) {
                 for p in &se.parents {
@@ -228,9 +377,10 @@ impl Hierarchy {
                 if cyclic {
                     cycles.push(uid.clone());
                 }
-                h.closed.insert(uid.as_ref().clone(), Arc::new(e));
+                closed.push((uid.as_ref().clone(), Arc::new(e)));
             }
         }
+        h.closed = closed.into_iter().collect();
         cycles.sort();
         (h, cycles)
     }
@@ -250,7 +400,7 @@ impl Hierarchy {
         let mut affected: HashSet<EntityUid> = changed.iter().cloned().collect();
         if changed.iter().any(|u| self.parents.contains(u)) {
             let core: HashSet<&ast::EntityUID> = changed.iter().map(AsRef::as_ref).collect();
-            for (uid, e) in &self.closed {
+            for (uid, e) in self.closed.iter() {
                 if e.ancestors().any(|a| core.contains(a)) {
                     affected.insert(EntityUid::from(uid.clone()));
                 }
@@ -281,6 +431,11 @@ impl Hierarchy {
         }
     }
 
+    /// Folds recent writes into the flat table when due ([`Layered::settle`]).
+    pub(crate) fn settle(&mut self) {
+        self.closed.settle();
+    }
+
     /// The closed entity `uid`, if known.
     pub(crate) fn get(&self, uid: &EntityUid) -> Option<&Arc<ast::Entity>> {
         self.closed.get(uid.as_ref())
@@ -306,5 +461,46 @@ impl Hierarchy {
             )
             .map(Entities::from)
             .map_err(|e| RequestError::new("entities", chain(&e)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// Compares a `Layered` map against a `std` map over inserts, replacements, removals and
+    /// settles, including removals of keys that live only in the overlay or only in the base.
+    #[test]
+    fn layered_map_matches_a_plain_map() {
+        let mut l: Layered<u32, u32> = (0..3000).map(|k| (k, k)).collect();
+        let mut m: std::collections::HashMap<u32, u32> = (0..3000).map(|k| (k, k)).collect();
+        let mut snapshots = Vec::new();
+        for step in 0u32..20_000 {
+            let k = step.wrapping_mul(2_654_435_761) % 5000;
+            if step % 3 == 0 {
+                assert_eq!(l.remove(&k), m.remove(&k));
+            } else {
+                assert_eq!(l.insert(k, step), m.insert(k, step));
+            }
+            if step % 997 == 0 {
+                snapshots.push((l.clone(), m.clone()));
+                l.settle();
+            }
+            assert_eq!(l.len(), m.len());
+        }
+        for (l, m) in snapshots
+            .iter()
+            .chain(std::iter::once(&(l.clone(), m.clone())))
+        {
+            let mut got: Vec<(u32, u32)> = l.iter().map(|(k, v)| (*k, *v)).collect();
+            got.sort_unstable();
+            let mut want: Vec<(u32, u32)> = m.iter().map(|(k, v)| (*k, *v)).collect();
+            want.sort_unstable();
+            assert_eq!(got, want);
+            for k in 0..5000 {
+                assert_eq!(l.get(&k), m.get(&k));
+            }
+        }
     }
 }

@@ -16,6 +16,7 @@ pub mod bundle;
 pub mod decision_log;
 pub mod engine;
 pub mod error;
+mod intern;
 mod memo;
 pub mod plan;
 pub mod query_plan;

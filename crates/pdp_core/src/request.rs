@@ -89,7 +89,7 @@ thread_local! {
 
 /// Parses an entity type name, remembering valid ones per thread: Cedar's parser is the
 /// dearest part of reading a request, and requests name few distinct types. Invalid names are
-/// parsed (and reported) every time.
+/// parsed (and reported) every time. Valid names are canonical (`crate::intern`).
 ///
 /// # Errors
 /// Cedar's parse errors for `ty`, as text.
@@ -98,6 +98,7 @@ fn type_name(ty: &str) -> Result<EntityTypeName, String> {
         return Ok(t);
     }
     let t = EntityTypeName::from_str(ty).map_err(|e| e.to_string())?;
+    let t = EntityTypeName::from(crate::intern::entity_type(t.as_ref()));
     TYPE_NAMES.with(|m| {
         let mut m = m.borrow_mut();
         if m.len() >= TYPE_NAME_MEMO {

@@ -192,8 +192,10 @@ fn collect_refs(v: &EvalResult, out: &mut Vec<EntityUid>) {
 }
 
 impl StoredEntity {
-    /// Wraps a Cedar entity, recording its parents and attribute references.
+    /// Wraps a Cedar entity, recording its parents and attribute references. Every uid in it
+    /// is made canonical (`crate::intern`), so comparing it with others is cheap.
     pub fn from_entity(entity: Entity) -> Self {
+        let entity = Entity::from(crate::intern::entity(entity.as_ref()));
         let mut refs = Vec::new();
         let mut found = Vec::new();
         for (name, v) in entity.attrs() {
@@ -377,7 +379,7 @@ impl Hierarchy {
                 if cyclic {
                     cycles.push(uid.clone());
                 }
-                closed.push((uid.as_ref().clone(), Arc::new(e)));
+                closed.push((e.uid().clone(), Arc::new(e)));
             }
         }
         h.closed = closed.into_iter().collect();
@@ -413,7 +415,7 @@ impl Hierarchy {
                         self.parents.insert(p.clone());
                     }
                     let (e, cyclic) = Self::close_entity(se, look);
-                    self.closed.insert(uid.as_ref().clone(), Arc::new(e));
+                    self.closed.insert(e.uid().clone(), Arc::new(e));
                     if cyclic {
                         cycles.push(uid);
                     }

@@ -89,6 +89,48 @@ def test_evaluate_many_names_the_bad_request() -> None:
     assert info.value.field == "requests[2].context"
 
 
+def test_large_batches_run_in_parallel_and_agree_with_evaluate() -> None:
+    """Batches of 64 or more are pipelined over the cores (helpers decide while the calling
+    thread reads requests and builds responses); the answers and their order do not change."""
+    doc = next(d for _, d, c in CASES if d["bundle"] == "corp")
+    engine = _engine(doc)
+    requests = [c["request"] for _, d, c in CASES if d is doc and "expect" in c] * 25
+    assert len(requests) >= 64
+    batch = engine.evaluate_many(requests)
+    assert [without_qid(r) for r in batch] == [without_qid(engine.evaluate(r)) for r in requests]
+
+
+def test_large_batches_name_the_first_bad_request() -> None:
+    doc = next(d for _, d, c in CASES if d["bundle"] == "corp")
+    engine = _engine(doc)
+    good = {
+        "principal": {"type": "Human", "id": "alice"},
+        "action": "view",
+        "resource": {"type": "Document", "id": "design"},
+    }
+    bad = {**good, "context": {"risk_score": "high"}}
+    batch: list[Any] = [good] * 300
+    batch[250] = bad
+    with pytest.raises(RequestError) as info:
+        engine.evaluate_many(batch)
+    assert info.value.field == "requests[250].context"
+    batch[90] = bad
+    with pytest.raises(RequestError) as info:
+        engine.evaluate_many(batch)
+    assert info.value.field == "requests[90].context"
+    # A request that is not a request at all: still the first failing index wins.
+    batch[200] = {"principal": 7}
+    with pytest.raises(RequestError) as info:
+        engine.evaluate_many(batch)
+    assert info.value.field == "requests[90].context"
+    batch[90] = good
+    with pytest.raises(RequestError) as info:
+        engine.evaluate_many(batch)
+    assert info.value.field.startswith("requests[200]")
+    # The engine still answers afterwards.
+    assert engine.evaluate_many([good] * 100)[99]["verdict"] == "allow"
+
+
 def test_decide_returns_the_decision_log_record() -> None:
     doc = next(d for cid, d, c in CASES if cid.startswith("agents"))
     engine = _engine(doc)

@@ -203,10 +203,18 @@ class Engine:
         """
 
     def evaluate_many(self, requests: list[Mapping[str, Any]]) -> list[_JSON]:
-        """Decides a batch in one call with the GIL released for the whole batch.
+        """Decides a batch in one call; returns the responses in request order.
+
+        Decisions run with the GIL released, the only parts that hold it being reading each
+        request dict and building each response dict. Batches of 64 or more are pipelined over
+        the machine's cores: helper threads decide requests as soon as they are read, while the
+        calling thread reads the rest and then builds responses (deciding itself whenever the
+        next response is not ready).
 
         Raises:
-            RequestError: for the first bad request, with ``field`` prefixed ``requests[i].``.
+            RequestError: for the first request (by index) that fails to parse or to decide,
+                with ``field`` prefixed ``requests[i].``; no response is returned.
+            TypeError: ``requests`` is not a list.
 
         """
 

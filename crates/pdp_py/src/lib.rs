@@ -12,7 +12,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 use serde_json::{Map, Number, Value};
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 
 mod pylog;
 mod pyserver;
@@ -164,57 +165,157 @@ fn check_request(obj: &Bound<'_, PyAny>) -> PyResult<Result<CheckRequest, CoreRe
 /// Smallest batch worth splitting over threads (below it, spawning costs more than it saves).
 const PARALLEL_MIN: usize = 64;
 
-/// Decides every request of a batch, over as many threads as the machine has cores (each
-/// thread takes one contiguous chunk, so the first error by index is the one reported).
-///
-/// # Errors
-/// The first request (by index) that fails, its field prefixed with `requests[i].`.
-fn decide_all(
-    engine: &CoreEngine,
-    reqs: &[CheckRequest],
-) -> Result<Vec<Decision>, CoreRequestError> {
-    let run = |offset: usize, chunk: &[CheckRequest]| -> Result<Vec<Decision>, CoreRequestError> {
-        chunk
-            .iter()
-            .enumerate()
-            .map(|(i, r)| {
-                engine.decide(r).map_err(|e| {
-                    CoreRequestError::new(
-                        format!("requests[{}].{}", offset + i, e.field),
-                        e.message,
-                    )
-                })
-            })
-            .collect()
-    };
-    let threads = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
-    if threads < 2 || reqs.len() < PARALLEL_MIN {
-        return run(0, reqs);
+/// The shared state of one pipelined `evaluate_many` batch (see [`Batch::run`]).
+struct Batch<'a> {
+    engine: &'a CoreEngine,
+    /// Parsed requests; slot `i` is set before `parsed` passes `i`.
+    requests: Vec<OnceLock<CheckRequest>>,
+    /// How many leading slots of `requests` are set.
+    parsed: AtomicUsize,
+    /// Next index to decide.
+    next: AtomicUsize,
+    /// Requests from this index on are not decided (the first one that did not parse).
+    limit: AtomicUsize,
+    /// Set when the batch is over: deciders stop.
+    abort: AtomicBool,
+    results: Vec<OnceLock<Result<Decision, CoreRequestError>>>,
+}
+
+impl<'a> Batch<'a> {
+    fn new(engine: &'a CoreEngine, n: usize) -> Self {
+        Self {
+            engine,
+            requests: (0..n).map(|_| OnceLock::new()).collect(),
+            parsed: AtomicUsize::new(0),
+            next: AtomicUsize::new(0),
+            limit: AtomicUsize::new(n),
+            abort: AtomicBool::new(false),
+            results: (0..n).map(|_| OnceLock::new()).collect(),
+        }
     }
-    let size = reqs.len().div_ceil(threads);
-    let parts: Vec<Result<Vec<Decision>, CoreRequestError>> = std::thread::scope(|s| {
-        let handles: Vec<_> = reqs
-            .chunks(size)
-            .enumerate()
-            .map(|(k, chunk)| s.spawn(move || run(k * size, chunk)))
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join().unwrap_or_else(|_| {
-                    Err(CoreRequestError::new(
-                        "requests",
-                        "a decision thread panicked",
-                    ))
-                })
-            })
-            .collect()
-    });
-    let mut out = Vec::with_capacity(reqs.len());
-    for part in parts {
-        out.extend(part?);
+
+    /// Claims the next undecided request and decides it; `false` when none is left (or the
+    /// batch was aborted). Waits (yielding) for a claimed request that is not parsed yet.
+    fn decide_next(&self) -> bool {
+        let i = self.next.fetch_add(1, Ordering::Relaxed);
+        let (Some(slot), Some(out)) = (self.requests.get(i), self.results.get(i)) else {
+            return false;
+        };
+        while self.parsed.load(Ordering::Acquire) <= i {
+            if self.abort.load(Ordering::Relaxed) || i >= self.limit.load(Ordering::Acquire) {
+                return false;
+            }
+            std::thread::yield_now();
+        }
+        let Some(req) = slot.get() else { return false };
+        let r = self
+            .engine
+            .decide(req)
+            .map_err(|e| CoreRequestError::new(format!("requests[{i}].{}", e.field), e.message));
+        let _ = out.set(r);
+        true
     }
-    Ok(out)
+
+    /// Decides until no request is left.
+    fn drain(&self) {
+        loop {
+            if self.abort.load(Ordering::Relaxed) || !self.decide_next() {
+                break;
+            }
+        }
+    }
+
+    /// Runs the batch `list` as a pipeline over the machine's cores, so that the parts that
+    /// need the GIL (reading each request dict, building each response dict) overlap with the
+    /// decisions, which run without it:
+    ///
+    /// 1. helper threads (one per extra core) decide requests in index order as soon as they
+    ///    are parsed, while this thread parses them under the GIL;
+    /// 2. this thread then builds the responses in order under the GIL, and whenever the next
+    ///    response is not decided yet it decides one request itself with the GIL released.
+    ///
+    /// Returns the responses in request order. On failure, the error of the first request (by
+    /// index) that fails, to parse or to decide; nothing after a request that does not parse is
+    /// decided.
+    fn run<'py>(
+        &self,
+        py: Python<'py>,
+        list: &Bound<'py, PyList>,
+        helpers: usize,
+    ) -> PyResult<Bound<'py, PyList>> {
+        std::thread::scope(|s| {
+            let handles: Vec<_> = (0..helpers).map(|_| s.spawn(|| self.drain())).collect();
+            let out = self.respond(py, list);
+            self.abort.store(true, Ordering::Relaxed);
+            let mut panicked = false;
+            for h in handles {
+                panicked |= h.join().is_err();
+            }
+            if panicked {
+                return Err(PyValueError::new_err(
+                    "requests: a decision thread panicked",
+                ));
+            }
+            out
+        })
+    }
+
+    fn respond<'py>(
+        &self,
+        py: Python<'py>,
+        list: &Bound<'py, PyList>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let mut failed: Option<PyErr> = None;
+        for (i, (r, slot)) in list.iter().zip(&self.requests).enumerate() {
+            match check_request(&r) {
+                Ok(Ok(req)) => {
+                    let _ = slot.set(req);
+                    self.parsed.store(i + 1, Ordering::Release);
+                }
+                Ok(Err(e)) => {
+                    let e = CoreRequestError::new(format!("requests[{i}].{}", e.field), e.message);
+                    failed = Some(request_err(py, &e));
+                    break;
+                }
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            }
+        }
+        let limit = self.parsed.load(Ordering::Relaxed);
+        if limit < self.requests.len() {
+            // Requests from `limit` on are never decided; an earlier one that fails to decide
+            // still comes first.
+            self.limit.store(limit, Ordering::Release);
+            failed = failed.or_else(|| {
+                Some(PyValueError::new_err(
+                    "requests: the list changed while it was read",
+                ))
+            });
+        }
+        let out = PyList::empty(py);
+        for done in self.results.iter().take(limit) {
+            let d = loop {
+                if let Some(d) = done.get() {
+                    break d;
+                }
+                // Not decided yet: decide the next request here (or, when all are taken, let
+                // the helper that holds this one finish it).
+                py.detach(|| {
+                    if !self.decide_next() {
+                        std::thread::yield_now();
+                    }
+                });
+            };
+            match d {
+                Ok(d) if failed.is_none() => out.append(response_dict(py, d)?)?,
+                Ok(_) => {}
+                Err(e) => return Err(request_err(py, e)),
+            }
+        }
+        failed.map_or(Ok(out), Err)
+    }
 }
 
 /// Converts JSON to Python objects.
@@ -572,22 +673,13 @@ impl Engine {
         let list = requests
             .cast::<PyList>()
             .map_err(|_| PyTypeError::new_err("`requests` must be a list of request dicts"))?;
-        let mut parsed = Vec::with_capacity(list.len());
-        for (i, r) in list.iter().enumerate() {
-            let req = check_request(&r)?.map_err(|e| {
-                request_err(
-                    py,
-                    &CoreRequestError::new(format!("requests[{i}].{}", e.field), e.message),
-                )
-            })?;
-            parsed.push(req);
-        }
-        let results = py.detach(|| decide_all(&self.inner, &parsed));
-        let results = results.map_err(|e| request_err(py, &e))?;
-        let out = PyList::empty(py);
-        for d in &results {
-            out.append(response_dict(py, d)?)?;
-        }
+        let threads = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+        let helpers = if list.len() < PARALLEL_MIN {
+            0
+        } else {
+            threads - 1
+        };
+        let out = Batch::new(&self.inner, list.len()).run(py, list, helpers)?;
         Ok(out)
     }
 

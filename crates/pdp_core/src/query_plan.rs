@@ -67,8 +67,9 @@ pub struct QueryPlan {
     pub qid: String,
     /// Outcome.
     pub outcome: PlanOutcome,
-    /// The filter tree; present for `conditional` and `challenge`.
-    pub filter: Option<Filter>,
+    /// The filter tree; present for `conditional` and `challenge`. Shared (`Arc`) with the
+    /// plan cache and the side memo, so a cached or memoised plan is not copied.
+    pub filter: Option<Arc<Filter>>,
     /// Challenge kinds: the ones to pass first (`challenge`), or the ones that could show more
     /// rows (`conditional` with `challenge_could_widen`). Sorted, unique.
     pub challenges: Vec<String>,
@@ -134,8 +135,11 @@ impl QueryPlan {
 /// The filters of one principal (see the module docs).
 #[derive(Debug, Clone)]
 pub(crate) struct Side {
-    allowed: Filter,
-    after_challenge: Filter,
+    allowed: Arc<Filter>,
+    after_challenge: Arc<Filter>,
+    /// Whether `allowed == after_challenge` (compared once, when the side is built: sides are
+    /// memoised, and comparing deep filters on every plan was a twentieth of a plan).
+    same: bool,
     challenges: BTreeSet<String>,
     policies: BTreeSet<String>,
 }
@@ -144,8 +148,9 @@ impl Side {
     /// A principal denied before any policy runs (contained, unregistered).
     pub(crate) fn denied(reason: &str) -> Self {
         Self {
-            allowed: Filter::False,
-            after_challenge: Filter::False,
+            allowed: Arc::new(Filter::False),
+            after_challenge: Arc::new(Filter::False),
+            same: true,
             challenges: BTreeSet::new(),
             policies: BTreeSet::from([reason.to_owned()]),
         }
@@ -182,9 +187,11 @@ impl Side {
         let all_forbids: Vec<Filter> = f.iter().cloned().chain(fc).collect();
         let allowed = combine_simplified(p.clone(), all_forbids);
         let all_permits: Vec<Filter> = p.into_iter().chain(pc).collect();
+        let after_challenge = combine_simplified(all_permits, f);
         Self {
-            allowed,
-            after_challenge: combine_simplified(all_permits, f),
+            same: allowed == after_challenge,
+            allowed: Arc::new(allowed),
+            after_challenge: Arc::new(after_challenge),
             challenges,
             policies,
         }
@@ -194,7 +201,7 @@ impl Side {
 /// What [`finish`] decides from the sides of a plan.
 pub(crate) struct Finished {
     pub(crate) outcome: PlanOutcome,
-    pub(crate) filter: Option<Filter>,
+    pub(crate) filter: Option<Arc<Filter>>,
     pub(crate) challenges: Vec<String>,
     pub(crate) challenge_could_widen: bool,
     pub(crate) policies: Vec<String>,
@@ -217,13 +224,34 @@ pub(crate) fn finish(sides: Vec<Side>) -> Finished {
         .collect::<BTreeSet<_>>()
         .into_iter()
         .collect();
-    let (allowed, after): (Vec<Filter>, Vec<Filter>) = sides
-        .into_iter()
-        .map(|s| (s.allowed, s.after_challenge))
-        .unzip();
-    let allowed = Filter::and_of_simplified(allowed);
-    let after = Filter::and_of_simplified(after);
-    match (&allowed, &after) {
+    // One side (no agent acting for a person): its filters, shared as they are.
+    let (allowed, after, same): (Arc<Filter>, Arc<Filter>, bool) = if sides.len() == 1 {
+        sides
+            .into_iter()
+            .map(|s| (s.allowed, s.after_challenge, s.same))
+            .next()
+            .unwrap_or_else(|| {
+                let t = Arc::new(Filter::and_of_simplified(Vec::new()));
+                (Arc::clone(&t), t, true)
+            })
+    } else {
+        let (allowed, after): (Vec<Filter>, Vec<Filter>) = sides
+            .into_iter()
+            .map(|s| {
+                (
+                    Arc::unwrap_or_clone(s.allowed),
+                    Arc::unwrap_or_clone(s.after_challenge),
+                )
+            })
+            .unzip();
+        let (allowed, after) = (
+            Filter::and_of_simplified(allowed),
+            Filter::and_of_simplified(after),
+        );
+        let same = allowed == after;
+        (Arc::new(allowed), Arc::new(after), same)
+    };
+    match (&*allowed, &*after) {
         (Filter::True, _) => Finished {
             outcome: PlanOutcome::AlwaysAllowed,
             filter: None,
@@ -246,7 +274,7 @@ pub(crate) fn finish(sides: Vec<Side>) -> Finished {
             policies,
         },
         _ => {
-            let widen = after != allowed && !challenges.is_empty();
+            let widen = !same && !challenges.is_empty();
             Finished {
                 outcome: PlanOutcome::Conditional,
                 filter: Some(allowed),

@@ -75,15 +75,19 @@ def test_evaluate_many_agrees_with_evaluate() -> None:
         assert len(qids) == len(batch)
 
 
-def test_evaluate_many_names_the_bad_request() -> None:
+def _corp_good_and_bad() -> tuple[Engine, dict[str, Any], dict[str, Any]]:
+    """The corp bundle's engine, a request it allows, and one whose context breaks the schema."""
     doc = next(d for _, d, c in CASES if d["bundle"] == "corp")
-    engine = _engine(doc)
     good = {
         "principal": {"type": "Human", "id": "alice"},
         "action": "view",
         "resource": {"type": "Document", "id": "design"},
     }
-    bad = {**good, "context": {"risk_score": "high"}}
+    return _engine(doc), good, {**good, "context": {"risk_score": "high"}}
+
+
+def test_evaluate_many_names_the_bad_request() -> None:
+    engine, good, bad = _corp_good_and_bad()
     with pytest.raises(RequestError) as info:
         engine.evaluate_many([good, good, bad])
     assert info.value.field == "requests[2].context"
@@ -101,14 +105,7 @@ def test_large_batches_run_in_parallel_and_agree_with_evaluate() -> None:
 
 
 def test_large_batches_name_the_first_bad_request() -> None:
-    doc = next(d for _, d, c in CASES if d["bundle"] == "corp")
-    engine = _engine(doc)
-    good = {
-        "principal": {"type": "Human", "id": "alice"},
-        "action": "view",
-        "resource": {"type": "Document", "id": "design"},
-    }
-    bad = {**good, "context": {"risk_score": "high"}}
+    engine, good, bad = _corp_good_and_bad()
     batch: list[Any] = [good] * 300
     batch[250] = bad
     with pytest.raises(RequestError) as info:
@@ -203,7 +200,7 @@ def test_ancestors_read_through_literals_and_context_stay_in_the_slice(prune: bo
     """A policy that reads an ancestor's attributes through an entity literal or a context value
     decides as plain Cedar over the whole store (docs/decisions.md, "which entities a slice
     keeps"): the ancestor is not a root nor a followed attribute, but it is in the slice."""
-    entities = [
+    entities: list[dict[str, Any]] = [
         {
             "uid": {"type": "User", "id": "alice"},
             "attrs": {},

@@ -106,24 +106,22 @@ def test_large_batches_run_in_parallel_and_agree_with_evaluate() -> None:
 
 def test_large_batches_name_the_first_bad_request() -> None:
     engine, good, bad = _corp_good_and_bad()
+
+    def failing_field(batch: list[Any]) -> str:
+        with pytest.raises(RequestError) as info:
+            engine.evaluate_many(batch)
+        return info.value.field
+
     batch: list[Any] = [good] * 300
     batch[250] = bad
-    with pytest.raises(RequestError) as info:
-        engine.evaluate_many(batch)
-    assert info.value.field == "requests[250].context"
+    assert failing_field(batch) == "requests[250].context"
     batch[90] = bad
-    with pytest.raises(RequestError) as info:
-        engine.evaluate_many(batch)
-    assert info.value.field == "requests[90].context"
+    assert failing_field(batch) == "requests[90].context"
     # A request that is not a request at all: still the first failing index wins.
     batch[200] = {"principal": 7}
-    with pytest.raises(RequestError) as info:
-        engine.evaluate_many(batch)
-    assert info.value.field == "requests[90].context"
+    assert failing_field(batch) == "requests[90].context"
     batch[90] = good
-    with pytest.raises(RequestError) as info:
-        engine.evaluate_many(batch)
-    assert info.value.field.startswith("requests[200]")
+    assert failing_field(batch).startswith("requests[200]")
     # The engine still answers afterwards.
     assert engine.evaluate_many([good] * 100)[99]["verdict"] == "allow"
 

@@ -224,32 +224,24 @@ pub(crate) fn finish(sides: Vec<Side>) -> Finished {
         .collect::<BTreeSet<_>>()
         .into_iter()
         .collect();
-    // One side (no agent acting for a person): its filters, shared as they are.
-    let (allowed, after, same): (Arc<Filter>, Arc<Filter>, bool) = if sides.len() == 1 {
-        sides
-            .into_iter()
-            .map(|s| (s.allowed, s.after_challenge, s.same))
-            .next()
-            .unwrap_or_else(|| {
-                let t = Arc::new(Filter::and_of_simplified(Vec::new()));
-                (Arc::clone(&t), t, true)
-            })
-    } else {
-        let (allowed, after): (Vec<Filter>, Vec<Filter>) = sides
-            .into_iter()
-            .map(|s| {
-                (
-                    Arc::unwrap_or_clone(s.allowed),
-                    Arc::unwrap_or_clone(s.after_challenge),
-                )
-            })
-            .unzip();
-        let (allowed, after) = (
-            Filter::and_of_simplified(allowed),
-            Filter::and_of_simplified(after),
-        );
-        let same = allowed == after;
-        (Arc::new(allowed), Arc::new(after), same)
+    let (allowed, after, same) = match <[Side; 1]>::try_from(sides) {
+        // One side (no agent acting for a person): its filters, shared as they are.
+        Ok([s]) => (s.allowed, s.after_challenge, s.same),
+        Err(sides) => {
+            let (allowed, after): (Vec<Filter>, Vec<Filter>) = sides
+                .into_iter()
+                .map(|s| {
+                    (
+                        Arc::unwrap_or_clone(s.allowed),
+                        Arc::unwrap_or_clone(s.after_challenge),
+                    )
+                })
+                .unzip();
+            let allowed = Filter::and_of_simplified(allowed);
+            let after = Filter::and_of_simplified(after);
+            let same = allowed == after;
+            (Arc::new(allowed), Arc::new(after), same)
+        }
     };
     match (&*allowed, &*after) {
         (Filter::True, _) => Finished {

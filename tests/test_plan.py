@@ -490,6 +490,45 @@ def test_containment_unpins() -> None:
     assert "svc:contained" in after["policies"]
 
 
+def _clear_containers(v: Any) -> None:
+    """Empties every dict and list in ``v``, innermost first."""
+    if isinstance(v, dict):
+        for x in v.values():
+            _clear_containers(x)
+        v.clear()
+    elif isinstance(v, list):
+        for x in v:
+            _clear_containers(x)
+        v.clear()
+
+
+def test_memoised_plans_hand_each_caller_its_own_filter() -> None:
+    """A memoised plan answers with the Python tree kept for its shared filter, copied: what one
+    caller does to its response must not show in the next one's (and the copy must equal the
+    tree a plan without the memo builds)."""
+    policies = (
+        '@id("readers") permit (principal, action, resource) when { principal in resource.readers }'
+        ' unless { resource.title like "*secret*" };'
+    )
+    engine = make(policies)
+    req = {**request(), "resource_type": "Doc"}
+    first = engine.plan(req)
+    second = engine.plan(req)
+    assert first["outcome"] == "conditional"
+    assert first["filter"] == second["filter"] and first["attributes"] == second["attributes"]
+    assert first["filter"] is not second["filter"]
+    assert first["attributes"] is not second["attributes"]
+    _clear_containers(first)
+    _clear_containers(second)
+    third = engine.plan(req)
+    plain = make(policies)
+    plain.configure_plans(memo=False)
+    want = plain.plan(req)
+    for k in ("outcome", "filter", "attributes", "needs_row_checks", "policies"):
+        assert third[k] == want[k], k
+    assert want["filter"]["op"] == "and" and "readers" in want["attributes"]
+
+
 def test_max_age_zero_never_pins() -> None:
     engine = make(OWNER)
     engine.configure_plans(max_age_secs=0)
@@ -545,6 +584,19 @@ ERRORS: list[tuple[str, dict[str, Any], str, str]] = [
     ),
     ("unknown field", {**request(), "resource_type": "Doc", "rows": 1}, "rows", "unknown"),
     ("bad plan_qid", {**request(), "resource_type": "Doc", "plan_qid": 7}, "plan_qid", ""),
+    (
+        "bad principal type",
+        {**request(ref("Not A Type", "u1")), "resource_type": "Doc"},
+        "principal.type",
+        "Not A Type",
+    ),
+    (
+        "principal with extra key",
+        {**request({**U1, "extra": "x"}), "resource_type": "Doc"},
+        "principal",
+        "extra",
+    ),
+    ("empty resource_type", {**request(), "resource_type": ""}, "resource_type", "non-empty"),
 ]
 
 
@@ -558,6 +610,29 @@ def test_request_errors_name_the_field(
     assert info.value.field == field, (label, info.value.field, str(info.value))
     assert text in str(info.value)
     assert isinstance(info.value, ValueError)
+
+
+def test_plan_request_written_any_way_plans_the_same() -> None:
+    """The binding reads plain ``{type, id}`` references straight to uids; the other ways of
+    writing the principal (``__entity``, Cedar's literal) go through JSON and must give the same
+    plan."""
+    engine = make(OWNER, schema=SCHEMA_EDIT)
+    forms: list[dict[str, Any]] = [
+        {**request(), "resource_type": "Doc"},
+        {**request(eref("Human", "u1")), "resource_type": "Doc"},
+        {**request(), "principal": 'Human::"u1"', "resource_type": "Doc"},
+    ]
+    plans = [engine.plan(f) for f in forms]
+    shapes = [(p["outcome"], p["filter"], p["attributes"]) for p in plans]
+    assert shapes[0][0] == "conditional", shapes[0]
+    assert shapes[1] == shapes[0] and shapes[2] == shapes[0], shapes
+
+
+def test_non_object_plan_request_is_named() -> None:
+    engine = make(OWNER, schema=SCHEMA_EDIT)
+    with pytest.raises(RequestError) as info:
+        engine.plan([request()])  # type: ignore[arg-type]
+    assert info.value.field == "request"
 
 
 def test_bundle_without_schema_cannot_plan() -> None:

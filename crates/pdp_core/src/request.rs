@@ -198,33 +198,9 @@ impl CheckRequest {
             Some(u) => u,
             None => parse_uid(obj.get("resource").unwrap_or(&Value::Null), "resource")?,
         };
-        let action = match obj.get("action") {
-            Some(Value::String(s)) if !s.is_empty() => s.clone(),
-            Some(Value::Object(o)) if o.contains_key("type") || o.contains_key("__entity") => {
-                parse_uid(&Value::Object(o.clone()), "action")?.to_string()
-            }
-            None | Some(Value::Null) => return Err(RequestError::new("action", "is required")),
-            Some(other) => {
-                return Err(RequestError::new(
-                    "action",
-                    format!("expected a non-empty string, got {}", kind(other)),
-                ))
-            }
-        };
-        let context = match obj.get_mut("context") {
-            None | Some(Value::Null) => Map::new(),
-            Some(Value::Object(m)) => std::mem::take(m),
-            Some(other) => {
-                return Err(RequestError::new(
-                    "context",
-                    format!("expected an object, got {}", kind(other)),
-                ))
-            }
-        };
-        let on_behalf_of = match obj.get("on_behalf_of") {
-            None | Some(Value::Null) => None,
-            Some(v) => Some(parse_uid(v, "on_behalf_of")?),
-        };
+        let action = take_action(&obj)?;
+        let context = take_context(&mut obj)?;
+        let on_behalf_of = optional_uid(&obj, "on_behalf_of")?;
         let human_present = match obj.get("human_present") {
             None | Some(Value::Null) => true,
             Some(Value::Bool(b)) => *b,
@@ -268,6 +244,43 @@ impl CheckRequest {
     }
 }
 
+/// The `action` field shared by check and plan requests: a non-empty string, or an entity
+/// reference written back as `Type::"id"`.
+fn take_action(obj: &Map<String, Value>) -> Result<String, RequestError> {
+    match obj.get("action") {
+        Some(Value::String(s)) if !s.is_empty() => Ok(s.clone()),
+        Some(Value::Object(o)) if o.contains_key("type") || o.contains_key("__entity") => {
+            Ok(parse_uid(&Value::Object(o.clone()), "action")?.to_string())
+        }
+        None | Some(Value::Null) => Err(RequestError::new("action", "is required")),
+        Some(other) => Err(RequestError::new(
+            "action",
+            format!("expected a non-empty string, got {}", kind(other)),
+        )),
+    }
+}
+
+/// An optional entity reference field (absent or null: `None`), as [`parse_uid`] reads it.
+fn optional_uid(obj: &Map<String, Value>, field: &str) -> Result<Option<EntityUid>, RequestError> {
+    match obj.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => parse_uid(v, field).map(Some),
+    }
+}
+
+/// The `context` field shared by check and plan requests, moved out of `obj` (absent or null:
+/// empty).
+fn take_context(obj: &mut Map<String, Value>) -> Result<Map<String, Value>, RequestError> {
+    match obj.get_mut("context") {
+        None | Some(Value::Null) => Ok(Map::new()),
+        Some(Value::Object(m)) => Ok(std::mem::take(m)),
+        Some(other) => Err(RequestError::new(
+            "context",
+            format!("expected an object, got {}", kind(other)),
+        )),
+    }
+}
+
 /// Fields a plan request may carry (SPEC 2.6).
 pub const PLAN_FIELDS: [&str; 6] = [
     "principal",
@@ -302,12 +315,25 @@ impl PlanRequest {
     /// [`RequestError`] naming the field: unknown field, missing `principal`, `action` or
     /// `resource_type`, wrong JSON types.
     pub fn from_json(value: &Value) -> Result<Self, RequestError> {
-        let obj = value.as_object().ok_or_else(|| {
-            RequestError::new(
+        let Value::Object(obj) = value else {
+            return Err(RequestError::new(
                 "request",
                 format!("expected a JSON object, got {}", kind(value)),
-            )
-        })?;
+            ));
+        };
+        Self::from_object(obj.clone(), None)
+    }
+
+    /// [`PlanRequest::from_json`] on the request object, with the principal already parsed
+    /// where the caller could (`None`: read from `obj`, which then must not also hold it).
+    /// Bindings use it to skip building JSON for the principal (see [`uid_from_parts`]).
+    ///
+    /// # Errors
+    /// As [`PlanRequest::from_json`].
+    pub fn from_object(
+        mut obj: Map<String, Value>,
+        principal: Option<EntityUid>,
+    ) -> Result<Self, RequestError> {
         for k in obj.keys() {
             if !PLAN_FIELDS.contains(&k.as_str()) {
                 let hint = if k == "resource" {
@@ -324,17 +350,16 @@ impl PlanRequest {
                 ));
             }
         }
-        // The evaluation parser checks the shared fields the same way.
-        let mut as_check = obj.clone();
-        as_check.remove("resource_type");
-        as_check.remove("plan_qid");
-        as_check.insert(
-            "resource".into(),
-            serde_json::json!({"type": "_", "id": "_"}),
-        );
-        let check = CheckRequest::from_value(Value::Object(as_check))?;
-        let resource_type = match obj.get("resource_type") {
-            Some(Value::String(s)) if !s.is_empty() => s.clone(),
+        // The same fields, in the same order, as a check request reads them.
+        let principal = match principal {
+            Some(u) => u,
+            None => parse_uid(obj.get("principal").unwrap_or(&Value::Null), "principal")?,
+        };
+        let action = take_action(&obj)?;
+        let context = take_context(&mut obj)?;
+        let on_behalf_of = optional_uid(&obj, "on_behalf_of")?;
+        let resource_type = match obj.get_mut("resource_type") {
+            Some(Value::String(s)) if !s.is_empty() => std::mem::take(s),
             None | Some(Value::Null) => {
                 return Err(RequestError::new("resource_type", "is required"))
             }
@@ -345,10 +370,10 @@ impl PlanRequest {
                 ))
             }
         };
-        let plan_qid = match obj.get("plan_qid") {
+        let plan_qid = match obj.get_mut("plan_qid") {
             None | Some(Value::Null) => None,
             Some(Value::String(s)) if s.is_empty() => None,
-            Some(Value::String(s)) => Some(s.clone()),
+            Some(Value::String(s)) => Some(std::mem::take(s)),
             Some(other) => {
                 return Err(RequestError::new(
                     "plan_qid",
@@ -357,10 +382,10 @@ impl PlanRequest {
             }
         };
         Ok(Self {
-            principal: check.principal,
-            on_behalf_of: check.on_behalf_of,
-            action: check.action,
-            context: check.context,
+            principal,
+            on_behalf_of,
+            action,
+            context,
             resource_type,
             plan_qid,
         })

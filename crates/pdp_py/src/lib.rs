@@ -4,7 +4,7 @@
 
 use pdp_core::{Bundle, BundleSources, Engine as CoreEngine, Mode};
 use pdp_core::{BundleError as CoreBundleError, RequestError as CoreRequestError};
-use pdp_core::{CheckRequest, Decision, Filter, QueryPlan, TemplateLink};
+use pdp_core::{CheckRequest, Decision, PlanRequest, TemplateLink};
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyTypeError, PyValueError};
 use pyo3::intern;
@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 mod pylog;
+mod pyplan;
 mod pyserver;
 pub mod server;
 
@@ -127,6 +128,42 @@ fn plain_uid(v: &Bound<'_, PyAny>, field: &str) -> Option<pdp_core::EntityUid> {
     pdp_core::request::uid_from_parts(ty, id, field).ok()
 }
 
+/// Reads a request dict from Python: plain entity references in the fields `uids` names go
+/// straight to entity uids (slot `i` for `uids[i]`), everything else through JSON. Non-dicts
+/// come back as JSON in `Err`.
+///
+/// # Errors
+/// `TypeError`/`ValueError` for keys or values that are not JSON.
+#[allow(clippy::type_complexity)]
+fn read_request<const N: usize>(
+    obj: &Bound<'_, PyAny>,
+    uids: [&str; N],
+) -> PyResult<Result<(Map<String, Value>, [Option<pdp_core::EntityUid>; N]), Value>> {
+    let Ok(d) = obj.cast::<PyDict>() else {
+        return Ok(Err(to_json(obj, 0)?));
+    };
+    let mut rest = Map::new();
+    let mut parsed: [Option<pdp_core::EntityUid>; N] = std::array::from_fn(|_| None);
+    for (k, v) in d.iter() {
+        let key = k
+            .cast::<PyString>()
+            .map_err(|_| PyTypeError::new_err("object keys must be strings"))?
+            .to_str()?;
+        let slot = uids
+            .iter()
+            .zip(parsed.iter_mut())
+            .find(|(f, _)| **f == key)
+            .and_then(|(_, slot)| Some((slot, plain_uid(&v, key)?)));
+        match slot {
+            Some((slot, u)) => *slot = Some(u),
+            None => {
+                rest.insert(key.to_owned(), to_json(&v, 1)?);
+            }
+        }
+    }
+    Ok(Ok((rest, parsed)))
+}
+
 /// Reads one check request from Python: a dict's plain `principal` and `resource` references
 /// straight to entity uids, the rest through JSON ([`CheckRequest::from_object`]).
 ///
@@ -134,32 +171,22 @@ fn plain_uid(v: &Bound<'_, PyAny>, field: &str) -> Option<pdp_core::EntityUid> {
 /// Outer: `TypeError`/`ValueError` for values that are not JSON. Inner: the request's own
 /// [`CoreRequestError`].
 fn check_request(obj: &Bound<'_, PyAny>) -> PyResult<Result<CheckRequest, CoreRequestError>> {
-    let Ok(d) = obj.cast::<PyDict>() else {
-        return Ok(CheckRequest::from_value(to_json(obj, 0)?));
-    };
-    let mut rest = Map::new();
-    let (mut principal, mut resource) = (None, None);
-    for (k, v) in d.iter() {
-        let key = k
-            .cast::<PyString>()
-            .map_err(|_| PyTypeError::new_err("object keys must be strings"))?
-            .to_str()?;
-        let slot = match key {
-            "principal" => &mut principal,
-            "resource" => &mut resource,
-            _ => {
-                rest.insert(key.to_owned(), to_json(&v, 1)?);
-                continue;
-            }
-        };
-        match plain_uid(&v, key) {
-            Some(u) => *slot = Some(u),
-            None => {
-                rest.insert(key.to_owned(), to_json(&v, 1)?);
-            }
-        }
-    }
-    Ok(CheckRequest::from_object(rest, principal, resource))
+    Ok(match read_request(obj, ["principal", "resource"])? {
+        Ok((rest, [principal, resource])) => CheckRequest::from_object(rest, principal, resource),
+        Err(v) => CheckRequest::from_value(v),
+    })
+}
+
+/// Reads one plan request from Python: a dict's plain `principal` reference straight to an
+/// entity uid, the rest through JSON ([`PlanRequest::from_object`]).
+///
+/// # Errors
+/// As [`check_request`].
+fn plan_request(obj: &Bound<'_, PyAny>) -> PyResult<Result<PlanRequest, CoreRequestError>> {
+    Ok(match read_request(obj, ["principal"])? {
+        Ok((rest, [principal])) => PlanRequest::from_object(rest, principal),
+        Err(v) => PlanRequest::from_json(&v),
+    })
 }
 
 /// Smallest batch worth splitting over threads (below it, spawning costs more than it saves).
@@ -319,7 +346,7 @@ impl<'a> Batch<'a> {
 }
 
 /// Converts JSON to Python objects.
-fn to_py<'py>(py: Python<'py>, v: &Value) -> PyResult<Bound<'py, PyAny>> {
+pub(crate) fn to_py<'py>(py: Python<'py>, v: &Value) -> PyResult<Bound<'py, PyAny>> {
     Ok(match v {
         Value::Null => py.None().into_bound(py),
         Value::Bool(b) => PyBool::new(py, *b).to_owned().into_any(),
@@ -364,127 +391,6 @@ fn response_dict<'py>(py: Python<'py>, d: &Decision) -> PyResult<Bound<'py, PyDi
         m.set_item(intern!(py, "on_behalf_of"), od)?;
     }
     m.set_item(intern!(py, "mode"), d.mode.as_str())?;
-    Ok(m)
-}
-
-/// `Filter::to_json` built straight into Python objects (same keys, same order).
-fn filter_py<'py>(py: Python<'py>, f: &Filter) -> PyResult<Bound<'py, PyDict>> {
-    let d = PyDict::new(py);
-    let op = intern!(py, "op");
-    let attr_list = |a: &[String]| PyList::new(py, a);
-    let list = |args: &[Filter]| -> PyResult<Bound<'py, PyList>> {
-        let l = PyList::empty(py);
-        for a in args {
-            l.append(filter_py(py, a)?)?;
-        }
-        Ok(l)
-    };
-    // `{"type", "id"}` of an entity, as `Filter::to_json` writes it.
-    macro_rules! uid_dict {
-        ($u:expr) => {{
-            let e = PyDict::new(py);
-            e.set_item(intern!(py, "type"), $u.type_name().to_string())?;
-            e.set_item(intern!(py, "id"), $u.id().unescaped())?;
-            e
-        }};
-    }
-    let values = |vs: &[Value]| -> PyResult<Bound<'py, PyList>> {
-        let l = PyList::empty(py);
-        for v in vs {
-            l.append(to_py(py, v)?)?;
-        }
-        Ok(l)
-    };
-    match f {
-        Filter::True => d.set_item(op, "true")?,
-        Filter::False => d.set_item(op, "false")?,
-        Filter::And(args) => {
-            d.set_item(op, "and")?;
-            d.set_item(intern!(py, "args"), list(args)?)?;
-        }
-        Filter::Or(args) => {
-            d.set_item(op, "or")?;
-            d.set_item(intern!(py, "args"), list(args)?)?;
-        }
-        Filter::Not(arg) => {
-            d.set_item(op, "not")?;
-            d.set_item(intern!(py, "arg"), filter_py(py, arg)?)?;
-        }
-        Filter::Compare { attr, cmp, value } => {
-            d.set_item(op, "compare")?;
-            d.set_item(intern!(py, "attr"), attr_list(attr)?)?;
-            d.set_item(intern!(py, "cmp"), cmp.as_str())?;
-            d.set_item(intern!(py, "value"), to_py(py, value)?)?;
-        }
-        Filter::Has { attr } => {
-            d.set_item(op, "has")?;
-            d.set_item(intern!(py, "attr"), attr_list(attr)?)?;
-        }
-        Filter::Contains { attr, value } => {
-            d.set_item(op, "contains")?;
-            d.set_item(intern!(py, "attr"), attr_list(attr)?)?;
-            d.set_item(intern!(py, "value"), to_py(py, value)?)?;
-        }
-        Filter::ContainsAny { attr, values: vs } => {
-            d.set_item(op, "contains_any")?;
-            d.set_item(intern!(py, "attr"), attr_list(attr)?)?;
-            d.set_item(intern!(py, "values"), values(vs)?)?;
-        }
-        Filter::ContainsAll { attr, values: vs } => {
-            d.set_item(op, "contains_all")?;
-            d.set_item(intern!(py, "attr"), attr_list(attr)?)?;
-            d.set_item(intern!(py, "values"), values(vs)?)?;
-        }
-        Filter::Like { attr, pattern } => {
-            d.set_item(op, "like")?;
-            d.set_item(intern!(py, "attr"), attr_list(attr)?)?;
-            d.set_item(intern!(py, "pattern"), pattern)?;
-        }
-        Filter::In { entity } => {
-            d.set_item(op, "in")?;
-            d.set_item(intern!(py, "entity"), uid_dict!(entity))?;
-        }
-        Filter::Is { entity } => {
-            d.set_item(op, "is")?;
-            d.set_item(intern!(py, "entity"), uid_dict!(entity))?;
-        }
-        Filter::Unknown { detail } => {
-            d.set_item(op, "unknown")?;
-            d.set_item(intern!(py, "detail"), detail)?;
-        }
-        Filter::Unmappable { detail } => {
-            d.set_item(op, "unmappable")?;
-            d.set_item(intern!(py, "detail"), detail)?;
-        }
-    }
-    Ok(d)
-}
-
-/// `QueryPlan::to_response` built straight into a dict (same keys, same order).
-fn plan_dict<'py>(py: Python<'py>, p: &QueryPlan) -> PyResult<Bound<'py, PyDict>> {
-    let m = PyDict::new(py);
-    m.set_item(intern!(py, "qid"), &p.qid)?;
-    m.set_item(intern!(py, "outcome"), p.outcome.as_str())?;
-    if let Some(f) = &p.filter {
-        m.set_item(intern!(py, "filter"), filter_py(py, f)?)?;
-    }
-    m.set_item(intern!(py, "challenges"), PyList::new(py, &p.challenges)?)?;
-    m.set_item(
-        intern!(py, "challenge_could_widen"),
-        p.challenge_could_widen,
-    )?;
-    let (needs, attrs) = match &p.filter {
-        Some(f) => (f.needs_row_checks(), f.attributes()),
-        None => (false, Vec::new()),
-    };
-    m.set_item(intern!(py, "needs_row_checks"), needs)?;
-    m.set_item(intern!(py, "attributes"), PyList::new(py, &attrs)?)?;
-    m.set_item(intern!(py, "policies"), PyList::new(py, &p.policies)?)?;
-    m.set_item(intern!(py, "mode"), p.mode.as_str())?;
-    m.set_item(intern!(py, "policy_version"), p.policy_version)?;
-    m.set_item(intern!(py, "principals_version"), p.principals_version)?;
-    m.set_item(intern!(py, "max_age_secs"), p.max_age_secs)?;
-    m.set_item(intern!(py, "pinned"), p.pinned)?;
     Ok(m)
 }
 
@@ -541,6 +447,8 @@ fn sources(
 #[pyclass(frozen, module = "svc._pdp_core")]
 struct Engine {
     inner: Arc<CoreEngine>,
+    /// Python trees of the filters memoised plans share (see [`pyplan`]).
+    trees: pyplan::FilterTrees,
 }
 
 impl Engine {
@@ -574,6 +482,7 @@ impl Engine {
         let src = sources(policies, schema, entities, links)?;
         Ok(Self {
             inner: Arc::new(CoreEngine::new(Self::build(py, &src)?)),
+            trees: pyplan::FilterTrees::default(),
         })
     }
 
@@ -581,6 +490,7 @@ impl Engine {
     fn from_bundle_dir(py: Python<'_>, path: PathBuf) -> PyResult<Self> {
         Ok(Self {
             inner: Arc::new(CoreEngine::new(Self::build_dir(py, path)?)),
+            trees: pyplan::FilterTrees::default(),
         })
     }
 
@@ -630,11 +540,11 @@ impl Engine {
         py: Python<'py>,
         request: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let v = to_json(request, 0)?;
+        let req = plan_request(request)?.map_err(|e| request_err(py, &e))?;
         let p = py
-            .detach(|| self.inner.plan_json(&v))
+            .detach(|| self.inner.plan(&req))
             .map_err(|e| request_err(py, &e))?;
-        Ok(plan_dict(py, &p)?.into_any())
+        Ok(pyplan::plan_dict(py, &p, &self.trees)?.into_any())
     }
 
     #[pyo3(signature = (max_age_secs=300, capacity=10_000, memo=true))]

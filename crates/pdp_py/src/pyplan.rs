@@ -1,0 +1,285 @@
+//! Query plans as Python objects: the response of `Engine.plan` (SPEC 2.6), built straight
+//! from [`QueryPlan`] with the keys and order of `QueryPlan::to_response`.
+//!
+//! A memoised plan shares its filter (`Arc<Filter>`) with the side memo and the plan cache
+//! (`pdp_core::query_plan`), so one filter is answered many times. Building its dicts, lists
+//! and strings anew each time was most of a memoised plan (`perf`, session 7: `filter_py` and
+//! freeing its output about a third of a tinytodo plan, more on github_example whose filters
+//! list every group of the principal). [`FilterTrees`] keeps the Python tree built for each such
+//! filter and hands every caller its own copy of the containers: dicts and lists are copied,
+//! so a caller that edits its response changes no one else's, while the immutable leaves
+//! (str, int, float, bool, None) are shared.
+
+use crate::to_py;
+use pdp_core::{Filter, QueryPlan};
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PyString};
+use serde_json::Value;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
+
+/// Most filter trees a [`FilterTrees`] keeps. Past it, trees of filters no one holds any more
+/// are dropped, and if that is not enough, all of them.
+const TREES_MAX: usize = 1024;
+
+/// A filter's Python form, as [`FilterTrees::get`] returns it (the caller's own copy).
+pub(crate) struct PyFilter<'py> {
+    /// The filter tree (`Filter::to_json` as Python objects).
+    pub(crate) filter: Bound<'py, PyDict>,
+    /// The attribute names the filter uses, sorted (the response's `attributes`).
+    pub(crate) attributes: Bound<'py, PyList>,
+    /// Whether the filter has `unknown`/`unmappable` nodes.
+    pub(crate) needs_row_checks: bool,
+}
+
+/// One kept tree. The `Weak` keeps the filter's allocation, so no other filter can take its
+/// address (the key) while the entry lives.
+struct Tree {
+    filter: Weak<Filter>,
+    dict: Py<PyDict>,
+    attributes: Py<PyList>,
+    needs_row_checks: bool,
+}
+
+/// The Python trees of shared filters, by the address of the filter (see the module docs).
+/// Safe to share between threads; each call holds the lock only to look up or insert.
+#[derive(Default)]
+pub(crate) struct FilterTrees {
+    trees: Mutex<HashMap<usize, Tree>>,
+}
+
+impl FilterTrees {
+    /// The Python form of `f`, a fresh copy of the kept tree when there is one. A tree is
+    /// built and kept only for a filter held beyond the plan and its plan-cache entry (more
+    /// than two strong references: the side memo has it, so later plans will answer with it
+    /// again); other filters are built for this call alone.
+    ///
+    /// # Errors
+    /// Python's, when allocating an object fails.
+    pub(crate) fn get<'py>(&self, py: Python<'py>, f: &Arc<Filter>) -> PyResult<PyFilter<'py>> {
+        let key = Arc::as_ptr(f) as usize;
+        let kept = {
+            let g = self
+                .trees
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            g.get(&key).map(|t| {
+                (
+                    t.dict.clone_ref(py),
+                    t.attributes.clone_ref(py),
+                    t.needs_row_checks,
+                )
+            })
+        };
+        if let Some((dict, attributes, needs_row_checks)) = kept {
+            return Ok(PyFilter {
+                filter: fresh(dict.bind(py).as_any())?.cast_into::<PyDict>()?,
+                attributes: attributes.bind(py).get_slice(0, usize::MAX),
+                needs_row_checks,
+            });
+        }
+        let built = PyFilter {
+            filter: filter_py(py, f)?,
+            attributes: PyList::new(py, f.attributes())?,
+            needs_row_checks: f.needs_row_checks(),
+        };
+        if Arc::strong_count(f) <= 2 {
+            return Ok(built);
+        }
+        let tree = Tree {
+            filter: Arc::downgrade(f),
+            dict: built.filter.clone().unbind(),
+            attributes: built.attributes.clone().unbind(),
+            needs_row_checks: built.needs_row_checks,
+        };
+        let stale = {
+            let mut g = self
+                .trees
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut stale = Vec::new();
+            if g.len() >= TREES_MAX {
+                let (live, dead): (HashMap<_, _>, HashMap<_, _>) = std::mem::take(&mut *g)
+                    .into_iter()
+                    .partition(|(_, t)| t.filter.strong_count() > 0);
+                stale.extend(dead.into_values());
+                if live.len() >= TREES_MAX {
+                    stale.extend(live.into_values());
+                } else {
+                    *g = live;
+                }
+            }
+            stale.extend(g.insert(key, tree));
+            stale
+        };
+        // Freed outside the lock.
+        drop(stale);
+        Ok(PyFilter {
+            filter: fresh(built.filter.as_any())?.cast_into::<PyDict>()?,
+            attributes: built.attributes.get_slice(0, usize::MAX),
+            needs_row_checks: built.needs_row_checks,
+        })
+    }
+}
+
+/// A copy of a tree of dicts and lists whose leaves are immutable: every dict and list is new,
+/// every leaf is shared.
+///
+/// # Errors
+/// Python's, when allocating an object fails.
+fn fresh<'py>(o: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    if let Ok(d) = o.cast_exact::<PyDict>() {
+        let c = d.copy()?;
+        for (k, v) in d.iter() {
+            if v.is_exact_instance_of::<PyDict>() || v.is_exact_instance_of::<PyList>() {
+                c.set_item(k, fresh(&v)?)?;
+            }
+        }
+        return Ok(c.into_any());
+    }
+    if let Ok(l) = o.cast_exact::<PyList>() {
+        let items = l.iter().map(|v| fresh(&v)).collect::<PyResult<Vec<_>>>()?;
+        return Ok(PyList::new(o.py(), items)?.into_any());
+    }
+    Ok(o.clone())
+}
+
+/// The wire name of a comparison, interned.
+fn cmp_name(py: Python<'_>, cmp: pdp_core::plan::Cmp) -> &Bound<'_, PyString> {
+    use pdp_core::plan::Cmp;
+    match cmp {
+        Cmp::Eq => intern!(py, "eq"),
+        Cmp::Ne => intern!(py, "ne"),
+        Cmp::Lt => intern!(py, "lt"),
+        Cmp::Le => intern!(py, "le"),
+        Cmp::Gt => intern!(py, "gt"),
+        Cmp::Ge => intern!(py, "ge"),
+    }
+}
+
+/// `Filter::to_json` built straight into Python objects (same keys, same order).
+pub(crate) fn filter_py<'py>(py: Python<'py>, f: &Filter) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    let op = intern!(py, "op");
+    let attr_list = |a: &[String]| PyList::new(py, a);
+    let list = |args: &[Filter]| -> PyResult<Bound<'py, PyList>> {
+        let l = PyList::empty(py);
+        for a in args {
+            l.append(filter_py(py, a)?)?;
+        }
+        Ok(l)
+    };
+    // `{"type", "id"}` of an entity, as `Filter::to_json` writes it.
+    macro_rules! uid_dict {
+        ($u:expr) => {{
+            let e = PyDict::new(py);
+            e.set_item(intern!(py, "type"), $u.type_name().to_string())?;
+            e.set_item(intern!(py, "id"), $u.id().unescaped())?;
+            e
+        }};
+    }
+    let values = |vs: &[Value]| -> PyResult<Bound<'py, PyList>> {
+        let l = PyList::empty(py);
+        for v in vs {
+            l.append(to_py(py, v)?)?;
+        }
+        Ok(l)
+    };
+    match f {
+        Filter::True => d.set_item(op, intern!(py, "true"))?,
+        Filter::False => d.set_item(op, intern!(py, "false"))?,
+        Filter::And(args) => {
+            d.set_item(op, intern!(py, "and"))?;
+            d.set_item(intern!(py, "args"), list(args)?)?;
+        }
+        Filter::Or(args) => {
+            d.set_item(op, intern!(py, "or"))?;
+            d.set_item(intern!(py, "args"), list(args)?)?;
+        }
+        Filter::Not(arg) => {
+            d.set_item(op, intern!(py, "not"))?;
+            d.set_item(intern!(py, "arg"), filter_py(py, arg)?)?;
+        }
+        Filter::Compare { attr, cmp, value } => {
+            d.set_item(op, intern!(py, "compare"))?;
+            d.set_item(intern!(py, "attr"), attr_list(attr)?)?;
+            d.set_item(intern!(py, "cmp"), cmp_name(py, *cmp))?;
+            d.set_item(intern!(py, "value"), to_py(py, value)?)?;
+        }
+        Filter::Has { attr } => {
+            d.set_item(op, intern!(py, "has"))?;
+            d.set_item(intern!(py, "attr"), attr_list(attr)?)?;
+        }
+        Filter::Contains { attr, value } => {
+            d.set_item(op, intern!(py, "contains"))?;
+            d.set_item(intern!(py, "attr"), attr_list(attr)?)?;
+            d.set_item(intern!(py, "value"), to_py(py, value)?)?;
+        }
+        Filter::ContainsAny { attr, values: vs } => {
+            d.set_item(op, intern!(py, "contains_any"))?;
+            d.set_item(intern!(py, "attr"), attr_list(attr)?)?;
+            d.set_item(intern!(py, "values"), values(vs)?)?;
+        }
+        Filter::ContainsAll { attr, values: vs } => {
+            d.set_item(op, intern!(py, "contains_all"))?;
+            d.set_item(intern!(py, "attr"), attr_list(attr)?)?;
+            d.set_item(intern!(py, "values"), values(vs)?)?;
+        }
+        Filter::Like { attr, pattern } => {
+            d.set_item(op, intern!(py, "like"))?;
+            d.set_item(intern!(py, "attr"), attr_list(attr)?)?;
+            d.set_item(intern!(py, "pattern"), pattern)?;
+        }
+        Filter::In { entity } => {
+            d.set_item(op, intern!(py, "in"))?;
+            d.set_item(intern!(py, "entity"), uid_dict!(entity))?;
+        }
+        Filter::Is { entity } => {
+            d.set_item(op, intern!(py, "is"))?;
+            d.set_item(intern!(py, "entity"), uid_dict!(entity))?;
+        }
+        Filter::Unknown { detail } => {
+            d.set_item(op, intern!(py, "unknown"))?;
+            d.set_item(intern!(py, "detail"), detail)?;
+        }
+        Filter::Unmappable { detail } => {
+            d.set_item(op, intern!(py, "unmappable"))?;
+            d.set_item(intern!(py, "detail"), detail)?;
+        }
+    }
+    Ok(d)
+}
+
+/// `QueryPlan::to_response` built straight into a dict (same keys, same order).
+pub(crate) fn plan_dict<'py>(
+    py: Python<'py>,
+    p: &QueryPlan,
+    trees: &FilterTrees,
+) -> PyResult<Bound<'py, PyDict>> {
+    let m = PyDict::new(py);
+    m.set_item(intern!(py, "qid"), &p.qid)?;
+    m.set_item(intern!(py, "outcome"), p.outcome.as_str())?;
+    let (needs, attrs) = match &p.filter {
+        Some(f) => {
+            let t = trees.get(py, f)?;
+            m.set_item(intern!(py, "filter"), t.filter)?;
+            (t.needs_row_checks, t.attributes)
+        }
+        None => (false, PyList::empty(py)),
+    };
+    m.set_item(intern!(py, "challenges"), PyList::new(py, &p.challenges)?)?;
+    m.set_item(
+        intern!(py, "challenge_could_widen"),
+        p.challenge_could_widen,
+    )?;
+    m.set_item(intern!(py, "needs_row_checks"), needs)?;
+    m.set_item(intern!(py, "attributes"), attrs)?;
+    m.set_item(intern!(py, "policies"), PyList::new(py, &p.policies)?)?;
+    m.set_item(intern!(py, "mode"), p.mode.as_str())?;
+    m.set_item(intern!(py, "policy_version"), p.policy_version)?;
+    m.set_item(intern!(py, "principals_version"), p.principals_version)?;
+    m.set_item(intern!(py, "max_age_secs"), p.max_age_secs)?;
+    m.set_item(intern!(py, "pinned"), p.pinned)?;
+    Ok(m)
+}

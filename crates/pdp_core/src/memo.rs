@@ -178,10 +178,12 @@ impl MemoContext {
     }
 }
 
-/// Typed contexts by (action, context JSON); see the module docs.
+/// Typed contexts by (action, context JSON); see the module docs. The JSON value itself is the
+/// key (hashed and compared structurally; key order does not matter, as it does not to Cedar):
+/// serialising it to text for the key was a fortieth of a document_cloud check.
 #[derive(Debug, Default)]
 pub(crate) struct ContextMemo {
-    map: Bounded<(EntityUid, String), Arc<MemoContext>, MAX_CONTEXTS>,
+    map: Bounded<(EntityUid, Value), Arc<MemoContext>, MAX_CONTEXTS>,
 }
 
 impl ContextMemo {
@@ -193,14 +195,12 @@ impl ContextMemo {
         json: Map<String, Value>,
         parse: impl FnOnce(Value) -> Result<Context, E>,
     ) -> Result<Arc<MemoContext>, E> {
-        let value = Value::Object(json);
-        let text = value.to_string();
-        let key = (action.clone(), text);
+        let key = (action.clone(), Value::Object(json));
         if let Some(hit) = self.map.get(&key) {
             return Ok(hit);
         }
         let entry = Arc::new(MemoContext {
-            context: parse(value)?,
+            context: parse(key.1.clone())?,
             validated: AtomicBool::new(false),
         });
         self.map.insert(key, Arc::clone(&entry));

@@ -991,6 +991,14 @@ impl Engine {
         self.plan(&PlanRequest::from_json(value)?)
     }
 
+    /// [`Engine::plan_json`] on an owned request value (nothing of it is copied).
+    ///
+    /// # Errors
+    /// As [`Engine::plan_json`].
+    pub fn plan_value(&self, value: Value) -> Result<QueryPlan, RequestError> {
+        self.plan(&PlanRequest::from_value(value)?)
+    }
+
     /// Builds the query plan of SPEC 2.6 (DESIGN 5): which rows of `resource_type` the
     /// principal (and the person it acts for) may see, as a filter over the rows' attributes,
     /// from Cedar's type-aware partial evaluation with the resource unknown. A request whose

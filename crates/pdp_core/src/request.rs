@@ -315,13 +315,21 @@ impl PlanRequest {
     /// [`RequestError`] naming the field: unknown field, missing `principal`, `action` or
     /// `resource_type`, wrong JSON types.
     pub fn from_json(value: &Value) -> Result<Self, RequestError> {
+        Self::from_value(value.clone())
+    }
+
+    /// [`PlanRequest::from_json`] on an owned value (the context is moved, not copied).
+    ///
+    /// # Errors
+    /// As [`PlanRequest::from_json`].
+    pub fn from_value(value: Value) -> Result<Self, RequestError> {
         let Value::Object(obj) = value else {
             return Err(RequestError::new(
                 "request",
-                format!("expected a JSON object, got {}", kind(value)),
+                format!("expected a JSON object, got {}", kind(&value)),
             ));
         };
-        Self::from_object(obj.clone(), None)
+        Self::from_object(obj, None)
     }
 
     /// [`PlanRequest::from_json`] on the request object, with the principal already parsed

@@ -570,7 +570,7 @@ impl Engine {
     ) -> PyResult<Bound<'py, PyAny>> {
         let v = to_json(request, 0)?;
         let d = py
-            .detach(|| self.inner.decide_json(&v))
+            .detach(|| self.inner.decide_value(v))
             .map_err(|e| request_err(py, &e))?;
         to_py(py, &d.to_record("in-process"))
     }

@@ -285,7 +285,7 @@ impl Authorizer for AuthorizerService {
         let s = &self.shared;
         let d = s
             .engine
-            .decide_json(&check_json(request.get_ref()))
+            .decide_value(check_json(request.get_ref()))
             .map_err(|e| invalid(&e))?;
         s.decided(&d, Transport::Grpc);
         Ok(Response::new(check_response(&d)))
@@ -315,7 +315,7 @@ impl Authorizer for AuthorizerService {
         let s = &self.shared;
         let p = s
             .engine
-            .plan_json(&plan_json(request.get_ref()))
+            .plan_value(plan_json(request.get_ref()))
             .map_err(|e| invalid(&e))?;
         s.planned(&p, Transport::Grpc);
         Ok(Response::new(plan_response(&p.to_response())))

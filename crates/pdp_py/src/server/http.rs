@@ -302,14 +302,14 @@ pub fn parse_json(bytes: &[u8]) -> Result<Value, Problem> {
 
 async fn evaluation(State(s): St, headers: HeaderMap, body: Body) -> Result<Response, Problem> {
     let v = read_json(&s, &headers, body).await?;
-    let d = s.engine.decide_json(&v).map_err(|e| Problem::request(&e))?;
+    let d = s.engine.decide_value(v).map_err(|e| Problem::request(&e))?;
     s.decided(&d, Transport::Http);
     Ok(json_ok(&d.to_response()))
 }
 
 async fn plan(State(s): St, headers: HeaderMap, body: Body) -> Result<Response, Problem> {
     let v = read_json(&s, &headers, body).await?;
-    let p = s.engine.plan_json(&v).map_err(|e| Problem::request(&e))?;
+    let p = s.engine.plan_value(v).map_err(|e| Problem::request(&e))?;
     s.planned(&p, Transport::Http);
     Ok(json_ok(&p.to_response()))
 }
@@ -510,7 +510,7 @@ fn authzen_decide(
         req.insert("entities".into(), Value::Array(entities));
     }
     s.engine
-        .decide_json(&Value::Object(req))
+        .decide_value(Value::Object(req))
         .map_err(|e| RequestError::new(authzen_field(&e.field, &entity_fields), e.message))
 }
 

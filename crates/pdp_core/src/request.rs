@@ -83,8 +83,8 @@ pub fn uid_from_parts(ty: &str, id: &str, field: &str) -> Result<EntityUid, Requ
 const TYPE_NAME_MEMO: usize = 256;
 
 thread_local! {
-    static TYPE_NAMES: std::cell::RefCell<std::collections::HashMap<String, EntityTypeName>> =
-        std::cell::RefCell::new(std::collections::HashMap::new());
+    static TYPE_NAMES: std::cell::RefCell<crate::store::FastMap<String, EntityTypeName>> =
+        std::cell::RefCell::new(crate::store::FastMap::default());
 }
 
 /// Parses an entity type name, remembering valid ones per thread: Cedar's parser is the
@@ -190,14 +190,8 @@ impl CheckRequest {
                 ));
             }
         }
-        let principal = match principal {
-            Some(u) => u,
-            None => parse_uid(obj.get("principal").unwrap_or(&Value::Null), "principal")?,
-        };
-        let resource = match resource {
-            Some(u) => u,
-            None => parse_uid(obj.get("resource").unwrap_or(&Value::Null), "resource")?,
-        };
+        let principal = given_or_read(principal, &obj, "principal")?;
+        let resource = given_or_read(resource, &obj, "resource")?;
         let action = take_action(&obj)?;
         let context = take_context(&mut obj)?;
         let on_behalf_of = optional_uid(&obj, "on_behalf_of")?;
@@ -257,6 +251,19 @@ fn take_action(obj: &Map<String, Value>) -> Result<String, RequestError> {
             "action",
             format!("expected a non-empty string, got {}", kind(other)),
         )),
+    }
+}
+
+/// A required entity reference: `given` when the caller already parsed it, else read from
+/// `obj[field]` (absent: "is required").
+fn given_or_read(
+    given: Option<EntityUid>,
+    obj: &Map<String, Value>,
+    field: &str,
+) -> Result<EntityUid, RequestError> {
+    match given {
+        Some(u) => Ok(u),
+        None => parse_uid(obj.get(field).unwrap_or(&Value::Null), field),
     }
 }
 
@@ -359,10 +366,7 @@ impl PlanRequest {
             }
         }
         // The same fields, in the same order, as a check request reads them.
-        let principal = match principal {
-            Some(u) => u,
-            None => parse_uid(obj.get("principal").unwrap_or(&Value::Null), "principal")?,
-        };
+        let principal = given_or_read(principal, &obj, "principal")?;
         let action = take_action(&obj)?;
         let context = take_context(&mut obj)?;
         let on_behalf_of = optional_uid(&obj, "on_behalf_of")?;

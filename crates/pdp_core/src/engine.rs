@@ -1076,8 +1076,9 @@ impl Engine {
             )?);
         }
         let done = finish(sides);
+        let id = uuid::Uuid::now_v7();
         let plan = QueryPlan {
-            qid: uuid::Uuid::now_v7().to_string(),
+            qid: id.to_string(),
             outcome: done.outcome,
             filter: done.filter,
             challenges: done.challenges,
@@ -1094,7 +1095,7 @@ impl Engine {
             resource_type,
             latency_us: elapsed_us(t0),
         };
-        self.plans.insert(&plan, key, states);
+        self.plans.insert(id.as_u128(), &plan, key, states);
         Ok(plan)
     }
 

@@ -377,12 +377,14 @@ impl PlanCache {
         Some(plan)
     }
 
-    /// Remembers a new plan.
-    pub(crate) fn insert(&self, plan: &QueryPlan, key: PlanKey, principals: Vec<PrincipalState>) {
-        // The engine makes every qid a UUID; anything else could never be asked for again.
-        let Ok(id) = uuid::Uuid::parse_str(&plan.qid).map(|u| u.as_u128()) else {
-            return;
-        };
+    /// Remembers a new plan under `id`, the 128 bits of the UUID its `qid` is written from.
+    pub(crate) fn insert(
+        &self,
+        id: u128,
+        plan: &QueryPlan,
+        key: PlanKey,
+        principals: Vec<PrincipalState>,
+    ) {
         let c = Arc::new(Cached {
             plan: plan.clone(),
             key,

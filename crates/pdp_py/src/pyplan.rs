@@ -73,21 +73,35 @@ impl FilterTrees {
                 )
             })
         };
-        if let Some((dict, attributes, needs_row_checks)) = kept {
-            return Ok(PyFilter {
-                filter: fresh(dict.bind(py).as_any())?.cast_into::<PyDict>()?,
-                attributes: attributes.bind(py).get_slice(0, usize::MAX),
-                needs_row_checks,
-            });
-        }
-        let built = PyFilter {
-            filter: filter_py(py, f)?,
-            attributes: PyList::new(py, f.attributes())?,
-            needs_row_checks: f.needs_row_checks(),
+        let (dict, attributes, needs_row_checks) = match kept {
+            Some(k) => k,
+            None => {
+                let built = PyFilter {
+                    filter: filter_py(py, f)?,
+                    attributes: PyList::new(py, f.attributes())?,
+                    needs_row_checks: f.needs_row_checks(),
+                };
+                if Arc::strong_count(f) <= 2 {
+                    return Ok(built);
+                }
+                self.keep(f, &built);
+                (
+                    built.filter.unbind(),
+                    built.attributes.unbind(),
+                    built.needs_row_checks,
+                )
+            }
         };
-        if Arc::strong_count(f) <= 2 {
-            return Ok(built);
-        }
+        // The caller's own copy of the kept tree.
+        Ok(PyFilter {
+            filter: fresh(dict.bind(py).as_any())?.cast_into::<PyDict>()?,
+            attributes: attributes.bind(py).get_slice(0, usize::MAX),
+            needs_row_checks,
+        })
+    }
+
+    /// Keeps `built` as the tree of `f`, first making room when full (see [`TREES_MAX`]).
+    fn keep(&self, f: &Arc<Filter>, built: &PyFilter<'_>) {
         let tree = Tree {
             filter: Arc::downgrade(f),
             dict: built.filter.clone().unbind(),
@@ -111,16 +125,11 @@ impl FilterTrees {
                     *g = live;
                 }
             }
-            stale.extend(g.insert(key, tree));
+            stale.extend(g.insert(Arc::as_ptr(f) as usize, tree));
             stale
         };
         // Freed outside the lock.
         drop(stale);
-        Ok(PyFilter {
-            filter: fresh(built.filter.as_any())?.cast_into::<PyDict>()?,
-            attributes: built.attributes.get_slice(0, usize::MAX),
-            needs_row_checks: built.needs_row_checks,
-        })
     }
 }
 

@@ -17,7 +17,7 @@
 #
 # Settings (environment):
 #   SVC_KAFKA_DIR              jars, data and logs     (default $HOME/.cache/svc-kafka)
-#   SVC_KAFKA_PORT             client port             (default 59092)
+#   SVC_KAFKA_PORT             client port             (default 29092)
 #   SVC_KAFKA_CONTROLLER_PORT  KRaft controller port   (default client port + 1)
 #   SVC_KAFKA_VERSION          Kafka release           (default 4.3.1)
 #   SVC_KAFKA_HEAP             JVM -Xmx                (default 512m)
@@ -25,13 +25,17 @@
 #   SVC_KAFKA_JAVA_OPTS        extra JVM options, after the script's (-XX:TieredStopAtLevel=4 ...)
 # Layout under SVC_KAFKA_DIR: <version>/libs (jars), <version>/classes-*.jsa (JVM class-data
 # archive), data/ (log.dirs: KRaft metadata and topic data), logs/server.log (broker log),
-# logs/kafka.out (JVM stdout/stderr), server.properties (written on each start), kafka.pid.
+# logs/ready.log (the latest run's start-up lines), logs/kafka.out (JVM stdout/stderr),
+# server.properties (written on each start), kafka.pid.
 # Runs as the invoking user, root included (Kafka does not refuse root).
+# The default ports sit below Linux's ephemeral range (32768-60999): a port inside it can be held
+# as the local end of any client connection on the machine, which makes the broker's bind fail, and
+# a client retrying a stopped broker's port can end up connected to itself.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 VERSION="${SVC_KAFKA_VERSION:-4.3.1}"
-PORT="${SVC_KAFKA_PORT:-59092}"
+PORT="${SVC_KAFKA_PORT:-29092}"
 CONTROLLER_PORT="${SVC_KAFKA_CONTROLLER_PORT:-$((PORT + 1))}"
 DIR="${SVC_KAFKA_DIR:-${HOME:-/tmp}/.cache/svc-kafka}"
 HEAP="${SVC_KAFKA_HEAP:-512m}"
@@ -200,8 +204,10 @@ cmd_start() {
             -t "$cluster_id" -c "$PROPS" >"$LOGDIR/format.log" 2>&1 \
             || { log_tail "$LOGDIR/format.log"; die "formatting storage failed (log: $LOGDIR/format.log)"; }
     fi
-    local log="$LOGDIR/server.log" offset=0
-    [[ -f "$log" ]] && offset="$(stat -c %s "$log")"
+    # Readiness comes from ready.log (scripts/kafka/log4j2.properties), which this run's broker
+    # writes afresh; server.log may roll over during start-up.
+    local ready="$LOGDIR/ready.log"
+    rm -f "$ready"
     echo "=== $(date -Is) starting Kafka $VERSION on 127.0.0.1:$PORT" >>"$LOGDIR/kafka.out"
     # Start-up on a busy 2-core machine: C1 only (a dev broker needs no peak JIT) and a class-data
     # archive of the broker's classes, written when the first run exits and mapped by later runs
@@ -226,14 +232,9 @@ cmd_start() {
             log_tail
             die "broker exited during start-up (logs: $LOGDIR)"
         fi
-        # Ready: the broker logged that it started (this run's part of the log) and accepts connections.
-        if [[ -f "$log" ]]; then
-            local size
-            size="$(stat -c %s "$log")"
-            ((size >= offset)) || offset=0 # rolled over
-            if tail -c +"$((offset + 1))" "$log" | grep -q "Kafka Server started" && port_open "$PORT"; then
-                break
-            fi
+        # Ready: the broker logged that it started and accepts connections.
+        if [[ -f "$ready" ]] && grep -q "Kafka Server started" "$ready" && port_open "$PORT"; then
+            break
         fi
         if ((SECONDS >= deadline)); then
             log_tail
@@ -242,7 +243,7 @@ cmd_start() {
         fi
         sleep 0.2
     done
-    note "Kafka $VERSION ready on 127.0.0.1:$PORT (pid $pid, data $DIR/data, log $log)"
+    note "Kafka $VERSION ready on 127.0.0.1:$PORT (pid $pid, data $DIR/data, log $LOGDIR/server.log)"
     cmd_url
 }
 

@@ -9,15 +9,17 @@
 #
 # Settings (environment):
 #   SVC_PG_DATA   cluster directory      (default $HOME/.cache/svc-postgres)
-#   SVC_PG_PORT   TCP port on 127.0.0.1  (default 55432)
+#   SVC_PG_PORT   TCP port on 127.0.0.1  (default 25432)
 #   SVC_PG_USER   server OS user when run as root (default postgres; PostgreSQL refuses root)
 # The server listens on 127.0.0.1 only; database `svc_test`, role `svc` with password `svc`.
+# The default port sits below Linux's ephemeral range (32768-60999), where a client connection's
+# local end could already hold it.
 # When run as root and the server user cannot reach the default directory (e.g. /root is 0700),
 # the cluster goes to /var/tmp/svc-postgres-<user> instead, and the script says so; permissions
 # of your home directory are never changed.
 set -euo pipefail
 
-PORT="${SVC_PG_PORT:-55432}"
+PORT="${SVC_PG_PORT:-25432}"
 DB=svc_test
 ROLE=svc
 PASSWORD=svc
@@ -93,6 +95,13 @@ cmd_start() {
         as_server "$bindir/initdb" -D "$dir/data" -U postgres --auth-local=trust \
             --auth-host=scram-sha-256 -E UTF8 --locale=C.UTF-8 >"$dir/initdb.log" 2>&1 \
             || { cat "$dir/initdb.log" >&2; die "initdb failed"; }
+    fi
+    # A server left running on another port (SVC_PG_PORT changed, or an older default) is restarted
+    # on this one: url must name where it listens. Line 4 of postmaster.pid is its port.
+    if as_server "$bindir/pg_ctl" -D "$dir/data" status >/dev/null 2>&1 \
+        && [[ "$(sed -n 4p "$dir/data/postmaster.pid" 2>/dev/null)" != "$PORT" ]]; then
+        note "server in $dir/data listens on another port; restarting it on $PORT"
+        as_server "$bindir/pg_ctl" -D "$dir/data" -m fast -w stop >/dev/null
     fi
     if ! as_server "$bindir/pg_ctl" -D "$dir/data" status >/dev/null 2>&1; then
         as_server "$bindir/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 \

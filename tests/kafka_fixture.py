@@ -56,13 +56,28 @@ class DevKafka:
     bootstrap: str
 
     def stop(self) -> None:
-        _script("stop", timeout=120)
+        self._run("stop", timeout=120)
 
     def start(self) -> None:
-        _script("start")
+        self._run("start")
 
     def create_topics(self) -> str:
-        return _script("create-topics")
+        return self._run("create-topics")
+
+    @staticmethod
+    def _run(verb: str, timeout: float = 600) -> str:
+        """Run `scripts/dev-kafka.sh VERB`; on failure raise with the script's own words.
+
+        Raises RuntimeError carrying the exit status and the tail of the script's stderr (which
+        holds the broker log's tail when the broker does not come up), since pytest's report of a
+        CalledProcessError leaves stderr out.
+        """
+        try:
+            return _script(verb, timeout=timeout)
+        except subprocess.CalledProcessError as e:
+            raise RuntimeError(
+                f"scripts/dev-kafka.sh {verb} exited {e.returncode}:\n{(e.stderr or '')[-4000:]}"
+            ) from None
 
 
 @pytest.fixture(scope="session")

@@ -53,7 +53,7 @@ class IntakeSettings(BaseSettings):
     port: int = Field(default=8080, ge=0, le=65535)
     """HTTP port (SPEC 8: 8080)."""
     kafka_url: str = Field(
-        default="kafka://127.0.0.1:59092",
+        default="kafka://127.0.0.1:29092",
         validation_alias=AliasChoices("SVC_KAFKA_URL", "kafka_url"),
     )
     """The one broker setting (``kafka://host:port[,host:port]``); default: scripts/dev-kafka.sh."""

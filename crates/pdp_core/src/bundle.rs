@@ -209,8 +209,9 @@ pub struct Bundle {
     pub(crate) template_meta: HashMap<PolicyId, PolicyMeta>,
     /// The schema, when the bundle has one.
     pub(crate) schema: Option<Schema>,
-    /// Declared context attribute names per action (`None`: could not be determined).
-    pub(crate) context_attrs: HashMap<EntityUid, Option<HashSet<String>>>,
+    /// Per action, which of the decision point's own context fields its context declares
+    /// (DESIGN 3); an action missing here takes none.
+    pub(crate) injected: FastMap<EntityUid, Declared>,
     /// Action uids by bare id, for resolving `read` to `NS::Action::"read"`.
     actions_by_id: HashMap<String, Vec<EntityUid>>,
     /// Action entities (with their action groups as parents).
@@ -348,6 +349,49 @@ pub(crate) fn qualified_type(ns: &str, name: &str) -> Option<EntityTypeName> {
         format!("{ns}::{name}")
     };
     EntityTypeName::from_str(&full).ok()
+}
+
+/// Which of the decision point's own context fields (DESIGN 3: `risk_score`, `human_present`,
+/// `assigned`, `work_item`, `agent`) an action's context declares; each is added to a check's
+/// context only where declared (without a schema, always).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Declared {
+    pub(crate) risk_score: bool,
+    pub(crate) human_present: bool,
+    pub(crate) assigned: bool,
+    pub(crate) work_item: bool,
+    pub(crate) agent: bool,
+}
+
+impl Declared {
+    /// Every field (a bundle without a schema).
+    pub(crate) const ALL: Self = Self {
+        risk_score: true,
+        human_present: true,
+        assigned: true,
+        work_item: true,
+        agent: true,
+    };
+    /// No field (an action whose context could not be read from the schema).
+    pub(crate) const NONE: Self = Self {
+        risk_score: false,
+        human_present: false,
+        assigned: false,
+        work_item: false,
+        agent: false,
+    };
+
+    /// The fields among an action's declared context attribute names (`None`: not known).
+    fn of(attrs: Option<&HashSet<String>>) -> Self {
+        let Some(a) = attrs else { return Self::NONE };
+        Self {
+            risk_score: a.contains("risk_score"),
+            human_present: a.contains("human_present"),
+            assigned: a.contains("assigned"),
+            work_item: a.contains("work_item"),
+            agent: a.contains("agent"),
+        }
+    }
 }
 
 /// Reads the declared context attribute names of every action from the schema's JSON form.
@@ -728,10 +772,13 @@ impl Bundle {
             entity_types = s.entity_types().map(ToString::to_string).collect();
             principal_types = s.principals().map(ToString::to_string).collect();
         }
-        let context_attrs = schema_json
+        let injected = schema_json
             .as_ref()
             .map(context_attrs_of)
-            .unwrap_or_default();
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(a, attrs)| (a, Declared::of(attrs.as_ref())))
+            .collect();
 
         let attr_kinds = schema
             .as_ref()
@@ -741,7 +788,11 @@ impl Bundle {
             &action_entities,
             &entity_types,
         ));
-        let lookups = crate::memo::Lookups::new(schema.as_ref(), schema_json.as_ref());
+        let mut lookups = crate::memo::Lookups::new(schema.as_ref(), schema_json.as_ref());
+        // Only actions with an entity resolve by their text, so a hit needs no second lookup.
+        lookups
+            .actions_by_text
+            .retain(|_, a| action_entities.contains_key(a));
         let mut bundle = Self {
             attr_kinds,
             scopes,
@@ -753,7 +804,7 @@ impl Bundle {
             meta,
             template_meta,
             schema,
-            context_attrs,
+            injected,
             actions_by_id,
             action_entities,
             entities,
@@ -849,7 +900,7 @@ impl Bundle {
             meta: self.meta.clone(),
             template_meta: self.template_meta.clone(),
             schema: self.schema.clone(),
-            context_attrs: self.context_attrs.clone(),
+            injected: self.injected.clone(),
             actions_by_id: self.actions_by_id.clone(),
             action_entities: self.action_entities.clone(),
             entities: self.entities.clone(),
@@ -909,9 +960,7 @@ impl Bundle {
     pub fn resolve_action(&self, action: &str) -> Result<EntityUid, RequestError> {
         // The written form of a schema action (what `EntityUid`'s parser would return).
         if let Some(uid) = self.lookups.actions_by_text.get(action) {
-            if self.action_entities.contains_key(uid) {
-                return Ok(uid.clone());
-            }
+            return Ok(uid.clone());
         }
         if action.contains("::\"") {
             let uid = EntityUid::from_str(action).map_err(|e| {

@@ -12,9 +12,9 @@
 //!    that fires is required.
 //! 5. The mode is reported, never applied.
 
-use crate::bundle::{Bundle, TemplateLink};
+use crate::bundle::{Bundle, Declared, TemplateLink};
 use crate::error::{chain, BundleError, RequestError};
-use crate::memo::MemoContext;
+use crate::memo::{Injected, MemoContext};
 use crate::plan::{partial_entities, residuals_with, PlanError};
 use crate::query_plan::{
     finish, PlanCache, PlanKey, PrincipalState, QueryPlan, Side, DEFAULT_PLAN_CACHE_CAPACITY,
@@ -1299,37 +1299,22 @@ fn context_for(
     work_item: Option<&WorkItem>,
 ) -> Result<Arc<MemoContext>, RequestError> {
     let b = &*st.bundle;
-    let declared = b.context_attrs.get(action);
-    let wants = |k: &str| match (b.schema.is_some(), declared) {
-        (false, _) => true,
-        (true, Some(Some(set))) => set.contains(k),
-        _ => false,
+    let takes = match (b.schema.is_some(), b.injected.get(action)) {
+        (false, _) => Declared::ALL,
+        (true, Some(d)) => *d,
+        (true, None) => Declared::NONE,
     };
-    let mut ctx = caller.clone();
-    for k in INJECTED_CONTEXT {
-        ctx.remove(k);
-    }
-    if let Some(r) = st.store.risk(subject) {
-        if wants("risk_score") {
-            ctx.insert("risk_score".into(), Value::from(r));
-        }
-    }
-    if wants("human_present") {
-        ctx.insert("human_present".into(), Value::Bool(human_present));
-    }
-    if wants("assigned") {
-        ctx.insert("assigned".into(), Value::Bool(assigned));
-    }
-    if let (Some(w), true) = (work_item, wants("work_item")) {
-        ctx.insert(
-            "work_item".into(),
-            json!({"__entity": uid_json(&w.entity.entity.uid())}),
-        );
-    }
-    if let (Some(a), true) = (agent, wants("agent")) {
-        ctx.insert("agent".into(), json!({"__entity": uid_json(a)}));
-    }
-    b.contexts.get_or_parse(action, ctx, |v| {
+    let work_item = work_item
+        .filter(|_| takes.work_item)
+        .map(|w| w.entity.entity.uid());
+    let inj = Injected {
+        risk_score: st.store.risk(subject).filter(|_| takes.risk_score),
+        human_present: takes.human_present.then_some(human_present),
+        assigned: takes.assigned.then_some(assigned),
+        work_item: work_item.as_ref(),
+        agent: agent.filter(|_| takes.agent),
+    };
+    b.contexts.get_or_parse(action, caller, &inj, |v| {
         Context::from_json_value(v, b.schema.as_ref().map(|s| (s, action)))
             .map_err(|e| RequestError::new("context", chain(&e)))
     })
@@ -1508,7 +1493,9 @@ fn gather_closed(
     let mut roots: Vec<(&EntityUid, &Follow)> = Vec::with_capacity(4);
     roots.push((subject, &derefs.principal));
     roots.push((&cx.req.resource, &derefs.resource));
-    roots.push((cx.action, &FOLLOW_NONE));
+    if derefs.action || derefs.ancestors {
+        roots.push((cx.action, &FOLLOW_NONE));
+    }
     if let Some(a) = agent {
         roots.push((a, &derefs.agent));
     }

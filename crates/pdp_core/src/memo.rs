@@ -11,12 +11,14 @@
 //!   [`Lookups::types_valid`]). Failures are never memoised: they are recomputed, so every error
 //!   message stays Cedar's.
 
-use crate::store::FastMap;
+use crate::store::{FastHasher, FastMap, FastSet};
 use cedar_policy::{Context, EntityTypeName, EntityUid, Schema};
+use hashbrown::HashTable;
 use serde_json::{Map, Value};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
+use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, PoisonError, RwLock};
 
 /// Most contexts kept per bundle; when full the memo starts over (contexts carry per-principal
 /// risk scores, so their number is not bounded by the schema).
@@ -71,14 +73,14 @@ impl<K: std::hash::Hash + Eq, V: Clone, const CAP: usize> Bounded<K, V, CAP> {
 #[derive(Debug, Default, Clone)]
 pub(crate) struct Lookups {
     /// Declared entity types (empty without a schema).
-    pub(crate) type_names: HashSet<EntityTypeName>,
+    pub(crate) type_names: FastSet<EntityTypeName>,
     /// Declared entity types by their `Display` form (`NS::Document`).
-    pub(crate) types_by_text: HashMap<String, EntityTypeName>,
+    pub(crate) types_by_text: FastMap<String, EntityTypeName>,
     /// Schema actions by their `Display` form (`Action::"read"`), as clients often write them.
-    pub(crate) actions_by_text: HashMap<String, EntityUid>,
+    pub(crate) actions_by_text: FastMap<String, EntityUid>,
     /// Per action: principal and resource types valid for it, without enumerated types (whose
     /// ids Cedar checks too). Empty when the schema's enumerated types could not be read.
-    request_types: HashMap<EntityUid, (HashSet<EntityTypeName>, HashSet<EntityTypeName>)>,
+    request_types: FastMap<EntityUid, (FastSet<EntityTypeName>, FastSet<EntityTypeName>)>,
 }
 
 impl Lookups {
@@ -87,16 +89,16 @@ impl Lookups {
         let Some(s) = schema else {
             return Self::default();
         };
-        let type_names: HashSet<EntityTypeName> = s.entity_types().cloned().collect();
+        let type_names: FastSet<EntityTypeName> = s.entity_types().cloned().collect();
         let types_by_text = type_names
             .iter()
             .map(|t| (t.to_string(), t.clone()))
             .collect();
-        let mut actions_by_text = HashMap::new();
+        let mut actions_by_text = FastMap::default();
         for a in s.actions() {
             actions_by_text.insert(a.to_string(), a.clone());
         }
-        let mut request_types = HashMap::new();
+        let mut request_types = FastMap::default();
         if let Some(enums) = schema_json.and_then(enum_types) {
             for a in s.actions() {
                 let (Some(ps), Some(rs)) = (s.principals_for_action(a), s.resources_for_action(a))
@@ -178,33 +180,221 @@ impl MemoContext {
     }
 }
 
-/// Typed contexts by (action, context JSON); see the module docs. The JSON value itself is the
-/// key (hashed and compared structurally; key order does not matter, as it does not to Cedar):
-/// serialising it to text for the key was a fortieth of a document_cloud check.
-#[derive(Debug, Default)]
+/// The decision point's own context fields of one check (DESIGN 3), as [`ContextMemo`] keys
+/// them: each is `None` when the action's context does not take it (`risk_score` also when the
+/// reasoner holds no score for the principal). The typed context is the caller's context
+/// without [`crate::engine::INJECTED_CONTEXT`] (nor its `risk_score` when one is injected), with
+/// these fields laid on top.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct Injected<'a> {
+    /// The reasoner's risk score, 0 to 100.
+    pub(crate) risk_score: Option<i64>,
+    /// Whether a person is at the keyboard (SPEC 2.4).
+    pub(crate) human_present: Option<bool>,
+    /// Whether the request's work item is assigned to the resource.
+    pub(crate) assigned: Option<bool>,
+    /// The open work item of the request.
+    pub(crate) work_item: Option<&'a EntityUid>,
+    /// The agent, in the check of the person it acts for.
+    pub(crate) agent: Option<&'a EntityUid>,
+}
+
+impl Injected<'_> {
+    /// Whether the caller's context entry `key` gives way to (or is never taken from) the
+    /// decision point.
+    fn overrides(&self, key: &str) -> bool {
+        crate::engine::INJECTED_CONTEXT.contains(&key)
+            || (key == "risk_score" && self.risk_score.is_some())
+    }
+
+    /// The caller's `context` with these fields laid on top: the JSON that is typed.
+    fn merge(&self, caller: &Map<String, Value>) -> Map<String, Value> {
+        let mut ctx: Map<String, Value> = caller
+            .iter()
+            .filter(|(k, _)| !self.overrides(k))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        if let Some(r) = self.risk_score {
+            ctx.insert("risk_score".into(), Value::from(r));
+        }
+        if let Some(h) = self.human_present {
+            ctx.insert("human_present".into(), Value::Bool(h));
+        }
+        if let Some(a) = self.assigned {
+            ctx.insert("assigned".into(), Value::Bool(a));
+        }
+        if let Some(w) = self.work_item {
+            ctx.insert("work_item".into(), entity_ref(w));
+        }
+        if let Some(a) = self.agent {
+            ctx.insert("agent".into(), entity_ref(a));
+        }
+        ctx
+    }
+}
+
+/// `{"__entity": {"type": .., "id": ..}}`, Cedar's JSON form of an entity reference.
+fn entity_ref(u: &EntityUid) -> Value {
+    serde_json::json!({"__entity": {"type": u.type_name().to_string(), "id": u.id().unescaped()}})
+}
+
+/// One memoised context: what it was typed from, and the result.
+struct ContextEntry {
+    hash: u64,
+    action: EntityUid,
+    /// The caller's context without the entries [`Injected::overrides`] drops.
+    caller: Map<String, Value>,
+    risk_score: Option<i64>,
+    human_present: Option<bool>,
+    assigned: Option<bool>,
+    work_item: Option<EntityUid>,
+    agent: Option<EntityUid>,
+    typed: Arc<MemoContext>,
+}
+
+impl ContextEntry {
+    /// Whether this entry was typed from `caller` with `inj` laid on top, for `action`.
+    fn matches(&self, action: &EntityUid, caller: &Map<String, Value>, inj: &Injected<'_>) -> bool {
+        if self.risk_score != inj.risk_score
+            || self.human_present != inj.human_present
+            || self.assigned != inj.assigned
+            || self.work_item.as_ref() != inj.work_item
+            || self.agent.as_ref() != inj.agent
+            || &self.action != action
+        {
+            return false;
+        }
+        let mut kept = caller.iter().filter(|(k, _)| !inj.overrides(k));
+        // The same entries in the same order (the usual case): one pass, no lookups.
+        let mut mine = self.caller.iter();
+        loop {
+            match (kept.next(), mine.next()) {
+                (None, None) => return true,
+                (Some((k, v)), Some((mk, mv))) if k == mk => {
+                    if v != mv {
+                        return false;
+                    }
+                }
+                _ => break,
+            }
+        }
+        // Another order: compare as maps.
+        let mut n = 0;
+        for (k, v) in caller.iter().filter(|(k, _)| !inj.overrides(k)) {
+            n += 1;
+            if self.caller.get(k) != Some(v) {
+                return false;
+            }
+        }
+        n == self.caller.len()
+    }
+}
+
+/// Typed contexts by (action, caller's context JSON, [`Injected`] fields); see the module docs.
+///
+/// A lookup builds nothing: it hashes the caller's context where it lies, skipping the entries
+/// the decision point replaces, and compares an entry with it the same way. Objects hash
+/// independently of key order (as Cedar reads them); the hasher's seed is random per memo, since
+/// contexts come from callers. Only a miss merges the fields into a JSON map and types it.
 pub(crate) struct ContextMemo {
-    map: Bounded<(EntityUid, Value), Arc<MemoContext>, MAX_CONTEXTS>,
+    hasher: FastHasher,
+    map: RwLock<HashTable<ContextEntry>>,
+}
+
+impl Default for ContextMemo {
+    fn default() -> Self {
+        Self {
+            hasher: FastHasher::default(),
+            map: RwLock::new(HashTable::new()),
+        }
+    }
+}
+
+impl std::fmt::Debug for ContextMemo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ContextMemo")
+            .field("cap", &MAX_CONTEXTS)
+            .finish_non_exhaustive()
+    }
 }
 
 impl ContextMemo {
-    /// The typed context of `json` for `action`, parsed by `parse` on a miss (`parse` must be
-    /// the same pure function of the JSON every time). Errors are returned, not kept.
+    /// A hash of `v` that does not depend on the order of object keys.
+    fn value_hash(&self, v: &Value) -> u64 {
+        match v {
+            Value::Object(m) => self.entries_hash(m.iter()),
+            Value::Array(a) => {
+                let mut h = self.hasher.build_hasher();
+                h.write_u8(5);
+                for x in a {
+                    h.write_u64(self.value_hash(x));
+                }
+                h.finish()
+            }
+            scalar => self.hasher.hash_one(scalar),
+        }
+    }
+
+    /// Order-independent hash of object entries: the wrapping sum of each entry's hash.
+    fn entries_hash<'v>(&self, entries: impl Iterator<Item = (&'v String, &'v Value)>) -> u64 {
+        entries.fold(0x6f62_6a65_6374_u64, |acc, (k, x)| {
+            acc.wrapping_add(self.hasher.hash_one((k.as_str(), self.value_hash(x))))
+        })
+    }
+
+    fn key_hash(&self, action: &EntityUid, caller: &Map<String, Value>, inj: &Injected<'_>) -> u64 {
+        let body = self.entries_hash(caller.iter().filter(|(k, _)| !inj.overrides(k)));
+        self.hasher.hash_one((action, body, inj))
+    }
+
+    /// The typed context of `caller` with `inj` laid on top, for `action`; on a miss `parse`
+    /// types the merged JSON (`parse` must be the same pure function of the JSON every time).
+    /// Errors are returned, not kept.
     pub(crate) fn get_or_parse<E>(
         &self,
         action: &EntityUid,
-        json: Map<String, Value>,
+        caller: &Map<String, Value>,
+        inj: &Injected<'_>,
         parse: impl FnOnce(Value) -> Result<Context, E>,
     ) -> Result<Arc<MemoContext>, E> {
-        let key = (action.clone(), Value::Object(json));
-        if let Some(hit) = self.map.get(&key) {
-            return Ok(hit);
+        let hash = self.key_hash(action, caller, inj);
+        {
+            let map = self.map.read().unwrap_or_else(PoisonError::into_inner);
+            if let Some(e) = map.find(hash, |e| e.hash == hash && e.matches(action, caller, inj)) {
+                return Ok(Arc::clone(&e.typed));
+            }
         }
-        let entry = Arc::new(MemoContext {
-            context: parse(key.1.clone())?,
+        let typed = Arc::new(MemoContext {
+            context: parse(Value::Object(inj.merge(caller)))?,
             validated: AtomicBool::new(false),
         });
-        self.map.insert(key, Arc::clone(&entry));
-        Ok(entry)
+        let entry = ContextEntry {
+            hash,
+            action: action.clone(),
+            caller: caller
+                .iter()
+                .filter(|(k, _)| !inj.overrides(k))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            risk_score: inj.risk_score,
+            human_present: inj.human_present,
+            assigned: inj.assigned,
+            work_item: inj.work_item.cloned(),
+            agent: inj.agent.cloned(),
+            typed: Arc::clone(&typed),
+        };
+        let mut map = self.map.write().unwrap_or_else(PoisonError::into_inner);
+        if map.len() >= MAX_CONTEXTS {
+            map.clear();
+        }
+        // Another thread may have typed the same context meanwhile; keep one entry.
+        if map
+            .find(hash, |e| e.hash == hash && e.matches(action, caller, inj))
+            .is_none()
+        {
+            map.insert_unique(hash, entry, |e| e.hash);
+        }
+        Ok(typed)
     }
 }
 

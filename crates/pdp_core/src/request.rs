@@ -175,53 +175,52 @@ impl CheckRequest {
     /// # Errors
     /// As [`CheckRequest::from_json`].
     pub fn from_object(
-        mut obj: Map<String, Value>,
+        obj: impl IntoIterator<Item = (String, Value)>,
         principal: Option<EntityUid>,
         resource: Option<EntityUid>,
     ) -> Result<Self, RequestError> {
-        for k in obj.keys() {
-            if !CHECK_FIELDS.contains(&k.as_str()) {
-                return Err(RequestError::new(
-                    k.as_str(),
-                    format!(
-                        "unknown field `{k}`: expected one of {}",
-                        CHECK_FIELDS.map(|f| format!("`{f}`")).join(", ")
-                    ),
-                ));
-            }
+        let mut f = Fields::take(obj, &CHECK_FIELDS);
+        if let Some(k) = f.unknown.take() {
+            return Err(RequestError::new(
+                k.as_str(),
+                format!(
+                    "unknown field `{k}`: expected one of {}",
+                    CHECK_FIELDS.map(|f| format!("`{f}`")).join(", ")
+                ),
+            ));
         }
-        let principal = given_or_read(principal, &obj, "principal")?;
-        let resource = given_or_read(resource, &obj, "resource")?;
-        let action = take_action(&obj)?;
-        let context = take_context(&mut obj)?;
-        let on_behalf_of = optional_uid(&obj, "on_behalf_of")?;
-        let human_present = match obj.get("human_present") {
+        let principal = given_or_read(principal, f.principal.as_ref(), "principal")?;
+        let resource = given_or_read(resource, f.resource.as_ref(), "resource")?;
+        let action = take_action(f.action)?;
+        let context = take_context(f.context)?;
+        let on_behalf_of = optional_uid(f.on_behalf_of.as_ref(), "on_behalf_of")?;
+        let human_present = match f.human_present {
             None | Some(Value::Null) => true,
-            Some(Value::Bool(b)) => *b,
+            Some(Value::Bool(b)) => b,
             Some(other) => {
                 return Err(RequestError::new(
                     "human_present",
-                    format!("expected a boolean, got {}", kind(other)),
+                    format!("expected a boolean, got {}", kind(&other)),
                 ))
             }
         };
-        let work_item_id = match obj.get("work_item_id") {
+        let work_item_id = match f.work_item_id {
             None | Some(Value::Null) => None,
-            Some(Value::String(s)) => Some(s.clone()),
+            Some(Value::String(s)) => Some(s),
             Some(other) => {
                 return Err(RequestError::new(
                     "work_item_id",
-                    format!("expected a string, got {}", kind(other)),
+                    format!("expected a string, got {}", kind(&other)),
                 ))
             }
         };
-        let entities = match obj.get_mut("entities") {
+        let entities = match f.entities {
             None | Some(Value::Null) => Vec::new(),
-            Some(Value::Array(a)) => std::mem::take(a),
+            Some(Value::Array(a)) => a,
             Some(other) => {
                 return Err(RequestError::new(
                     "entities",
-                    format!("expected an array of entities, got {}", kind(other)),
+                    format!("expected an array of entities, got {}", kind(&other)),
                 ))
             }
         };
@@ -238,52 +237,106 @@ impl CheckRequest {
     }
 }
 
+/// The fields of a check or plan request object, taken in one pass over its entries (each
+/// matched by name once, none looked up), so that a request read from Python or JSON needs no
+/// map of its own.
+#[derive(Default)]
+struct Fields {
+    principal: Option<Value>,
+    action: Option<Value>,
+    resource: Option<Value>,
+    context: Option<Value>,
+    on_behalf_of: Option<Value>,
+    human_present: Option<Value>,
+    work_item_id: Option<Value>,
+    entities: Option<Value>,
+    resource_type: Option<Value>,
+    plan_qid: Option<Value>,
+    /// The first entry whose name is not in `allowed`.
+    unknown: Option<String>,
+}
+
+impl Fields {
+    /// Sorts the entries of `obj` into their fields; names outside `allowed` (a subset of the
+    /// fields above) leave the first of them in `unknown`. A repeated name keeps its last value.
+    fn take(obj: impl IntoIterator<Item = (String, Value)>, allowed: &[&str]) -> Self {
+        let mut f = Self::default();
+        for (k, v) in obj {
+            let slot = if allowed.contains(&k.as_str()) {
+                match k.as_str() {
+                    "principal" => Some(&mut f.principal),
+                    "action" => Some(&mut f.action),
+                    "resource" => Some(&mut f.resource),
+                    "context" => Some(&mut f.context),
+                    "on_behalf_of" => Some(&mut f.on_behalf_of),
+                    "human_present" => Some(&mut f.human_present),
+                    "work_item_id" => Some(&mut f.work_item_id),
+                    "entities" => Some(&mut f.entities),
+                    "resource_type" => Some(&mut f.resource_type),
+                    "plan_qid" => Some(&mut f.plan_qid),
+                    _ => None,
+                }
+            } else {
+                None
+            };
+            match slot {
+                Some(slot) => *slot = Some(v),
+                None => {
+                    if f.unknown.is_none() {
+                        f.unknown = Some(k);
+                    }
+                }
+            }
+        }
+        f
+    }
+}
+
 /// The `action` field shared by check and plan requests: a non-empty string, or an entity
 /// reference written back as `Type::"id"`.
-fn take_action(obj: &Map<String, Value>) -> Result<String, RequestError> {
-    match obj.get("action") {
-        Some(Value::String(s)) if !s.is_empty() => Ok(s.clone()),
-        Some(Value::Object(o)) if o.contains_key("type") || o.contains_key("__entity") => {
-            Ok(parse_uid(&Value::Object(o.clone()), "action")?.to_string())
+fn take_action(v: Option<Value>) -> Result<String, RequestError> {
+    match v {
+        Some(Value::String(s)) if !s.is_empty() => Ok(s),
+        Some(o @ Value::Object(_)) if o.get("type").is_some() || o.get("__entity").is_some() => {
+            Ok(parse_uid(&o, "action")?.to_string())
         }
         None | Some(Value::Null) => Err(RequestError::new("action", "is required")),
         Some(other) => Err(RequestError::new(
             "action",
-            format!("expected a non-empty string, got {}", kind(other)),
+            format!("expected a non-empty string, got {}", kind(&other)),
         )),
     }
 }
 
 /// A required entity reference: `given` when the caller already parsed it, else read from
-/// `obj[field]` (absent: "is required").
+/// the field's value `v` (absent: "is required").
 fn given_or_read(
     given: Option<EntityUid>,
-    obj: &Map<String, Value>,
+    v: Option<&Value>,
     field: &str,
 ) -> Result<EntityUid, RequestError> {
     match given {
         Some(u) => Ok(u),
-        None => parse_uid(obj.get(field).unwrap_or(&Value::Null), field),
+        None => parse_uid(v.unwrap_or(&Value::Null), field),
     }
 }
 
 /// An optional entity reference field (absent or null: `None`), as [`parse_uid`] reads it.
-fn optional_uid(obj: &Map<String, Value>, field: &str) -> Result<Option<EntityUid>, RequestError> {
-    match obj.get(field) {
+fn optional_uid(v: Option<&Value>, field: &str) -> Result<Option<EntityUid>, RequestError> {
+    match v {
         None | Some(Value::Null) => Ok(None),
         Some(v) => parse_uid(v, field).map(Some),
     }
 }
 
-/// The `context` field shared by check and plan requests, moved out of `obj` (absent or null:
-/// empty).
-fn take_context(obj: &mut Map<String, Value>) -> Result<Map<String, Value>, RequestError> {
-    match obj.get_mut("context") {
+/// The `context` field shared by check and plan requests (absent or null: empty).
+fn take_context(v: Option<Value>) -> Result<Map<String, Value>, RequestError> {
+    match v {
         None | Some(Value::Null) => Ok(Map::new()),
-        Some(Value::Object(m)) => Ok(std::mem::take(m)),
+        Some(Value::Object(m)) => Ok(m),
         Some(other) => Err(RequestError::new(
             "context",
-            format!("expected an object, got {}", kind(other)),
+            format!("expected an object, got {}", kind(&other)),
         )),
     }
 }
@@ -346,50 +399,49 @@ impl PlanRequest {
     /// # Errors
     /// As [`PlanRequest::from_json`].
     pub fn from_object(
-        mut obj: Map<String, Value>,
+        obj: impl IntoIterator<Item = (String, Value)>,
         principal: Option<EntityUid>,
     ) -> Result<Self, RequestError> {
-        for k in obj.keys() {
-            if !PLAN_FIELDS.contains(&k.as_str()) {
-                let hint = if k == "resource" {
-                    " (a plan takes `resource_type`, the type of the rows to list)"
-                } else {
-                    ""
-                };
-                return Err(RequestError::new(
-                    k.as_str(),
-                    format!(
-                        "unknown field `{k}`{hint}: expected one of {}",
-                        PLAN_FIELDS.map(|f| format!("`{f}`")).join(", ")
-                    ),
-                ));
-            }
+        let mut f = Fields::take(obj, &PLAN_FIELDS);
+        if let Some(k) = f.unknown.take() {
+            let hint = if k == "resource" {
+                " (a plan takes `resource_type`, the type of the rows to list)"
+            } else {
+                ""
+            };
+            return Err(RequestError::new(
+                k.as_str(),
+                format!(
+                    "unknown field `{k}`{hint}: expected one of {}",
+                    PLAN_FIELDS.map(|f| format!("`{f}`")).join(", ")
+                ),
+            ));
         }
         // The same fields, in the same order, as a check request reads them.
-        let principal = given_or_read(principal, &obj, "principal")?;
-        let action = take_action(&obj)?;
-        let context = take_context(&mut obj)?;
-        let on_behalf_of = optional_uid(&obj, "on_behalf_of")?;
-        let resource_type = match obj.get_mut("resource_type") {
-            Some(Value::String(s)) if !s.is_empty() => std::mem::take(s),
+        let principal = given_or_read(principal, f.principal.as_ref(), "principal")?;
+        let action = take_action(f.action)?;
+        let context = take_context(f.context)?;
+        let on_behalf_of = optional_uid(f.on_behalf_of.as_ref(), "on_behalf_of")?;
+        let resource_type = match f.resource_type {
+            Some(Value::String(s)) if !s.is_empty() => s,
             None | Some(Value::Null) => {
                 return Err(RequestError::new("resource_type", "is required"))
             }
             Some(other) => {
                 return Err(RequestError::new(
                     "resource_type",
-                    format!("expected a non-empty string, got {}", kind(other)),
+                    format!("expected a non-empty string, got {}", kind(&other)),
                 ))
             }
         };
-        let plan_qid = match obj.get_mut("plan_qid") {
+        let plan_qid = match f.plan_qid {
             None | Some(Value::Null) => None,
             Some(Value::String(s)) if s.is_empty() => None,
-            Some(Value::String(s)) => Some(std::mem::take(s)),
+            Some(Value::String(s)) => Some(s),
             Some(other) => {
                 return Err(RequestError::new(
                     "plan_qid",
-                    format!("expected a string, got {}", kind(other)),
+                    format!("expected a string, got {}", kind(&other)),
                 ))
             }
         };

@@ -109,6 +109,9 @@ pub(crate) struct Derefs {
     pub(crate) work_item: Follow,
     /// Whether the ancestors of every entity in the slice go in with it.
     pub(crate) ancestors: bool,
+    /// Whether a condition looks the action entity up (`action in ...`, `action.a`); else the
+    /// slice leaves it out (scope constraints the index settled are not in the conditions).
+    pub(crate) action: bool,
 }
 
 /// Every attribute of every root: the one-hop slice in full (plans use it).
@@ -121,6 +124,7 @@ impl Derefs {
         agent: Follow::ALL,
         work_item: Follow::ALL,
         ancestors: true,
+        action: true,
     };
 
     /// What `conditions` dereference. A condition that dereferences something other than a
@@ -199,6 +203,8 @@ fn target(e: &Expr, extra: &[&str], d: &mut Derefs, all: &mut bool) {
     path.reverse();
     path.extend_from_slice(extra);
     match (cur.expr_kind(), path.as_slice()) {
+        // The action itself: its entity goes in the slice.
+        (ExprKind::Var(Var::Action), []) => d.action = true,
         // A root itself.
         (ExprKind::Var(_), []) => {}
         (ExprKind::Var(Var::Principal), [a]) => d.principal.add(a),
@@ -209,13 +215,17 @@ fn target(e: &Expr, extra: &[&str], d: &mut Derefs, all: &mut bool) {
             ("work_item", [a]) => d.work_item.add(a),
             ("agent" | "work_item", _) => *all = true,
             // Any other context value is in the slice only if it is a root or an ancestor of
-            // one; keep the ancestors.
-            _ => d.ancestors = true,
+            // one; keep the ancestors (and the action, which a context value may name).
+            _ => {
+                d.ancestors = true;
+                d.action = true;
+            }
         },
         // An entity literal or slot, or what the action's attributes hold: in the slice only if
         // it is a root or an ancestor of one.
         (ExprKind::Lit(_) | ExprKind::Slot(_) | ExprKind::Var(Var::Action), _) => {
             d.ancestors = true;
+            d.action = true;
         }
         _ => *all = true,
     }
@@ -492,6 +502,26 @@ mod tests {
             let d = derefs(src);
             assert!(d.ancestors, "{src}");
             assert!(!d.principal.all && !d.resource.all, "{src}");
+        }
+    }
+
+    #[test]
+    fn the_action_entity_is_kept_only_when_looked_up() {
+        for src in [
+            r#"permit (principal, action == Action::"a", resource);"#,
+            r#"permit (principal, action, resource) when { action == Action::"a" };"#,
+            r#"permit (principal, action, resource) when { principal in action };"#,
+        ] {
+            assert!(!derefs(src).action, "{src}");
+        }
+        for src in [
+            r#"permit (principal, action in [Action::"a", Action::"b"], resource);"#,
+            r#"permit (principal, action, resource) when { action in Action::"g" };"#,
+            r#"permit (principal, action, resource) when { action.meta.x == 1 };"#,
+            r#"permit (principal, action, resource) when { Action::"a".x == 1 };"#,
+            r#"permit (principal, action, resource) when { context.a has x };"#,
+        ] {
+            assert!(derefs(src).action, "{src}");
         }
     }
 

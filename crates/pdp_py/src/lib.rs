@@ -138,11 +138,11 @@ fn plain_uid(v: &Bound<'_, PyAny>, field: &str) -> Option<pdp_core::EntityUid> {
 fn read_request<const N: usize>(
     obj: &Bound<'_, PyAny>,
     uids: [&str; N],
-) -> PyResult<Result<(Map<String, Value>, [Option<pdp_core::EntityUid>; N]), Value>> {
+) -> PyResult<Result<(Vec<(String, Value)>, [Option<pdp_core::EntityUid>; N]), Value>> {
     let Ok(d) = obj.cast::<PyDict>() else {
         return Ok(Err(to_json(obj, 0)?));
     };
-    let mut rest = Map::new();
+    let mut rest = Vec::with_capacity(d.len());
     let mut parsed: [Option<pdp_core::EntityUid>; N] = std::array::from_fn(|_| None);
     for (k, v) in d.iter() {
         let key = k
@@ -157,7 +157,7 @@ fn read_request<const N: usize>(
         match slot {
             Some((slot, u)) => *slot = Some(u),
             None => {
-                rest.insert(key.to_owned(), to_json(&v, 1)?);
+                rest.push((key.to_owned(), to_json(&v, 1)?));
             }
         }
     }

@@ -22,7 +22,7 @@ use crate::query_plan::{
 };
 use crate::request::{kind, parse_uid, CheckRequest, PlanRequest};
 use crate::scope::{Derefs, Follow, DEREFS_ALL, FOLLOW_ALL, FOLLOW_NONE};
-use crate::store::{parse_uid_list, FastHasher, FastSet, Hierarchy, Store, StoredEntity, WorkItem};
+use crate::store::{parse_uid_list, FastSet, Hierarchy, Store, StoredEntity, WorkItem};
 use arc_swap::ArcSwap;
 use cedar_policy::{
     Context, Effect, Entities, Entity, EntityUid, EvalResult, Request, RequestValidationError,
@@ -880,8 +880,14 @@ impl Engine {
         let st = self.state.load();
         let b = &*st.bundle;
         let action = b.resolve_action(&req.action)?;
-        b.check_type(req.principal.type_name(), "principal.type")?;
-        b.check_type(req.resource.type_name(), "resource.type")?;
+        // Types the action is known to take are declared ones; only others need looking up.
+        let types_valid =
+            b.lookups
+                .types_valid(&action, req.principal.type_name(), req.resource.type_name());
+        if !types_valid {
+            b.check_type(req.principal.type_name(), "principal.type")?;
+            b.check_type(req.resource.type_name(), "resource.type")?;
+        }
         check_on_behalf_of(b, &req.principal, req.on_behalf_of.as_ref())?;
 
         // Inline entities: the app's fresher copy of its own rows wins over the store; the
@@ -919,6 +925,7 @@ impl Engine {
             inline: &inline,
             work_item: work_item.as_deref(),
             assigned,
+            types_valid,
         };
         let mut p_out = self.check_one(&cx, &req.principal, None, "principal")?;
         let mut obo_out = match &req.on_behalf_of {
@@ -1225,11 +1232,15 @@ impl Engine {
         let request = match b.schema.as_ref() {
             Some(_)
                 if context.validated()
-                    && b.lookups.types_valid(
-                        cx.action,
-                        subject.type_name(),
-                        cx.req.resource.type_name(),
-                    ) =>
+                    && if agent.is_none() {
+                        cx.types_valid
+                    } else {
+                        b.lookups.types_valid(
+                            cx.action,
+                            subject.type_name(),
+                            cx.req.resource.type_name(),
+                        )
+                    } =>
             {
                 Request::new(
                     subject.clone(),
@@ -1327,6 +1338,8 @@ struct CheckCtx<'a> {
     inline: &'a HashMap<EntityUid, Arc<StoredEntity>>,
     work_item: Option<&'a WorkItem>,
     assigned: bool,
+    /// [`crate::memo::Lookups::types_valid`] for the request's principal, resource and action.
+    types_valid: bool,
 }
 
 fn elapsed_us(t0: Instant) -> u64 {
@@ -1521,36 +1534,28 @@ fn closed_list<'s>(
     ancestors: bool,
 ) -> Vec<Arc<cedar_policy_core::ast::Entity>> {
     let h = &st.hierarchy;
-    let mut seen: FastSet<&cedar_policy_core::ast::EntityUID> =
-        FastSet::with_capacity_and_hasher(32, FastHasher::default());
-    let mut out: Vec<Arc<cedar_policy_core::ast::Entity>> = Vec::with_capacity(32);
+    let mut out = SliceList::default();
     // Adds a closed entity and all its ancestors (already listed in its closure).
-    let mut add = |e: &'s Arc<cedar_policy_core::ast::Entity>| {
-        if !seen.insert(e.uid()) {
-            return;
-        }
-        out.push(e.clone());
-        if !ancestors {
+    let add = |out: &mut SliceList, e: &'s Arc<cedar_policy_core::ast::Entity>| {
+        if !out.push(e) || !ancestors {
             return;
         }
         for a in e.ancestors() {
             if let Some(ae) = h.get_core(a) {
-                if seen.insert(a) {
-                    out.push(ae.clone());
-                }
+                out.push(ae);
             }
         }
     };
     for &(uid, follow) in roots {
         if let Some(e) = h.get(uid) {
-            add(e);
+            add(&mut out, e);
         }
         if follow.any() {
             if let Some(se) = st.entity(uid) {
                 for (attr, r) in &se.refs {
                     if follow.takes(attr) {
                         if let Some(e) = h.get(r) {
-                            add(e);
+                            add(&mut out, e);
                         }
                     }
                 }
@@ -1558,16 +1563,56 @@ fn closed_list<'s>(
         }
     }
     if let Some(w) = work_item {
-        add(&w.closed);
+        // A work item's closed entity is its own copy, not the hierarchy's: matched by uid.
+        if !out.has_uid(w.closed.uid()) {
+            add(&mut out, &w.closed);
+        }
         for (attr, r) in &w.entity.refs {
             if work_item_follow.takes(attr) {
                 if let Some(e) = h.get(r) {
-                    add(e);
+                    add(&mut out, e);
                 }
             }
         }
     }
-    out
+    out.list
+}
+
+/// The entities of one slice, each once. Within a snapshot every uid has one closed entity
+/// (one address), so entities are told apart by address: a scan while the list is short (a
+/// check's usual slice is a handful), a set of addresses once it is not.
+#[derive(Default)]
+struct SliceList {
+    list: Vec<Arc<cedar_policy_core::ast::Entity>>,
+    index: Option<FastSet<usize>>,
+}
+
+impl SliceList {
+    /// Longest list kept without an index.
+    const SCAN: usize = 16;
+
+    /// Whether an entity with this uid is listed (a scan: for the rare entity that is not the
+    /// hierarchy's own).
+    fn has_uid(&self, uid: &cedar_policy_core::ast::EntityUID) -> bool {
+        self.list.iter().any(|x| x.uid() == uid)
+    }
+
+    /// Adds `e` unless it is already listed; whether it was added.
+    fn push(&mut self, e: &Arc<cedar_policy_core::ast::Entity>) -> bool {
+        let addr = Arc::as_ptr(e) as usize;
+        let fresh = match &mut self.index {
+            Some(ix) => ix.insert(addr),
+            None => !self.list.iter().any(|x| Arc::ptr_eq(x, e)),
+        };
+        if !fresh {
+            return false;
+        }
+        self.list.push(Arc::clone(e));
+        if self.index.is_none() && self.list.len() > Self::SCAN {
+            self.index = Some(self.list.iter().map(|x| Arc::as_ptr(x) as usize).collect());
+        }
+        true
+    }
 }
 
 /// Applies DESIGN 4's verdict rules to the satisfied policies of one principal.

@@ -4,7 +4,7 @@
 
 use pdp_core::{Bundle, BundleSources, Engine as CoreEngine, Mode};
 use pdp_core::{BundleError as CoreBundleError, RequestError as CoreRequestError};
-use pdp_core::{CheckRequest, Decision, PlanRequest, TemplateLink};
+use pdp_core::{CheckRequest, Decision, PlanRequest, TemplateLink, Verdict};
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyTypeError, PyValueError};
 use pyo3::intern;
@@ -377,7 +377,7 @@ pub(crate) fn to_py<'py>(py: Python<'py>, v: &Value) -> PyResult<Bound<'py, PyAn
 fn response_dict<'py>(py: Python<'py>, d: &Decision) -> PyResult<Bound<'py, PyDict>> {
     let m = PyDict::new(py);
     m.set_item(intern!(py, "qid"), PyString::new(py, &d.qid))?;
-    m.set_item(intern!(py, "verdict"), d.verdict.as_str())?;
+    m.set_item(intern!(py, "verdict"), verdict_str(py, d.verdict))?;
     m.set_item(intern!(py, "challenges"), PyList::new(py, &d.challenges)?)?;
     m.set_item(
         intern!(py, "policies"),
@@ -385,13 +385,26 @@ fn response_dict<'py>(py: Python<'py>, d: &Decision) -> PyResult<Bound<'py, PyDi
     )?;
     if let Some(o) = &d.on_behalf_of_outcome {
         let od = PyDict::new(py);
-        od.set_item(intern!(py, "verdict"), o.verdict.as_str())?;
+        od.set_item(intern!(py, "verdict"), verdict_str(py, o.verdict))?;
         od.set_item(intern!(py, "challenges"), PyList::new(py, &o.challenges)?)?;
         od.set_item(intern!(py, "policies"), PyList::new(py, &o.policies)?)?;
         m.set_item(intern!(py, "on_behalf_of"), od)?;
     }
-    m.set_item(intern!(py, "mode"), d.mode.as_str())?;
+    let mode = match d.mode {
+        Mode::Enforce => intern!(py, "enforce"),
+        Mode::Monitor => intern!(py, "monitor"),
+    };
+    m.set_item(intern!(py, "mode"), mode)?;
     Ok(m)
+}
+
+/// The wire name of `v` as one shared Python string (no new string per response).
+fn verdict_str(py: Python<'_>, v: Verdict) -> &Bound<'_, PyString> {
+    match v {
+        Verdict::Allow => intern!(py, "allow"),
+        Verdict::Challenge => intern!(py, "challenge"),
+        Verdict::Deny => intern!(py, "deny"),
+    }
 }
 
 /// Reads `policies=` (a text, or a mapping of file name to text) into `(file, text)` pairs.

@@ -11,9 +11,10 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 use serde_json::{Map, Number, Value};
+use std::collections::VecDeque;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 mod pylog;
 mod pyplan;
@@ -198,63 +199,80 @@ fn plan_request(obj: &Bound<'_, PyAny>) -> PyResult<Result<PlanRequest, CoreRequ
 /// Smallest batch worth splitting over threads (below it, spawning costs more than it saves).
 const PARALLEL_MIN: usize = 64;
 
+/// Requests per unit of work handed between the threads of an `evaluate_many` batch. Handing
+/// over each request alone cost several cache lines moving between cores per request (the
+/// claim counter, the parsed counter, the request and result slots); a chunk pays that once.
+const CHUNK: usize = 16;
+
+/// The decisions of one chunk, in request order.
+type ChunkResults = Vec<Result<Decision, CoreRequestError>>;
+
 /// The shared state of one pipelined `evaluate_many` batch (see [`Batch::run`]).
 struct Batch<'a> {
     engine: &'a CoreEngine,
-    /// Parsed requests; slot `i` is set before `parsed` passes `i`.
-    requests: Vec<OnceLock<CheckRequest>>,
-    /// How many leading slots of `requests` are set.
-    parsed: AtomicUsize,
-    /// Next index to decide.
-    next: AtomicUsize,
-    /// Requests from this index on are not decided (the first one that did not parse).
-    limit: AtomicUsize,
+    /// Parsed chunks no thread has taken yet: (chunk number, its requests).
+    queue: Mutex<VecDeque<(usize, Vec<CheckRequest>)>>,
+    /// Set once no more chunks will be queued (every request parsed, or one did not parse).
+    sealed: AtomicBool,
     /// Set when the batch is over: deciders stop.
     abort: AtomicBool,
-    results: Vec<OnceLock<Result<Decision, CoreRequestError>>>,
+    /// The decisions of chunk `c`, set by whichever thread decided it.
+    results: Vec<OnceLock<ChunkResults>>,
 }
 
 impl<'a> Batch<'a> {
     fn new(engine: &'a CoreEngine, n: usize) -> Self {
         Self {
             engine,
-            requests: (0..n).map(|_| OnceLock::new()).collect(),
-            parsed: AtomicUsize::new(0),
-            next: AtomicUsize::new(0),
-            limit: AtomicUsize::new(n),
+            queue: Mutex::new(VecDeque::new()),
+            sealed: AtomicBool::new(false),
             abort: AtomicBool::new(false),
-            results: (0..n).map(|_| OnceLock::new()).collect(),
+            results: (0..n.div_ceil(CHUNK)).map(|_| OnceLock::new()).collect(),
         }
     }
 
-    /// Claims the next undecided request and decides it; `false` when none is left (or the
-    /// batch was aborted). Waits (yielding) for a claimed request that is not parsed yet.
-    fn decide_next(&self) -> bool {
-        let i = self.next.fetch_add(1, Ordering::Relaxed);
-        let (Some(slot), Some(out)) = (self.requests.get(i), self.results.get(i)) else {
+    fn queue(&self) -> std::sync::MutexGuard<'_, VecDeque<(usize, Vec<CheckRequest>)>> {
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Takes the oldest queued chunk and decides it; `false` when none is queued. The requests
+    /// are dropped here, on the deciding thread. A decision that panics becomes that request's
+    /// error instead of leaving its chunk undecided.
+    fn decide_chunk(&self) -> bool {
+        let Some((c, reqs)) = self.queue().pop_front() else {
             return false;
         };
-        while self.parsed.load(Ordering::Acquire) <= i {
-            if self.abort.load(Ordering::Relaxed) || i >= self.limit.load(Ordering::Acquire) {
-                return false;
-            }
-            std::thread::yield_now();
+        let out: ChunkResults = reqs
+            .iter()
+            .enumerate()
+            .map(|(j, req)| {
+                let i = c * CHUNK + j;
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.engine.decide(req)))
+                    .unwrap_or_else(|_| {
+                        Err(CoreRequestError::new("request", "the decision panicked"))
+                    })
+                    .map_err(|e| {
+                        CoreRequestError::new(format!("requests[{i}].{}", e.field), e.message)
+                    })
+            })
+            .collect();
+        drop(reqs);
+        if let Some(slot) = self.results.get(c) {
+            let _ = slot.set(out);
         }
-        let Some(req) = slot.get() else { return false };
-        let r = self
-            .engine
-            .decide(req)
-            .map_err(|e| CoreRequestError::new(format!("requests[{i}].{}", e.field), e.message));
-        let _ = out.set(r);
         true
     }
 
-    /// Decides until no request is left.
+    /// Decides chunks as they are queued until none is left and none will come.
     fn drain(&self) {
-        loop {
-            if self.abort.load(Ordering::Relaxed) || !self.decide_next() {
+        while !self.abort.load(Ordering::Relaxed) {
+            if self.decide_chunk() {
+                continue;
+            }
+            if self.sealed.load(Ordering::Acquire) && self.queue().is_empty() {
                 break;
             }
+            std::thread::yield_now();
         }
     }
 
@@ -262,10 +280,10 @@ impl<'a> Batch<'a> {
     /// need the GIL (reading each request dict, building each response dict) overlap with the
     /// decisions, which run without it:
     ///
-    /// 1. helper threads (one per extra core) decide requests in index order as soon as they
-    ///    are parsed, while this thread parses them under the GIL;
+    /// 1. helper threads (one per extra core) decide chunks of [`CHUNK`] requests as soon as
+    ///    they are parsed, while this thread parses them under the GIL;
     /// 2. this thread then builds the responses in order under the GIL, and whenever the next
-    ///    response is not decided yet it decides one request itself with the GIL released.
+    ///    chunk is not decided yet it decides a queued one itself with the GIL released.
     ///
     /// Returns the responses in request order. On failure, the error of the first request (by
     /// index) that fails, to parse or to decide; nothing after a request that does not parse is
@@ -299,11 +317,17 @@ impl<'a> Batch<'a> {
         list: &Bound<'py, PyList>,
     ) -> PyResult<Bound<'py, PyList>> {
         let mut failed: Option<PyErr> = None;
-        for (i, (r, slot)) in list.iter().zip(&self.requests).enumerate() {
+        let mut parsed = 0;
+        let mut chunk: Vec<CheckRequest> = Vec::with_capacity(CHUNK);
+        for (i, r) in list.iter().enumerate() {
             match check_request(&r) {
                 Ok(Ok(req)) => {
-                    let _ = slot.set(req);
-                    self.parsed.store(i + 1, Ordering::Release);
+                    chunk.push(req);
+                    parsed = i + 1;
+                    if chunk.len() == CHUNK {
+                        let full = std::mem::replace(&mut chunk, Vec::with_capacity(CHUNK));
+                        self.queue().push_back((i / CHUNK, full));
+                    }
                 }
                 Ok(Err(e)) => {
                     let e = CoreRequestError::new(format!("requests[{i}].{}", e.field), e.message);
@@ -316,35 +340,37 @@ impl<'a> Batch<'a> {
                 }
             }
         }
-        let limit = self.parsed.load(Ordering::Relaxed);
-        if limit < self.requests.len() {
-            // Requests from `limit` on are never decided; an earlier one that fails to decide
+        if !chunk.is_empty() {
+            self.queue().push_back(((parsed - 1) / CHUNK, chunk));
+        }
+        self.sealed.store(true, Ordering::Release);
+        if parsed < list.len() && failed.is_none() {
+            // Requests from `parsed` on are never decided; an earlier one that fails to decide
             // still comes first.
-            self.limit.store(limit, Ordering::Release);
-            failed = failed.or_else(|| {
-                Some(PyValueError::new_err(
-                    "requests: the list changed while it was read",
-                ))
-            });
+            failed = Some(PyValueError::new_err(
+                "requests: the list changed while it was read",
+            ));
         }
         let out = PyList::empty(py);
-        for done in self.results.iter().take(limit) {
-            let d = loop {
+        for done in self.results.iter().take(parsed.div_ceil(CHUNK)) {
+            let decisions = loop {
                 if let Some(d) = done.get() {
                     break d;
                 }
-                // Not decided yet: decide the next request here (or, when all are taken, let
-                // the helper that holds this one finish it).
+                // Not decided yet: decide a queued chunk here (or, when none is queued, let the
+                // helper that holds this one finish it).
                 py.detach(|| {
-                    if !self.decide_next() {
+                    if !self.decide_chunk() {
                         std::thread::yield_now();
                     }
                 });
             };
-            match d {
-                Ok(d) if failed.is_none() => out.append(response_dict(py, d)?)?,
-                Ok(_) => {}
-                Err(e) => return Err(request_err(py, e)),
+            for d in decisions {
+                match d {
+                    Ok(d) if failed.is_none() => out.append(response_dict(py, d)?)?,
+                    Ok(_) => {}
+                    Err(e) => return Err(request_err(py, e)),
+                }
             }
         }
         failed.map_or(Ok(out), Err)

@@ -27,6 +27,7 @@ use arc_swap::ArcSwap;
 use cedar_policy::{
     Context, Effect, Entities, Entity, EntityUid, EvalResult, Request, RequestValidationError,
 };
+use cedar_policy_core::ast::EntityUIDEntry;
 use cedar_policy_core::evaluator::Evaluator;
 use cedar_policy_core::extensions::Extensions;
 use serde_json::{json, Map, Value};
@@ -1229,7 +1230,7 @@ impl Engine {
         // only, so once a request with this very context passed, a request whose types the
         // action is known to take cannot fail validation and is not validated again. Anything
         // else is validated in full, so every error stays Cedar's.
-        let request = match b.schema.as_ref() {
+        let request: cedar_policy_core::ast::Request = match b.schema.as_ref() {
             Some(_)
                 if context.validated()
                     && if agent.is_none() {
@@ -1242,12 +1243,13 @@ impl Engine {
                         )
                     } =>
             {
-                Request::new(
-                    subject.clone(),
-                    cx.action.clone(),
-                    cx.req.resource.clone(),
-                    context.context.clone(),
-                    None,
+                // What Cedar's `Request::new` builds after validating, built directly.
+                let known = |u: &EntityUid| EntityUIDEntry::known(u.as_ref().clone(), None);
+                cedar_policy_core::ast::Request::new_unchecked(
+                    known(subject),
+                    known(cx.action),
+                    known(&cx.req.resource),
+                    Some(context.context.as_ref().clone()),
                 )
             }
             schema => {
@@ -1257,14 +1259,14 @@ impl Engine {
                     cx.req.resource.clone(),
                     context.context.clone(),
                     schema,
-                );
-                if r.is_ok() && schema.is_some() {
+                )
+                .map_err(|e| request_error(&e, field))?;
+                if schema.is_some() {
                     context.set_validated();
                 }
-                r
+                r.as_ref().clone()
             }
-        }
-        .map_err(|e| request_error(&e, field))?;
+        };
 
         // Only the policies whose scope can match: the same satisfied set (crate::scope),
         // evaluated from their pre-built conditions, over the slice they can look into.
@@ -1280,11 +1282,7 @@ impl Engine {
             &DEREFS_ALL
         };
         let entities = gather(cx, subject, agent, derefs)?;
-        let eval = Evaluator::new(
-            request.as_ref().clone(),
-            entities.as_ref(),
-            Extensions::all_available(),
-        );
+        let eval = Evaluator::new(request, entities.as_ref(), Extensions::all_available());
         Ok(classify(b, scoped.satisfied(&eval)))
     }
 }

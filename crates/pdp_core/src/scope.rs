@@ -26,7 +26,7 @@
 //! its ancestors (the left side of `in`); an entity that is merely compared (`==`, `contains`,
 //! the right side of `in`) need not be present, and its absence changes nothing.
 
-use crate::store::FastMap;
+use crate::store::FastHasher;
 use cedar_policy::{
     ActionConstraint, EntityTypeName, EntityUid, Policy, PolicyId, PolicySet, PrincipalConstraint,
     ResourceConstraint,
@@ -264,12 +264,23 @@ impl Scoped {
 
 type EnvKey = (EntityUid, EntityTypeName, EntityTypeName);
 
+/// An [`EnvKey`] by reference, to look one up without cloning its uid and names. It hashes as
+/// the tuple does (each part in order) and compares part by part.
+#[derive(Hash)]
+struct EnvRef<'a>(&'a EntityUid, &'a EntityTypeName, &'a EntityTypeName);
+
+impl hashbrown::Equivalent<EnvKey> for EnvRef<'_> {
+    fn equivalent(&self, key: &EnvKey) -> bool {
+        self.0 == &key.0 && self.1 == &key.1 && self.2 == &key.2
+    }
+}
+
 /// Lazily built [`Scoped`] subsets of one bundle, safe to share between threads.
 #[derive(Debug, Default)]
 pub(crate) struct ScopeIndex {
     /// Every action's transitive ancestors, when the schema fixes the action hierarchy.
     action_ancestors: Option<HashMap<EntityUid, HashSet<EntityUid>>>,
-    cache: RwLock<FastMap<EnvKey, Arc<Scoped>>>,
+    cache: RwLock<hashbrown::HashMap<EnvKey, Arc<Scoped>, FastHasher>>,
 }
 
 impl ScopeIndex {
@@ -278,7 +289,7 @@ impl ScopeIndex {
     pub(crate) fn new(action_ancestors: Option<HashMap<EntityUid, HashSet<EntityUid>>>) -> Self {
         Self {
             action_ancestors,
-            cache: RwLock::new(FastMap::default()),
+            cache: RwLock::new(hashbrown::HashMap::default()),
         }
     }
 
@@ -296,12 +307,11 @@ impl ScopeIndex {
         principal: &EntityTypeName,
         resource: &EntityTypeName,
     ) -> Arc<Scoped> {
-        let key: EnvKey = (action.clone(), principal.clone(), resource.clone());
         if let Some(s) = self
             .cache
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get(&key)
+            .get(&EnvRef(action, principal, resource))
         {
             return Arc::clone(s);
         }
@@ -334,7 +344,10 @@ impl ScopeIndex {
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if g.len() < MAX_ENVS {
-            g.insert(key, Arc::clone(&scoped));
+            g.insert(
+                (action.clone(), principal.clone(), resource.clone()),
+                Arc::clone(&scoped),
+            );
         }
         scoped
     }

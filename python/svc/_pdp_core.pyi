@@ -207,9 +207,10 @@ class Engine:
 
         Decisions run with the GIL released, the only parts that hold it being reading each
         request dict and building each response dict. Batches of 64 or more are pipelined over
-        the machine's cores: helper threads decide requests as soon as they are read, while the
-        calling thread reads the rest and then builds responses (deciding itself whenever the
-        next response is not ready).
+        the machine's cores in chunks of 16 requests: helper threads decide a chunk as soon as
+        it is read, while the calling thread reads the rest and then builds responses (deciding
+        a chunk itself whenever the next one is not ready). A decision that panics is reported
+        as its request's ``RequestError``.
 
         Raises:
             RequestError: for the first request (by index) that fails to parse or to decide,

@@ -514,3 +514,123 @@ impl SideMemo {
         Ok(side)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use std::cell::Cell;
+    use std::str::FromStr;
+
+    fn obj(v: Value) -> Map<String, Value> {
+        match v {
+            Value::Object(m) => m,
+            _ => unreachable!("an object"),
+        }
+    }
+
+    fn none() -> Injected<'static> {
+        Injected {
+            risk_score: None,
+            human_present: None,
+            assigned: None,
+            work_item: None,
+            agent: None,
+        }
+    }
+
+    /// Looks `caller` up with `inj`; returns the typed context and the JSON `parse` was given
+    /// (`None` on a hit).
+    fn lookup(
+        memo: &ContextMemo,
+        action: &EntityUid,
+        caller: &Map<String, Value>,
+        inj: &Injected<'_>,
+    ) -> (Arc<MemoContext>, Option<Value>) {
+        let seen: Cell<Option<Value>> = Cell::new(None);
+        let typed = memo
+            .get_or_parse(action, caller, inj, |v| {
+                seen.set(Some(v.clone()));
+                Context::from_json_value(v, None).map_err(|e| e.to_string())
+            })
+            .unwrap();
+        (typed, seen.take())
+    }
+
+    #[test]
+    fn key_order_and_replaced_fields_do_not_split_entries() {
+        let memo = ContextMemo::default();
+        let read = EntityUid::from_str(r#"Action::"read""#).unwrap();
+        let inj = Injected {
+            human_present: Some(true),
+            ..none()
+        };
+        let a = obj(serde_json::json!({"ip": "10.0.0.1", "n": {"x": 1, "y": [1, 2]}}));
+        let b = obj(
+            serde_json::json!({"n": {"y": [1, 2], "x": 1}, "ip": "10.0.0.1",
+                                       "human_present": false, "agent": "forged"}),
+        );
+        let (first, parsed) = lookup(&memo, &read, &a, &inj);
+        assert_eq!(
+            parsed.unwrap(),
+            serde_json::json!({"ip": "10.0.0.1", "n": {"x": 1, "y": [1, 2]}, "human_present": true})
+        );
+        let (second, parsed) = lookup(&memo, &read, &b, &inj);
+        assert!(parsed.is_none(), "same context in another order: a hit");
+        assert!(Arc::ptr_eq(&first, &second));
+    }
+
+    #[test]
+    fn values_actions_and_injected_fields_tell_entries_apart() {
+        let memo = ContextMemo::default();
+        let read = EntityUid::from_str(r#"Action::"read""#).unwrap();
+        let write = EntityUid::from_str(r#"Action::"write""#).unwrap();
+        let agent = EntityUid::from_str(r#"ServiceAccount::"bot""#).unwrap();
+        let ctx = obj(serde_json::json!({"risk_score": 5, "ip": "a"}));
+        let (base, _) = lookup(&memo, &read, &ctx, &none());
+        for (action, caller, inj) in [
+            (&write, ctx.clone(), none()),
+            (
+                &read,
+                obj(serde_json::json!({"risk_score": 5, "ip": "b"})),
+                none(),
+            ),
+            (&read, obj(serde_json::json!({"risk_score": 5})), none()),
+            (
+                &read,
+                ctx.clone(),
+                Injected {
+                    agent: Some(&agent),
+                    ..none()
+                },
+            ),
+            (
+                &read,
+                ctx.clone(),
+                Injected {
+                    assigned: Some(false),
+                    ..none()
+                },
+            ),
+        ] {
+            let (other, parsed) = lookup(&memo, action, &caller, &inj);
+            assert!(parsed.is_some() && !Arc::ptr_eq(&base, &other));
+        }
+        // The reasoner's score replaces the caller's; without one the caller's stays.
+        let (_, parsed) = lookup(
+            &memo,
+            &read,
+            &ctx,
+            &Injected {
+                risk_score: Some(80),
+                ..none()
+            },
+        );
+        assert_eq!(
+            parsed.unwrap(),
+            serde_json::json!({"ip": "a", "risk_score": 80})
+        );
+        let (again, parsed) = lookup(&memo, &read, &ctx, &none());
+        assert!(parsed.is_none() && Arc::ptr_eq(&base, &again));
+    }
+}

@@ -170,7 +170,7 @@ pub struct Decision {
     pub latency_us: u64,
 }
 
-fn uid_json(u: &EntityUid) -> Value {
+pub(crate) fn uid_json(u: &EntityUid) -> Value {
     json!({"type": u.type_name().to_string(), "id": u.id().unescaped()})
 }
 
@@ -1504,7 +1504,7 @@ fn gather_closed(
     let mut roots: Vec<(&EntityUid, &Follow)> = Vec::with_capacity(4);
     roots.push((subject, &derefs.principal));
     roots.push((&cx.req.resource, &derefs.resource));
-    if derefs.action || derefs.ancestors {
+    if derefs.action {
         roots.push((cx.action, &FOLLOW_NONE));
     }
     if let Some(a) = agent {

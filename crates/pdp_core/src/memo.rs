@@ -199,7 +199,7 @@ pub(crate) struct Injected<'a> {
     pub(crate) agent: Option<&'a EntityUid>,
 }
 
-impl Injected<'_> {
+impl<'a> Injected<'a> {
     /// Whether the caller's context entry `key` gives way to (or is never taken from) the
     /// decision point.
     fn overrides(&self, key: &str) -> bool {
@@ -207,13 +207,16 @@ impl Injected<'_> {
             || (key == "risk_score" && self.risk_score.is_some())
     }
 
-    /// The caller's `context` with these fields laid on top: the JSON that is typed.
-    fn merge(&self, caller: &Map<String, Value>) -> Map<String, Value> {
-        let mut ctx: Map<String, Value> = caller
-            .iter()
-            .filter(|(k, _)| !self.overrides(k))
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
+    /// The entries of the caller's `context` that are kept: those these fields do not replace.
+    fn kept<'c>(
+        &self,
+        caller: &'c Map<String, Value>,
+    ) -> impl Iterator<Item = (&'c String, &'c Value)> + use<'c, '_, 'a> {
+        caller.iter().filter(|(k, _)| !self.overrides(k))
+    }
+
+    /// `kept` (the caller's kept entries) with these fields laid on top: the JSON that is typed.
+    fn merge(&self, mut ctx: Map<String, Value>) -> Map<String, Value> {
         if let Some(r) = self.risk_score {
             ctx.insert("risk_score".into(), Value::from(r));
         }
@@ -235,7 +238,7 @@ impl Injected<'_> {
 
 /// `{"__entity": {"type": .., "id": ..}}`, Cedar's JSON form of an entity reference.
 fn entity_ref(u: &EntityUid) -> Value {
-    serde_json::json!({"__entity": {"type": u.type_name().to_string(), "id": u.id().unescaped()}})
+    serde_json::json!({ "__entity": crate::engine::uid_json(u) })
 }
 
 /// One memoised context: what it was typed from, and the result.
@@ -253,19 +256,24 @@ struct ContextEntry {
 }
 
 impl ContextEntry {
+    /// The injected fields this entry was typed with.
+    fn injected(&self) -> Injected<'_> {
+        Injected {
+            risk_score: self.risk_score,
+            human_present: self.human_present,
+            assigned: self.assigned,
+            work_item: self.work_item.as_ref(),
+            agent: self.agent.as_ref(),
+        }
+    }
+
     /// Whether this entry was typed from `caller` with `inj` laid on top, for `action`.
     fn matches(&self, action: &EntityUid, caller: &Map<String, Value>, inj: &Injected<'_>) -> bool {
-        if self.risk_score != inj.risk_score
-            || self.human_present != inj.human_present
-            || self.assigned != inj.assigned
-            || self.work_item.as_ref() != inj.work_item
-            || self.agent.as_ref() != inj.agent
-            || &self.action != action
-        {
+        if self.injected() != *inj || &self.action != action {
             return false;
         }
-        let mut kept = caller.iter().filter(|(k, _)| !inj.overrides(k));
         // The same entries in the same order (the usual case): one pass, no lookups.
+        let mut kept = inj.kept(caller);
         let mut mine = self.caller.iter();
         loop {
             match (kept.next(), mine.next()) {
@@ -280,7 +288,7 @@ impl ContextEntry {
         }
         // Another order: compare as maps.
         let mut n = 0;
-        for (k, v) in caller.iter().filter(|(k, _)| !inj.overrides(k)) {
+        for (k, v) in inj.kept(caller) {
             n += 1;
             if self.caller.get(k) != Some(v) {
                 return false;
@@ -343,7 +351,7 @@ impl ContextMemo {
     }
 
     fn key_hash(&self, action: &EntityUid, caller: &Map<String, Value>, inj: &Injected<'_>) -> u64 {
-        let body = self.entries_hash(caller.iter().filter(|(k, _)| !inj.overrides(k)));
+        let body = self.entries_hash(inj.kept(caller));
         self.hasher.hash_one((action, body, inj))
     }
 
@@ -364,18 +372,18 @@ impl ContextMemo {
                 return Ok(Arc::clone(&e.typed));
             }
         }
+        let kept: Map<String, Value> = inj
+            .kept(caller)
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
         let typed = Arc::new(MemoContext {
-            context: parse(Value::Object(inj.merge(caller)))?,
+            context: parse(Value::Object(inj.merge(kept.clone())))?,
             validated: AtomicBool::new(false),
         });
         let entry = ContextEntry {
             hash,
             action: action.clone(),
-            caller: caller
-                .iter()
-                .filter(|(k, _)| !inj.overrides(k))
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect(),
+            caller: kept,
             risk_score: inj.risk_score,
             human_present: inj.human_present,
             assigned: inj.assigned,

@@ -181,13 +181,7 @@ impl CheckRequest {
     ) -> Result<Self, RequestError> {
         let mut f = Fields::take(obj, &CHECK_FIELDS);
         if let Some(k) = f.unknown.take() {
-            return Err(RequestError::new(
-                k.as_str(),
-                format!(
-                    "unknown field `{k}`: expected one of {}",
-                    CHECK_FIELDS.map(|f| format!("`{f}`")).join(", ")
-                ),
-            ));
+            return Err(unknown_field(&k, &CHECK_FIELDS, ""));
         }
         let principal = given_or_read(principal, f.principal.as_ref(), "principal")?;
         let resource = given_or_read(resource, f.resource.as_ref(), "resource")?;
@@ -290,6 +284,18 @@ impl Fields {
         }
         f
     }
+}
+
+/// The error for a request entry `k` outside `fields`, naming the fields a request takes.
+fn unknown_field(k: &str, fields: &[&str], hint: &str) -> RequestError {
+    let expected: Vec<String> = fields.iter().map(|f| format!("`{f}`")).collect();
+    RequestError::new(
+        k,
+        format!(
+            "unknown field `{k}`{hint}: expected one of {}",
+            expected.join(", ")
+        ),
+    )
 }
 
 /// The `action` field shared by check and plan requests: a non-empty string, or an entity
@@ -409,13 +415,7 @@ impl PlanRequest {
             } else {
                 ""
             };
-            return Err(RequestError::new(
-                k.as_str(),
-                format!(
-                    "unknown field `{k}`{hint}: expected one of {}",
-                    PLAN_FIELDS.map(|f| format!("`{f}`")).join(", ")
-                ),
-            ));
+            return Err(unknown_field(&k, &PLAN_FIELDS, hint));
         }
         // The same fields, in the same order, as a check request reads them.
         let principal = given_or_read(principal, f.principal.as_ref(), "principal")?;

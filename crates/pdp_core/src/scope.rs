@@ -109,8 +109,9 @@ pub(crate) struct Derefs {
     pub(crate) work_item: Follow,
     /// Whether the ancestors of every entity in the slice go in with it.
     pub(crate) ancestors: bool,
-    /// Whether a condition looks the action entity up (`action in ...`, `action.a`); else the
-    /// slice leaves it out (scope constraints the index settled are not in the conditions).
+    /// Whether a condition looks the action entity up (`action in ...`, `action.a`), or may
+    /// (every read that sets `ancestors` sets this too); else the slice leaves it out (scope
+    /// constraints the index settled are not in the conditions).
     pub(crate) action: bool,
 }
 

@@ -207,6 +207,11 @@ const CHUNK: usize = 16;
 /// The decisions of one chunk, in request order.
 type ChunkResults = Vec<Result<Decision, CoreRequestError>>;
 
+/// `e`, the error of request `i` of a batch, with its field prefixed `requests[i].`.
+fn in_batch(i: usize, e: CoreRequestError) -> CoreRequestError {
+    CoreRequestError::new(format!("requests[{i}].{}", e.field), e.message)
+}
+
 /// The shared state of one pipelined `evaluate_many` batch (see [`Batch::run`]).
 struct Batch<'a> {
     engine: &'a CoreEngine,
@@ -251,9 +256,7 @@ impl<'a> Batch<'a> {
                     .unwrap_or_else(|_| {
                         Err(CoreRequestError::new("request", "the decision panicked"))
                     })
-                    .map_err(|e| {
-                        CoreRequestError::new(format!("requests[{i}].{}", e.field), e.message)
-                    })
+                    .map_err(|e| in_batch(i, e))
             })
             .collect();
         drop(reqs);
@@ -330,8 +333,7 @@ impl<'a> Batch<'a> {
                     }
                 }
                 Ok(Err(e)) => {
-                    let e = CoreRequestError::new(format!("requests[{i}].{}", e.field), e.message);
-                    failed = Some(request_err(py, &e));
+                    failed = Some(request_err(py, &in_batch(i, e)));
                     break;
                 }
                 Err(e) => {

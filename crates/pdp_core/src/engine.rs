@@ -1145,16 +1145,15 @@ impl Engine {
             roots.push((a, &FOLLOW_ALL));
         }
         // The slice, converted for partial evaluation once per distinct slice (crate::memo).
-        let known = b.plan_entities.get_or_build(
-            closed_list(st, &roots, None, &FOLLOW_ALL, true),
-            |list| {
-                let entities = Hierarchy::slice(list)?;
-                let partial = partial_entities(&entities, schema);
-                Ok::<_, RequestError>((entities, partial))
-            },
-        )?;
-        // The side is a pure function of its inputs; it is memoised by them (crate::memo).
-        let compute = || {
+        let slice = || {
+            b.plan_entities
+                .get_or_build(closed_list(st, &roots, None, &FOLLOW_ALL, true), |list| {
+                    let entities = Hierarchy::slice(list)?;
+                    let partial = partial_entities(&entities, schema);
+                    Ok::<_, RequestError>((entities, partial))
+                })
+        };
+        let compute = |known: &crate::memo::PlanEntities| {
             // Only the policies whose scope can match; the others leave no residual.
             let scoped = b
                 .scopes
@@ -1174,10 +1173,18 @@ impl Engine {
             Ok(Side::from_residuals(res, &b.meta))
         };
         if self.plan_memo.load(Ordering::Relaxed) {
-            b.plan_sides
-                .get_or_compute(&known, &context, subject, action, resource_type, compute)
+            // The side is a pure function of its inputs; it is memoised by them (crate::memo).
+            let question = crate::memo::SideQuestion {
+                versions: (st.principals_version, st.resources_version),
+                context: &context,
+                principal: subject,
+                agent,
+                action,
+                resource_type,
+            };
+            b.plan_sides.get_or_compute(&question, slice, compute)
         } else {
-            compute()
+            compute(&*slice()?)
         }
     }
 

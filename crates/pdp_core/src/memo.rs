@@ -458,17 +458,40 @@ impl SliceMemo {
     }
 }
 
-/// Most plan sides [`SideMemo`] keeps per bundle; when full it starts over.
+/// Most plan sides [`SideMemo`] keeps per bundle, in each of its two levels; when a level is
+/// full it starts over.
 const MAX_SIDES: usize = 1024;
 
 /// Key of a memoised side: the addresses of its plan entities and typed context (pinned by the
 /// entry), the principal, the action and the resource type.
 type SideKey = (usize, usize, EntityUid, EntityUid, EntityTypeName);
 
+/// Key of a side in the recent level: the address of its typed context (pinned by the entry),
+/// the principal, the agent acting for it, the action and the resource type. The store's
+/// versions are the level's, not the key's.
+type RecentKey = (
+    usize,
+    EntityUid,
+    Option<EntityUid>,
+    EntityUid,
+    EntityTypeName,
+);
+
+/// The store versions a side of the recent level was computed under: principals, then
+/// resources (`Engine::versions`; both only grow).
+pub(crate) type StoreVersions = (u64, u64);
+
 struct SideEntry {
     _entities: Arc<PlanEntities>,
     _context: Arc<MemoContext>,
     side: crate::query_plan::Side,
+}
+
+/// The recent level: sides computed under one pair of store versions.
+#[derive(Default)]
+struct Recent {
+    versions: StoreVersions,
+    map: FastMap<RecentKey, Arc<SideEntry>>,
 }
 
 /// The filters of one principal of a plan, by everything they are computed from. A side is a
@@ -477,9 +500,17 @@ struct SideEntry {
 /// are identified by the memo entries they come from ([`SliceMemo`], [`ContextMemo`]), which a
 /// change to the principal, its groups or anything they reference replaces. Contained and
 /// unregistered principals are decided before a side is looked up.
+///
+/// Finding the slice is itself a walk over the principal's ancestors and references (a sixth
+/// of a memoised github_example plan, whose users sit in many groups), so a second, recent
+/// level keys sides by the store versions instead: within one pair of versions no entity
+/// changed, so the same principal, agent, action, resource type and context have the same
+/// slice. The recent level starts over whenever the versions move; the slice-keyed level
+/// still answers then, after the walk.
 #[derive(Default)]
 pub(crate) struct SideMemo {
     map: Bounded<SideKey, Arc<SideEntry>, MAX_SIDES>,
+    recent: RwLock<Recent>,
 }
 
 impl std::fmt::Debug for SideMemo {
@@ -488,38 +519,91 @@ impl std::fmt::Debug for SideMemo {
     }
 }
 
+/// What a side is asked for: the store versions of the snapshot planned on, the typed
+/// context, the principal, the agent acting for it (on a person's side), the action and the
+/// resource type.
+pub(crate) struct SideQuestion<'a> {
+    pub(crate) versions: StoreVersions,
+    pub(crate) context: &'a Arc<MemoContext>,
+    pub(crate) principal: &'a EntityUid,
+    pub(crate) agent: Option<&'a EntityUid>,
+    pub(crate) action: &'a EntityUid,
+    pub(crate) resource_type: &'a EntityTypeName,
+}
+
 impl SideMemo {
-    /// The side for these inputs, computed by `compute` on a miss.
+    /// The side for `q`: from the recent level when the store has not changed since it was
+    /// computed, else from the slice-keyed level with the entities `slice` finds, else
+    /// `compute`d from those entities.
     ///
     /// # Errors
-    /// `compute`'s error, which is not kept.
+    /// `slice`'s or `compute`'s error, which is not kept.
     pub(crate) fn get_or_compute<E>(
         &self,
-        entities: &Arc<PlanEntities>,
-        context: &Arc<MemoContext>,
-        principal: &EntityUid,
-        action: &EntityUid,
-        resource_type: &EntityTypeName,
-        compute: impl FnOnce() -> Result<crate::query_plan::Side, E>,
+        q: &SideQuestion<'_>,
+        slice: impl FnOnce() -> Result<Arc<PlanEntities>, E>,
+        compute: impl FnOnce(&PlanEntities) -> Result<crate::query_plan::Side, E>,
     ) -> Result<crate::query_plan::Side, E> {
-        let key: SideKey = (
-            Arc::as_ptr(entities) as usize,
-            Arc::as_ptr(context) as usize,
-            principal.clone(),
-            action.clone(),
-            resource_type.clone(),
+        let recent_key: RecentKey = (
+            Arc::as_ptr(q.context) as usize,
+            q.principal.clone(),
+            q.agent.cloned(),
+            q.action.clone(),
+            q.resource_type.clone(),
         );
-        if let Some(hit) = self.map.get(&key) {
-            return Ok(hit.side.clone());
+        {
+            let g = self.recent.read().unwrap_or_else(PoisonError::into_inner);
+            if g.versions == q.versions {
+                if let Some(hit) = g.map.get(&recent_key) {
+                    return Ok(hit.side.clone());
+                }
+            }
         }
-        let side = compute()?;
-        let entry = Arc::new(SideEntry {
-            _entities: Arc::clone(entities),
-            _context: Arc::clone(context),
-            side: side.clone(),
-        });
-        self.map.insert(key, entry);
-        Ok(side)
+        let entities = slice()?;
+        let key: SideKey = (
+            Arc::as_ptr(&entities) as usize,
+            Arc::as_ptr(q.context) as usize,
+            q.principal.clone(),
+            q.action.clone(),
+            q.resource_type.clone(),
+        );
+        let entry = match self.map.get(&key) {
+            Some(hit) => hit,
+            None => {
+                let side = compute(&entities)?;
+                let entry = Arc::new(SideEntry {
+                    _entities: entities,
+                    _context: Arc::clone(q.context),
+                    side,
+                });
+                self.map.insert(key, Arc::clone(&entry));
+                entry
+            }
+        };
+        self.remember(q.versions, recent_key, Arc::clone(&entry));
+        Ok(entry.side.clone())
+    }
+
+    /// Keeps `entry` in the recent level under `versions`: a level kept under other versions
+    /// starts over when these are newer, and `entry` is dropped when they are older (a plan on
+    /// a snapshot that was replaced while it ran).
+    fn remember(&self, versions: StoreVersions, key: RecentKey, entry: Arc<SideEntry>) {
+        let mut stale = Vec::new();
+        {
+            let mut g = self.recent.write().unwrap_or_else(PoisonError::into_inner);
+            if g.versions != versions {
+                if versions.0 < g.versions.0 || versions.1 < g.versions.1 {
+                    return;
+                }
+                g.versions = versions;
+                stale.extend(std::mem::take(&mut g.map).into_values());
+            } else if g.map.len() >= MAX_SIDES {
+                stale.extend(std::mem::take(&mut g.map).into_values());
+            }
+            stale.extend(g.map.insert(key, entry));
+        }
+        // Freed outside the lock.
+        drop(stale);
     }
 }
 

@@ -141,8 +141,10 @@ pub(crate) struct Side {
     /// Whether `allowed == after_challenge` (compared once, when the side is built: sides are
     /// memoised, and comparing deep filters on every plan was a twentieth of a plan).
     same: bool,
-    challenges: BTreeSet<String>,
-    policies: BTreeSet<String>,
+    /// Sorted, each once; shared, as sides are memoised and cloned for every plan.
+    challenges: Arc<[String]>,
+    /// Sorted, each once; shared likewise.
+    policies: Arc<[String]>,
 }
 
 impl Side {
@@ -152,8 +154,8 @@ impl Side {
             allowed: Arc::new(Filter::False),
             after_challenge: Arc::new(Filter::False),
             same: true,
-            challenges: BTreeSet::new(),
-            policies: BTreeSet::from([reason.to_owned()]),
+            challenges: Arc::new([]),
+            policies: Arc::new([reason.to_owned()]),
         }
     }
 
@@ -193,8 +195,8 @@ impl Side {
             same: allowed == after_challenge,
             allowed: Arc::new(allowed),
             after_challenge: Arc::new(after_challenge),
-            challenges,
-            policies,
+            challenges: challenges.into_iter().collect(),
+            policies: policies.into_iter().collect(),
         }
     }
 }
@@ -213,18 +215,20 @@ pub(crate) struct Finished {
 pub(crate) fn finish(sides: Vec<Side>) -> Finished {
     // A side's filters are already simplified, and simplifying is idempotent, so they are not
     // simplified again (the `and` of one simplified filter simplifies to that filter).
-    let policies: Vec<String> = sides
-        .iter()
-        .flat_map(|s| s.policies.iter().cloned())
-        .collect::<BTreeSet<_>>()
-        .into_iter()
-        .collect();
-    let challenges: Vec<String> = sides
-        .iter()
-        .flat_map(|s| s.challenges.iter().cloned())
-        .collect::<BTreeSet<_>>()
-        .into_iter()
-        .collect();
+    // Sorted, each once: a lone side's lists already are.
+    let union = |of: fn(&Side) -> &[String]| -> Vec<String> {
+        match sides.as_slice() {
+            [s] => of(s).to_vec(),
+            _ => sides
+                .iter()
+                .flat_map(|s| of(s).iter().cloned())
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .collect(),
+        }
+    };
+    let policies = union(|s| &s.policies);
+    let challenges = union(|s| &s.challenges);
     let (allowed, after, same) = match <[Side; 1]>::try_from(sides) {
         // One side (no agent acting for a person): its filters, shared as they are.
         Ok([s]) => (s.allowed, s.after_challenge, s.same),

@@ -424,12 +424,16 @@ fn response_dict<'py>(py: Python<'py>, d: &Decision) -> PyResult<Bound<'py, PyDi
         od.set_item(intern!(py, "policies"), PyList::new(py, &o.policies)?)?;
         m.set_item(intern!(py, "on_behalf_of"), od)?;
     }
-    let mode = match d.mode {
+    m.set_item(intern!(py, "mode"), mode_name(py, d.mode))?;
+    Ok(m)
+}
+
+/// The wire name of a mode as one shared Python string.
+pub(crate) fn mode_name(py: Python<'_>, mode: Mode) -> &Bound<'_, PyString> {
+    match mode {
         Mode::Enforce => intern!(py, "enforce"),
         Mode::Monitor => intern!(py, "monitor"),
-    };
-    m.set_item(intern!(py, "mode"), mode)?;
-    Ok(m)
+    }
 }
 
 /// The wire name of `v` as one shared Python string (no new string per response).

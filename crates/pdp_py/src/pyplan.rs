@@ -38,7 +38,8 @@ pub(crate) struct PyFilter<'py> {
 /// address (the key) while the entry lives.
 struct Tree {
     filter: Weak<Filter>,
-    dict: Py<PyDict>,
+    /// The filter tree, with where its containers are.
+    shape: Arc<Shape>,
     attributes: Py<PyList>,
     needs_row_checks: bool,
 }
@@ -67,44 +68,37 @@ impl FilterTrees {
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
             g.get(&key).map(|t| {
                 (
-                    t.dict.clone_ref(py),
+                    Arc::clone(&t.shape),
                     t.attributes.clone_ref(py),
                     t.needs_row_checks,
                 )
             })
         };
-        let (dict, attributes, needs_row_checks) = match kept {
-            Some(k) => k,
-            None => {
-                let built = PyFilter {
-                    filter: filter_py(py, f)?,
-                    attributes: PyList::new(py, f.attributes())?,
-                    needs_row_checks: f.needs_row_checks(),
-                };
-                if Arc::strong_count(f) <= 2 {
-                    return Ok(built);
-                }
-                self.keep(f, &built);
-                (
-                    built.filter.unbind(),
-                    built.attributes.unbind(),
-                    built.needs_row_checks,
-                )
-            }
+        // Copied outside the lock: allocating may run Python code (the cyclic GC's finalizers)
+        // that plans again.
+        if let Some((shape, attributes, needs_row_checks)) = kept {
+            return PyFilter::copy(&shape, attributes.bind(py), needs_row_checks);
+        }
+        let built = PyFilter {
+            filter: filter_py(py, f)?,
+            attributes: PyList::new(py, f.attributes())?,
+            needs_row_checks: f.needs_row_checks(),
         };
-        // The caller's own copy of the kept tree.
-        Ok(PyFilter {
-            filter: fresh(dict.bind(py).as_any())?.cast_into::<PyDict>()?,
-            attributes: attributes.bind(py).get_slice(0, usize::MAX),
-            needs_row_checks,
-        })
+        if Arc::strong_count(f) <= 2 {
+            return Ok(built);
+        }
+        // The kept tree is never handed out: this caller too gets a copy.
+        let shape = self.keep(f, &built);
+        PyFilter::copy(&shape, &built.attributes, built.needs_row_checks)
     }
 
     /// Keeps `built` as the tree of `f`, first making room when full (see [`TREES_MAX`]).
-    fn keep(&self, f: &Arc<Filter>, built: &PyFilter<'_>) {
+    /// Returns the kept tree's shape.
+    fn keep(&self, f: &Arc<Filter>, built: &PyFilter<'_>) -> Arc<Shape> {
+        let shape = Arc::new(Shape::of_dict(&built.filter));
         let tree = Tree {
             filter: Arc::downgrade(f),
-            dict: built.filter.clone().unbind(),
+            shape: Arc::clone(&shape),
             attributes: built.attributes.clone().unbind(),
             needs_row_checks: built.needs_row_checks,
         };
@@ -130,80 +124,143 @@ impl FilterTrees {
         };
         // Freed outside the lock.
         drop(stale);
+        shape
     }
 }
 
-/// A copy of a tree of dicts and lists whose leaves are immutable: every dict and list is new,
-/// every leaf is shared.
-///
-/// # Errors
-/// Python's, when allocating an object fails.
-fn fresh<'py>(o: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
-    // SAFETY: `o` is a live object and the GIL is held (`Bound`); `fresh_raw` returns a new
-    // reference or null with a Python error set, which `from_owned_ptr_or_err` takes over.
-    unsafe { Bound::from_owned_ptr_or_err(o.py(), fresh_raw(o.as_ptr())) }
+impl<'py> PyFilter<'py> {
+    /// The caller's own copy of a kept filter tree.
+    ///
+    /// # Errors
+    /// Python's, when allocating an object fails.
+    fn copy(
+        shape: &Shape,
+        attributes: &Bound<'py, PyList>,
+        needs_row_checks: bool,
+    ) -> PyResult<Self> {
+        let py = attributes.py();
+        // SAFETY: the GIL is held (`py`), and a kept tree is never handed out or changed.
+        let filter =
+            unsafe { Bound::from_owned_ptr_or_err(py, shape.copy_raw())?.cast_into::<PyDict>()? };
+        Ok(Self {
+            filter,
+            attributes: attributes.get_slice(0, usize::MAX),
+            needs_row_checks,
+        })
+    }
 }
 
-/// [`fresh`] on raw pointers, through CPython's C API: pyo3's checked iterators re-read a
-/// dict's size and take a reference at every step, which `perf` showed as a good part of the
-/// copy.
-///
-/// # Safety
-/// The GIL is held, `o` is a live object, and no dict or list in the tree is changed while
-/// this runs (the kept trees are never handed out). Returns a new reference, or null with a
-/// Python error set.
-unsafe fn fresh_raw(o: *mut ffi::PyObject) -> *mut ffi::PyObject {
-    let container =
-        |v: *mut ffi::PyObject| ffi::PyDict_CheckExact(v) != 0 || ffi::PyList_CheckExact(v) != 0;
-    if ffi::PyDict_CheckExact(o) != 0 {
-        // The copy shares every value; the containers among them are then replaced.
-        let c = ffi::PyDict_Copy(o);
-        if c.is_null() {
-            return c;
+/// Where the containers of a kept tree of dicts and lists are, found once when the tree is
+/// kept, so that a copy visits only them. Walking every item of every dict on each copy was a
+/// fifth of a memoised github_example plan, whose filters hold about 35 dicts and lists.
+enum Shape {
+    /// A dict, and the containers among its values by key.
+    Dict(Py<PyDict>, Vec<(Py<PyAny>, Shape)>),
+    /// A list, and the containers among its items by index (ascending).
+    List(Py<PyList>, Vec<(ffi::Py_ssize_t, Shape)>),
+}
+
+impl Shape {
+    /// The shape of a filter tree (a dict).
+    fn of_dict(d: &Bound<'_, PyDict>) -> Self {
+        Self::Dict(d.clone().unbind(), Self::inner_of_dict(d))
+    }
+
+    /// The containers among the values of `d`, with their shapes.
+    fn inner_of_dict(d: &Bound<'_, PyDict>) -> Vec<(Py<PyAny>, Self)> {
+        d.iter()
+            .filter_map(|(k, v)| Self::of(&v).map(|s| (k.unbind(), s)))
+            .collect()
+    }
+
+    /// The shape of `o`, or `None` when it is not a dict or list (a leaf).
+    fn of(o: &Bound<'_, PyAny>) -> Option<Self> {
+        if o.is_exact_instance_of::<PyDict>() {
+            let d = o.cast::<PyDict>().ok()?;
+            Some(Self::Dict(d.clone().unbind(), Self::inner_of_dict(d)))
+        } else if o.is_exact_instance_of::<PyList>() {
+            let l = o.cast::<PyList>().ok()?;
+            let inner = l
+                .iter()
+                .enumerate()
+                .filter_map(|(i, v)| {
+                    let i = ffi::Py_ssize_t::try_from(i).ok()?;
+                    Self::of(&v).map(|s| (i, s))
+                })
+                .collect();
+            Some(Self::List(l.clone().unbind(), inner))
+        } else {
+            None
         }
-        let mut pos: ffi::Py_ssize_t = 0;
-        let mut k = std::ptr::null_mut();
-        let mut v = std::ptr::null_mut();
-        while ffi::PyDict_Next(o, &mut pos, &mut k, &mut v) != 0 {
-            if container(v) {
-                let nv = fresh_raw(v);
-                let failed = nv.is_null() || ffi::PyDict_SetItem(c, k, nv) < 0;
-                ffi::Py_XDECREF(nv);
-                if failed {
-                    ffi::Py_DECREF(c);
-                    return std::ptr::null_mut();
+    }
+
+    /// A copy of the tree through CPython's C API: every dict and list is new, every leaf
+    /// (str, int, float, bool, None) is shared.
+    ///
+    /// # Safety
+    /// The GIL is held and no dict or list of the tree changes while this runs (kept trees
+    /// are never handed out). Returns a new reference, or null with a Python error set (when
+    /// allocating fails).
+    unsafe fn copy_raw(&self) -> *mut ffi::PyObject {
+        match self {
+            Self::Dict(src, inner) => {
+                // The copy shares every value; the containers among them are then replaced.
+                let c = ffi::PyDict_Copy(src.as_ptr());
+                if c.is_null() {
+                    return c;
                 }
+                for (k, sub) in inner {
+                    let nv = sub.copy_raw();
+                    let failed = nv.is_null() || ffi::PyDict_SetItem(c, k.as_ptr(), nv) < 0;
+                    ffi::Py_XDECREF(nv);
+                    if failed {
+                        ffi::Py_DECREF(c);
+                        return std::ptr::null_mut();
+                    }
+                }
+                c
+            }
+            Self::List(src, inner) => {
+                let o = src.as_ptr();
+                let n = ffi::PyList_Size(o);
+                let c = ffi::PyList_New(n);
+                if c.is_null() {
+                    return c;
+                }
+                let mut subs = inner.iter().peekable();
+                for i in 0..n {
+                    let nv = match subs.next_if(|(j, _)| *j == i) {
+                        Some((_, sub)) => sub.copy_raw(),
+                        None => {
+                            // Borrowed; in range, as the kept list does not change.
+                            let v = ffi::PyList_GetItem(o, i);
+                            ffi::Py_INCREF(v);
+                            v
+                        }
+                    };
+                    if nv.is_null() {
+                        // The slots not yet set are null, which freeing the list allows.
+                        ffi::Py_DECREF(c);
+                        return nv;
+                    }
+                    // Steals `nv`.
+                    ffi::PyList_SetItem(c, i, nv);
+                }
+                c
             }
         }
-        return c;
     }
-    if ffi::PyList_CheckExact(o) != 0 {
-        let n = ffi::PyList_Size(o);
-        let c = ffi::PyList_New(n);
-        if c.is_null() {
-            return c;
-        }
-        for i in 0..n {
-            // Borrowed; in range, as `o` does not change.
-            let v = ffi::PyList_GetItem(o, i);
-            let nv = if container(v) {
-                fresh_raw(v)
-            } else {
-                ffi::Py_INCREF(v);
-                v
-            };
-            if nv.is_null() {
-                // The slots not yet set are null, which freeing the list allows.
-                ffi::Py_DECREF(c);
-                return nv;
-            }
-            // Steals `nv`.
-            ffi::PyList_SetItem(c, i, nv);
-        }
-        return c;
+}
+
+/// The wire name of a plan outcome, interned.
+fn outcome_name(py: Python<'_>, o: pdp_core::PlanOutcome) -> &Bound<'_, PyString> {
+    use pdp_core::PlanOutcome;
+    match o {
+        PlanOutcome::AlwaysAllowed => intern!(py, "always_allowed"),
+        PlanOutcome::AlwaysDenied => intern!(py, "always_denied"),
+        PlanOutcome::Challenge => intern!(py, "challenge"),
+        PlanOutcome::Conditional => intern!(py, "conditional"),
     }
-    ffi::Py_INCREF(o);
-    o
 }
 
 /// The wire name of a comparison, interned.
@@ -320,7 +377,7 @@ pub(crate) fn plan_dict<'py>(
 ) -> PyResult<Bound<'py, PyDict>> {
     let m = PyDict::new(py);
     m.set_item(intern!(py, "qid"), &p.qid)?;
-    m.set_item(intern!(py, "outcome"), p.outcome.as_str())?;
+    m.set_item(intern!(py, "outcome"), outcome_name(py, p.outcome))?;
     let (needs, attrs) = match &p.filter {
         Some(f) => {
             let t = trees.get(py, f)?;
@@ -337,7 +394,7 @@ pub(crate) fn plan_dict<'py>(
     m.set_item(intern!(py, "needs_row_checks"), needs)?;
     m.set_item(intern!(py, "attributes"), attrs)?;
     m.set_item(intern!(py, "policies"), PyList::new(py, &p.policies)?)?;
-    m.set_item(intern!(py, "mode"), p.mode.as_str())?;
+    m.set_item(intern!(py, "mode"), crate::mode_name(py, p.mode))?;
     m.set_item(intern!(py, "policy_version"), p.policy_version)?;
     m.set_item(intern!(py, "principals_version"), p.principals_version)?;
     m.set_item(intern!(py, "max_age_secs"), p.max_age_secs)?;

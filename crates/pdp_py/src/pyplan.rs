@@ -161,23 +161,19 @@ enum Shape {
 }
 
 impl Shape {
-    /// The shape of a filter tree (a dict).
+    /// The shape of a dict (a filter tree, or a dict inside one).
     fn of_dict(d: &Bound<'_, PyDict>) -> Self {
-        Self::Dict(d.clone().unbind(), Self::inner_of_dict(d))
-    }
-
-    /// The containers among the values of `d`, with their shapes.
-    fn inner_of_dict(d: &Bound<'_, PyDict>) -> Vec<(Py<PyAny>, Self)> {
-        d.iter()
+        let inner = d
+            .iter()
             .filter_map(|(k, v)| Self::of(&v).map(|s| (k.unbind(), s)))
-            .collect()
+            .collect();
+        Self::Dict(d.clone().unbind(), inner)
     }
 
     /// The shape of `o`, or `None` when it is not a dict or list (a leaf).
     fn of(o: &Bound<'_, PyAny>) -> Option<Self> {
         if o.is_exact_instance_of::<PyDict>() {
-            let d = o.cast::<PyDict>().ok()?;
-            Some(Self::Dict(d.clone().unbind(), Self::inner_of_dict(d)))
+            Some(Self::of_dict(o.cast::<PyDict>().ok()?))
         } else if o.is_exact_instance_of::<PyList>() {
             let l = o.cast::<PyList>().ok()?;
             let inner = l

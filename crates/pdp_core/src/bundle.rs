@@ -1074,6 +1074,14 @@ impl Bundle {
         }
     }
 
+    /// Whether policy `id` is a plain forbid: a `forbid` without `@challenge`, which denies
+    /// whatever else is satisfied (DESIGN 4). Unknown ids are not.
+    pub(crate) fn is_plain_forbid(&self, id: &PolicyId) -> bool {
+        self.meta
+            .get(id)
+            .is_some_and(|m| m.effect == Effect::Forbid && m.challenges.is_empty())
+    }
+
     /// Whether entities of type `ty` count as principals (for `principals_version`).
     pub(crate) fn is_principal_type(&self, ty: &EntityTypeName) -> bool {
         matches!(ty.basename(), "Human" | "ServiceAccount" | "Group")

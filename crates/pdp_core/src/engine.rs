@@ -1155,9 +1155,13 @@ impl Engine {
         };
         let compute = |known: &crate::memo::PlanEntities| {
             // Only the policies whose scope can match; the others leave no residual.
-            let scoped = b
-                .scopes
-                .get(&b.policies, action, subject.type_name(), resource_type);
+            let scoped = b.scopes.get(
+                &b.policies,
+                |id| b.is_plain_forbid(id),
+                action,
+                subject.type_name(),
+                resource_type,
+            );
             let res = residuals_with(
                 scoped.policies.as_ref().unwrap_or(&b.policies),
                 schema,
@@ -1279,6 +1283,7 @@ impl Engine {
         // evaluated from their pre-built conditions, over the slice they can look into.
         let scoped = b.scopes.get(
             &b.policies,
+            |id| b.is_plain_forbid(id),
             cx.action,
             subject.type_name(),
             cx.req.resource.type_name(),
@@ -1290,7 +1295,7 @@ impl Engine {
         };
         let entities = gather(cx, subject, agent, derefs)?;
         let eval = Evaluator::new(request, entities.as_ref(), Extensions::all_available());
-        Ok(classify(b, scoped.satisfied(&eval)))
+        Ok(classify(b, scoped.satisfied(&eval).into_iter()))
     }
 }
 

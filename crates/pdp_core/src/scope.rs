@@ -235,8 +235,11 @@ fn target(e: &Expr, extra: &[&str], d: &mut Derefs, all: &mut bool) {
 /// The policies of a bundle that can apply to one request environment.
 #[derive(Debug)]
 pub(crate) struct Scoped {
-    /// Those policies compiled for checks, in the policy set's order.
+    /// Those policies compiled for checks: the plain forbids first, then the others, each part
+    /// in the policy set's order.
     compiled: Vec<Compiled>,
+    /// How many of `compiled` are plain forbids (forbids without `@challenge`).
+    plain_forbids: usize,
     /// What their conditions dereference: the slice a check needs.
     pub(crate) derefs: Derefs,
     /// The subset of the bundle's policies (for plans); `None` when it could not be built, and
@@ -245,21 +248,29 @@ pub(crate) struct Scoped {
 }
 
 impl Scoped {
-    /// The ids of the policies satisfied by the request `eval` was built for, in the policy
-    /// set's order: exactly those Cedar's authorizer reports as satisfied (a policy whose
-    /// condition errors or is not `true` is not satisfied, as with Cedar's `ErrorHandling::Skip`;
-    /// `cedar_policy_core::authorizer::Authorizer::is_authorized_core`). Both effects are
-    /// reported; the caller applies the verdict rules (DESIGN 4).
-    pub(crate) fn satisfied<'s>(
-        &'s self,
-        eval: &'s Evaluator<'_>,
-    ) -> impl Iterator<Item = &'s PolicyId> + 's {
-        self.compiled
-            .iter()
-            .filter_map(move |c| match eval.interpret(&c.condition, &c.slots) {
-                Ok(v) if matches!(v.value, ValueKind::Lit(Literal::Bool(true))) => Some(&c.id),
-                _ => None,
-            })
+    /// The ids of the policies that decide the request `eval` was built for: the satisfied
+    /// plain forbids (forbids without `@challenge`) when at least one is satisfied, else every
+    /// satisfied policy, in the order of `compiled`. A policy is satisfied exactly when Cedar's
+    /// authorizer reports it so (a policy whose condition errors or is not `true` is not, as
+    /// with Cedar's `ErrorHandling::Skip`;
+    /// `cedar_policy_core::authorizer::Authorizer::is_authorized_core`); the caller applies the
+    /// verdict rules (DESIGN 4).
+    ///
+    /// Under those rules a satisfied plain forbid denies whatever else holds, and the policies
+    /// a denial names are the satisfied plain forbids alone. So once one is satisfied, the
+    /// other policies cannot change the verdict or the names, and they are not evaluated: on
+    /// document_cloud's request mix, a third of the checks are such denials.
+    pub(crate) fn satisfied<'s>(&'s self, eval: &Evaluator<'_>) -> Vec<&'s PolicyId> {
+        let holds = |c: &'s Compiled| match eval.interpret(&c.condition, &c.slots) {
+            Ok(v) if matches!(v.value, ValueKind::Lit(Literal::Bool(true))) => Some(&c.id),
+            _ => None,
+        };
+        let (forbids, others) = self.compiled.split_at(self.plain_forbids);
+        let denied: Vec<&PolicyId> = forbids.iter().filter_map(holds).collect();
+        if !denied.is_empty() {
+            return denied;
+        }
+        others.iter().filter_map(holds).collect()
     }
 }
 
@@ -300,10 +311,13 @@ impl ScopeIndex {
     }
 
     /// The policies of `policies` that can apply when a principal of type `principal` performs
-    /// `action` on a resource of type `resource`.
+    /// `action` on a resource of type `resource`. `plain_forbid` tells the forbids without
+    /// `@challenge` (from the bundle's policy metadata), which checks evaluate first
+    /// ([`Scoped::satisfied`]).
     pub(crate) fn get(
         &self,
         policies: &PolicySet,
+        plain_forbid: impl Fn(&PolicyId) -> bool,
         action: &EntityUid,
         principal: &EntityTypeName,
         resource: &EntityTypeName,
@@ -323,8 +337,12 @@ impl ScopeIndex {
             .map(|p| (p, ScopeTruth::of(p, action, ancestors, principal, resource)))
             .filter(|(_, truth)| truth.may_apply())
             .collect();
-        let compiled = keep
-            .iter()
+        let (mut first, rest): (Vec<_>, Vec<_>) =
+            keep.iter().partition(|(p, _)| plain_forbid(p.id()));
+        let plain_forbids = first.len();
+        first.extend(rest);
+        let compiled = first
+            .into_iter()
             .map(|&(p, truth)| {
                 let ast: &cedar_policy_core::ast::Policy = p.as_ref();
                 Compiled {
@@ -338,6 +356,7 @@ impl ScopeIndex {
         let scoped = Arc::new(Scoped {
             derefs: Derefs::of(compiled.iter().map(|c| &c.condition)),
             compiled,
+            plain_forbids,
             policies: subset(policies, &ids),
         });
         let mut g = self

@@ -51,3 +51,120 @@ fn every_example_app_loads_and_decides_as_its_folder_says() {
     assert_eq!(apps, 5);
     assert!(checked >= 20, "only {checked} requests checked");
 }
+
+/// Every check of every (principal, action, resource) the example apps' entities and schemas
+/// allow (capped per app) decides as Cedar's own authorizer does, and names the policies Cedar
+/// gives as its reasons: the satisfied permits when it allows, the satisfied forbids when a
+/// forbid denies. This holds svc's pruning (policies by scope, entities by slice) and its
+/// early stop on a satisfied forbid (`Scoped::satisfied`) to Cedar's semantics.
+#[test]
+fn every_decision_names_what_cedars_authorizer_names() {
+    use cedar_policy::{Authorizer, Context, Decision, Entities, PolicySet, Request, Schema};
+    use std::collections::BTreeMap;
+
+    let Some(root) = examples_dir() else {
+        eprintln!("../shared/data/cedar-examples not present; skipping");
+        return;
+    };
+    let mut compared = 0;
+    for app in std::fs::read_dir(&root).unwrap().flatten() {
+        let dir = app.path();
+        if !dir.is_dir() {
+            continue;
+        }
+        // Cedar's side gets the policies, schema and entities exactly as the bundle read them
+        // (policies renamed by `@id`, TinyTodo's entity map converted), with Cedar's closure,
+        // and the schema's action entities (their hierarchy is what `action in` reads).
+        let bundle = Bundle::from_dir(&dir).unwrap();
+        let schema: Schema = bundle.schema().unwrap().clone();
+        let policies: PolicySet = bundle.policy_set().clone();
+        let entities = Entities::from_entities(bundle.entities().cloned(), None)
+            .unwrap()
+            .add_entities(schema.action_entities().unwrap(), None)
+            .unwrap();
+        let engine = Engine::new(bundle);
+
+        // The contexts the app's own requests send, per action; `{}` for the others.
+        let mut contexts: BTreeMap<String, Vec<serde_json::Value>> = BTreeMap::new();
+        for folder in ["ALLOW", "DENY"] {
+            let Ok(files) = std::fs::read_dir(dir.join(folder)) else {
+                continue;
+            };
+            for f in files.flatten() {
+                let req: serde_json::Value =
+                    serde_json::from_str(&std::fs::read_to_string(f.path()).unwrap()).unwrap();
+                let action = req["action"].as_str().unwrap().to_owned();
+                let seen = contexts.entry(action).or_default();
+                if !seen.contains(&req["context"]) {
+                    seen.push(req["context"].clone());
+                }
+            }
+        }
+        let uids: Vec<cedar_policy::EntityUid> = entities.iter().map(|e| e.uid()).collect();
+        let actions: Vec<cedar_policy::EntityUid> = schema.actions().cloned().collect();
+        let authorizer = Authorizer::new();
+        let of_types =
+            |types: Option<Vec<&cedar_policy::EntityTypeName>>| -> Vec<&cedar_policy::EntityUid> {
+                let types = types.unwrap_or_default();
+                uids.iter()
+                    .filter(|u| types.contains(&u.type_name()))
+                    .collect()
+            };
+        let mut n = 0usize;
+        for action in &actions {
+            let sent = contexts
+                .get(&action.to_string())
+                .cloned()
+                .unwrap_or_else(|| vec![serde_json::json!({})]);
+            let principals = of_types(schema.principals_for_action(action).map(Iterator::collect));
+            let resources = of_types(schema.resources_for_action(action).map(Iterator::collect));
+            for context_json in &sent {
+                for &principal in &principals {
+                    for &resource in &resources {
+                        let Ok(context) =
+                            Context::from_json_value(context_json.clone(), Some((&schema, action)))
+                        else {
+                            continue;
+                        };
+                        let Ok(request) = Request::new(
+                            principal.clone(),
+                            action.clone(),
+                            resource.clone(),
+                            context,
+                            Some(&schema),
+                        ) else {
+                            continue;
+                        };
+                        let cedar = authorizer.is_authorized(&request, &policies, &entities);
+                        let svc = engine
+                            .decide_json(&serde_json::json!({
+                                "principal": principal.to_string(),
+                                "action": action.to_string(),
+                                "resource": resource.to_string(),
+                                "context": context_json,
+                            }))
+                            .unwrap_or_else(|e| panic!("{principal} {action} {resource}: {e}"));
+                        let want = if cedar.decision() == Decision::Allow {
+                            Verdict::Allow
+                        } else {
+                            Verdict::Deny
+                        };
+                        let mut reasons: Vec<String> = cedar
+                            .diagnostics()
+                            .reason()
+                            .map(ToString::to_string)
+                            .collect();
+                        reasons.sort();
+                        let what = format!("{}: {principal} {action} {resource}", dir.display());
+                        assert_eq!(svc.verdict, want, "{what}");
+                        assert_eq!(svc.principal_outcome.policies, reasons, "{what}");
+                        n += 1;
+                    }
+                }
+            }
+        }
+        assert!(n > 0, "{}: no check compared", dir.display());
+        compared += n;
+    }
+    eprintln!("{compared} checks compared with Cedar's authorizer");
+}

@@ -15,7 +15,7 @@ use cedar_policy_core::extensions::Extensions;
 use serde_json::Value;
 use std::borrow::Borrow;
 use std::collections::HashSet;
-use std::hash::Hash;
+use std::hash::{BuildHasher, Hash};
 use std::sync::Arc;
 
 /// The hasher of svc's own maps: foldhash, seeded at random per process. Entity uids are hashed
@@ -166,6 +166,104 @@ impl<K: Hash + Eq + Clone, V: Clone> FromIterator<(K, V)> for Layered<K, V> {
             base: Arc::new(base),
             overlay: PMap::default(),
         }
+    }
+}
+
+/// The pre-closed entities of a [`Hierarchy`]: a [`Layered`] map whose flat table holds only
+/// the entities, each found by its own uid, with no separate copy of the uid as a key.
+///
+/// Cedar's `EntityUID` is 120 bytes, so in a table keyed by it each slot spans two cache lines,
+/// and looking up a principal that is not in the cache missed on both before it reached the
+/// entity, which the check reads anyway. Here a slot is one pointer: a lookup reads the control
+/// bytes, the pointer, and the entity's own uid to confirm the match (docs/benchmarks.md,
+/// decision core run 10). Writes go to the same kind of small persistent overlay as
+/// [`Layered`]'s, folded into a new table by [`ClosedMap::settle`] under the same rule.
+#[derive(Debug, Clone, Default)]
+struct ClosedMap {
+    /// The flat table and the hasher its slots were placed with.
+    base: Arc<(FastHasher, hashbrown::HashTable<Arc<ast::Entity>>)>,
+    overlay: PMap<ast::EntityUID, Option<Arc<ast::Entity>>>,
+    len: usize,
+}
+
+impl ClosedMap {
+    /// A flat table of `entities` (each uid once).
+    fn of(entities: Vec<Arc<ast::Entity>>) -> Self {
+        let hasher = FastHasher::default();
+        let mut table = hashbrown::HashTable::with_capacity(entities.len());
+        for e in entities {
+            let h = hasher.hash_one(e.uid());
+            match table.find_mut(h, |x: &Arc<ast::Entity>| x.uid() == e.uid()) {
+                Some(slot) => *slot = e,
+                None => {
+                    table.insert_unique(h, e, |x: &Arc<ast::Entity>| hasher.hash_one(x.uid()));
+                }
+            }
+        }
+        Self {
+            len: table.len(),
+            base: Arc::new((hasher, table)),
+            overlay: PMap::default(),
+        }
+    }
+
+    fn base_get(&self, uid: &ast::EntityUID) -> Option<&Arc<ast::Entity>> {
+        let (hasher, table) = &*self.base;
+        if table.is_empty() {
+            return None;
+        }
+        table.find(hasher.hash_one(uid), |e| e.uid() == uid)
+    }
+
+    /// The closed entity `uid`, if present.
+    fn get(&self, uid: &ast::EntityUID) -> Option<&Arc<ast::Entity>> {
+        if !self.overlay.is_empty() {
+            if let Some(v) = self.overlay.get(uid) {
+                return v.as_ref();
+            }
+        }
+        self.base_get(uid)
+    }
+
+    /// Inserts or replaces the closed entity of its uid.
+    fn insert(&mut self, e: Arc<ast::Entity>) {
+        if self.get(e.uid()).is_none() {
+            self.len += 1;
+        }
+        self.overlay.insert(e.uid().clone(), Some(e));
+    }
+
+    /// Removes `uid`, if present.
+    fn remove(&mut self, uid: &ast::EntityUID) {
+        if self.get(uid).is_none() {
+            return;
+        }
+        self.len -= 1;
+        if self.base_get(uid).is_some() {
+            self.overlay.insert(uid.clone(), None);
+        } else {
+            self.overlay.remove(uid);
+        }
+    }
+
+    /// Every closed entity, in no particular order.
+    fn iter(&self) -> impl Iterator<Item = &Arc<ast::Entity>> {
+        let shadowed = !self.overlay.is_empty();
+        self.base
+            .1
+            .iter()
+            .filter(move |e| !shadowed || !self.overlay.contains_key(e.uid()))
+            .chain(self.overlay.values().filter_map(Option::as_ref))
+    }
+
+    /// Folds the overlay into a new flat table once it has grown past its share (the rule of
+    /// [`Layered::settle`]); snapshots that hold the old table keep it.
+    fn settle(&mut self) {
+        if self.overlay.len() <= OVERLAY_MIN.max(self.base.1.len() / OVERLAY_SHARE) {
+            return;
+        }
+        let all: Vec<Arc<ast::Entity>> = self.iter().cloned().collect();
+        *self = Self::of(all);
     }
 }
 
@@ -323,7 +421,7 @@ pub fn parse_uid_list(value: &Value, field: &str) -> Result<Vec<EntityUid>, Requ
 /// entity whose ancestors include it.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Hierarchy {
-    closed: Layered<ast::EntityUID, Arc<ast::Entity>>,
+    closed: ClosedMap,
     /// Uids that are (or were, since the last rebuild) a parent of some entity. An entity
     /// outside this set has no descendants, so changing it re-closes only itself.
     parents: PSet<EntityUid>,
@@ -331,14 +429,20 @@ pub(crate) struct Hierarchy {
 
 impl Hierarchy {
     /// Closes one entity: its Cedar entity with every ancestor reachable through `look`
-    /// (depth-first, cycle-safe) added as an indirect ancestor. The flag is true when the entity
-    /// is its own ancestor (a cycle, which Cedar refuses).
+    /// (depth-first, cycle-safe) added to its parents. The flag is true when the entity is its
+    /// own ancestor (a cycle, which Cedar refuses).
+    ///
+    /// Every ancestor goes into the one set of parents, leaving Cedar's separate set of indirect
+    /// ancestors empty. Cedar's `in` (`Entity::is_descendant_of`) and its ancestor iteration read
+    /// both sets alike, so a check decides the same; but a check then probes one table where it
+    /// probed two, and with 100,000 principals each probe of a principal's table is a cache miss
+    /// (docs/benchmarks.md, decision core run 10). A closed entity is never written out, so the
+    /// direct parents are not lost: the stored entity keeps them.
     pub(crate) fn close_entity<'a>(
         se: &StoredEntity,
         look: &impl Fn(&EntityUid) -> Option<&'a StoredEntity>,
     ) -> (ast::Entity, bool) {
         let mut core: ast::Entity = se.entity.as_ref().clone();
-        let direct: HashSet<&EntityUid> = se.parents.iter().collect();
         let mut seen: HashSet<EntityUid> = HashSet::new();
         let mut stack: Vec<&EntityUid> = se.parents.iter().collect();
         let own = se.entity.uid();
@@ -351,9 +455,7 @@ impl Hierarchy {
                 cyclic = true;
                 continue;
             }
-            if !direct.contains(p) {
-                core.add_indirect_ancestor(p.as_ref().clone());
-            }
+            core.add_parent(p.as_ref().clone());
             if let Some(pe) = look(p) {
                 stack.extend(pe.parents.iter().filter(|g| !seen.contains(*g)));
             }
@@ -379,10 +481,10 @@ impl Hierarchy {
                 if cyclic {
                     cycles.push(uid.clone());
                 }
-                closed.push((e.uid().clone(), Arc::new(e)));
+                closed.push(Arc::new(e));
             }
         }
-        h.closed = closed.into_iter().collect();
+        h.closed = ClosedMap::of(closed);
         cycles.sort();
         (h, cycles)
     }
@@ -402,9 +504,9 @@ impl Hierarchy {
         let mut affected: HashSet<EntityUid> = changed.iter().cloned().collect();
         if changed.iter().any(|u| self.parents.contains(u)) {
             let core: HashSet<&ast::EntityUID> = changed.iter().map(AsRef::as_ref).collect();
-            for (uid, e) in self.closed.iter() {
+            for e in self.closed.iter() {
                 if e.ancestors().any(|a| core.contains(a)) {
-                    affected.insert(EntityUid::from(uid.clone()));
+                    affected.insert(EntityUid::from(e.uid().clone()));
                 }
             }
         }
@@ -415,7 +517,7 @@ impl Hierarchy {
                         self.parents.insert(p.clone());
                     }
                     let (e, cyclic) = Self::close_entity(se, look);
-                    self.closed.insert(e.uid().clone(), Arc::new(e));
+                    self.closed.insert(Arc::new(e));
                     if cyclic {
                         cycles.push(uid);
                     }
@@ -433,7 +535,7 @@ impl Hierarchy {
         }
     }
 
-    /// Folds recent writes into the flat table when due ([`Layered::settle`]).
+    /// Folds recent writes into the flat table when due ([`ClosedMap::settle`]).
     pub(crate) fn settle(&mut self) {
         self.closed.settle();
     }
@@ -470,6 +572,53 @@ impl Hierarchy {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    /// Compares a `ClosedMap` against a `std` map of uid to entity over inserts, replacements,
+    /// removals (of entities in the overlay only, in the table only, and absent ones) and
+    /// settles, checking snapshots taken along the way too.
+    #[test]
+    fn closed_map_matches_a_plain_map() {
+        let uid = |k: u32| ast::EntityUID::with_eid_and_type("User", &format!("u{k}")).unwrap();
+        // An entity whose contents tell its version apart.
+        let entity = |k: u32, v: u32| {
+            let mut e = ast::Entity::with_uid(uid(k));
+            e.add_parent(uid(100_000 + v));
+            Arc::new(e)
+        };
+        let mut c = ClosedMap::of((0..3000).map(|k| entity(k, 0)).collect());
+        let mut m: std::collections::HashMap<ast::EntityUID, Arc<ast::Entity>> =
+            (0..3000).map(|k| (uid(k), entity(k, 0))).collect();
+        let same = |c: &ClosedMap, m: &std::collections::HashMap<_, Arc<ast::Entity>>| {
+            assert_eq!(c.len, m.len());
+            assert_eq!(c.iter().count(), m.len());
+            for k in 0..5000 {
+                let got = c
+                    .get(&uid(k))
+                    .map(|e| e.deep_eq(m.get(&uid(k)).unwrap()));
+                assert_eq!(got.is_some(), m.contains_key(&uid(k)), "u{k}");
+                assert_ne!(got, Some(false), "u{k}");
+            }
+        };
+        let mut snapshots = Vec::new();
+        for step in 0u32..20_000 {
+            let k = step.wrapping_mul(2_654_435_761) % 5000;
+            if step % 3 == 0 {
+                c.remove(&uid(k));
+                m.remove(&uid(k));
+            } else {
+                c.insert(entity(k, step));
+                m.insert(uid(k), entity(k, step));
+            }
+            if step % 997 == 0 {
+                snapshots.push((c.clone(), m.clone()));
+                c.settle();
+            }
+        }
+        same(&c, &m);
+        for (c, m) in &snapshots {
+            same(c, m);
+        }
+    }
 
     /// Compares a `Layered` map against a `std` map over inserts, replacements, removals and
     /// settles, including removals of keys that live only in the overlay or only in the base.

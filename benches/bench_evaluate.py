@@ -45,10 +45,11 @@ store size N (10, 10,000 and 100,000 principals; 10 and 1,000 with ``--quick``):
    * ``svc evaluate_many`` and ``cedarpy.is_authorized_batch``: one batch of the 1,000-request
      mix each, reported per decision (batch time / 1,000, so a mean, not a p50).
 
-   A short warm-up precedes every timed chunk and the cyclic garbage collector is paused while
-   timing (as ``timeit`` does). p50/p99 pool all samples; the speedup (cedarpy p50 / svc p50) and
-   the scaling ratio (p50 at the largest store / p50 at 10) are medians of per-round ratios of
-   p50s measured back to back, which cancels the drift.
+   A short warm-up precedes every timed chunk (before a batch, a batch of 128 requests, so that
+   ``evaluate_many`` warms the threaded path it is timed on) and the cyclic garbage collector is
+   paused while timing (as ``timeit`` does). p50/p99 pool all samples; the speedup (cedarpy
+   p50 / svc p50) and the scaling ratio (p50 at the largest store / p50 at 10) are medians of
+   per-round ratios of p50s measured back to back, which cancels the drift.
 
    Before timing, every request of both mixes is decided by ``evaluate``, ``evaluate_many``,
    ``cedarpy.is_authorized`` and ``cedarpy.is_authorized_batch``, and the four must agree on
@@ -384,9 +385,17 @@ def time_calls(
     return [ns / 1_000 for ns in out]
 
 
+# Requests in the warm-up batch before a timed batch: enough that svc's ``evaluate_many`` takes
+# the path it times, which splits a batch over threads from 64 requests on (``PARALLEL_MIN`` in
+# crates/pdp_py/src/lib.rs). A smaller warm-up ran on one thread and left the second vCPU idle,
+# and the first batch after an idle spell is slower on this VM (docs/benchmarks.md, run 10).
+BATCH_WARMUP = 128
+
+
 def time_batch(fn: Callable[[list[Json]], Any], batch: list[Json], warmup: int) -> float:
-    """Times one ``fn(batch)`` call after a warm-up on a slice; microseconds per decision."""
-    fn(batch[:warmup])
+    """Times one ``fn(batch)`` call after a warm-up batch on a slice of at least
+    ``BATCH_WARMUP`` requests; returns microseconds per decision."""
+    fn(batch[: max(warmup, BATCH_WARMUP)])
     gc.disable()
     try:
         t0 = time.perf_counter_ns()

@@ -592,9 +592,7 @@ mod tests {
             assert_eq!(c.len, m.len());
             assert_eq!(c.iter().count(), m.len());
             for k in 0..5000 {
-                let got = c
-                    .get(&uid(k))
-                    .map(|e| e.deep_eq(m.get(&uid(k)).unwrap()));
+                let got = c.get(&uid(k)).map(|e| e.deep_eq(m.get(&uid(k)).unwrap()));
                 assert_eq!(got.is_some(), m.contains_key(&uid(k)), "u{k}");
                 assert_ne!(got, Some(false), "u{k}");
             }

@@ -37,9 +37,114 @@ const OVERLAY_MIN: usize = 1024;
 /// pays for at most 16 copied entries.
 const OVERLAY_SHARE: usize = 16;
 
+/// The flat hash table under a [`Layered`] map: built once from its entries, then only read.
+pub(crate) trait FlatTable<K, V>: Default {
+    /// A table of `entries`; of two entries with one key, the later wins.
+    fn with_entries(entries: Vec<(K, V)>) -> Self;
+    /// The value of `k`, if present.
+    fn get<Q>(&self, k: &Q) -> Option<&V>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized;
+    /// Every entry, in no particular order.
+    fn entries<'a>(&'a self) -> impl Iterator<Item = (&'a K, &'a V)>
+    where
+        K: 'a,
+        V: 'a;
+    /// Number of entries.
+    fn len(&self) -> usize;
+}
+
+impl<K: Hash + Eq, V> FlatTable<K, V> for FastMap<K, V> {
+    fn with_entries(entries: Vec<(K, V)>) -> Self {
+        let mut m = FastMap::with_capacity_and_hasher(entries.len(), FastHasher::default());
+        m.extend(entries);
+        m
+    }
+
+    fn get<Q>(&self, k: &Q) -> Option<&V>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        std::collections::HashMap::get(self, k)
+    }
+
+    fn entries<'a>(&'a self) -> impl Iterator<Item = (&'a K, &'a V)>
+    where
+        K: 'a,
+        V: 'a,
+    {
+        self.iter()
+    }
+
+    fn len(&self) -> usize {
+        std::collections::HashMap::len(self)
+    }
+}
+
+/// The flat table of the closed entities of a [`Hierarchy`]: the entities alone, each found by
+/// its own uid, with no separate copy of the uid as a key.
+///
+/// Cedar's `EntityUID` is 120 bytes, so in a table keyed by it each slot spans two cache lines,
+/// and looking up a principal that is not in the cache missed on both before it reached the
+/// entity, which the check reads anyway. Here a slot is one pointer: a lookup reads the control
+/// bytes, the pointer, and the entity's own uid to confirm the match (docs/benchmarks.md,
+/// decision core run 10).
+#[derive(Debug, Default)]
+pub(crate) struct EntityTable {
+    /// The hasher the slots were placed with.
+    hasher: FastHasher,
+    table: hashbrown::HashTable<Arc<ast::Entity>>,
+}
+
+impl FlatTable<ast::EntityUID, Arc<ast::Entity>> for EntityTable {
+    /// The keys must be the entities' own uids; only the entities are kept.
+    fn with_entries(entries: Vec<(ast::EntityUID, Arc<ast::Entity>)>) -> Self {
+        let hasher = FastHasher::default();
+        let mut table = hashbrown::HashTable::with_capacity(entries.len());
+        for (uid, e) in entries {
+            debug_assert!(&uid == e.uid(), "an entity filed under another uid");
+            let h = hasher.hash_one(e.uid());
+            match table.find_mut(h, |x: &Arc<ast::Entity>| x.uid() == e.uid()) {
+                Some(slot) => *slot = e,
+                None => {
+                    table.insert_unique(h, e, |x: &Arc<ast::Entity>| hasher.hash_one(x.uid()));
+                }
+            }
+        }
+        Self { hasher, table }
+    }
+
+    fn get<Q>(&self, k: &Q) -> Option<&Arc<ast::Entity>>
+    where
+        ast::EntityUID: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        if self.table.is_empty() {
+            return None;
+        }
+        self.table
+            .find(self.hasher.hash_one(k), |e| e.uid().borrow() == k)
+    }
+
+    fn entries<'a>(&'a self) -> impl Iterator<Item = (&'a ast::EntityUID, &'a Arc<ast::Entity>)>
+    where
+        ast::EntityUID: 'a,
+        Arc<ast::Entity>: 'a,
+    {
+        self.table.iter().map(|e| (e.uid(), e))
+    }
+
+    fn len(&self) -> usize {
+        self.table.len()
+    }
+}
+
 /// A map read on every check and written incrementally (entities, their closures, risk
-/// scores): a flat hash table (`base`, shared by snapshots through an `Arc`) under a persistent
-/// map of the writes made since it was built (`overlay`, `None` marking a removal).
+/// scores): a flat hash table (`base`, a [`FlatTable`] shared by snapshots through an `Arc`)
+/// under a persistent map of the writes made since it was built (`overlay`, `None` marking a
+/// removal).
 ///
 /// A persistent map alone (a hash array mapped trie) costs a check one dependent memory load
 /// per trie level; with 200,000 entities those loads miss the cache and a check grew by half
@@ -47,24 +152,35 @@ const OVERLAY_SHARE: usize = 16;
 /// which stays small and hot, and one probe of the flat table. Cloning is O(1); a write costs
 /// an overlay insert, and [`Layered::settle`] (called once per published snapshot) folds the
 /// overlay into a new base when it has grown past `max(1024, base / 16)` entries.
-#[derive(Debug, Clone)]
-pub(crate) struct Layered<K: Hash + Eq + Clone, V: Clone> {
-    base: Arc<FastMap<K, V>>,
+#[derive(Debug)]
+pub(crate) struct Layered<K: Hash + Eq + Clone, V: Clone, B: FlatTable<K, V> = FastMap<K, V>> {
+    base: Arc<B>,
     overlay: PMap<K, Option<V>>,
     len: usize,
 }
 
-impl<K: Hash + Eq + Clone, V: Clone> Default for Layered<K, V> {
+impl<K: Hash + Eq + Clone, V: Clone, B: FlatTable<K, V>> Clone for Layered<K, V, B> {
+    /// O(1): the snapshot shares the flat table and the persistent overlay.
+    fn clone(&self) -> Self {
+        Self {
+            base: Arc::clone(&self.base),
+            overlay: self.overlay.clone(),
+            len: self.len,
+        }
+    }
+}
+
+impl<K: Hash + Eq + Clone, V: Clone, B: FlatTable<K, V>> Default for Layered<K, V, B> {
     fn default() -> Self {
         Self {
-            base: Arc::new(FastMap::default()),
+            base: Arc::new(B::default()),
             overlay: PMap::default(),
             len: 0,
         }
     }
 }
 
-impl<K: Hash + Eq + Clone, V: Clone> Layered<K, V> {
+impl<K: Hash + Eq + Clone, V: Clone, B: FlatTable<K, V>> Layered<K, V, B> {
     /// The value of `k`, if present.
     pub(crate) fn get<Q>(&self, k: &Q) -> Option<&V>
     where
@@ -106,7 +222,7 @@ impl<K: Hash + Eq + Clone, V: Clone> Layered<K, V> {
     {
         let old = self.get(k).cloned()?;
         self.len -= 1;
-        if self.base.contains_key(k) {
+        if self.base.get(k).is_some() {
             self.overlay.insert(k.to_owned(), None);
         } else {
             self.overlay.remove(k);
@@ -128,7 +244,7 @@ impl<K: Hash + Eq + Clone, V: Clone> Layered<K, V> {
     pub(crate) fn iter(&self) -> impl Iterator<Item = (&K, &V)> {
         let shadowed = !self.overlay.is_empty();
         self.base
-            .iter()
+            .entries()
             .filter(move |(k, _)| !shadowed || !self.overlay.contains_key(*k))
             .chain(
                 self.overlay
@@ -148,122 +264,20 @@ impl<K: Hash + Eq + Clone, V: Clone> Layered<K, V> {
         if self.overlay.len() <= OVERLAY_MIN.max(self.base.len() / OVERLAY_SHARE) {
             return;
         }
-        let mut base: FastMap<K, V> =
-            FastMap::with_capacity_and_hasher(self.len, FastHasher::default());
-        for (k, v) in self.iter() {
-            base.insert(k.clone(), v.clone());
-        }
-        self.base = Arc::new(base);
+        let all: Vec<(K, V)> = self.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        self.base = Arc::new(B::with_entries(all));
         self.overlay = PMap::default();
     }
 }
 
-impl<K: Hash + Eq + Clone, V: Clone> FromIterator<(K, V)> for Layered<K, V> {
+impl<K: Hash + Eq + Clone, V: Clone, B: FlatTable<K, V>> FromIterator<(K, V)> for Layered<K, V, B> {
     fn from_iter<I: IntoIterator<Item = (K, V)>>(iter: I) -> Self {
-        let base: FastMap<K, V> = iter.into_iter().collect();
+        let base = B::with_entries(iter.into_iter().collect());
         Self {
             len: base.len(),
             base: Arc::new(base),
             overlay: PMap::default(),
         }
-    }
-}
-
-/// The pre-closed entities of a [`Hierarchy`]: a [`Layered`] map whose flat table holds only
-/// the entities, each found by its own uid, with no separate copy of the uid as a key.
-///
-/// Cedar's `EntityUID` is 120 bytes, so in a table keyed by it each slot spans two cache lines,
-/// and looking up a principal that is not in the cache missed on both before it reached the
-/// entity, which the check reads anyway. Here a slot is one pointer: a lookup reads the control
-/// bytes, the pointer, and the entity's own uid to confirm the match (docs/benchmarks.md,
-/// decision core run 10). Writes go to the same kind of small persistent overlay as
-/// [`Layered`]'s, folded into a new table by [`ClosedMap::settle`] under the same rule.
-#[derive(Debug, Clone, Default)]
-struct ClosedMap {
-    /// The flat table and the hasher its slots were placed with.
-    base: Arc<(FastHasher, hashbrown::HashTable<Arc<ast::Entity>>)>,
-    overlay: PMap<ast::EntityUID, Option<Arc<ast::Entity>>>,
-    len: usize,
-}
-
-impl ClosedMap {
-    /// A flat table of `entities` (each uid once).
-    fn of(entities: Vec<Arc<ast::Entity>>) -> Self {
-        let hasher = FastHasher::default();
-        let mut table = hashbrown::HashTable::with_capacity(entities.len());
-        for e in entities {
-            let h = hasher.hash_one(e.uid());
-            match table.find_mut(h, |x: &Arc<ast::Entity>| x.uid() == e.uid()) {
-                Some(slot) => *slot = e,
-                None => {
-                    table.insert_unique(h, e, |x: &Arc<ast::Entity>| hasher.hash_one(x.uid()));
-                }
-            }
-        }
-        Self {
-            len: table.len(),
-            base: Arc::new((hasher, table)),
-            overlay: PMap::default(),
-        }
-    }
-
-    fn base_get(&self, uid: &ast::EntityUID) -> Option<&Arc<ast::Entity>> {
-        let (hasher, table) = &*self.base;
-        if table.is_empty() {
-            return None;
-        }
-        table.find(hasher.hash_one(uid), |e| e.uid() == uid)
-    }
-
-    /// The closed entity `uid`, if present.
-    fn get(&self, uid: &ast::EntityUID) -> Option<&Arc<ast::Entity>> {
-        if !self.overlay.is_empty() {
-            if let Some(v) = self.overlay.get(uid) {
-                return v.as_ref();
-            }
-        }
-        self.base_get(uid)
-    }
-
-    /// Inserts or replaces the closed entity of its uid.
-    fn insert(&mut self, e: Arc<ast::Entity>) {
-        if self.get(e.uid()).is_none() {
-            self.len += 1;
-        }
-        self.overlay.insert(e.uid().clone(), Some(e));
-    }
-
-    /// Removes `uid`, if present.
-    fn remove(&mut self, uid: &ast::EntityUID) {
-        if self.get(uid).is_none() {
-            return;
-        }
-        self.len -= 1;
-        if self.base_get(uid).is_some() {
-            self.overlay.insert(uid.clone(), None);
-        } else {
-            self.overlay.remove(uid);
-        }
-    }
-
-    /// Every closed entity, in no particular order.
-    fn iter(&self) -> impl Iterator<Item = &Arc<ast::Entity>> {
-        let shadowed = !self.overlay.is_empty();
-        self.base
-            .1
-            .iter()
-            .filter(move |e| !shadowed || !self.overlay.contains_key(e.uid()))
-            .chain(self.overlay.values().filter_map(Option::as_ref))
-    }
-
-    /// Folds the overlay into a new flat table once it has grown past its share (the rule of
-    /// [`Layered::settle`]); snapshots that hold the old table keep it.
-    fn settle(&mut self) {
-        if self.overlay.len() <= OVERLAY_MIN.max(self.base.1.len() / OVERLAY_SHARE) {
-            return;
-        }
-        let all: Vec<Arc<ast::Entity>> = self.iter().cloned().collect();
-        *self = Self::of(all);
     }
 }
 
@@ -421,7 +435,7 @@ pub fn parse_uid_list(value: &Value, field: &str) -> Result<Vec<EntityUid>, Requ
 /// entity whose ancestors include it.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Hierarchy {
-    closed: ClosedMap,
+    closed: Layered<ast::EntityUID, Arc<ast::Entity>, EntityTable>,
     /// Uids that are (or were, since the last rebuild) a parent of some entity. An entity
     /// outside this set has no descendants, so changing it re-closes only itself.
     parents: PSet<EntityUid>,
@@ -481,10 +495,10 @@ impl Hierarchy {
                 if cyclic {
                     cycles.push(uid.clone());
                 }
-                closed.push(Arc::new(e));
+                closed.push((e.uid().clone(), Arc::new(e)));
             }
         }
-        h.closed = ClosedMap::of(closed);
+        h.closed = closed.into_iter().collect();
         cycles.sort();
         (h, cycles)
     }
@@ -504,9 +518,9 @@ impl Hierarchy {
         let mut affected: HashSet<EntityUid> = changed.iter().cloned().collect();
         if changed.iter().any(|u| self.parents.contains(u)) {
             let core: HashSet<&ast::EntityUID> = changed.iter().map(AsRef::as_ref).collect();
-            for e in self.closed.iter() {
+            for (uid, e) in self.closed.iter() {
                 if e.ancestors().any(|a| core.contains(a)) {
-                    affected.insert(EntityUid::from(e.uid().clone()));
+                    affected.insert(EntityUid::from(uid.clone()));
                 }
             }
         }
@@ -517,7 +531,7 @@ impl Hierarchy {
                         self.parents.insert(p.clone());
                     }
                     let (e, cyclic) = Self::close_entity(se, look);
-                    self.closed.insert(Arc::new(e));
+                    self.closed.insert(e.uid().clone(), Arc::new(e));
                     if cyclic {
                         cycles.push(uid);
                     }
@@ -535,7 +549,7 @@ impl Hierarchy {
         }
     }
 
-    /// Folds recent writes into the flat table when due ([`ClosedMap::settle`]).
+    /// Folds recent writes into the flat table when due ([`Layered::settle`]).
     pub(crate) fn settle(&mut self) {
         self.closed.settle();
     }
@@ -573,9 +587,9 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
 
-    /// Compares a `ClosedMap` against a `std` map of uid to entity over inserts, replacements,
-    /// removals (of entities in the overlay only, in the table only, and absent ones) and
-    /// settles, checking snapshots taken along the way too.
+    /// Compares a `Layered` map over an `EntityTable` against a `std` map of uid to entity over
+    /// inserts, replacements, removals (of entities in the overlay only, in the table only, and
+    /// absent ones) and settles, checking snapshots taken along the way too.
     #[test]
     fn closed_map_matches_a_plain_map() {
         let uid = |k: u32| ast::EntityUID::with_eid_and_type("User", &format!("u{k}")).unwrap();
@@ -585,11 +599,12 @@ mod tests {
             e.add_parent(uid(100_000 + v));
             Arc::new(e)
         };
-        let mut c = ClosedMap::of((0..3000).map(|k| entity(k, 0)).collect());
+        type Closed = Layered<ast::EntityUID, Arc<ast::Entity>, EntityTable>;
+        let mut c: Closed = (0..3000).map(|k| (uid(k), entity(k, 0))).collect();
         let mut m: std::collections::HashMap<ast::EntityUID, Arc<ast::Entity>> =
             (0..3000).map(|k| (uid(k), entity(k, 0))).collect();
-        let same = |c: &ClosedMap, m: &std::collections::HashMap<_, Arc<ast::Entity>>| {
-            assert_eq!(c.len, m.len());
+        let same = |c: &Closed, m: &std::collections::HashMap<_, Arc<ast::Entity>>| {
+            assert_eq!(c.len(), m.len());
             assert_eq!(c.iter().count(), m.len());
             for k in 0..5000 {
                 let got = c.get(&uid(k)).map(|e| e.deep_eq(m.get(&uid(k)).unwrap()));
@@ -604,7 +619,7 @@ mod tests {
                 c.remove(&uid(k));
                 m.remove(&uid(k));
             } else {
-                c.insert(entity(k, step));
+                c.insert(uid(k), entity(k, step));
                 m.insert(uid(k), entity(k, step));
             }
             if step % 997 == 0 {

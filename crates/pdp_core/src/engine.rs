@@ -27,10 +27,11 @@ use arc_swap::ArcSwap;
 use cedar_policy::{
     Context, Effect, Entities, Entity, EntityUid, EvalResult, Request, RequestValidationError,
 };
-use cedar_policy_core::ast::EntityUIDEntry;
+use cedar_policy_core::ast::{EntityUIDEntry, Literal, ValueKind};
 use cedar_policy_core::evaluator::Evaluator;
 use cedar_policy_core::extensions::Extensions;
 use serde_json::{json, Map, Value};
+use std::cell::OnceCell;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -1240,47 +1241,36 @@ impl Engine {
         // the action, and the context. The context part depends on the context and action
         // only, so once a request with this very context passed, a request whose types the
         // action is known to take cannot fail validation and is not validated again. Anything
-        // else is validated in full, so every error stays Cedar's.
-        let request: cedar_policy_core::ast::Request = match b.schema.as_ref() {
-            Some(_)
-                if context.validated()
-                    && if agent.is_none() {
-                        cx.types_valid
-                    } else {
-                        b.lookups.types_valid(
-                            cx.action,
-                            subject.type_name(),
-                            cx.req.resource.type_name(),
-                        )
-                    } =>
-            {
-                // What Cedar's `Request::new` builds after validating, built directly.
-                let known = |u: &EntityUid| EntityUIDEntry::known(u.as_ref().clone(), None);
-                cedar_policy_core::ast::Request::new_unchecked(
-                    known(subject),
-                    known(cx.action),
-                    known(&cx.req.resource),
-                    Some(context.context.as_ref().clone()),
-                )
+        // else is validated in full, so every error stays Cedar's. A request that needs no
+        // validation is built for Cedar only if a condition is left to Cedar's interpreter.
+        let known_valid = b.schema.is_some()
+            && context.validated()
+            && if agent.is_none() {
+                cx.types_valid
+            } else {
+                b.lookups
+                    .types_valid(cx.action, subject.type_name(), cx.req.resource.type_name())
+            };
+        let mut request: Option<cedar_policy_core::ast::Request> = if known_valid {
+            None
+        } else {
+            let schema = b.schema.as_ref();
+            let r = Request::new(
+                subject.clone(),
+                cx.action.clone(),
+                cx.req.resource.clone(),
+                context.context.clone(),
+                schema,
+            )
+            .map_err(|e| request_error(&e, field))?;
+            if schema.is_some() {
+                context.set_validated();
             }
-            schema => {
-                let r = Request::new(
-                    subject.clone(),
-                    cx.action.clone(),
-                    cx.req.resource.clone(),
-                    context.context.clone(),
-                    schema,
-                )
-                .map_err(|e| request_error(&e, field))?;
-                if schema.is_some() {
-                    context.set_validated();
-                }
-                r.as_ref().clone()
-            }
+            Some(r.as_ref().clone())
         };
 
         // Only the policies whose scope can match: the same satisfied set (crate::scope),
-        // evaluated from their pre-built conditions, over the slice they can look into.
+        // evaluated from their compiled conditions, over the slice they can look into.
         let scoped = b.scopes.get(
             &b.policies,
             |id| b.is_plain_forbid(id),
@@ -1293,9 +1283,56 @@ impl Engine {
         } else {
             &DEREFS_ALL
         };
-        let entities = gather(cx, subject, agent, derefs)?;
-        let eval = Evaluator::new(request, entities.as_ref(), Extensions::all_available());
-        Ok(classify(b, scoped.satisfied(&eval).into_iter()))
+        let slice = gather(cx, subject, agent, derefs)?;
+        let env = crate::condition::Env::new(
+            subject.as_ref(),
+            cx.action.as_ref(),
+            cx.req.resource.as_ref(),
+            context.context.as_ref(),
+            slice.view(),
+        );
+        // Cedar's side of the check, built on first use: the slice as Cedar `Entities` and an
+        // evaluator over the request.
+        let built: OnceCell<Entities> = OnceCell::new();
+        let eval: OnceCell<Evaluator<'_>> = OnceCell::new();
+        let cedar = |cond: &cedar_policy_core::ast::Expr,
+                     slots: &cedar_policy_core::ast::SlotEnv|
+         -> Result<bool, RequestError> {
+            let ev = match eval.get() {
+                Some(ev) => ev,
+                None => {
+                    let entities = match &slice {
+                        Slice::Built(e) => e,
+                        Slice::Closed(list) => match built.get() {
+                            Some(e) => e,
+                            None => {
+                                let e = Hierarchy::slice(list.iter().cloned())?;
+                                built.get_or_init(|| e)
+                            }
+                        },
+                    };
+                    let request = request.take().unwrap_or_else(|| {
+                        // What Cedar's `Request::new` builds after validating, built directly.
+                        let known = |u: &EntityUid| EntityUIDEntry::known(u.as_ref().clone(), None);
+                        cedar_policy_core::ast::Request::new_unchecked(
+                            known(subject),
+                            known(cx.action),
+                            known(&cx.req.resource),
+                            Some(context.context.as_ref().clone()),
+                        )
+                    });
+                    eval.get_or_init(|| {
+                        Evaluator::new(request, entities.as_ref(), Extensions::all_available())
+                    })
+                }
+            };
+            Ok(matches!(
+                ev.interpret(cond, slots),
+                Ok(v) if matches!(v.value, ValueKind::Lit(Literal::Bool(true)))
+            ))
+        };
+        let satisfied = scoped.satisfied(&env, cedar)?;
+        Ok(classify(b, satisfied.into_iter()))
     }
 }
 
@@ -1453,14 +1490,17 @@ fn is_registered(st: &State, uid: &EntityUid) -> bool {
 /// set, which is all `in` reads), and every inline entity (with inline entities the slice keeps
 /// every ancestor, because Cedar closes the hierarchy of that slice itself). Its size depends
 /// on the request, not on the store.
+///
+/// # Errors
+/// [`RequestError`] on `entities` when Cedar refuses the inline entities with the stored ones.
 fn gather(
     cx: &CheckCtx<'_>,
     subject: &EntityUid,
     agent: Option<&EntityUid>,
     derefs: &Derefs,
-) -> Result<Entities, RequestError> {
+) -> Result<Slice, RequestError> {
     if cx.inline.is_empty() {
-        return gather_closed(cx, subject, agent, derefs);
+        return Ok(gather_closed(cx, subject, agent, derefs));
     }
     let mut seen: HashSet<EntityUid> = HashSet::new();
     let mut out: Vec<Entity> = Vec::new();
@@ -1502,7 +1542,28 @@ fn gather(
             }
         }
     }
-    Entities::from_entities(out, None).map_err(|e| RequestError::new("entities", chain(&e)))
+    Entities::from_entities(out, None)
+        .map(Slice::Built)
+        .map_err(|e| RequestError::new("entities", chain(&e)))
+}
+
+/// A check's entity slice ([`gather`]).
+enum Slice {
+    /// The snapshot's pre-closed entities, each once; Cedar `Entities` over them are built only
+    /// if a condition is left to Cedar's interpreter ([`Hierarchy::slice`]).
+    Closed(Vec<Arc<cedar_policy_core::ast::Entity>>),
+    /// Entities Cedar built (a check with inline entities, whose hierarchy Cedar closes).
+    Built(Entities),
+}
+
+impl Slice {
+    /// The slice as compiled conditions read it ([`crate::condition`]).
+    fn view(&self) -> crate::condition::Entities<'_> {
+        match self {
+            Self::Closed(list) => crate::condition::Entities::List(list),
+            Self::Built(e) => crate::condition::Entities::Cedar(e.as_ref()),
+        }
+    }
 }
 
 /// [`gather`] without inline entities: the same slice, taken from the snapshot's pre-closed
@@ -1512,7 +1573,7 @@ fn gather_closed(
     subject: &EntityUid,
     agent: Option<&EntityUid>,
     derefs: &Derefs,
-) -> Result<Entities, RequestError> {
+) -> Slice {
     let mut roots: Vec<(&EntityUid, &Follow)> = Vec::with_capacity(4);
     roots.push((subject, &derefs.principal));
     roots.push((&cx.req.resource, &derefs.resource));
@@ -1522,7 +1583,7 @@ fn gather_closed(
     if let Some(a) = agent {
         roots.push((a, &derefs.agent));
     }
-    Hierarchy::slice(closed_list(
+    Slice::Closed(closed_list(
         cx.st,
         &roots,
         cx.work_item,

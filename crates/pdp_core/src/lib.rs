@@ -13,6 +13,7 @@
 //! The crate knows nothing of Python; `crates/pdp_py` wraps it as `svc._pdp_core`.
 
 pub mod bundle;
+mod condition;
 pub mod decision_log;
 pub mod engine;
 pub mod error;

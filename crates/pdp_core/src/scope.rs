@@ -17,8 +17,9 @@
 //!
 //! Each subset also keeps its policies compiled for checks ([`Compiled`]): the condition Cedar
 //! evaluates for a policy (scope and `when`/`unless` clauses as one expression, which Cedar's
-//! authorizer rebuilds on every call) built once, so a check only interprets it
-//! ([`Scoped::satisfied`]).
+//! authorizer rebuilds on every call) built once, and that condition compiled for checks
+//! ([`crate::condition`]), so a check evaluates it over borrowed values and hands Cedar's
+//! interpreter only what the compiled form leaves to it ([`Scoped::satisfied`]).
 //!
 //! And it records which entity-valued attributes those conditions dereference ([`Derefs`]), so a
 //! check's entity slice holds only the referenced entities the evaluation can look up. Cedar
@@ -26,13 +27,13 @@
 //! its ancestors (the left side of `in`); an entity that is merely compared (`==`, `contains`,
 //! the right side of `in`) need not be present, and its absence changes nothing.
 
+use crate::condition::{Condition, Env, Outcome};
 use crate::store::FastHasher;
 use cedar_policy::{
     ActionConstraint, EntityTypeName, EntityUid, Policy, PolicyId, PolicySet, PrincipalConstraint,
     ResourceConstraint,
 };
-use cedar_policy_core::ast::{BinaryOp, Expr, ExprKind, Literal, SlotEnv, ValueKind, Var};
-use cedar_policy_core::evaluator::Evaluator;
+use cedar_policy_core::ast::{BinaryOp, Expr, ExprKind, SlotEnv, Var};
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, RwLock};
 
@@ -41,12 +42,14 @@ use std::sync::{Arc, RwLock};
 const MAX_ENVS: usize = 4096;
 
 /// One policy ready for checks: its id and the condition Cedar's authorizer would evaluate for it
-/// (`ast::Policy::condition`, with the link's slot values for a template-linked policy).
+/// (`ast::Policy::condition`, with the link's slot values for a template-linked policy), and
+/// that condition compiled ([`Condition`]; `None` when it holds what only Cedar evaluates).
 #[derive(Debug)]
 pub(crate) struct Compiled {
     id: PolicyId,
     condition: Expr,
     slots: SlotEnv,
+    fast: Option<Condition>,
 }
 
 /// Which attributes of an entity in a check's slice hold entities the policies may look up:
@@ -248,29 +251,62 @@ pub(crate) struct Scoped {
 }
 
 impl Scoped {
-    /// The ids of the policies that decide the request `eval` was built for: the satisfied
-    /// plain forbids (forbids without `@challenge`) when at least one is satisfied, else every
+    /// The ids of the policies that decide the request `env` describes: the satisfied plain
+    /// forbids (forbids without `@challenge`) when at least one is satisfied, else every
     /// satisfied policy, in the order of `compiled`. A policy is satisfied exactly when Cedar's
     /// authorizer reports it so (a policy whose condition errors or is not `true` is not, as
     /// with Cedar's `ErrorHandling::Skip`;
     /// `cedar_policy_core::authorizer::Authorizer::is_authorized_core`); the caller applies the
     /// verdict rules (DESIGN 4).
     ///
+    /// Each condition is evaluated in its compiled form ([`crate::condition`]) over `env`;
+    /// `cedar(condition, slots)` (Cedar's interpreter over the same request and slice: whether
+    /// the condition is `true`) answers for a condition the compiled form leaves to Cedar, and,
+    /// in debug builds, is asked too for every compiled answer, which must agree.
+    ///
     /// Under those rules a satisfied plain forbid denies whatever else holds, and the policies
     /// a denial names are the satisfied plain forbids alone. So once one is satisfied, the
     /// other policies cannot change the verdict or the names, and they are not evaluated: on
     /// document_cloud's request mix, a third of the checks are such denials.
-    pub(crate) fn satisfied<'s>(&'s self, eval: &Evaluator<'_>) -> Vec<&'s PolicyId> {
-        let holds = |c: &'s Compiled| match eval.interpret(&c.condition, &c.slots) {
-            Ok(v) if matches!(v.value, ValueKind::Lit(Literal::Bool(true))) => Some(&c.id),
-            _ => None,
+    ///
+    /// # Errors
+    /// What `cedar` returns (it builds Cedar's side of the check on first use, which can fail).
+    pub(crate) fn satisfied<'s, E>(
+        &'s self,
+        env: &Env<'_>,
+        mut cedar: impl FnMut(&Expr, &SlotEnv) -> Result<bool, E>,
+    ) -> Result<Vec<&'s PolicyId>, E> {
+        let mut holds = |c: &'s Compiled| -> Result<Option<&'s PolicyId>, E> {
+            let fast = c.fast.as_ref().map_or(Outcome::Cedar, |f| f.eval(env));
+            let yes = match fast {
+                Outcome::True => true,
+                Outcome::NotTrue => false,
+                Outcome::Cedar => cedar(&c.condition, &c.slots)?,
+            };
+            #[cfg(debug_assertions)]
+            if fast != Outcome::Cedar {
+                let says = cedar(&c.condition, &c.slots)?;
+                debug_assert_eq!(
+                    yes, says,
+                    "compiled condition of {} disagrees with Cedar",
+                    c.id
+                );
+            }
+            Ok(yes.then_some(&c.id))
         };
         let (forbids, others) = self.compiled.split_at(self.plain_forbids);
-        let denied: Vec<&PolicyId> = forbids.iter().filter_map(holds).collect();
-        if !denied.is_empty() {
-            return denied;
+        let mut denied: Vec<&PolicyId> = Vec::new();
+        for c in forbids {
+            denied.extend(holds(c)?);
         }
-        others.iter().filter_map(holds).collect()
+        if !denied.is_empty() {
+            return Ok(denied);
+        }
+        let mut out = Vec::new();
+        for c in others {
+            out.extend(holds(c)?);
+        }
+        Ok(out)
     }
 }
 
@@ -345,9 +381,11 @@ impl ScopeIndex {
             .into_iter()
             .map(|&(p, truth)| {
                 let ast: &cedar_policy_core::ast::Policy = p.as_ref();
+                let condition = condition_for(ast, truth);
                 Compiled {
                     id: p.id().clone(),
-                    condition: condition_for(ast, truth),
+                    fast: Condition::compile(&condition, ast.env()),
+                    condition,
                     slots: ast.env().clone(),
                 }
             })

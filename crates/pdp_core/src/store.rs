@@ -569,7 +569,9 @@ impl Hierarchy {
     /// # Errors
     /// [`RequestError`] on `entities` if Cedar refuses the set (two different entities with one
     /// uid; callers deduplicate, so this is not expected).
-    pub(crate) fn slice(entities: Vec<Arc<ast::Entity>>) -> Result<Entities, RequestError> {
+    pub(crate) fn slice(
+        entities: impl IntoIterator<Item = Arc<ast::Entity>>,
+    ) -> Result<Entities, RequestError> {
         CoreEntities::new()
             .add_entities(
                 entities,

@@ -230,9 +230,10 @@ fn concrete(pv: &PartialValue) -> Res<&Value> {
 impl Condition {
     /// Compiles `expr` (a policy's condition; `slots` fill a template-linked policy's
     /// `?principal`/`?resource`). `None` when the condition holds a construct this module
-    /// leaves to Cedar: an extension function call, an unknown, an unfilled slot.
+    /// leaves to Cedar: an extension function call, an unknown, an unfilled slot, or nesting
+    /// deeper than [`MAX_DEPTH`].
     pub(crate) fn compile(expr: &Expr, slots: &SlotEnv) -> Option<Self> {
-        compile(expr, slots).map(Self)
+        compile(expr, slots, 0).map(Self)
     }
 
     /// Evaluates the condition for `env`: whether the policy is satisfied, or that Cedar must
@@ -246,15 +247,28 @@ impl Condition {
     }
 }
 
-fn boxed(e: &Expr, slots: &SlotEnv) -> Option<Box<Node>> {
-    compile(e, slots).map(Box::new)
+/// Deepest nesting compiled. Cedar's evaluator fails a condition with a recursion-limit error
+/// when less than 100 KiB of stack is left, which depends on the thread and so on the depth;
+/// conditions this shallow never get near it, and deeper ones (no real policy) stay with Cedar,
+/// which then answers as it would.
+const MAX_DEPTH: usize = 128;
+
+fn boxed(e: &Expr, slots: &SlotEnv, depth: usize) -> Option<Box<Node>> {
+    compile(e, slots, depth).map(Box::new)
 }
 
-fn pair(a: &Expr, b: &Expr, slots: &SlotEnv) -> Option<Box<(Node, Node)>> {
-    Some(Box::new((compile(a, slots)?, compile(b, slots)?)))
+fn pair(a: &Expr, b: &Expr, slots: &SlotEnv, depth: usize) -> Option<Box<(Node, Node)>> {
+    Some(Box::new((
+        compile(a, slots, depth)?,
+        compile(b, slots, depth)?,
+    )))
 }
 
-fn compile(e: &Expr, slots: &SlotEnv) -> Option<Node> {
+fn compile(e: &Expr, slots: &SlotEnv, depth: usize) -> Option<Node> {
+    if depth > MAX_DEPTH {
+        return None;
+    }
+    let d = depth + 1;
     Some(match e.expr_kind() {
         ExprKind::Lit(l) => Node::Const(Value::new(l.clone(), None)),
         ExprKind::Slot(id) => Node::Const(Value::new(
@@ -267,25 +281,25 @@ fn compile(e: &Expr, slots: &SlotEnv) -> Option<Node> {
             then_expr,
             else_expr,
         } => Node::If(Box::new((
-            compile(test_expr, slots)?,
-            compile(then_expr, slots)?,
-            compile(else_expr, slots)?,
+            compile(test_expr, slots, d)?,
+            compile(then_expr, slots, d)?,
+            compile(else_expr, slots, d)?,
         ))),
-        ExprKind::And { left, right } => Node::And(pair(left, right, slots)?),
-        ExprKind::Or { left, right } => Node::Or(pair(left, right, slots)?),
-        ExprKind::UnaryApp { op, arg } => Node::Unary(*op, boxed(arg, slots)?),
-        ExprKind::BinaryApp { op, arg1, arg2 } => Node::Binary(*op, pair(arg1, arg2, slots)?),
-        ExprKind::GetAttr { expr, attr } => Node::GetAttr(boxed(expr, slots)?, attr.clone()),
-        ExprKind::HasAttr { expr, attr } => Node::HasAttr(boxed(expr, slots)?, attr.clone()),
+        ExprKind::And { left, right } => Node::And(pair(left, right, slots, d)?),
+        ExprKind::Or { left, right } => Node::Or(pair(left, right, slots, d)?),
+        ExprKind::UnaryApp { op, arg } => Node::Unary(*op, boxed(arg, slots, d)?),
+        ExprKind::BinaryApp { op, arg1, arg2 } => Node::Binary(*op, pair(arg1, arg2, slots, d)?),
+        ExprKind::GetAttr { expr, attr } => Node::GetAttr(boxed(expr, slots, d)?, attr.clone()),
+        ExprKind::HasAttr { expr, attr } => Node::HasAttr(boxed(expr, slots, d)?, attr.clone()),
         ExprKind::ExtHasAttr { expr, attrs } => {
-            Node::HasPath(boxed(expr, slots)?, attrs.iter().cloned().collect())
+            Node::HasPath(boxed(expr, slots, d)?, attrs.iter().cloned().collect())
         }
-        ExprKind::Like { expr, pattern } => Node::Like(boxed(expr, slots)?, pattern.clone()),
-        ExprKind::Is { expr, entity_type } => Node::Is(boxed(expr, slots)?, entity_type.clone()),
+        ExprKind::Like { expr, pattern } => Node::Like(boxed(expr, slots, d)?, pattern.clone()),
+        ExprKind::Is { expr, entity_type } => Node::Is(boxed(expr, slots, d)?, entity_type.clone()),
         ExprKind::Set(items) => {
             let nodes = items
                 .iter()
-                .map(|i| compile(i, slots))
+                .map(|i| compile(i, slots, d))
                 .collect::<Option<Vec<_>>>()?;
             // A set of constants (an action scope's list, `["a", "b"]`) is built once.
             if nodes.iter().all(|n| matches!(n, Node::Const(_))) {
@@ -301,7 +315,7 @@ fn compile(e: &Expr, slots: &SlotEnv) -> Option<Node> {
         ExprKind::Record(fields) => Node::Record(
             fields
                 .iter()
-                .map(|(k, v)| Some((k.clone(), compile(v, slots)?)))
+                .map(|(k, v)| Some((k.clone(), compile(v, slots, d)?)))
                 .collect::<Option<Vec<_>>>()?,
         ),
         // Extension calls and unknowns stay Cedar's.
@@ -860,6 +874,27 @@ mod tests {
         fn typed_conditions_evaluate_as_cedar_does(src in typed(Ty::Bool, 4)) {
             agree(&world(), &src)?;
         }
+    }
+
+    #[test]
+    fn only_conditions_cedar_interprets_alone_stay_uncompiled() {
+        let cond = |src: &str| {
+            let set = cedar_policy::PolicySet::from_str(&format!(
+                "permit (principal, action, resource) when {{ {src} }};"
+            ))
+            .unwrap();
+            let p = set.policies().next().unwrap();
+            let ast: &cedar_policy_core::ast::Policy = p.as_ref();
+            Condition::compile(&ast.condition(), ast.env()).is_some()
+        };
+        assert!(cond("principal == resource.owner && context.n > 1"));
+        assert!(!cond("context.at < datetime(\"2024-01-01\")"));
+        assert!(!cond("resource.ip.isLoopback()"));
+        // Nesting past MAX_DEPTH: left to Cedar, whose own recursion limit then applies.
+        let nested = |n: usize| (0..n).fold(Expr::val(true), |e, _| Expr::not(e));
+        let slots = SlotEnv::new();
+        assert!(Condition::compile(&nested(MAX_DEPTH + 4), &slots).is_none());
+        assert!(Condition::compile(&nested(MAX_DEPTH), &slots).is_some());
     }
 
     #[test]

@@ -184,6 +184,12 @@ fn owned<'a>(v: impl Into<ValueKind>) -> Cow<'a, Value> {
     Cow::Owned(Value::new(v, None))
 }
 
+/// Whether `v` is the boolean `true`: what makes a policy's condition satisfied (Cedar's
+/// authorizer; anything else, another value or an error, is not).
+pub(crate) fn is_true(v: &Value) -> bool {
+    matches!(v.value, ValueKind::Lit(Literal::Bool(true)))
+}
+
 fn as_bool(v: &Value) -> Res<bool> {
     match &v.value {
         ValueKind::Lit(Literal::Bool(b)) => Ok(*b),
@@ -856,7 +862,7 @@ mod tests {
                 _ => prop_assert!(false, "{src}: compiled {got:?}, Cedar {want:?}"),
             }
             let outcome = compiled.eval(&env);
-            let truth = matches!(&want, Ok(v) if v.value == ValueKind::Lit(Literal::Bool(true)));
+            let truth = want.as_ref().is_ok_and(is_true);
             if outcome != Outcome::Cedar {
                 prop_assert_eq!(outcome == Outcome::True, truth, "{}", src);
             }

@@ -27,7 +27,7 @@ use arc_swap::ArcSwap;
 use cedar_policy::{
     Context, Effect, Entities, Entity, EntityUid, EvalResult, Request, RequestValidationError,
 };
-use cedar_policy_core::ast::{EntityUIDEntry, Literal, ValueKind};
+use cedar_policy_core::ast::EntityUIDEntry;
 use cedar_policy_core::evaluator::Evaluator;
 use cedar_policy_core::extensions::Extensions;
 use serde_json::{json, Map, Value};
@@ -1301,15 +1301,14 @@ impl Engine {
             let ev = match eval.get() {
                 Some(ev) => ev,
                 None => {
+                    // `eval` is set below, so this runs until it first succeeds, and `built`
+                    // only holds what `eval` borrows.
                     let entities = match &slice {
                         Slice::Built(e) => e,
-                        Slice::Closed(list) => match built.get() {
-                            Some(e) => e,
-                            None => {
-                                let e = Hierarchy::slice(list.iter().cloned())?;
-                                built.get_or_init(|| e)
-                            }
-                        },
+                        Slice::Closed(list) => {
+                            let e = Hierarchy::slice(list.iter().cloned())?;
+                            built.get_or_init(|| e)
+                        }
                     };
                     let request = request.take().unwrap_or_else(|| {
                         // What Cedar's `Request::new` builds after validating, built directly.
@@ -1326,10 +1325,9 @@ impl Engine {
                     })
                 }
             };
-            Ok(matches!(
-                ev.interpret(cond, slots),
-                Ok(v) if matches!(v.value, ValueKind::Lit(Literal::Bool(true)))
-            ))
+            Ok(ev
+                .interpret(cond, slots)
+                .is_ok_and(|v| crate::condition::is_true(&v)))
         };
         let satisfied = scoped.satisfied(&env, cedar)?;
         Ok(classify(b, satisfied.into_iter()))

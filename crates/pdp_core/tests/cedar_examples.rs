@@ -10,30 +10,36 @@
 use pdp_core::{Bundle, Engine, Verdict};
 use std::path::PathBuf;
 
-fn examples_dir() -> Option<PathBuf> {
+/// The example applications' directories, in a stable order; `None` (after saying so) when
+/// `../shared/data/cedar-examples` is not present.
+fn app_dirs() -> Option<Vec<PathBuf>> {
     let root =
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/cedar-examples");
-    root.is_dir().then_some(root)
+    if !root.is_dir() {
+        eprintln!("../shared/data/cedar-examples not present; skipping");
+        return None;
+    }
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&root)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.is_dir())
+        .collect();
+    dirs.sort();
+    Some(dirs)
 }
 
 #[test]
 fn every_example_app_loads_and_decides_as_its_folder_says() {
-    let Some(root) = examples_dir() else {
-        eprintln!("../shared/data/cedar-examples not present; skipping");
+    let Some(apps) = app_dirs() else {
         return;
     };
-    let mut apps = 0;
     let mut checked = 0;
-    for app in std::fs::read_dir(&root).unwrap().flatten() {
-        if !app.path().is_dir() {
-            continue;
-        }
-        apps += 1;
-        let bundle = Bundle::from_dir(&app.path())
-            .unwrap_or_else(|e| panic!("{}: {e}", app.path().display()));
+    for app in &apps {
+        let bundle = Bundle::from_dir(app).unwrap_or_else(|e| panic!("{}: {e}", app.display()));
         let engine = Engine::new(bundle);
         for (folder, want) in [("ALLOW", Verdict::Allow), ("DENY", Verdict::Deny)] {
-            let dir = app.path().join(folder);
+            let dir = app.join(folder);
             if !dir.is_dir() {
                 continue;
             }
@@ -48,7 +54,7 @@ fn every_example_app_loads_and_decides_as_its_folder_says() {
             }
         }
     }
-    assert_eq!(apps, 5);
+    assert_eq!(apps.len(), 5);
     assert!(checked >= 20, "only {checked} requests checked");
 }
 
@@ -62,20 +68,15 @@ fn every_decision_names_what_cedars_authorizer_names() {
     use cedar_policy::{Authorizer, Context, Decision, Entities, PolicySet, Request, Schema};
     use std::collections::BTreeMap;
 
-    let Some(root) = examples_dir() else {
-        eprintln!("../shared/data/cedar-examples not present; skipping");
+    let Some(apps) = app_dirs() else {
         return;
     };
     let mut compared = 0;
-    for app in std::fs::read_dir(&root).unwrap().flatten() {
-        let dir = app.path();
-        if !dir.is_dir() {
-            continue;
-        }
+    for dir in &apps {
         // Cedar's side gets the policies, schema and entities exactly as the bundle read them
         // (policies renamed by `@id`, TinyTodo's entity map converted), with Cedar's closure,
         // and the schema's action entities (their hierarchy is what `action in` reads).
-        let bundle = Bundle::from_dir(&dir).unwrap();
+        let bundle = Bundle::from_dir(dir).unwrap();
         let schema: Schema = bundle.schema().unwrap().clone();
         let policies: PolicySet = bundle.policy_set().clone();
         let entities = Entities::from_entities(bundle.entities().cloned(), None)

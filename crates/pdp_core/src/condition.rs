@@ -29,6 +29,7 @@
 //! ([`crate::scope::Scoped::satisfied`]), and a property test compares the two over generated
 //! conditions and entities (tests at the end of this file).
 
+use crate::store::ClosedEntity;
 use cedar_policy_core::ast::{
     BinaryOp, Entity, EntityType, EntityUID, Expr, ExprKind, Literal, PartialValue, Pattern, Set,
     SlotEnv, UnaryOp, Value, ValueKind, Var,
@@ -88,7 +89,7 @@ type Res<T> = Result<T, Stop>;
 #[derive(Clone, Copy)]
 pub(crate) enum Entities<'a> {
     /// The pre-closed entities of the slice (a check's usual few), scanned.
-    List(&'a [Arc<Entity>]),
+    List(&'a [Arc<ClosedEntity>]),
     /// Cedar's own entities (a check with inline entities builds them anyway).
     Cedar(&'a cedar_policy_core::entities::Entities),
 }
@@ -96,17 +97,58 @@ pub(crate) enum Entities<'a> {
 impl<'a> Entities<'a> {
     /// The entity `uid`, as Cedar's `Entities::entity` would find it (`None` for
     /// `Dereference::NoSuchEntity`; checks use concrete entities, so never a residual).
-    fn get(self, uid: &EntityUID) -> Option<&'a Entity> {
+    fn get(self, uid: &EntityUID) -> Option<EntityRef<'a>> {
         match self {
             // The eid tells most entities of a slice apart before the types are compared.
             Self::List(list) => list
                 .iter()
                 .find(|e| e.uid().eid() == uid.eid() && e.uid() == uid)
-                .map(AsRef::as_ref),
+                .map(|e| EntityRef::Closed(e)),
             Self::Cedar(es) => match es.entity(uid) {
-                cedar_policy_core::entities::Dereference::Data(e) => Some(e),
+                cedar_policy_core::entities::Dereference::Data(e) => Some(EntityRef::Cedar(e)),
                 _ => None,
             },
+        }
+    }
+}
+
+/// One entity of a check's slice, from either kind of [`Entities`].
+#[derive(Clone, Copy)]
+enum EntityRef<'a> {
+    /// The snapshot's record: `in` reads its own ancestor list ([`ClosedEntity`]).
+    Closed(&'a ClosedEntity),
+    /// Cedar's entity, with its ancestors closed.
+    Cedar(&'a Entity),
+}
+
+impl<'a> EntityRef<'a> {
+    /// Cedar's entity: where attributes and tags are read.
+    fn cedar(self) -> &'a Entity {
+        match self {
+            Self::Closed(c) => c.entity(),
+            Self::Cedar(e) => e,
+        }
+    }
+
+    /// The attribute `attr` (Cedar's `Entity::get`): `None` when there is none, an error
+    /// ([`Stop::Cedar`]) when it is not a concrete value.
+    fn get(self, attr: &str) -> Option<Res<&'a Value>> {
+        match self {
+            Self::Closed(c) => c.attr(attr).map(|r| r.map_err(|_| Stop::Cedar)),
+            Self::Cedar(e) => e.get(attr).map(concrete),
+        }
+    }
+
+    /// The tag `tag` (Cedar's `Entity::get_tag`).
+    fn get_tag(self, tag: &str) -> Option<&'a PartialValue> {
+        self.cedar().get_tag(tag)
+    }
+
+    /// Whether `target` is an ancestor (Cedar's `Entity::is_descendant_of`).
+    fn is_descendant_of(self, target: &EntityUID) -> bool {
+        match self {
+            Self::Closed(c) => c.is_descendant_of(target),
+            Self::Cedar(e) => e.is_descendant_of(target),
         }
     }
 }
@@ -121,7 +163,7 @@ pub(crate) struct Env<'a> {
     context: Option<Value>,
     entities: Entities<'a>,
     /// The principal's and the resource's entities, found once: most reads are of theirs.
-    roots: [Option<&'a Entity>; 2],
+    roots: [Option<EntityRef<'a>>; 2],
 }
 
 impl<'a> Env<'a> {
@@ -152,7 +194,7 @@ impl<'a> Env<'a> {
 
     /// The entity `uid` of the slice (see [`Entities::get`]); the principal's and resource's
     /// without a search when `uid` is the one this environment holds for them.
-    fn entity(&self, uid: &EntityUID) -> Option<&'a Entity> {
+    fn entity(&self, uid: &EntityUID) -> Option<EntityRef<'a>> {
         for (root, found) in [&self.principal, &self.resource]
             .into_iter()
             .zip(self.roots)
@@ -431,7 +473,7 @@ fn get_attr<'v>(v: &'v Value, attr: &str, env: &Env<'v>) -> Res<&'v Value> {
         ValueKind::Record(r) => r.get(attr).ok_or(Stop::Error),
         ValueKind::Lit(Literal::EntityUID(uid)) => {
             let e = env.entity(uid).ok_or(Stop::Error)?;
-            concrete(e.get(attr).ok_or(Stop::Error)?)
+            e.get(attr).ok_or(Stop::Error)?
         }
         _ => Err(Stop::Error),
     }
@@ -457,7 +499,7 @@ fn has_path(v: &Value, attrs: &[SmolStr], env: &Env<'_>) -> Res<bool> {
         let next = match &cur.value {
             ValueKind::Record(r) => r.get(attr.as_str()),
             ValueKind::Lit(Literal::EntityUID(uid)) => match env.entity(uid) {
-                Some(e) => e.get(attr).map(concrete).transpose()?,
+                Some(e) => e.get(attr).transpose()?,
                 None => None,
             },
             _ => return Err(Stop::Error),
@@ -805,7 +847,7 @@ mod tests {
     }
 
     struct World {
-        list: Vec<Arc<Entity>>,
+        list: Vec<Arc<ClosedEntity>>,
         cedar: cedar_policy::Entities,
         context: cedar_policy::Context,
     }
@@ -813,7 +855,10 @@ mod tests {
     fn world() -> World {
         let cedar = cedar_policy::Entities::from_json_str(ENTITIES, None).unwrap();
         let core: &cedar_policy_core::entities::Entities = cedar.as_ref();
-        let list = core.iter().map(|e| Arc::new(e.clone())).collect();
+        let list = core
+            .iter()
+            .map(|e| Arc::new(ClosedEntity::of(e.clone())))
+            .collect();
         let context = cedar_policy::Context::from_json_str(CONTEXT, None).unwrap();
         World {
             list,

@@ -22,7 +22,9 @@ use crate::query_plan::{
 };
 use crate::request::{kind, parse_uid, CheckRequest, PlanRequest};
 use crate::scope::{Derefs, Follow, DEREFS_ALL, FOLLOW_ALL, FOLLOW_NONE};
-use crate::store::{parse_uid_list, FastSet, Hierarchy, Store, StoredEntity, WorkItem};
+use crate::store::{
+    parse_uid_list, ClosedEntity, FastSet, Hierarchy, Store, StoredEntity, WorkItem,
+};
 use arc_swap::ArcSwap;
 use cedar_policy::{
     Context, Effect, Entities, Entity, EntityUid, EvalResult, Request, RequestValidationError,
@@ -755,7 +757,7 @@ impl Engine {
                 .map_err(|e| RequestError::new(f("attrs"), chain(&e)))?;
                 // A work item has no parents, so it is its own closure.
                 let se = StoredEntity::from_entity(entity);
-                let closed = Arc::new(se.entity.as_ref().clone());
+                let closed = Arc::new(ClosedEntity::of(se.entity.as_ref().clone()));
                 out.push(WorkItem {
                     id: id.to_owned(),
                     open,
@@ -1044,7 +1046,7 @@ impl Engine {
         let states: Vec<PrincipalState> = subjects
             .iter()
             .map(|(u, _, _)| PrincipalState {
-                entity: st.hierarchy.get(u).cloned(),
+                entity: st.hierarchy.get(u).map(|c| Arc::clone(c.entity())),
                 risk: st.store.risk(u),
             })
             .collect();
@@ -1147,12 +1149,14 @@ impl Engine {
         }
         // The slice, converted for partial evaluation once per distinct slice (crate::memo).
         let slice = || {
-            b.plan_entities
-                .get_or_build(closed_list(st, &roots, None, &FOLLOW_ALL, true), |list| {
+            b.plan_entities.get_or_build(
+                entities_of(closed_list(st, &roots, None, &FOLLOW_ALL, true)),
+                |list| {
                     let entities = Hierarchy::slice(list)?;
                     let partial = partial_entities(&entities, schema);
                     Ok::<_, RequestError>((entities, partial))
-                })
+                },
+            )
         };
         let compute = |known: &crate::memo::PlanEntities| {
             // Only the policies whose scope can match; the others leave no residual.
@@ -1306,7 +1310,7 @@ impl Engine {
                     let entities = match &slice {
                         Slice::Built(e) => e,
                         Slice::Closed(list) => {
-                            let e = Hierarchy::slice(list.iter().cloned())?;
+                            let e = Hierarchy::slice(list.iter().map(|c| Arc::clone(c.entity())))?;
                             built.get_or_init(|| e)
                         }
                     };
@@ -1549,7 +1553,7 @@ fn gather(
 enum Slice {
     /// The snapshot's pre-closed entities, each once; Cedar `Entities` over them are built only
     /// if a condition is left to Cedar's interpreter ([`Hierarchy::slice`]).
-    Closed(Vec<Arc<cedar_policy_core::ast::Entity>>),
+    Closed(Vec<Arc<ClosedEntity>>),
     /// Entities Cedar built (a check with inline entities, whose hierarchy Cedar closes).
     Built(Entities),
 }
@@ -1601,11 +1605,11 @@ fn closed_list<'s>(
     work_item: Option<&'s WorkItem>,
     work_item_follow: &Follow,
     ancestors: bool,
-) -> Vec<Arc<cedar_policy_core::ast::Entity>> {
+) -> Vec<Arc<ClosedEntity>> {
     let h = &st.hierarchy;
     let mut out = SliceList::default();
     // Adds a closed entity and all its ancestors (already listed in its closure).
-    let add = |out: &mut SliceList, e: &'s Arc<cedar_policy_core::ast::Entity>| {
+    let add = |out: &mut SliceList, e: &'s Arc<ClosedEntity>| {
         if !out.push(e) || !ancestors {
             return;
         }
@@ -1647,12 +1651,17 @@ fn closed_list<'s>(
     out.list
 }
 
+/// Cedar's entities of a slice of closed entities, in the same order.
+fn entities_of(list: Vec<Arc<ClosedEntity>>) -> Vec<Arc<cedar_policy_core::ast::Entity>> {
+    list.iter().map(|c| Arc::clone(c.entity())).collect()
+}
+
 /// The entities of one slice, each once. Within a snapshot every uid has one closed entity
 /// (one address), so entities are told apart by address: a scan while the list is short (a
 /// check's usual slice is a handful), a set of addresses once it is not.
 #[derive(Default)]
 struct SliceList {
-    list: Vec<Arc<cedar_policy_core::ast::Entity>>,
+    list: Vec<Arc<ClosedEntity>>,
     index: Option<FastSet<usize>>,
 }
 
@@ -1667,7 +1676,7 @@ impl SliceList {
     }
 
     /// Adds `e` unless it is already listed; whether it was added.
-    fn push(&mut self, e: &Arc<cedar_policy_core::ast::Entity>) -> bool {
+    fn push(&mut self, e: &Arc<ClosedEntity>) -> bool {
         let addr = Arc::as_ptr(e) as usize;
         let fresh = match &mut self.index {
             Some(ix) => ix.insert(addr),

@@ -13,10 +13,12 @@ use cedar_policy_core::ast;
 use cedar_policy_core::entities::{Entities as CoreEntities, NoEntitiesSchema, TCComputation};
 use cedar_policy_core::extensions::Extensions;
 use serde_json::Value;
+use smallvec::SmallVec;
+use smol_str::SmolStr;
 use std::borrow::Borrow;
 use std::collections::HashSet;
 use std::hash::{BuildHasher, Hash};
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 /// The hasher of svc's own maps: foldhash, seeded at random per process. Entity uids are hashed
 /// several times per check, and SipHash (the standard hasher) was about a tenth of a check.
@@ -83,40 +85,158 @@ impl<K: Hash + Eq, V> FlatTable<K, V> for FastMap<K, V> {
     }
 }
 
-/// The flat table of the closed entities of a [`Hierarchy`]: the entities alone, each found by
+/// One ancestor of a [`ClosedEntity`]: the hash of its uid ([`uid_hash`]) and the uid itself, in
+/// one allocation shared by every entity of the snapshot with this ancestor.
+type Ancestor = (u64, Arc<ast::EntityUID>);
+
+/// Ancestors a [`ClosedEntity`] holds in its own allocation; more go to a separate one.
+const INLINE_ANCESTORS: usize = 4;
+
+/// Attributes a [`ClosedEntity`] holds in its own allocation; more go to a separate one.
+const INLINE_ATTRS: usize = 2;
+
+/// The hasher of [`uid_hash`]: one per process, seeded at random like [`FastHasher`].
+static UID_HASHER: LazyLock<FastHasher> = LazyLock::new(FastHasher::default);
+
+/// The hash [`ClosedEntity`] files its ancestors under: 64 bits of foldhash of the whole uid
+/// (type and id), with the process's seed. Equal uids hash equal; a match is always confirmed
+/// by comparing the uids.
+pub(crate) fn uid_hash(uid: &ast::EntityUID) -> u64 {
+    UID_HASHER.hash_one(uid)
+}
+
+/// An entity as a check reads it from the snapshot: its uid and all its ancestors (the
+/// transitive closure) in one small record, beside Cedar's entity with the same closure.
+///
+/// Looking a principal up and asking `principal in G` are what every check does, and with
+/// 100,000 principals the principal's data is rarely in the cache. In Cedar's `Entity` they
+/// were a chain of dependent loads: the entity (five cache lines, its uid first), then its
+/// ancestor set's control bytes, then the 120-byte uid in the matching bucket (docs/
+/// benchmarks.md, decision core run 12). Here the table compares the record's own uid, and `in`
+/// scans at most a few ancestors in the same record by a 64-bit hash, reading an ancestor's
+/// uid only on a hash match, and that uid is shared with every other member of the group, so
+/// it is usually cached. Cedar's entity is read only for attributes and tags, and handed to
+/// Cedar's interpreter when a condition needs it.
+#[derive(Debug)]
+pub(crate) struct ClosedEntity {
+    /// The entity's uid (equal to `entity.uid()`).
+    uid: ast::EntityUID,
+    /// Every ancestor, direct or not, each once.
+    ancestors: SmallVec<[Ancestor; INLINE_ANCESTORS]>,
+    /// The entity's attributes (the same values as Cedar's entity holds, sharing their sets and
+    /// records), or `None` when one of them is not a concrete value.
+    attrs: Option<SmallVec<[(SmolStr, ast::Value); INLINE_ATTRS]>>,
+    /// Cedar's entity, every ancestor among its parents (see [`Hierarchy::close_entity`]).
+    entity: Arc<ast::Entity>,
+}
+
+impl ClosedEntity {
+    /// A closed entity of `entity`, whose parents must already be all its ancestors, with
+    /// `ancestors` (the same uids, each once, shared where possible).
+    fn with_ancestors(
+        entity: ast::Entity,
+        ancestors: SmallVec<[Ancestor; INLINE_ANCESTORS]>,
+    ) -> Self {
+        debug_assert_eq!(entity.ancestors().count(), ancestors.len());
+        let attrs = entity
+            .attrs()
+            .map(|(k, v)| match v {
+                ast::PartialValue::Value(v) => Some((k.clone(), v.clone())),
+                ast::PartialValue::Residual(_) => None,
+            })
+            .collect();
+        Self {
+            uid: entity.uid().clone(),
+            ancestors,
+            attrs,
+            entity: Arc::new(entity),
+        }
+    }
+
+    /// The closed entity of `entity`, taking the ancestors it holds (parents and indirect
+    /// ancestors, as Cedar keeps them) as its whole closure: for an entity with no parents,
+    /// such as a work item, or one Cedar has already closed.
+    pub(crate) fn of(entity: ast::Entity) -> Self {
+        let ancestors = entity
+            .ancestors()
+            .map(|a| (uid_hash(a), Arc::new(a.clone())))
+            .collect();
+        Self::with_ancestors(entity, ancestors)
+    }
+
+    /// The entity's uid.
+    pub(crate) fn uid(&self) -> &ast::EntityUID {
+        &self.uid
+    }
+
+    /// Cedar's entity, with every ancestor among its parents.
+    pub(crate) fn entity(&self) -> &Arc<ast::Entity> {
+        &self.entity
+    }
+
+    /// The attribute `name`: `Some(Ok(value))`, `None` when the entity has no such attribute,
+    /// or `Some(Err(value))` with Cedar's partial value when it is not a concrete value (never
+    /// so for stored entities, which are parsed from JSON).
+    pub(crate) fn attr(&self, name: &str) -> Option<Result<&ast::Value, &ast::PartialValue>> {
+        match &self.attrs {
+            Some(attrs) => attrs.iter().find(|(k, _)| k == name).map(|(_, v)| Ok(v)),
+            None => self.entity.get(name).map(|pv| match pv {
+                ast::PartialValue::Value(v) => Ok(v),
+                ast::PartialValue::Residual(_) => Err(pv),
+            }),
+        }
+    }
+
+    /// Every ancestor, direct or not, each once, in no particular order.
+    pub(crate) fn ancestors(&self) -> impl Iterator<Item = &ast::EntityUID> {
+        self.ancestors.iter().map(|(_, a)| &**a)
+    }
+
+    /// Whether `uid` is an ancestor (Cedar's `Entity::is_descendant_of`: the entity itself is
+    /// not its own ancestor).
+    pub(crate) fn is_descendant_of(&self, uid: &ast::EntityUID) -> bool {
+        if self.ancestors.is_empty() {
+            return false;
+        }
+        let h = uid_hash(uid);
+        self.ancestors.iter().any(|(ah, a)| *ah == h && **a == *uid)
+    }
+}
+
+/// The flat table of the closed entities of a [`Hierarchy`]: the records alone, each found by
 /// its own uid, with no separate copy of the uid as a key.
 ///
 /// Cedar's `EntityUID` is 120 bytes, so in a table keyed by it each slot spans two cache lines,
 /// and looking up a principal that is not in the cache missed on both before it reached the
 /// entity, which the check reads anyway. Here a slot is one pointer: a lookup reads the control
-/// bytes, the pointer, and the entity's own uid to confirm the match (docs/benchmarks.md,
-/// decision core run 10).
+/// bytes, the pointer, and the record's uid to confirm the match (docs/benchmarks.md, decision
+/// core runs 10 and 12).
 #[derive(Debug, Default)]
 pub(crate) struct EntityTable {
     /// The hasher the slots were placed with.
     hasher: FastHasher,
-    table: hashbrown::HashTable<Arc<ast::Entity>>,
+    table: hashbrown::HashTable<Arc<ClosedEntity>>,
 }
 
-impl FlatTable<ast::EntityUID, Arc<ast::Entity>> for EntityTable {
+impl FlatTable<ast::EntityUID, Arc<ClosedEntity>> for EntityTable {
     /// The keys must be the entities' own uids; only the entities are kept.
-    fn with_entries(entries: Vec<(ast::EntityUID, Arc<ast::Entity>)>) -> Self {
+    fn with_entries(entries: Vec<(ast::EntityUID, Arc<ClosedEntity>)>) -> Self {
         let hasher = FastHasher::default();
         let mut table = hashbrown::HashTable::with_capacity(entries.len());
         for (uid, e) in entries {
             debug_assert!(&uid == e.uid(), "an entity filed under another uid");
             let h = hasher.hash_one(e.uid());
-            match table.find_mut(h, |x: &Arc<ast::Entity>| x.uid() == e.uid()) {
+            match table.find_mut(h, |x: &Arc<ClosedEntity>| x.uid() == e.uid()) {
                 Some(slot) => *slot = e,
                 None => {
-                    table.insert_unique(h, e, |x: &Arc<ast::Entity>| hasher.hash_one(x.uid()));
+                    table.insert_unique(h, e, |x: &Arc<ClosedEntity>| hasher.hash_one(x.uid()));
                 }
             }
         }
         Self { hasher, table }
     }
 
-    fn get<Q>(&self, k: &Q) -> Option<&Arc<ast::Entity>>
+    fn get<Q>(&self, k: &Q) -> Option<&Arc<ClosedEntity>>
     where
         ast::EntityUID: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
@@ -128,10 +248,10 @@ impl FlatTable<ast::EntityUID, Arc<ast::Entity>> for EntityTable {
             .find(self.hasher.hash_one(k), |e| e.uid().borrow() == k)
     }
 
-    fn entries<'a>(&'a self) -> impl Iterator<Item = (&'a ast::EntityUID, &'a Arc<ast::Entity>)>
+    fn entries<'a>(&'a self) -> impl Iterator<Item = (&'a ast::EntityUID, &'a Arc<ClosedEntity>)>
     where
         ast::EntityUID: 'a,
-        Arc<ast::Entity>: 'a,
+        Arc<ClosedEntity>: 'a,
     {
         self.table.iter().map(|e| (e.uid(), e))
     }
@@ -368,8 +488,8 @@ pub struct WorkItem {
     pub links: HashSet<EntityUid>,
     /// The item as a Cedar entity (type `WorkItem` of the bundle's schema).
     pub entity: Arc<StoredEntity>,
-    /// The same entity with its transitive ancestors, closed when the item was stored.
-    pub(crate) closed: Arc<ast::Entity>,
+    /// The same entity closed (a work item has no parents), made when the item was stored.
+    pub(crate) closed: Arc<ClosedEntity>,
 }
 
 /// One immutable snapshot of everything the decision point knows besides the bundle.
@@ -435,32 +555,35 @@ pub fn parse_uid_list(value: &Value, field: &str) -> Result<Vec<EntityUid>, Requ
 /// entity whose ancestors include it.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Hierarchy {
-    closed: Layered<ast::EntityUID, Arc<ast::Entity>, EntityTable>,
-    /// Uids that are (or were, since the last rebuild) a parent of some entity. An entity
-    /// outside this set has no descendants, so changing it re-closes only itself.
-    parents: PSet<EntityUid>,
+    closed: Layered<ast::EntityUID, Arc<ClosedEntity>, EntityTable>,
+    /// Uids that are (or were, since the last rebuild) an ancestor of some entity, each with
+    /// the one copy of it every [`ClosedEntity`] below it shares. An entity outside this map
+    /// has no descendants, so changing it re-closes only itself.
+    parents: PMap<EntityUid, Arc<ast::EntityUID>>,
 }
 
 impl Hierarchy {
     /// Closes one entity: its Cedar entity with every ancestor reachable through `look`
-    /// (depth-first, cycle-safe) added to its parents. The flag is true when the entity is its
-    /// own ancestor (a cycle, which Cedar refuses).
+    /// (depth-first, cycle-safe) added to its parents, and the same ancestors in the record
+    /// checks read ([`ClosedEntity`]), each the copy shared through `self.parents`. The flag is
+    /// true when the entity is its own ancestor (a cycle, which Cedar refuses).
     ///
     /// Every ancestor goes into the one set of parents, leaving Cedar's separate set of indirect
     /// ancestors empty. Cedar's `in` (`Entity::is_descendant_of`) and its ancestor iteration read
-    /// both sets alike, so a check decides the same; but a check then probes one table where it
-    /// probed two, and with 100,000 principals each probe of a principal's table is a cache miss
-    /// (docs/benchmarks.md, decision core run 10). A closed entity is never written out, so the
-    /// direct parents are not lost: the stored entity keeps them.
-    pub(crate) fn close_entity<'a>(
+    /// both sets alike, so Cedar's interpreter decides the same; and a check probes one table
+    /// where it probed two (docs/benchmarks.md, decision core run 10). A closed entity is never
+    /// written out, so the direct parents are not lost: the stored entity keeps them.
+    fn close_entity<'a>(
+        &mut self,
         se: &StoredEntity,
         look: &impl Fn(&EntityUid) -> Option<&'a StoredEntity>,
-    ) -> (ast::Entity, bool) {
+    ) -> (ClosedEntity, bool) {
         let mut core: ast::Entity = se.entity.as_ref().clone();
         let mut seen: HashSet<EntityUid> = HashSet::new();
         let mut stack: Vec<&EntityUid> = se.parents.iter().collect();
         let own = se.entity.uid();
         let mut cyclic = false;
+        let mut ancestors = SmallVec::new();
         while let Some(p) = stack.pop() {
             if !seen.insert(p.clone()) {
                 continue;
@@ -469,12 +592,21 @@ impl Hierarchy {
                 cyclic = true;
                 continue;
             }
+            let shared = match self.parents.get(p) {
+                Some(a) => Arc::clone(a),
+                None => {
+                    let a = Arc::new(p.as_ref().clone());
+                    self.parents.insert(p.clone(), Arc::clone(&a));
+                    a
+                }
+            };
+            ancestors.push((uid_hash(&shared), shared));
             core.add_parent(p.as_ref().clone());
             if let Some(pe) = look(p) {
                 stack.extend(pe.parents.iter().filter(|g| !seen.contains(*g)));
             }
         }
-        (core, cyclic)
+        (ClosedEntity::with_ancestors(core, ancestors), cyclic)
     }
 
     /// Closes every entity in `uids` from scratch. Returns the closure and the uids of entities
@@ -488,10 +620,7 @@ impl Hierarchy {
         let mut closed = Vec::new();
         for uid in uids {
             if let Some(se) = look(uid) {
-                for p in &se.parents {
-                    h.parents.insert(p.clone());
-                }
-                let (e, cyclic) = Self::close_entity(se, look);
+                let (e, cyclic) = h.close_entity(se, look);
                 if cyclic {
                     cycles.push(uid.clone());
                 }
@@ -516,7 +645,7 @@ impl Hierarchy {
     ) -> Result<(), Vec<EntityUid>> {
         let mut cycles = Vec::new();
         let mut affected: HashSet<EntityUid> = changed.iter().cloned().collect();
-        if changed.iter().any(|u| self.parents.contains(u)) {
+        if changed.iter().any(|u| self.parents.contains_key(u)) {
             let core: HashSet<&ast::EntityUID> = changed.iter().map(AsRef::as_ref).collect();
             for (uid, e) in self.closed.iter() {
                 if e.ancestors().any(|a| core.contains(a)) {
@@ -527,10 +656,7 @@ impl Hierarchy {
         for uid in affected {
             match look(&uid) {
                 Some(se) => {
-                    for p in &se.parents {
-                        self.parents.insert(p.clone());
-                    }
-                    let (e, cyclic) = Self::close_entity(se, look);
+                    let (e, cyclic) = self.close_entity(se, look);
                     self.closed.insert(e.uid().clone(), Arc::new(e));
                     if cyclic {
                         cycles.push(uid);
@@ -555,12 +681,12 @@ impl Hierarchy {
     }
 
     /// The closed entity `uid`, if known.
-    pub(crate) fn get(&self, uid: &EntityUid) -> Option<&Arc<ast::Entity>> {
+    pub(crate) fn get(&self, uid: &EntityUid) -> Option<&Arc<ClosedEntity>> {
         self.closed.get(uid.as_ref())
     }
 
     /// The closed entity `uid` (Cedar's internal uid), if known.
-    pub(crate) fn get_core(&self, uid: &ast::EntityUID) -> Option<&Arc<ast::Entity>> {
+    pub(crate) fn get_core(&self, uid: &ast::EntityUID) -> Option<&Arc<ClosedEntity>> {
         self.closed.get(uid)
     }
 
@@ -586,8 +712,82 @@ impl Hierarchy {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
+    #![allow(clippy::unwrap_used, clippy::panic)]
     use super::*;
+    use std::str::FromStr;
+
+    /// A hierarchy's closed records agree with Cedar's own transitive closure on `in` and on
+    /// attributes, for entities with fewer and more ancestors and attributes than a record
+    /// holds inline, and ancestors are shared between the records of one hierarchy.
+    #[test]
+    fn closed_records_match_cedar() {
+        let json = r#"[
+          {"uid": {"type": "U", "id": "a"}, "attrs": {"n": 1},
+           "parents": [{"type": "G", "id": "g1"}, {"type": "G", "id": "g2"}]},
+          {"uid": {"type": "U", "id": "b"}, "attrs": {"n": 2, "s": "x", "t": [1], "r": {"k": true}},
+           "parents": [{"type": "G", "id": "g3"}, {"type": "G", "id": "g4"}, {"type": "G", "id": "g5"}]},
+          {"uid": {"type": "G", "id": "g1"}, "attrs": {}, "parents": [{"type": "G", "id": "top"}]},
+          {"uid": {"type": "G", "id": "g2"}, "attrs": {}, "parents": [{"type": "G", "id": "g1"}]},
+          {"uid": {"type": "G", "id": "g3"}, "attrs": {}, "parents": [{"type": "G", "id": "top"}]},
+          {"uid": {"type": "G", "id": "g4"}, "attrs": {}, "parents": []},
+          {"uid": {"type": "G", "id": "g5"}, "attrs": {}, "parents": [{"type": "G", "id": "missing"}]},
+          {"uid": {"type": "G", "id": "top"}, "attrs": {}, "parents": []}
+        ]"#;
+        let cedar = Entities::from_json_str(json, None).unwrap();
+        let stored: Vec<StoredEntity> = cedar
+            .iter()
+            .cloned()
+            .map(StoredEntity::from_entity)
+            .collect();
+        let look = |u: &EntityUid| stored.iter().find(|s| s.entity.uid() == *u);
+        let uids: Vec<EntityUid> = stored.iter().map(|s| s.entity.uid()).collect();
+        let (h, cycles) = Hierarchy::rebuild(uids.iter(), &look);
+        assert!(cycles.is_empty());
+        let core: &CoreEntities = cedar.as_ref();
+        let names = [
+            "a", "b", "g1", "g2", "g3", "g4", "g5", "top", "missing", "zz",
+        ];
+        let every: Vec<ast::EntityUID> = names
+            .iter()
+            .flat_map(|n| ["U", "G"].map(|t| ast::EntityUID::with_eid_and_type(t, n).unwrap()))
+            .collect();
+        for u in &uids {
+            let closed = h.get(u).unwrap();
+            let cedar_policy_core::entities::Dereference::Data(want) = core.entity(u.as_ref())
+            else {
+                panic!("{u} not in Cedar's entities")
+            };
+            assert_eq!(closed.uid(), want.uid());
+            for target in &every {
+                assert_eq!(
+                    closed.is_descendant_of(target),
+                    want.is_descendant_of(target),
+                    "{u} in {target}"
+                );
+            }
+            for name in ["n", "s", "t", "r", "none"] {
+                let got = closed.attr(name).map(|r| r.unwrap().clone());
+                let want = want.get(name).map(|pv| match pv {
+                    ast::PartialValue::Value(v) => v.clone(),
+                    ast::PartialValue::Residual(_) => panic!("residual"),
+                });
+                assert_eq!(got, want, "{u}.{name}");
+            }
+        }
+        // Both users reach `top`; their records share the one copy of its uid.
+        let top = |u: &str| {
+            let c = h
+                .get(&EntityUid::from_str(&format!("U::\"{u}\"")).unwrap())
+                .unwrap();
+            let (_, shared) = c
+                .ancestors
+                .iter()
+                .find(|(_, a)| a.eid().as_ref() == "top")
+                .unwrap();
+            Arc::clone(shared)
+        };
+        assert!(Arc::ptr_eq(&top("a"), &top("b")));
+    }
 
     /// Compares a `Layered` map over an `EntityTable` against a `std` map of uid to entity over
     /// inserts, replacements, removals (of entities in the overlay only, in the table only, and
@@ -599,17 +799,19 @@ mod tests {
         let entity = |k: u32, v: u32| {
             let mut e = ast::Entity::with_uid(uid(k));
             e.add_parent(uid(100_000 + v));
-            Arc::new(e)
+            Arc::new(ClosedEntity::of(e))
         };
-        type Closed = Layered<ast::EntityUID, Arc<ast::Entity>, EntityTable>;
+        type Closed = Layered<ast::EntityUID, Arc<ClosedEntity>, EntityTable>;
         let mut c: Closed = (0..3000).map(|k| (uid(k), entity(k, 0))).collect();
-        let mut m: std::collections::HashMap<ast::EntityUID, Arc<ast::Entity>> =
+        let mut m: std::collections::HashMap<ast::EntityUID, Arc<ClosedEntity>> =
             (0..3000).map(|k| (uid(k), entity(k, 0))).collect();
-        let same = |c: &Closed, m: &std::collections::HashMap<_, Arc<ast::Entity>>| {
+        let same = |c: &Closed, m: &std::collections::HashMap<_, Arc<ClosedEntity>>| {
             assert_eq!(c.len(), m.len());
             assert_eq!(c.iter().count(), m.len());
             for k in 0..5000 {
-                let got = c.get(&uid(k)).map(|e| e.deep_eq(m.get(&uid(k)).unwrap()));
+                let got = c
+                    .get(&uid(k))
+                    .map(|e| e.entity().deep_eq(m.get(&uid(k)).unwrap().entity()));
                 assert_eq!(got.is_some(), m.contains_key(&uid(k)), "u{k}");
                 assert_ne!(got, Some(false), "u{k}");
             }

@@ -105,8 +105,9 @@ pub(crate) fn uid_hash(uid: &ast::EntityUID) -> u64 {
     UID_HASHER.hash_one(uid)
 }
 
-/// An entity as a check reads it from the snapshot: its uid and all its ancestors (the
-/// transitive closure) in one small record, beside Cedar's entity with the same closure.
+/// An entity as a check reads it from the snapshot: its uid, all its ancestors (the transitive
+/// closure) and its attribute values in one small record, beside Cedar's entity with the same
+/// closure.
 ///
 /// Looking a principal up and asking `principal in G` are what every check does, and with
 /// 100,000 principals the principal's data is rarely in the cache. In Cedar's `Entity` they
@@ -115,13 +116,15 @@ pub(crate) fn uid_hash(uid: &ast::EntityUID) -> u64 {
 /// benchmarks.md, decision core run 12). Here the table compares the record's own uid, and `in`
 /// scans at most a few ancestors in the same record by a 64-bit hash, reading an ancestor's
 /// uid only on a hash match, and that uid is shared with every other member of the group, so
-/// it is usually cached. Cedar's entity is read only for attributes and tags, and handed to
-/// Cedar's interpreter when a condition needs it.
+/// it is usually cached. Attribute values are read from the record too (no `BTreeMap` node to
+/// reach). Cedar's entity is read only for tags, and handed to Cedar's interpreter when a
+/// condition needs it.
 #[derive(Debug)]
 pub(crate) struct ClosedEntity {
     /// The entity's uid (equal to `entity.uid()`).
     uid: ast::EntityUID,
-    /// Every ancestor, direct or not, each once.
+    /// Every ancestor, direct or not: each once when closed by [`Hierarchy::close_entity`]; as
+    /// Cedar lists them (parents, then indirect ancestors) when made by [`ClosedEntity::of`].
     ancestors: SmallVec<[Ancestor; INLINE_ANCESTORS]>,
     /// The entity's attributes (the same values as Cedar's entity holds, sharing their sets and
     /// records), or `None` when one of them is not a concrete value.
@@ -187,7 +190,7 @@ impl ClosedEntity {
         }
     }
 
-    /// Every ancestor, direct or not, each once, in no particular order.
+    /// Every ancestor, direct or not, in no particular order (see the field's docs).
     pub(crate) fn ancestors(&self) -> impl Iterator<Item = &ast::EntityUID> {
         self.ancestors.iter().map(|(_, a)| &**a)
     }

@@ -29,7 +29,7 @@
 //! ([`crate::scope::Scoped::satisfied`]), and a property test compares the two over generated
 //! conditions and entities (tests at the end of this file).
 
-use crate::store::ClosedEntity;
+use crate::store::{uid_hash, ClosedEntity};
 use cedar_policy_core::ast::{
     BinaryOp, Entity, EntityType, EntityUID, Expr, ExprKind, Literal, PartialValue, Pattern, Set,
     SlotEnv, UnaryOp, Value, ValueKind, Var,
@@ -53,6 +53,9 @@ enum Node {
     Unary(UnaryOp, Box<Node>),
     Binary(BinaryOp, Box<(Node, Node)>),
     GetAttr(Box<Node>, SmolStr),
+    /// `e.attr.contains(x)`: [`BinaryOp::Contains`] on an attribute, which can rule a uid out
+    /// by the hashes a [`ClosedEntity`] files a small set of entities under.
+    AttrContains(Box<(Node, Node)>, SmolStr),
     HasAttr(Box<Node>, SmolStr),
     /// `e has a.b.c`.
     HasPath(Box<Node>, Vec<SmolStr>),
@@ -133,9 +136,15 @@ impl<'a> EntityRef<'a> {
     /// The attribute `attr` (Cedar's `Entity::get`): `None` when there is none, an error
     /// ([`Stop::Cedar`]) when it is not a concrete value.
     fn get(self, attr: &str) -> Option<Res<&'a Value>> {
+        self.get_filed(attr).map(|r| r.map(|(v, _)| v))
+    }
+
+    /// [`Self::get`], with the hashes of the entities in the value when the record files them
+    /// ([`ClosedEntity::attr_filed`]).
+    fn get_filed(self, attr: &str) -> Option<Res<(&'a Value, Option<&'a [u64]>)>> {
         match self {
-            Self::Closed(c) => c.attr(attr).map(|r| r.map_err(|_| Stop::Cedar)),
-            Self::Cedar(e) => e.get(attr).map(concrete),
+            Self::Closed(c) => c.attr_filed(attr).map(|r| r.map_err(|_| Stop::Cedar)),
+            Self::Cedar(e) => e.get(attr).map(|pv| concrete(pv).map(|v| (v, None))),
         }
     }
 
@@ -337,6 +346,16 @@ fn compile(e: &Expr, slots: &SlotEnv, depth: usize) -> Option<Node> {
         ExprKind::And { left, right } => Node::And(pair(left, right, slots, d)?),
         ExprKind::Or { left, right } => Node::Or(pair(left, right, slots, d)?),
         ExprKind::UnaryApp { op, arg } => Node::Unary(*op, boxed(arg, slots, d)?),
+        ExprKind::BinaryApp {
+            op: BinaryOp::Contains,
+            arg1,
+            arg2,
+        } if matches!(arg1.expr_kind(), ExprKind::GetAttr { .. }) => match arg1.expr_kind() {
+            ExprKind::GetAttr { expr, attr } => {
+                Node::AttrContains(pair(expr, arg2, slots, d)?, attr.clone())
+            }
+            _ => return None,
+        },
         ExprKind::BinaryApp { op, arg1, arg2 } => Node::Binary(*op, pair(arg1, arg2, slots, d)?),
         ExprKind::GetAttr { expr, attr } => Node::GetAttr(boxed(expr, slots, d)?, attr.clone()),
         ExprKind::HasAttr { expr, attr } => Node::HasAttr(boxed(expr, slots, d)?, attr.clone()),
@@ -433,6 +452,25 @@ fn eval<'a>(n: &'a Node, env: &'a Env<'a>) -> Res<Cow<'a, Value>> {
                 Cow::Owned(v) => get_attr(&v, attr, env).map(|x| Cow::Owned(x.clone())),
             }
         }
+        Node::AttrContains(b, attr) => {
+            let (e, x) = &**b;
+            let v = eval(e, env)?;
+            let Cow::Borrowed(v) = v else {
+                // A record built by the condition itself: no hashes to use.
+                let set = get_attr(&v, attr, env)?.clone();
+                let x = eval(x, env)?;
+                return binary(BinaryOp::Contains, &set, &x, env);
+            };
+            let (set, uids) = get_attr_filed(v, attr, env)?;
+            let x = eval(x, env)?;
+            if let (Some(uids), ValueKind::Lit(Literal::EntityUID(u))) = (uids, &x.value) {
+                // `set` is a set (only sets have hashes), and `u` is in it only if its hash is.
+                if !uids.contains(&uid_hash(u)) {
+                    return Ok(boolean(false));
+                }
+            }
+            binary(BinaryOp::Contains, set, &x, env)
+        }
         Node::HasAttr(e, attr) => {
             let v = eval(e, env)?;
             Ok(boolean(has_attr(&v, attr, env)?))
@@ -469,11 +507,21 @@ fn eval<'a>(n: &'a Node, env: &'a Env<'a>) -> Res<Cow<'a, Value>> {
 /// `v.attr` on an entity or a record (Cedar's `get_attr`): a missing entity or attribute is
 /// an error, as is any other kind of value.
 fn get_attr<'v>(v: &'v Value, attr: &str, env: &Env<'v>) -> Res<&'v Value> {
+    get_attr_filed(v, attr, env).map(|(v, _)| v)
+}
+
+/// [`get_attr`], with the hashes of the entities in the value where the entity's record files
+/// them ([`ClosedEntity::attr_filed`]).
+fn get_attr_filed<'v>(
+    v: &'v Value,
+    attr: &str,
+    env: &Env<'v>,
+) -> Res<(&'v Value, Option<&'v [u64]>)> {
     match &v.value {
-        ValueKind::Record(r) => r.get(attr).ok_or(Stop::Error),
+        ValueKind::Record(r) => r.get(attr).map(|x| (x, None)).ok_or(Stop::Error),
         ValueKind::Lit(Literal::EntityUID(uid)) => {
             let e = env.entity(uid).ok_or(Stop::Error)?;
-            e.get(attr).ok_or(Stop::Error)?
+            e.get_filed(attr).ok_or(Stop::Error)?
         }
         _ => Err(Stop::Error),
     }
@@ -963,6 +1011,16 @@ mod tests {
             "resource.owner.blocked.contains(principal)",
             "principal.blocked.contains(resource.owner)",
             "principal has blocked && principal.blocked.contains(User::\"bob\")",
+            // `contains` on an attribute, filed by hash or not, hit or miss.
+            "principal.blocked.contains(User::\"alice\")",
+            "User::\"bob\".blocked.contains(principal)",
+            "principal.nums.contains(User::\"bob\")",
+            "principal.nums.contains(2)",
+            "principal.blocked.contains(1)",
+            "principal.name.contains(User::\"bob\")",
+            "User::\"ghost\".blocked.contains(principal)",
+            "{a: [User::\"bob\"]}.a.contains(User::\"bob\")",
+            "context.set.contains(1)",
             "User::\"ghost\" has name",
             "User::\"ghost\".name == \"x\"",
             "principal.manager.manager has name",

@@ -95,6 +95,10 @@ const INLINE_ANCESTORS: usize = 4;
 /// Attributes a [`ClosedEntity`] holds in its own allocation; more go to a separate one.
 const INLINE_ATTRS: usize = 2;
 
+/// Most entity elements of a set attribute that a [`ClosedEntity`] files by hash
+/// ([`Attr::uids`]); a bigger set is searched through Cedar's own hash set.
+const MAX_FILED_UIDS: usize = 16;
+
 /// The hasher of [`uid_hash`]: one per process, seeded at random like [`FastHasher`].
 static UID_HASHER: LazyLock<FastHasher> = LazyLock::new(FastHasher::default);
 
@@ -117,8 +121,45 @@ pub(crate) fn uid_hash(uid: &ast::EntityUID) -> u64 {
 /// scans at most a few ancestors in the same record by a 64-bit hash, reading an ancestor's
 /// uid only on a hash match, and that uid is shared with every other member of the group, so
 /// it is usually cached. Attribute values are read from the record too (no `BTreeMap` node to
-/// reach). Cedar's entity is read only for tags, and handed to Cedar's interpreter when a
-/// condition needs it.
+/// reach), and a small set of entities, such as document_cloud's `blocked`, has the hashes of
+/// its entities beside it, so `contains` usually answers without reaching the set. Cedar's
+/// entity is read only for tags, and handed to Cedar's interpreter when a condition needs it.
+/// One attribute of a [`ClosedEntity`]: its name and value and, for a set of entities, their
+/// hashes.
+#[derive(Debug)]
+struct Attr {
+    name: SmolStr,
+    /// The value Cedar's entity holds (sharing its set or record).
+    value: ast::Value,
+    /// For a set holding at most [`MAX_FILED_UIDS`] entity uids, the [`uid_hash`] of each, in
+    /// the record itself: a uid whose hash is not among them is not in the set, which answers
+    /// the usual `principal.blocked.contains(resource.owner)` without reaching Cedar's hash set
+    /// behind the value (its header, then its control bytes: two dependent cache misses on a
+    /// principal not in the cache). `None` for any other value or a bigger set.
+    uids: Option<SmallVec<[u64; 2]>>,
+}
+
+impl Attr {
+    fn new(name: SmolStr, value: ast::Value) -> Self {
+        let uids = match &value.value {
+            ast::ValueKind::Set(s) => {
+                let uids: SmallVec<[u64; 2]> = s
+                    .authoritative
+                    .iter()
+                    .filter_map(|v| match &v.value {
+                        ast::ValueKind::Lit(ast::Literal::EntityUID(u)) => Some(uid_hash(u)),
+                        _ => None,
+                    })
+                    .take(MAX_FILED_UIDS + 1)
+                    .collect();
+                (uids.len() <= MAX_FILED_UIDS).then_some(uids)
+            }
+            _ => None,
+        };
+        Self { name, value, uids }
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct ClosedEntity {
     /// The entity's uid (equal to `entity.uid()`).
@@ -128,7 +169,7 @@ pub(crate) struct ClosedEntity {
     ancestors: SmallVec<[Ancestor; INLINE_ANCESTORS]>,
     /// The entity's attributes (the same values as Cedar's entity holds, sharing their sets and
     /// records), or `None` when one of them is not a concrete value.
-    attrs: Option<SmallVec<[(SmolStr, ast::Value); INLINE_ATTRS]>>,
+    attrs: Option<SmallVec<[Attr; INLINE_ATTRS]>>,
     /// Cedar's entity, every ancestor among its parents (see [`Hierarchy::close_entity`]).
     entity: Arc<ast::Entity>,
 }
@@ -144,7 +185,7 @@ impl ClosedEntity {
         let attrs = entity
             .attrs()
             .map(|(k, v)| match v {
-                ast::PartialValue::Value(v) => Some((k.clone(), v.clone())),
+                ast::PartialValue::Value(v) => Some(Attr::new(k.clone(), v.clone())),
                 ast::PartialValue::Residual(_) => None,
             })
             .collect();
@@ -177,14 +218,25 @@ impl ClosedEntity {
         &self.entity
     }
 
-    /// The attribute `name`: `Some(Ok(value))`, `None` when the entity has no such attribute,
-    /// or `Some(Err(value))` with Cedar's partial value when it is not a concrete value (never
-    /// so for stored entities, which are parsed from JSON).
-    pub(crate) fn attr(&self, name: &str) -> Option<Result<&ast::Value, &ast::PartialValue>> {
+    /// The attribute `name`: `Some(Ok((value, hashes)))`, `None` when the entity has no such
+    /// attribute, or `Some(Err(value))` with Cedar's partial value when it is not a concrete
+    /// value (never so for stored entities, which are parsed from JSON).
+    ///
+    /// `hashes`, when the value is a set of at most [`MAX_FILED_UIDS`] entities (and perhaps
+    /// other values), holds the [`uid_hash`] of each of those entities, so a uid whose hash is
+    /// not among them is not in the set. It is `None` for any other value, a bigger set, and
+    /// every attribute of an entity with a residual one.
+    pub(crate) fn attr_filed(
+        &self,
+        name: &str,
+    ) -> Option<Result<(&ast::Value, Option<&[u64]>), &ast::PartialValue>> {
         match &self.attrs {
-            Some(attrs) => attrs.iter().find(|(k, _)| k == name).map(|(_, v)| Ok(v)),
+            Some(attrs) => attrs
+                .iter()
+                .find(|a| a.name == name)
+                .map(|a| Ok((&a.value, a.uids.as_deref()))),
             None => self.entity.get(name).map(|pv| match pv {
-                ast::PartialValue::Value(v) => Ok(v),
+                ast::PartialValue::Value(v) => Ok((v, None)),
                 ast::PartialValue::Residual(_) => Err(pv),
             }),
         }
@@ -727,7 +779,8 @@ mod tests {
         let json = r#"[
           {"uid": {"type": "U", "id": "a"}, "attrs": {"n": 1},
            "parents": [{"type": "G", "id": "g1"}, {"type": "G", "id": "g2"}]},
-          {"uid": {"type": "U", "id": "b"}, "attrs": {"n": 2, "s": "x", "t": [1], "r": {"k": true}},
+          {"uid": {"type": "U", "id": "b"}, "attrs": {"n": 2, "s": "x", "t": [1], "r": {"k": true},
+           "m": [{"__entity": {"type": "G", "id": "g1"}}, 2, {"__entity": {"type": "U", "id": "a"}}]},
            "parents": [{"type": "G", "id": "g3"}, {"type": "G", "id": "g4"}, {"type": "G", "id": "g5"}]},
           {"uid": {"type": "G", "id": "g1"}, "attrs": {}, "parents": [{"type": "G", "id": "top"}]},
           {"uid": {"type": "G", "id": "g2"}, "attrs": {}, "parents": [{"type": "G", "id": "g1"}]},
@@ -736,7 +789,15 @@ mod tests {
           {"uid": {"type": "G", "id": "g5"}, "attrs": {}, "parents": [{"type": "G", "id": "missing"}]},
           {"uid": {"type": "G", "id": "top"}, "attrs": {}, "parents": []}
         ]"#;
-        let cedar = Entities::from_json_str(json, None).unwrap();
+        // `a` also has a set of more entities than a record files by hash.
+        let big: Vec<String> = (0..=MAX_FILED_UIDS)
+            .map(|i| format!(r#"{{"__entity": {{"type": "G", "id": "x{i}"}}}}"#))
+            .collect();
+        let json = json.replace(
+            r#""attrs": {"n": 1}"#,
+            &format!(r#""attrs": {{"n": 1, "big": [{}]}}"#, big.join(", ")),
+        );
+        let cedar = Entities::from_json_str(&json, None).unwrap();
         let stored: Vec<StoredEntity> = cedar
             .iter()
             .cloned()
@@ -768,8 +829,31 @@ mod tests {
                     "{u} in {target}"
                 );
             }
-            for name in ["n", "s", "t", "r", "none"] {
-                let got = closed.attr(name).map(|r| r.unwrap().clone());
+            for name in ["n", "s", "t", "r", "m", "big", "none"] {
+                let filed = closed.attr_filed(name).map(|r| r.unwrap());
+                if let Some((
+                    ast::Value {
+                        value: ast::ValueKind::Set(set),
+                        ..
+                    },
+                    Some(hashes),
+                )) = filed
+                {
+                    // Every entity in a filed set is found by its hash, and nothing else is.
+                    for target in &every {
+                        let v = ast::Value::from(target.clone());
+                        if set.contains(&v) {
+                            assert!(hashes.contains(&uid_hash(target)), "{u}.{name} {target}");
+                        }
+                    }
+                    let entities = set.iter().filter(|v| {
+                        matches!(v.value, ast::ValueKind::Lit(ast::Literal::EntityUID(_)))
+                    });
+                    assert_eq!(entities.count(), hashes.len());
+                } else if let Some((v, Some(_))) = filed {
+                    panic!("{u}.{name} = {v} has hashes but is not a set");
+                }
+                let got = filed.map(|(v, _)| v.clone());
                 let want = want.get(name).map(|pv| match pv {
                     ast::PartialValue::Value(v) => v.clone(),
                     ast::PartialValue::Residual(_) => panic!("residual"),
@@ -777,6 +861,23 @@ mod tests {
                 assert_eq!(got, want, "{u}.{name}");
             }
         }
+        // Which attributes have their entities filed by hash.
+        let user = |u: &str| {
+            h.get(&EntityUid::from_str(&format!("U::\"{u}\"")).unwrap())
+                .unwrap()
+        };
+        let filed = |u: &str, name: &str| {
+            user(u)
+                .attr_filed(name)
+                .unwrap()
+                .unwrap()
+                .1
+                .map(<[u64]>::len)
+        };
+        assert_eq!(filed("b", "m"), Some(2));
+        assert_eq!(filed("b", "t"), Some(0));
+        assert_eq!(filed("b", "n"), None);
+        assert_eq!(filed("a", "big"), None);
         // Both users reach `top`; their records share the one copy of its uid.
         let top = |u: &str| {
             let c = h

@@ -29,7 +29,7 @@
 //! ([`crate::scope::Scoped::satisfied`]), and a property test compares the two over generated
 //! conditions and entities (tests at the end of this file).
 
-use crate::store::{uid_hash, ClosedEntity};
+use crate::store::{uid_hash, ClosedEntity, Filed};
 use cedar_policy_core::ast::{
     BinaryOp, Entity, EntityType, EntityUID, Expr, ExprKind, Literal, PartialValue, Pattern, Set,
     SlotEnv, UnaryOp, Value, ValueKind, Var,
@@ -141,7 +141,7 @@ impl<'a> EntityRef<'a> {
 
     /// [`Self::get`], with the hashes of the entities in the value when the record files them
     /// ([`ClosedEntity::attr_filed`]).
-    fn get_filed(self, attr: &str) -> Option<Res<(&'a Value, Option<&'a [u64]>)>> {
+    fn get_filed(self, attr: &str) -> Option<Res<Filed<'a>>> {
         match self {
             Self::Closed(c) => c.attr_filed(attr).map(|r| r.map_err(|_| Stop::Cedar)),
             Self::Cedar(e) => e.get(attr).map(|pv| concrete(pv).map(|v| (v, None))),
@@ -512,11 +512,7 @@ fn get_attr<'v>(v: &'v Value, attr: &str, env: &Env<'v>) -> Res<&'v Value> {
 
 /// [`get_attr`], with the hashes of the entities in the value where the entity's record files
 /// them ([`ClosedEntity::attr_filed`]).
-fn get_attr_filed<'v>(
-    v: &'v Value,
-    attr: &str,
-    env: &Env<'v>,
-) -> Res<(&'v Value, Option<&'v [u64]>)> {
+fn get_attr_filed<'v>(v: &'v Value, attr: &str, env: &Env<'v>) -> Res<Filed<'v>> {
     match &v.value {
         ValueKind::Record(r) => r.get(attr).map(|x| (x, None)).ok_or(Stop::Error),
         ValueKind::Lit(Literal::EntityUID(uid)) => {

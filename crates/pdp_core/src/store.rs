@@ -308,42 +308,11 @@ impl EntityTable {
             let slot = self.slots.get(i)?;
             match &slot.entity {
                 None => return Some(i),
-                Some(e) if slot.hash == h => {
-                    prefetch(e);
-                    if e.uid().borrow() == uid {
-                        return Some(i);
-                    }
-                    i = (i + 1) & mask;
-                }
+                Some(e) if slot.hash == h && e.uid().borrow() == uid => return Some(i),
                 Some(_) => i = (i + 1) & mask,
             }
         }
     }
-}
-
-/// Asks the processor to bring every cache line of `e`'s allocation into the cache, all at
-/// once. A check reads most of a principal's record (uid, ancestors, attributes), but each
-/// part at a different time, thousands of instructions apart, so for a record not in the
-/// cache each line would be a miss of its own, one after the other; prefetched together with
-/// the line the uid comparison reads, they arrive in the time of one. A prefetch is a hint
-/// that never faults and reads nothing into the program; elsewhere than on x86-64 this does
-/// nothing.
-#[inline]
-fn prefetch(e: &Arc<ClosedEntity>) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        // The record sits after the `Arc`'s two counters, which a check's clone writes.
-        const HEADER: usize = 2 * std::mem::size_of::<usize>();
-        let start = Arc::as_ptr(e).cast::<i8>().wrapping_sub(HEADER);
-        for off in (0..HEADER + std::mem::size_of::<ClosedEntity>()).step_by(64) {
-            // SAFETY: a prefetch only hints the cache: it reads nothing into the program and
-            // never faults, whatever the address; SSE, which it needs, is in every x86-64.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(start.wrapping_add(off)) };
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = e;
 }
 
 impl FlatTable<ast::EntityUID, Arc<ClosedEntity>> for EntityTable {

@@ -350,11 +350,11 @@ fn compile(e: &Expr, slots: &SlotEnv, depth: usize) -> Option<Node> {
             op: BinaryOp::Contains,
             arg1,
             arg2,
-        } if matches!(arg1.expr_kind(), ExprKind::GetAttr { .. }) => match arg1.expr_kind() {
+        } => match arg1.expr_kind() {
             ExprKind::GetAttr { expr, attr } => {
                 Node::AttrContains(pair(expr, arg2, slots, d)?, attr.clone())
             }
-            _ => return None,
+            _ => Node::Binary(BinaryOp::Contains, pair(arg1, arg2, slots, d)?),
         },
         ExprKind::BinaryApp { op, arg1, arg2 } => Node::Binary(*op, pair(arg1, arg2, slots, d)?),
         ExprKind::GetAttr { expr, attr } => Node::GetAttr(boxed(expr, slots, d)?, attr.clone()),

@@ -102,28 +102,13 @@ const MAX_FILED_UIDS: usize = 16;
 /// The hasher of [`uid_hash`]: one per process, seeded at random like [`FastHasher`].
 static UID_HASHER: LazyLock<FastHasher> = LazyLock::new(FastHasher::default);
 
-/// The hash [`ClosedEntity`] files its ancestors under: 64 bits of foldhash of the whole uid
+/// The hash [`ClosedEntity`] files its ancestors and the entities of its small sets under: 64 bits of foldhash of the whole uid
 /// (type and id), with the process's seed. Equal uids hash equal; a match is always confirmed
 /// by comparing the uids.
 pub(crate) fn uid_hash(uid: &ast::EntityUID) -> u64 {
     UID_HASHER.hash_one(uid)
 }
 
-/// An entity as a check reads it from the snapshot: its uid, all its ancestors (the transitive
-/// closure) and its attribute values in one small record, beside Cedar's entity with the same
-/// closure.
-///
-/// Looking a principal up and asking `principal in G` are what every check does, and with
-/// 100,000 principals the principal's data is rarely in the cache. In Cedar's `Entity` they
-/// were a chain of dependent loads: the entity (five cache lines, its uid first), then its
-/// ancestor set's control bytes, then the 120-byte uid in the matching bucket (docs/
-/// benchmarks.md, decision core run 12). Here the table compares the record's own uid, and `in`
-/// scans at most a few ancestors in the same record by a 64-bit hash, reading an ancestor's
-/// uid only on a hash match, and that uid is shared with every other member of the group, so
-/// it is usually cached. Attribute values are read from the record too (no `BTreeMap` node to
-/// reach), and a small set of entities, such as document_cloud's `blocked`, has the hashes of
-/// its entities beside it, so `contains` usually answers without reaching the set. Cedar's
-/// entity is read only for tags, and handed to Cedar's interpreter when a condition needs it.
 /// An attribute value read from a [`ClosedEntity`], with the [`uid_hash`] of each entity in it
 /// when the record files them ([`ClosedEntity::attr_filed`]).
 pub(crate) type Filed<'a> = (&'a ast::Value, Option<&'a [u64]>);
@@ -144,6 +129,8 @@ struct Attr {
 }
 
 impl Attr {
+    /// The attribute `name` with `value`, its entities' hashes filed when it is a set of at
+    /// most [`MAX_FILED_UIDS`] of them.
     fn new(name: SmolStr, value: ast::Value) -> Self {
         let uids = match &value.value {
             ast::ValueKind::Set(s) => {
@@ -164,6 +151,21 @@ impl Attr {
     }
 }
 
+/// An entity as a check reads it from the snapshot: its uid, all its ancestors (the transitive
+/// closure) and its attribute values in one small record, beside Cedar's entity with the same
+/// closure.
+///
+/// Looking a principal up and asking `principal in G` are what every check does, and with
+/// 100,000 principals the principal's data is rarely in the cache. In Cedar's `Entity` they
+/// were a chain of dependent loads: the entity (five cache lines, its uid first), then its
+/// ancestor set's control bytes, then the 120-byte uid in the matching bucket (docs/
+/// benchmarks.md, decision core run 12). Here the table compares the record's own uid, and `in`
+/// scans at most a few ancestors in the same record by a 64-bit hash, reading an ancestor's
+/// uid only on a hash match, and that uid is shared with every other member of the group, so
+/// it is usually cached. Attribute values are read from the record too (no `BTreeMap` node to
+/// reach), and a small set of entities, such as document_cloud's `blocked`, has the hashes of
+/// its entities beside it, so `contains` usually answers without reaching the set. Cedar's
+/// entity is read only for tags, and handed to Cedar's interpreter when a condition needs it.
 #[derive(Debug)]
 pub(crate) struct ClosedEntity {
     /// The entity's uid (equal to `entity.uid()`).

@@ -92,7 +92,7 @@ type Res<T> = Result<T, Stop>;
 #[derive(Clone, Copy)]
 pub(crate) enum Entities<'a> {
     /// The pre-closed entities of the slice (a check's usual few), scanned.
-    List(&'a [Arc<ClosedEntity>]),
+    List(&'a [&'a ClosedEntity]),
     /// Cedar's own entities (a check with inline entities builds them anyway).
     Cedar(&'a cedar_policy_core::entities::Entities),
 }
@@ -942,7 +942,8 @@ mod tests {
         );
         let ev = Evaluator::new(request, core_entities, Extensions::all_available());
         let want = ev.interpret(&cond, ast.env());
-        for source in [Entities::List(&w.list), Entities::Cedar(core_entities)] {
+        let records: Vec<&ClosedEntity> = w.list.iter().map(|e| &**e).collect();
+        for source in [Entities::List(&records), Entities::Cedar(core_entities)] {
             let env = Env::new(&pr, &ac, &re, w.context.as_ref(), source);
             let got = eval(&compiled.0, &env);
             match (&got, &want) {

@@ -1495,12 +1495,12 @@ fn is_registered(st: &State, uid: &EntityUid) -> bool {
 ///
 /// # Errors
 /// [`RequestError`] on `entities` when Cedar refuses the inline entities with the stored ones.
-fn gather(
-    cx: &CheckCtx<'_>,
+fn gather<'s>(
+    cx: &CheckCtx<'s>,
     subject: &EntityUid,
     agent: Option<&EntityUid>,
     derefs: &Derefs,
-) -> Result<Slice, RequestError> {
+) -> Result<Slice<'s>, RequestError> {
     if cx.inline.is_empty() {
         return Ok(gather_closed(cx, subject, agent, derefs));
     }
@@ -1549,16 +1549,19 @@ fn gather(
         .map_err(|e| RequestError::new("entities", chain(&e)))
 }
 
-/// A check's entity slice ([`gather`]).
-enum Slice {
-    /// The snapshot's pre-closed entities, each once; Cedar `Entities` over them are built only
-    /// if a condition is left to Cedar's interpreter ([`Hierarchy::slice`]).
-    Closed(Vec<Arc<ClosedEntity>>),
+/// A check's entity slice ([`gather`]), borrowing from the snapshot `'s`.
+enum Slice<'s> {
+    /// The snapshot's pre-closed entities, each once, borrowed: taking an `Arc` of each would
+    /// write its reference count, an atomic read-modify-write on the record's first cache line,
+    /// which for a principal not in the cache waits for the line and holds back the loads after
+    /// it. Cedar `Entities` over them are built only if a condition is left to Cedar's
+    /// interpreter ([`Hierarchy::slice`]).
+    Closed(Vec<&'s ClosedEntity>),
     /// Entities Cedar built (a check with inline entities, whose hierarchy Cedar closes).
     Built(Entities),
 }
 
-impl Slice {
+impl Slice<'_> {
     /// The slice as compiled conditions read it ([`crate::condition`]).
     fn view(&self) -> crate::condition::Entities<'_> {
         match self {
@@ -1569,13 +1572,13 @@ impl Slice {
 }
 
 /// [`gather`] without inline entities: the same slice, taken from the snapshot's pre-closed
-/// entities ([`Hierarchy`]) by `Arc`, so nothing is copied and Cedar computes no closure.
-fn gather_closed(
-    cx: &CheckCtx<'_>,
+/// entities ([`Hierarchy`]), borrowed, so nothing is copied and Cedar computes no closure.
+fn gather_closed<'s>(
+    cx: &CheckCtx<'s>,
     subject: &EntityUid,
     agent: Option<&EntityUid>,
     derefs: &Derefs,
-) -> Slice {
+) -> Slice<'s> {
     let mut roots: Vec<(&EntityUid, &Follow)> = Vec::with_capacity(4);
     roots.push((subject, &derefs.principal));
     roots.push((&cx.req.resource, &derefs.resource));
@@ -1605,11 +1608,11 @@ fn closed_list<'s>(
     work_item: Option<&'s WorkItem>,
     work_item_follow: &Follow,
     ancestors: bool,
-) -> Vec<Arc<ClosedEntity>> {
+) -> Vec<&'s ClosedEntity> {
     let h = &st.hierarchy;
     let mut out = SliceList::default();
     // Adds a closed entity and all its ancestors (already listed in its closure).
-    let add = |out: &mut SliceList, e: &'s Arc<ClosedEntity>| {
+    let add = |out: &mut SliceList<'s>, e: &'s ClosedEntity| {
         if !out.push(e) || !ancestors {
             return;
         }
@@ -1652,7 +1655,7 @@ fn closed_list<'s>(
 }
 
 /// Cedar's entities of a slice of closed entities, in the same order.
-fn entities_of(list: Vec<Arc<ClosedEntity>>) -> Vec<Arc<cedar_policy_core::ast::Entity>> {
+fn entities_of(list: Vec<&ClosedEntity>) -> Vec<Arc<cedar_policy_core::ast::Entity>> {
     list.iter().map(|c| Arc::clone(c.entity())).collect()
 }
 
@@ -1660,12 +1663,12 @@ fn entities_of(list: Vec<Arc<ClosedEntity>>) -> Vec<Arc<cedar_policy_core::ast::
 /// (one address), so entities are told apart by address: a scan while the list is short (a
 /// check's usual slice is a handful), a set of addresses once it is not.
 #[derive(Default)]
-struct SliceList {
-    list: Vec<Arc<ClosedEntity>>,
+struct SliceList<'s> {
+    list: Vec<&'s ClosedEntity>,
     index: Option<FastSet<usize>>,
 }
 
-impl SliceList {
+impl<'s> SliceList<'s> {
     /// Longest list kept without an index.
     const SCAN: usize = 16;
 
@@ -1676,18 +1679,23 @@ impl SliceList {
     }
 
     /// Adds `e` unless it is already listed; whether it was added.
-    fn push(&mut self, e: &Arc<ClosedEntity>) -> bool {
-        let addr = Arc::as_ptr(e) as usize;
+    fn push(&mut self, e: &'s ClosedEntity) -> bool {
+        let addr = std::ptr::from_ref(e) as usize;
         let fresh = match &mut self.index {
             Some(ix) => ix.insert(addr),
-            None => !self.list.iter().any(|x| Arc::ptr_eq(x, e)),
+            None => !self.list.iter().any(|x| std::ptr::eq(*x, e)),
         };
         if !fresh {
             return false;
         }
-        self.list.push(Arc::clone(e));
+        self.list.push(e);
         if self.index.is_none() && self.list.len() > Self::SCAN {
-            self.index = Some(self.list.iter().map(|x| Arc::as_ptr(x) as usize).collect());
+            self.index = Some(
+                self.list
+                    .iter()
+                    .map(|x| std::ptr::from_ref(*x) as usize)
+                    .collect(),
+            );
         }
         true
     }

@@ -49,7 +49,9 @@ store size N (10, 10,000 and 100,000 principals; 10 and 1,000 with ``--quick``):
    ``evaluate_many`` warms the threaded path it is timed on) and the cyclic garbage collector is
    paused while timing (as ``timeit`` does). p50/p99 pool all samples; the speedup (cedarpy
    p50 / svc p50) and the scaling ratio (p50 at the largest store / p50 at 10) are medians of
-   per-round ratios of p50s measured back to back, which cancels the drift.
+   per-round ratios of p50s measured back to back, which cancels the drift. The scaling line
+   also prints the first and third quartiles of those per-round ratios, to show how far they
+   spread within the run.
 
    Before timing, every request of both mixes is decided by ``evaluate``, ``evaluate_many``,
    ``cedarpy.is_authorized`` and ``cedarpy.is_authorized_batch``, and the four must agree on
@@ -514,6 +516,9 @@ class Scaling:
     hot: float
     cedarpy: float
     many: float
+    # First and third quartiles of the per-round ratios behind ``svc``: how much the ratio
+    # moved from round to round within this run.
+    svc_quartiles: tuple[float, float]
 
 
 def measure_app(app: str, bundle: Path, profile: Profile) -> tuple[list[Result], Scaling]:
@@ -580,8 +585,18 @@ def measure_app(app: str, bundle: Path, profile: Profile) -> tuple[list[Result],
         hot=paired(hi.round_p50["hot"], lo.round_p50["hot"]),
         cedarpy=paired(hi.round_p50["cpy"], lo.round_p50["cpy"]),
         many=paired(hi.samples["many"], lo.samples["many"]),
+        svc_quartiles=quartiles(
+            [x / y for x, y in zip(hi.round_p50["svc"], lo.round_p50["svc"], strict=True)]
+        ),
     )
     return results, scaling
+
+
+def quartiles(xs: list[float]) -> tuple[float, float]:
+    """The first and third quartiles of ``xs`` (at least two values; ``statistics.quantiles``
+    with its default exclusive method)."""
+    q = statistics.quantiles(xs, n=4)
+    return q[0], q[2]
 
 
 # --- report ------------------------------------------------------------------------------------
@@ -622,7 +637,8 @@ def report(results: list[Result], scalings: list[Scaling]) -> None:
     print("Scaling, largest store / smallest (median of per-round ratios of p50s):")
     for sc in scalings:
         print(
-            f"  {sc.app:<15} evaluate p50({sc.large:,})/p50({sc.small:,}) = {sc.svc:.3f}; "
+            f"  {sc.app:<15} evaluate p50({sc.large:,})/p50({sc.small:,}) = {sc.svc:.3f} "
+            f"(rounds' quartiles {sc.svc_quartiles[0]:.3f}-{sc.svc_quartiles[1]:.3f}); "
             f"hot: {sc.hot:.3f}; evaluate_many: {sc.many:.3f}; cedarpy: {sc.cedarpy:.3f}"
         )
     print()

@@ -16,7 +16,7 @@ Shapes used below (SPEC 2.1, 2.4, DESIGN 3):
 
 from collections.abc import Iterable, Mapping, Sequence
 from os import PathLike
-from typing import Any, Final, Literal, final
+from typing import Any, Final, Literal, TypeVar, final
 
 __all__ = [
     "BundleError",
@@ -31,6 +31,9 @@ __all__ = [
 __version__: Final[str]
 
 _JSON = dict[str, Any]
+# A request of a batch: any mapping, so that a ``list[dict[str, Any]]`` is accepted as it is
+# (``list`` is invariant, so ``list[Mapping[str, Any]]`` would refuse it).
+_Request = TypeVar("_Request", bound=Mapping[str, Any])
 _Ref = Mapping[str, str] | str
 
 class BundleError(Exception):
@@ -202,7 +205,7 @@ class Engine:
 
         """
 
-    def evaluate_many(self, requests: list[Mapping[str, Any]]) -> list[_JSON]:
+    def evaluate_many(self, requests: list[_Request]) -> list[_JSON]:
         """Decides a batch in one call; returns the responses in request order.
 
         Decisions run with the GIL released, the only parts that hold it being reading each

@@ -457,9 +457,9 @@ fn eval<'a>(n: &'a Node, env: &'a Env<'a>) -> Res<Cow<'a, Value>> {
             let v = eval(e, env)?;
             let Cow::Borrowed(v) = v else {
                 // A record built by the condition itself: no hashes to use.
-                let set = get_attr(&v, attr, env)?.clone();
+                let set = get_attr(&v, attr, env)?;
                 let x = eval(x, env)?;
-                return binary(BinaryOp::Contains, &set, &x, env);
+                return binary(BinaryOp::Contains, set, &x, env);
             };
             let (set, uids) = get_attr_filed(v, attr, env)?;
             let x = eval(x, env)?;

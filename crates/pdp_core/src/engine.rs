@@ -1150,7 +1150,7 @@ impl Engine {
         // The slice, converted for partial evaluation once per distinct slice (crate::memo).
         let slice = || {
             b.plan_entities.get_or_build(
-                entities_of(closed_list(st, &roots, None, &FOLLOW_ALL, true)),
+                entities_of(&closed_list(st, &roots, None, &FOLLOW_ALL, true)),
                 |list| {
                     let entities = Hierarchy::slice(list)?;
                     let partial = partial_entities(&entities, schema);
@@ -1310,7 +1310,7 @@ impl Engine {
                     let entities = match &slice {
                         Slice::Built(e) => e,
                         Slice::Closed(list) => {
-                            let e = Hierarchy::slice(list.iter().map(|c| Arc::clone(c.entity())))?;
+                            let e = Hierarchy::slice(entities_of(list))?;
                             built.get_or_init(|| e)
                         }
                     };
@@ -1655,7 +1655,7 @@ fn closed_list<'s>(
 }
 
 /// Cedar's entities of a slice of closed entities, in the same order.
-fn entities_of(list: Vec<&ClosedEntity>) -> Vec<Arc<cedar_policy_core::ast::Entity>> {
+fn entities_of(list: &[&ClosedEntity]) -> Vec<Arc<cedar_policy_core::ast::Entity>> {
     list.iter().map(|c| Arc::clone(c.entity())).collect()
 }
 

@@ -27,9 +27,9 @@ pub mod store;
 
 pub use bundle::{Bundle, BundleSources, PolicyMeta, TemplateLink, CHALLENGE_KINDS};
 pub use cedar_policy::EntityUid;
-pub use engine::{Decision, Engine, Mode, Outcome, Verdict, Versions};
+pub use engine::{Decision, Engine, Mode, Outcome, Prefetcher, Verdict, Versions};
 pub use error::{BundleError, RequestError, SourceError};
 pub use plan::{Cmp, Filter, PlanError, Residual};
 pub use query_plan::{PlanOutcome, QueryPlan};
 pub use request::{CheckRequest, PlanRequest};
-pub use store::{Store, StoredEntity, WorkItem};
+pub use store::{Prefetch, Store, StoredEntity, WorkItem};

@@ -4,7 +4,7 @@
 
 use pdp_core::{Bundle, BundleSources, Engine as CoreEngine, Mode};
 use pdp_core::{BundleError as CoreBundleError, RequestError as CoreRequestError};
-use pdp_core::{CheckRequest, Decision, PlanRequest, TemplateLink, Verdict};
+use pdp_core::{CheckRequest, Decision, PlanRequest, Prefetch, TemplateLink, Verdict};
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyTypeError, PyValueError};
 use pyo3::intern;
@@ -167,18 +167,25 @@ fn plain_uid(v: &Bound<'_, PyAny>, field: &str) -> Option<pdp_core::EntityUid> {
 /// straight to entity uids (slot `i` for `uids[i]`), everything else through JSON. Non-dicts
 /// come back as JSON in `Err`.
 ///
+/// With `prefetch`, the lookups of those uids are prefetched as the request is read
+/// ([`pdp_core::Prefetcher`]): each uid's table slot as soon as it is parsed, and the records
+/// once the whole dict is read, so that their memory loads overlap with reading the request.
+///
 /// # Errors
 /// `TypeError`/`ValueError` for keys or values that are not JSON.
 #[allow(clippy::type_complexity)]
 fn read_request<const N: usize>(
     obj: &Bound<'_, PyAny>,
     uids: [&str; N],
+    prefetch: Option<&pdp_core::Prefetcher>,
 ) -> PyResult<Result<(Vec<(String, Value)>, [Option<pdp_core::EntityUid>; N]), Value>> {
     let Ok(d) = obj.cast::<PyDict>() else {
         return Ok(Err(to_json(obj, 0)?));
     };
     let mut rest = Vec::with_capacity(d.len());
     let mut parsed: [Option<pdp_core::EntityUid>; N] = std::array::from_fn(|_| None);
+    // Prefetch keys of the uids parsed so far, in the order they were parsed.
+    let (mut keys, mut n) = ([0u64; N], 0);
     for (k, v) in d.iter() {
         let key = k
             .cast::<PyString>()
@@ -190,11 +197,21 @@ fn read_request<const N: usize>(
             .find(|(f, _)| **f == key)
             .and_then(|(_, slot)| Some((slot, plain_uid(&v, key)?)));
         match slot {
-            Some((slot, u)) => *slot = Some(u),
+            Some((slot, u)) => {
+                if let (Some(p), Some(k)) = (prefetch, keys.get_mut(n)) {
+                    *k = CoreEngine::prefetch_key(&u);
+                    p.prefetch(std::slice::from_ref(k), Prefetch::Slot);
+                    n += 1;
+                }
+                *slot = Some(u);
+            }
             None => {
                 rest.push((key.to_owned(), to_json(&v, 1)?));
             }
         }
+    }
+    if let (Some(p), Some(keys)) = (prefetch, keys.get(..n)) {
+        p.prefetch(keys, Prefetch::Record);
     }
     Ok(Ok((rest, parsed)))
 }
@@ -205,11 +222,18 @@ fn read_request<const N: usize>(
 /// # Errors
 /// Outer: `TypeError`/`ValueError` for values that are not JSON. Inner: the request's own
 /// [`CoreRequestError`].
-fn check_request(obj: &Bound<'_, PyAny>) -> PyResult<Result<CheckRequest, CoreRequestError>> {
-    Ok(match read_request(obj, ["principal", "resource"])? {
-        Ok((rest, [principal, resource])) => CheckRequest::from_object(rest, principal, resource),
-        Err(v) => CheckRequest::from_value(v),
-    })
+fn check_request(
+    obj: &Bound<'_, PyAny>,
+    prefetch: Option<&pdp_core::Prefetcher>,
+) -> PyResult<Result<CheckRequest, CoreRequestError>> {
+    Ok(
+        match read_request(obj, ["principal", "resource"], prefetch)? {
+            Ok((rest, [principal, resource])) => {
+                CheckRequest::from_object(rest, principal, resource)
+            }
+            Err(v) => CheckRequest::from_value(v),
+        },
+    )
 }
 
 /// Reads one plan request from Python: a dict's plain `principal` reference straight to an
@@ -218,7 +242,7 @@ fn check_request(obj: &Bound<'_, PyAny>) -> PyResult<Result<CheckRequest, CoreRe
 /// # Errors
 /// As [`check_request`].
 fn plan_request(obj: &Bound<'_, PyAny>) -> PyResult<Result<PlanRequest, CoreRequestError>> {
-    Ok(match read_request(obj, ["principal"])? {
+    Ok(match read_request(obj, ["principal"], None)? {
         Ok((rest, [principal])) => PlanRequest::from_object(rest, principal),
         Err(v) => PlanRequest::from_json(&v),
     })
@@ -271,15 +295,38 @@ impl<'a> Batch<'a> {
     /// Takes the oldest queued chunk and decides it; `false` when none is queued. The requests
     /// are dropped here, on the deciding thread. A decision that panics becomes that request's
     /// error instead of leaving its chunk undecided.
+    ///
+    /// While deciding request `j` of the chunk, the lookups of request `j + 1` (records) and
+    /// `j + 2` (table slots) are prefetched ([`pdp_core::Prefetcher`]), so that on a
+    /// large store their memory loads overlap with a decision instead of stalling one.
     fn decide_chunk(&self) -> bool {
         let Some((c, reqs)) = self.queue().pop_front() else {
             return false;
         };
+        let engine = self.engine.prefetcher();
+        let keys: Vec<Vec<u64>> = reqs
+            .iter()
+            .map(|r| CoreEngine::prefetch_keys(r).collect())
+            .collect();
+        for k in keys.iter().take(2) {
+            engine.prefetch(k, Prefetch::Slot);
+        }
         let out: ChunkResults = reqs
             .iter()
             .enumerate()
             .map(|(j, req)| {
                 let i = c * CHUNK + j;
+                if j == 0 {
+                    if let Some(k) = keys.first() {
+                        engine.prefetch(k, Prefetch::Record);
+                    }
+                }
+                if let Some(k) = keys.get(j + 1) {
+                    engine.prefetch(k, Prefetch::Record);
+                }
+                if let Some(k) = keys.get(j + 2) {
+                    engine.prefetch(k, Prefetch::Slot);
+                }
                 std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.engine.decide(req)))
                     .unwrap_or_else(|_| {
                         Err(CoreRequestError::new("request", "the decision panicked"))
@@ -351,7 +398,8 @@ impl<'a> Batch<'a> {
         let mut parsed = 0;
         let mut chunk: Vec<CheckRequest> = Vec::with_capacity(CHUNK);
         for (i, r) in list.iter().enumerate() {
-            match check_request(&r) {
+            // Decided later, perhaps on another thread: [`Batch::decide_chunk`] prefetches.
+            match check_request(&r, None) {
                 Ok(Ok(req)) => {
                     chunk.push(req);
                     parsed = i + 1;
@@ -607,7 +655,9 @@ impl Engine {
         py: Python<'py>,
         request: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let req = check_request(request)?.map_err(|e| request_err(py, &e))?;
+        let prefetch = self.inner.prefetcher();
+        let req = check_request(request, Some(&prefetch))?.map_err(|e| request_err(py, &e))?;
+        drop(prefetch);
         let d = py
             .detach(|| self.inner.decide(&req))
             .map_err(|e| request_err(py, &e))?;

@@ -939,9 +939,13 @@ impl Engine {
         let b = &*st.bundle;
         let action = b.resolve_action(&req.action)?;
         // Types the action is known to take are declared ones; only others need looking up.
-        let types_valid =
-            b.lookups
-                .types_valid(&action, req.principal.type_name(), req.resource.type_name());
+        // Once the principal's policies for these types are built, they carry the answer.
+        let (p_type, r_type) = (req.principal.type_name(), req.resource.type_name());
+        let scoped = b.scopes.cached(&action, p_type, r_type);
+        let types_valid = scoped.as_ref().map_or_else(
+            || b.lookups.types_valid(&action, p_type, r_type),
+            |s| s.types_valid,
+        );
         if !types_valid {
             b.check_type(req.principal.type_name(), "principal.type")?;
             b.check_type(req.resource.type_name(), "resource.type")?;
@@ -983,7 +987,7 @@ impl Engine {
             inline: &inline,
             work_item: work_item.as_deref(),
             assigned,
-            types_valid,
+            scoped,
         };
         let mut p_out = self.check_one(&cx, &req.principal, None, "principal")?;
         let mut obo_out = match &req.on_behalf_of {
@@ -1217,6 +1221,10 @@ impl Engine {
             let scoped = b.scopes.get(
                 &b.policies,
                 |id| b.is_plain_forbid(id),
+                || {
+                    b.lookups
+                        .types_valid(action, subject.type_name(), resource_type)
+                },
                 action,
                 subject.type_name(),
                 resource_type,
@@ -1301,14 +1309,23 @@ impl Engine {
         // action is known to take cannot fail validation and is not validated again. Anything
         // else is validated in full, so every error stays Cedar's. A request that needs no
         // validation is built for Cedar only if a condition is left to Cedar's interpreter.
-        let known_valid = b.schema.is_some()
-            && context.validated()
-            && if agent.is_none() {
-                cx.types_valid
-            } else {
-                b.lookups
-                    .types_valid(cx.action, subject.type_name(), cx.req.resource.type_name())
-            };
+        // Only the policies whose scope can match: the same satisfied set (crate::scope),
+        // evaluated from their compiled conditions, over the slice they can look into.
+        let scoped = match (&cx.scoped, agent) {
+            (Some(s), None) => Arc::clone(s),
+            _ => {
+                let (s_type, r_type) = (subject.type_name(), cx.req.resource.type_name());
+                b.scopes.get(
+                    &b.policies,
+                    |id| b.is_plain_forbid(id),
+                    || b.lookups.types_valid(cx.action, s_type, r_type),
+                    cx.action,
+                    s_type,
+                    r_type,
+                )
+            }
+        };
+        let known_valid = b.schema.is_some() && context.validated() && scoped.types_valid;
         let mut request: Option<cedar_policy_core::ast::Request> = if known_valid {
             None
         } else {
@@ -1327,15 +1344,6 @@ impl Engine {
             Some(r.as_ref().clone())
         };
 
-        // Only the policies whose scope can match: the same satisfied set (crate::scope),
-        // evaluated from their compiled conditions, over the slice they can look into.
-        let scoped = b.scopes.get(
-            &b.policies,
-            |id| b.is_plain_forbid(id),
-            cx.action,
-            subject.type_name(),
-            cx.req.resource.type_name(),
-        );
         let derefs = if self.slice_pruning.load(Ordering::Relaxed) {
             &scoped.derefs
         } else {
@@ -1441,8 +1449,9 @@ struct CheckCtx<'a> {
     inline: &'a HashMap<EntityUid, Arc<StoredEntity>>,
     work_item: Option<&'a WorkItem>,
     assigned: bool,
-    /// [`crate::memo::Lookups::types_valid`] for the request's principal, resource and action.
-    types_valid: bool,
+    /// The principal's policies for the request's action and types ([`crate::scope::Scoped`]),
+    /// when they were already built.
+    scoped: Option<Arc<crate::scope::Scoped>>,
 }
 
 fn elapsed_us(t0: Instant) -> u64 {

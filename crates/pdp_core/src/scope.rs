@@ -248,6 +248,11 @@ pub(crate) struct Scoped {
     /// The subset of the bundle's policies (for plans); `None` when it could not be built, and
     /// then plans use the whole set, which is always correct.
     pub(crate) policies: Option<PolicySet>,
+    /// Whether the schema lets the action take principals and resources of these types, so
+    /// that Cedar's scope checks of request validation cannot fail
+    /// (`crate::memo::Lookups::types_valid`); kept here so a check finds it in the same
+    /// lookup as its policies.
+    pub(crate) types_valid: bool,
 }
 
 impl Scoped {
@@ -346,25 +351,38 @@ impl ScopeIndex {
         Self::new(self.action_ancestors.clone())
     }
 
+    /// The [`Scoped`] subset of `action` on a principal of type `principal` and a resource of
+    /// type `resource` if it was built already ([`ScopeIndex::get`]), else `None`.
+    pub(crate) fn cached(
+        &self,
+        action: &EntityUid,
+        principal: &EntityTypeName,
+        resource: &EntityTypeName,
+    ) -> Option<Arc<Scoped>> {
+        self.cache
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&EnvRef(action, principal, resource))
+            .cloned()
+    }
+
     /// The policies of `policies` that can apply when a principal of type `principal` performs
     /// `action` on a resource of type `resource`. `plain_forbid` tells the forbids without
     /// `@challenge` (from the bundle's policy metadata), which checks evaluate first
-    /// ([`Scoped::satisfied`]).
+    /// ([`Scoped::satisfied`]); `types_valid` answers [`Scoped::types_valid`] when the subset is
+    /// built (every caller must give the same answer for the same types, since the subset is
+    /// cached for all).
     pub(crate) fn get(
         &self,
         policies: &PolicySet,
         plain_forbid: impl Fn(&PolicyId) -> bool,
+        types_valid: impl FnOnce() -> bool,
         action: &EntityUid,
         principal: &EntityTypeName,
         resource: &EntityTypeName,
     ) -> Arc<Scoped> {
-        if let Some(s) = self
-            .cache
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get(&EnvRef(action, principal, resource))
-        {
-            return Arc::clone(s);
+        if let Some(s) = self.cached(action, principal, resource) {
+            return s;
         }
         // An action the hierarchy does not list keeps every `action in` policy.
         let ancestors = self.action_ancestors.as_ref().and_then(|m| m.get(action));
@@ -396,6 +414,7 @@ impl ScopeIndex {
             compiled,
             plain_forbids,
             policies: subset(policies, &ids),
+            types_valid: types_valid(),
         });
         let mut g = self
             .cache

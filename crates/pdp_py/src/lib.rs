@@ -313,11 +313,21 @@ impl<'a> Batch<'a> {
             return false;
         };
         let engine = self.engine.prefetcher();
-        let keys: Vec<Vec<u64>> = reqs
+        // Each request's prefetch keys (at most three: principal, resource, on_behalf_of).
+        let keys: Vec<([u64; 3], usize)> = reqs
             .iter()
-            .map(|r| CoreEngine::prefetch_keys(r).collect())
+            .map(|r| {
+                let mut k = [0; 3];
+                let n = k
+                    .iter_mut()
+                    .zip(CoreEngine::prefetch_keys(r))
+                    .map(|(slot, key)| *slot = key)
+                    .count();
+                (k, n)
+            })
             .collect();
-        for k in keys.iter().take(2) {
+        let keys_of = |j: usize| keys.get(j).and_then(|(k, n)| k.get(..*n));
+        for k in (0..2).filter_map(keys_of) {
             engine.prefetch(k, Prefetch::Slot);
         }
         let out: ChunkResults = reqs
@@ -326,14 +336,14 @@ impl<'a> Batch<'a> {
             .map(|(j, req)| {
                 let i = c * CHUNK + j;
                 if j == 0 {
-                    if let Some(k) = keys.first() {
+                    if let Some(k) = keys_of(0) {
                         engine.prefetch(k, Prefetch::Record);
                     }
                 }
-                if let Some(k) = keys.get(j + 1) {
+                if let Some(k) = keys_of(j + 1) {
                     engine.prefetch(k, Prefetch::Record);
                 }
-                if let Some(k) = keys.get(j + 2) {
+                if let Some(k) = keys_of(j + 2) {
                     engine.prefetch(k, Prefetch::Slot);
                 }
                 std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.engine.decide(req)))

@@ -5,7 +5,10 @@ The Rust test crates/pdp_core/tests/golden.rs runs the same files through the Ru
 
 from __future__ import annotations
 
+import os
 import re
+import select
+import signal
 from typing import Any
 
 import pytest
@@ -102,6 +105,39 @@ def test_large_batches_run_in_parallel_and_agree_with_evaluate() -> None:
     assert len(requests) >= 64
     batch = engine.evaluate_many(requests)
     assert [without_qid(r) for r in batch] == [without_qid(engine.evaluate(r)) for r in requests]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_large_batches_still_run_in_a_forked_child() -> None:
+    """The helpers that decide a large batch persist between batches; a child forked after the
+    parent used them inherits none of their threads, and its batches must still finish (and
+    agree with its own single checks) rather than wait for threads that do not exist."""
+    doc = next(d for _, d, c in CASES if d["bundle"] == "corp")
+    engine = _engine(doc)
+    requests = [c["request"] for _, d, c in CASES if d is doc and "expect" in c] * 25
+    assert len(requests) >= 64
+    expected = [without_qid(r) for r in engine.evaluate_many(requests)]
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report through the pipe, never return into pytest
+        code = 1
+        try:
+            got = [without_qid(r) for r in engine.evaluate_many(requests)]
+            single = [without_qid(engine.evaluate(r)) for r in requests]
+            code = 0 if got == expected == single else 2
+        finally:
+            os.write(write, bytes([code]))
+            os._exit(code)
+    os.close(write)
+    ready, _, _ = select.select([read], [], [], 120)
+    if not ready:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        pytest.fail("evaluate_many in a forked child did not finish within 120 s")
+    assert os.read(read, 1) == bytes([0])
+    os.close(read)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
 
 
 def test_large_batches_name_the_first_bad_request() -> None:

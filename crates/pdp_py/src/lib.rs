@@ -257,6 +257,38 @@ fn cores() -> usize {
         .get_or_init(|| std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get))
 }
 
+/// The thread pool `evaluate_many`'s deciding helpers run on ([`Batch::run`]): `helpers`
+/// threads (one per extra core, the same every call), made on first use in each process. A
+/// process forked from one that had made its pool inherits the pool but not its threads, and
+/// a task sent there would never run, so a pool made under another process id is set aside
+/// (leaked: dropping it would signal threads that do not exist here) and a new one made.
+/// `None` for no helpers, or when the pool cannot be made (then the calling thread decides
+/// alone).
+fn helper_pool(helpers: usize) -> Option<Arc<rayon::ThreadPool>> {
+    static POOL: Mutex<Option<(u32, Arc<rayon::ThreadPool>)>> = Mutex::new(None);
+    if helpers == 0 {
+        return None;
+    }
+    let pid = std::process::id();
+    let mut g = POOL.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some((owner, pool)) = g.as_ref() {
+        if *owner == pid {
+            return Some(Arc::clone(pool));
+        }
+    }
+    let pool = Arc::new(
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(helpers)
+            .thread_name(|i| format!("svc-evaluate-many-{i}"))
+            .build()
+            .ok()?,
+    );
+    if let Some(old) = g.replace((pid, Arc::clone(&pool))) {
+        std::mem::forget(old);
+    }
+    Some(pool)
+}
+
 /// Smallest batch worth splitting over threads (below it, spawning costs more than it saves).
 const PARALLEL_MIN: usize = 64;
 
@@ -392,20 +424,24 @@ impl<'a> Batch<'a> {
         list: &Bound<'py, PyList>,
         helpers: usize,
     ) -> PyResult<Bound<'py, PyList>> {
-        // The helpers run on rayon's global pool, whose threads persist between batches (a
-        // thread spawned per batch cost about 0.1 ms, and started on a cold stack and heap);
+        // The helpers run on a rayon pool whose threads persist between batches (a thread
+        // spawned per batch cost about 0.1 ms, and started on a cold stack and heap);
         // `in_place_scope` runs `respond` on this thread, which holds the GIL, and returns once
         // the helpers are done. A decision that panics is caught in `decide_chunk`, so a
         // helper does not panic; if it did, the panic would surface here as Python's
         // `PanicException`.
-        rayon::in_place_scope(|s| {
-            for _ in 0..helpers {
-                s.spawn(|_| self.drain());
-            }
-            let out = self.respond(py, list);
-            self.abort.store(true, Ordering::Relaxed);
-            out
-        })
+        match helper_pool(helpers) {
+            Some(pool) => pool.in_place_scope(|s| {
+                for _ in 0..helpers {
+                    s.spawn(|_| self.drain());
+                }
+                let out = self.respond(py, list);
+                self.abort.store(true, Ordering::Relaxed);
+                out
+            }),
+            // No helpers: this thread decides every chunk itself.
+            None => self.respond(py, list),
+        }
     }
 
     fn respond<'py>(

@@ -289,7 +289,8 @@ fn helper_pool(helpers: usize) -> Option<Arc<rayon::ThreadPool>> {
     Some(pool)
 }
 
-/// Smallest batch worth splitting over threads (below it, spawning costs more than it saves).
+/// Smallest batch worth splitting over threads (below it, handing chunks to a helper costs more
+/// than it saves).
 const PARALLEL_MIN: usize = 64;
 
 /// Requests per unit of work handed between the threads of an `evaluate_many` batch. Handing

@@ -921,6 +921,21 @@ mod tests {
     use super::*;
     use std::str::FromStr;
 
+    /// Cedar's entities of the JSON array `json`, their uids, the hierarchy closed over them
+    /// and the uids [`Hierarchy::rebuild`] found on a cycle.
+    fn closed_hierarchy(json: &str) -> (Entities, Vec<EntityUid>, Hierarchy, Vec<EntityUid>) {
+        let cedar = Entities::from_json_str(json, None).unwrap();
+        let stored: Vec<StoredEntity> = cedar
+            .iter()
+            .cloned()
+            .map(StoredEntity::from_entity)
+            .collect();
+        let look = |u: &EntityUid| stored.iter().find(|s| s.entity.uid() == *u);
+        let uids: Vec<EntityUid> = stored.iter().map(|s| s.entity.uid()).collect();
+        let (h, cycles) = Hierarchy::rebuild(uids.iter(), &look);
+        (cedar, uids, h, cycles)
+    }
+
     /// The flat table files every record under its [`uid_hash`], so a prefetch by that hash
     /// reaches the record a lookup then reads; prefetching (present, absent, on an empty
     /// table) changes no lookup.
@@ -929,15 +944,7 @@ mod tests {
         let json: Vec<String> = (0..300)
             .map(|i| format!(r#"{{"uid": {{"type": "U", "id": "u{i}"}}, "attrs": {{}}, "parents": [{{"type": "G", "id": "g{}"}}]}}"#, i % 7))
             .collect();
-        let cedar = Entities::from_json_str(&format!("[{}]", json.join(",")), None).unwrap();
-        let stored: Vec<StoredEntity> = cedar
-            .iter()
-            .cloned()
-            .map(StoredEntity::from_entity)
-            .collect();
-        let look = |u: &EntityUid| stored.iter().find(|s| s.entity.uid() == *u);
-        let uids: Vec<EntityUid> = stored.iter().map(|s| s.entity.uid()).collect();
-        let (h, _) = Hierarchy::rebuild(uids.iter(), &look);
+        let (_, uids, h, _) = closed_hierarchy(&format!("[{}]", json.join(",")));
         let empty = Hierarchy::default();
         let absent = EntityUid::from_str(r#"U::"nobody""#).unwrap();
         for u in uids.iter().chain([&absent]) {
@@ -983,15 +990,7 @@ mod tests {
             r#""attrs": {"n": 1}"#,
             &format!(r#""attrs": {{"n": 1, "big": [{}]}}"#, big.join(", ")),
         );
-        let cedar = Entities::from_json_str(&json, None).unwrap();
-        let stored: Vec<StoredEntity> = cedar
-            .iter()
-            .cloned()
-            .map(StoredEntity::from_entity)
-            .collect();
-        let look = |u: &EntityUid| stored.iter().find(|s| s.entity.uid() == *u);
-        let uids: Vec<EntityUid> = stored.iter().map(|s| s.entity.uid()).collect();
-        let (h, cycles) = Hierarchy::rebuild(uids.iter(), &look);
+        let (cedar, uids, h, cycles) = closed_hierarchy(&json);
         assert!(cycles.is_empty());
         let core: &CoreEntities = cedar.as_ref();
         let names = [

@@ -360,8 +360,8 @@ impl EntityTable {
     }
 }
 
-/// How far [`crate::Engine::prefetch`] gets the data of an entity lookup on its way into the
-/// CPU's caches.
+/// How far [`crate::Prefetcher::prefetch`] gets the data of an entity lookup on its way into
+/// the CPU's caches.
 ///
 /// With 100,000 principals a principal's data is rarely cached, and a lookup is a chain of
 /// dependent loads: the table slot (found from the uid's hash), then the record the slot points
@@ -371,7 +371,7 @@ impl EntityTable {
 /// core run 14).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Prefetch {
-    /// The table slot of the uid: computes the uid's hash and reads nothing.
+    /// The table slot of the uid, found from its hash (the prefetch key): reads nothing.
     Slot,
     /// The record the slot points at (its uid, ancestors and attributes): reads the slot, so it
     /// pays off when [`Prefetch::Slot`] was asked for a little earlier.

@@ -1082,6 +1082,26 @@ impl Bundle {
             .is_some_and(|m| m.effect == Effect::Forbid && m.challenges.is_empty())
     }
 
+    /// The policies that can apply when a principal of type `principal` performs `action` on
+    /// a resource of type `resource`, compiled for checks, with whether the schema lets the
+    /// action take those types ([`crate::scope::Scoped`]); built on first use and cached for
+    /// checks and plans alike ([`crate::scope::ScopeIndex::get`]).
+    pub(crate) fn scoped(
+        &self,
+        action: &EntityUid,
+        principal: &EntityTypeName,
+        resource: &EntityTypeName,
+    ) -> Arc<crate::scope::Scoped> {
+        self.scopes.get(
+            &self.policies,
+            |id| self.is_plain_forbid(id),
+            || self.lookups.types_valid(action, principal, resource),
+            action,
+            principal,
+            resource,
+        )
+    }
+
     /// Whether entities of type `ty` count as principals (for `principals_version`).
     pub(crate) fn is_principal_type(&self, ty: &EntityTypeName) -> bool {
         matches!(ty.basename(), "Human" | "ServiceAccount" | "Group")

@@ -947,8 +947,8 @@ impl Engine {
             |s| s.types_valid,
         );
         if !types_valid {
-            b.check_type(req.principal.type_name(), "principal.type")?;
-            b.check_type(req.resource.type_name(), "resource.type")?;
+            b.check_type(p_type, "principal.type")?;
+            b.check_type(r_type, "resource.type")?;
         }
         check_on_behalf_of(b, &req.principal, req.on_behalf_of.as_ref())?;
 
@@ -1218,17 +1218,7 @@ impl Engine {
         };
         let compute = |known: &crate::memo::PlanEntities| {
             // Only the policies whose scope can match; the others leave no residual.
-            let scoped = b.scopes.get(
-                &b.policies,
-                |id| b.is_plain_forbid(id),
-                || {
-                    b.lookups
-                        .types_valid(action, subject.type_name(), resource_type)
-                },
-                action,
-                subject.type_name(),
-                resource_type,
-            );
+            let scoped = b.scoped(action, subject.type_name(), resource_type);
             let res = residuals_with(
                 scoped.policies.as_ref().unwrap_or(&b.policies),
                 schema,
@@ -1313,17 +1303,7 @@ impl Engine {
         // evaluated from their compiled conditions, over the slice they can look into.
         let scoped = match (&cx.scoped, agent) {
             (Some(s), None) => Arc::clone(s),
-            _ => {
-                let (s_type, r_type) = (subject.type_name(), cx.req.resource.type_name());
-                b.scopes.get(
-                    &b.policies,
-                    |id| b.is_plain_forbid(id),
-                    || b.lookups.types_valid(cx.action, s_type, r_type),
-                    cx.action,
-                    s_type,
-                    r_type,
-                )
-            }
+            _ => b.scoped(cx.action, subject.type_name(), cx.req.resource.type_name()),
         };
         let known_valid = b.schema.is_some() && context.validated() && scoped.types_valid;
         let mut request: Option<cedar_policy_core::ast::Request> = if known_valid {

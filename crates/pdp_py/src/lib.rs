@@ -345,7 +345,7 @@ impl<'a> Batch<'a> {
         let Some((c, reqs)) = self.queue().pop_front() else {
             return false;
         };
-        let engine = self.engine.prefetcher();
+        let prefetch = self.engine.prefetcher();
         // Each request's prefetch keys (at most three: principal, resource, on_behalf_of).
         let keys: Vec<([u64; 3], usize)> = reqs
             .iter()
@@ -360,24 +360,24 @@ impl<'a> Batch<'a> {
             })
             .collect();
         let keys_of = |j: usize| keys.get(j).and_then(|(k, n)| k.get(..*n));
+        // The first request's slots and record, and the second's slots; then, at each
+        // request, the next one's records and the slots of the one after.
         for k in (0..2).filter_map(keys_of) {
-            engine.prefetch(k, Prefetch::Slot);
+            prefetch.prefetch(k, Prefetch::Slot);
+        }
+        if let Some(k) = keys_of(0) {
+            prefetch.prefetch(k, Prefetch::Record);
         }
         let out: ChunkResults = reqs
             .iter()
             .enumerate()
             .map(|(j, req)| {
                 let i = c * CHUNK + j;
-                if j == 0 {
-                    if let Some(k) = keys_of(0) {
-                        engine.prefetch(k, Prefetch::Record);
-                    }
-                }
                 if let Some(k) = keys_of(j + 1) {
-                    engine.prefetch(k, Prefetch::Record);
+                    prefetch.prefetch(k, Prefetch::Record);
                 }
                 if let Some(k) = keys_of(j + 2) {
-                    engine.prefetch(k, Prefetch::Slot);
+                    prefetch.prefetch(k, Prefetch::Slot);
                 }
                 std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.engine.decide(req)))
                     .unwrap_or_else(|_| {

@@ -747,6 +747,13 @@ impl Bundle {
                                 }
                             }
                         }
+                        // Closing the hierarchy costs the square of its depth: refuse an
+                        // over-deep one here, before any engine closes it.
+                        if let Err(e) = crate::store::check_depth(entities.keys(), &|u| {
+                            entities.get(u).map(|e| &**e)
+                        }) {
+                            errors.push(SourceError::file(name, e.to_string()));
+                        }
                     }
                 },
             }
@@ -1103,6 +1110,12 @@ impl Bundle {
     }
 
     /// Whether entities of type `ty` count as principals (for `principals_version`).
+    /// Whether entities of `ty` come only from the directory (`Human`, `ServiceAccount`,
+    /// `Group`, in any namespace): inline data never creates or changes them.
+    pub(crate) fn is_directory_type(&self, ty: &EntityTypeName) -> bool {
+        matches!(ty.basename(), "Human" | "ServiceAccount" | "Group")
+    }
+
     pub(crate) fn is_principal_type(&self, ty: &EntityTypeName) -> bool {
         matches!(ty.basename(), "Human" | "ServiceAccount" | "Group")
             || self.principal_types.contains(&ty.to_string())

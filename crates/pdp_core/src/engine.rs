@@ -13,17 +13,19 @@
 //! 5. The mode is reported, never applied.
 
 use crate::bundle::{Bundle, Declared, TemplateLink};
-use crate::error::{chain, BundleError, RequestError};
+use crate::error::{chain, BundleError, RequestError, SourceError};
+use crate::limits::{self, DepthCheck, TooDeep};
 use crate::memo::{Injected, MemoContext};
 use crate::plan::{partial_entities, residuals_with, PlanError};
 use crate::query_plan::{
     finish, PlanCache, PlanKey, PrincipalState, QueryPlan, Side, DEFAULT_PLAN_CACHE_CAPACITY,
     DEFAULT_PLAN_MAX_AGE_SECS,
 };
-use crate::request::{kind, parse_uid, CheckRequest, PlanRequest};
+use crate::request::{check_identifier, kind, parse_uid, CheckRequest, PlanRequest};
 use crate::scope::{Derefs, Follow, DEREFS_ALL, FOLLOW_ALL, FOLLOW_NONE};
 use crate::store::{
-    parse_uid_list, ClosedEntity, FastSet, Hierarchy, Prefetch, Store, StoredEntity, WorkItem,
+    parse_uid_list, ClosedEntity, FastSet, Hierarchy, Prefetch, Store, StoredEntity, Unclosable,
+    WorkItem,
 };
 use arc_swap::ArcSwap;
 use cedar_policy::{
@@ -171,6 +173,12 @@ pub struct Decision {
     pub principals_version: u64,
     /// Time spent deciding, microseconds.
     pub latency_us: u64,
+    /// The principal and the person it acted for, whichever the directory (store or bundle)
+    /// does not hold: decided with no attributes and no parents.
+    pub not_in_directory: Vec<EntityUid>,
+    /// Inline entities the check ignored: of a directory type, or held by the store or bundle
+    /// ([`Engine::decide`]).
+    pub inline_ignored: Vec<EntityUid>,
 }
 
 pub(crate) fn uid_json(u: &EntityUid) -> Value {
@@ -219,6 +227,8 @@ impl Decision {
             "policy_version": self.policy_version,
             "principals_version": self.principals_version,
             "latency_us": self.latency_us,
+            "not_in_directory": self.not_in_directory.iter().map(uid_json).collect::<Vec<_>>(),
+            "inline_ignored": self.inline_ignored.iter().map(uid_json).collect::<Vec<_>>(),
             "pdp": pdp,
         })
     }
@@ -271,12 +281,14 @@ impl State {
             .map(|e| &**e)
     }
 
-    /// Re-closes every entity (after a bundle or whole-store swap).
+    /// Re-closes every entity (after a bundle or whole-store swap). Returns the uids of
+    /// entities that are their own ancestors (the closure is still rebuilt, with those cycles
+    /// left out).
     ///
     /// # Errors
-    /// [`RequestError`] on `field` when some entities are their own ancestors (the closure is
-    /// still rebuilt, with those cycles left out).
-    fn rebuild_hierarchy(&mut self, field: &str) -> Result<(), RequestError> {
+    /// [`TooDeep`] when a parent chain is longer than [`limits::max_entity_depth`]: nothing is
+    /// closed and the hierarchy is left as it was.
+    fn rebuild_hierarchy(&mut self) -> Result<Vec<EntityUid>, TooDeep> {
         let b = &self.bundle;
         let uids = self
             .store
@@ -287,21 +299,19 @@ impl State {
                     .keys()
                     .filter(|u| !self.store.entities.contains_key(*u)),
             )
-            .chain(b.action_entities.keys());
-        let (h, cycles) = Hierarchy::rebuild(uids, &|u| self.entity(u));
+            .chain(b.action_entities.keys())
+            .collect::<Vec<_>>();
+        let (h, cycles) = Hierarchy::rebuild(uids.iter().copied(), &|u| self.entity(u))?;
         self.hierarchy = h;
-        if cycles.is_empty() {
-            Ok(())
-        } else {
-            Err(cycle(field, &cycles))
-        }
+        Ok(cycles)
     }
 
     /// Re-closes what changing `changed` can reach.
     ///
     /// # Errors
-    /// [`RequestError`] on `field` when the change makes an entity its own ancestor (the state
-    /// is then half updated; the writer's copy must not be published).
+    /// [`RequestError`] on `field` when the change makes an entity its own ancestor or a parent
+    /// chain longer than [`limits::max_entity_depth`] (the state is then half updated; the
+    /// writer's copy must not be published).
     fn refresh_hierarchy(
         &mut self,
         changed: &[EntityUid],
@@ -310,7 +320,10 @@ impl State {
         let mut h = std::mem::take(&mut self.hierarchy);
         let r = h.refresh(changed, &|u| self.entity(u));
         self.hierarchy = h;
-        r.map_err(|c| cycle(field, &c))
+        r.map_err(|e| match e {
+            Unclosable::Cycles(c) => cycle(field, &c),
+            Unclosable::TooDeep(d) => RequestError::new(field, d.to_string()),
+        })
     }
 }
 
@@ -410,7 +423,8 @@ impl Engine {
         };
         // A bundle loaded by `Bundle::from_sources` has no cycles (Cedar closes its entities);
         // an engine is still built if it had, with the cycle ignored.
-        let _ = st.rebuild_hierarchy("entities");
+        // (`Bundle::from_sources` refuses a bundle over the depth limit.)
+        let _ = st.rebuild_hierarchy();
         Self {
             state: ArcSwap::from_pointee(st),
             writer: Mutex::new(()),
@@ -462,15 +476,21 @@ impl Engine {
     }
 
     /// Replaces the bundle atomically; `policy_version` moves.
-    pub fn replace_bundle(&self, bundle: Bundle) {
-        let _ = self.update::<(), ()>(|s| {
+    ///
+    /// # Errors
+    /// [`BundleError`] on `entities.json` when the bundle's entities and the stored ones
+    /// together form a parent chain longer than [`limits::max_entity_depth`]; the bundle in
+    /// force is unchanged.
+    pub fn replace_bundle(&self, bundle: Bundle) -> Result<(), BundleError> {
+        self.update(|s| {
             s.bundle = Arc::new(bundle);
             s.policy_version += 1;
             // Keeps serving: a new bundle that closes a cycle with stored entities leaves that
             // cycle out of the closure rather than refusing the bundle.
-            let _ = s.rebuild_hierarchy("entities");
-            Ok(())
-        });
+            s.rebuild_hierarchy()
+                .map(drop)
+                .map_err(|e| BundleError::one(SourceError::file("entities.json", e.to_string())))
+        })
     }
 
     /// Links templates into the bundle in force (all or nothing); `policy_version` moves.
@@ -506,6 +526,7 @@ impl Engine {
             let se = StoredEntity::from_json(v, bundle.schema(), &bundle.entity_types, &f)?;
             let uid = se.entity.uid();
             bundle.check_type(uid.type_name(), &format!("{f}.uid.type"))?;
+            check_entity_ids(&se, &f)?;
             if !seen.insert(uid.clone()) {
                 return Err(RequestError::new(f, format!("duplicate entity `{uid}`")));
             }
@@ -563,7 +584,12 @@ impl Engine {
                 .into_iter()
                 .map(|se| (se.entity.uid(), Arc::new(se)))
                 .collect();
-            s.rebuild_hierarchy("entities")?;
+            let cycles = s
+                .rebuild_hierarchy()
+                .map_err(|e| RequestError::new("entities", e.to_string()))?;
+            if !cycles.is_empty() {
+                return Err(cycle("entities", &cycles));
+            }
             Self::touch(
                 s,
                 &Touched {
@@ -952,24 +978,7 @@ impl Engine {
         }
         check_on_behalf_of(b, &req.principal, req.on_behalf_of.as_ref())?;
 
-        // Inline entities: the app's fresher copy of its own rows wins over the store; the
-        // directory stays authoritative for principals and groups already held.
-        let mut inline: HashMap<EntityUid, Arc<StoredEntity>> = HashMap::new();
-        for (i, v) in req.entities.iter().enumerate() {
-            let f = format!("entities[{i}]");
-            let se = StoredEntity::from_json(v.clone(), b.schema(), &b.entity_types, &f)?;
-            let uid = se.entity.uid();
-            b.check_type(uid.type_name(), &format!("{f}.uid.type"))?;
-            if b.is_principal_type(uid.type_name())
-                && (st.store.entities.contains_key(&uid) || b.entities.contains_key(&uid))
-            {
-                continue;
-            }
-            if inline.insert(uid.clone(), Arc::new(se)).is_some() {
-                return Err(RequestError::new(f, format!("duplicate entity `{uid}`")));
-            }
-        }
-
+        let (inline, inline_ignored) = inline_entities(&st, req)?;
         let work_item = req
             .work_item_id
             .as_ref()
@@ -1036,6 +1045,12 @@ impl Engine {
             policy_version: st.policy_version,
             principals_version: st.principals_version,
             latency_us: elapsed_us(t0),
+            not_in_directory: std::iter::once(&req.principal)
+                .chain(req.on_behalf_of.as_ref())
+                .filter(|u| st.entity(u).is_none())
+                .cloned()
+                .collect(),
+            inline_ignored,
         })
     }
 
@@ -1166,15 +1181,6 @@ impl Engine {
         };
         self.plans.insert(id.as_u128(), &plan, key, states);
         Ok(plan)
-    }
-
-    /// The entity in force for `uid` (the store's, else the bundle's, else the action entity)
-    /// in Cedar's JSON entity shape (`uid`, `attrs`, `parents`, `tags`), or `None` when no
-    /// entity has that uid. The AuthZEN front uses it to lay a request's `properties` over the
-    /// stored attributes without losing the entity's parents.
-    pub fn entity_json(&self, uid: &EntityUid) -> Option<Value> {
-        let st = self.state.load();
-        st.entity(uid).and_then(|e| e.entity.to_json_value().ok())
     }
 
     /// The filters of one principal of a plan (see [`crate::query_plan`]).
@@ -1492,6 +1498,98 @@ fn request_error(e: &RequestValidationError, field: &str) -> RequestError {
             _ => "request".to_owned(),
         };
     RequestError::new(f, chain(e))
+}
+
+/// A check's inline entities that are taken, by uid.
+type Inline = HashMap<EntityUid, Arc<StoredEntity>>;
+
+/// The inline entities of a check that are taken, keyed by uid, and the uids of those that
+/// are ignored (docs/decisions.md, "Inline entities").
+///
+/// Inline entities describe, for one check, entities the directory and the store do not hold
+/// (an app's own rows). They never outrank the directory: an inline entity of a directory type
+/// (`Human`, `ServiceAccount`, `Group`) is ignored, so a principal's attributes and groups come
+/// only from the directory; and an inline entity the store or bundle holds is ignored, so its
+/// stored attributes and parents stand. Ignored entities are named in the decision record.
+///
+/// # Errors
+/// [`RequestError`] on `entities` when there are more than [`limits::max_inline_entities`], and
+/// on `entities[i]` when an entity is malformed, of an undeclared type, a duplicate, or the
+/// start of a parent chain deeper than [`limits::max_entity_depth`].
+fn inline_entities(
+    st: &State,
+    req: &CheckRequest,
+) -> Result<(Inline, Vec<EntityUid>), RequestError> {
+    let mut inline = Inline::new();
+    let mut ignored = Vec::new();
+    if req.entities.is_empty() {
+        return Ok((inline, ignored));
+    }
+    let max = limits::max_inline_entities();
+    if req.entities.len() > max {
+        return Err(RequestError::new(
+            "entities",
+            format!(
+                "{} inline entities: at most {max} are taken (limit `max_inline_entities` = {max})",
+                req.entities.len()
+            ),
+        ));
+    }
+    let b = &*st.bundle;
+    let mut order = Vec::with_capacity(req.entities.len());
+    let ignore = |uid: &EntityUid| b.is_directory_type(uid.type_name()) || st.entity(uid).is_some();
+    for (i, v) in req.entities.iter().enumerate() {
+        let f = format!("entities[{i}]");
+        // An entity that is ignored is not parsed further: what it says does not matter.
+        if let Some(uid) = v.get("uid").and_then(|u| parse_uid(u, "uid").ok()) {
+            if ignore(&uid) {
+                ignored.push(uid);
+                continue;
+            }
+        }
+        let se = StoredEntity::from_json(v.clone(), b.schema(), &b.entity_types, &f)?;
+        let uid = se.entity.uid();
+        b.check_type(uid.type_name(), &format!("{f}.uid.type"))?;
+        check_entity_ids(&se, &f)?;
+        if ignore(&uid) {
+            ignored.push(uid);
+            continue;
+        }
+        if inline.insert(uid.clone(), Arc::new(se)).is_some() {
+            return Err(RequestError::new(f, format!("duplicate entity `{uid}`")));
+        }
+        order.push((i, uid));
+    }
+    // Cedar closes this check's hierarchy itself, recursing once per level: bound the chains
+    // that start at an inline entity (stored ones were bounded when they were stored).
+    let mut depth = DepthCheck::new(limits::max_entity_depth(), |u: &EntityUid| {
+        inline
+            .get(u)
+            .map(|e| e.parents.as_slice())
+            .or_else(|| st.entity(u).map(|e| e.parents.as_slice()))
+    });
+    for (i, uid) in &order {
+        if let Some(se) = inline.get(uid) {
+            depth
+                .depth(uid, &se.parents)
+                .map_err(|e| RequestError::new(format!("entities[{i}].parents"), e.to_string()))?;
+        }
+    }
+    drop(depth);
+    Ok((inline, ignored))
+}
+
+/// Refuses an entity whose id, or a parent's id, holds a control character
+/// ([`check_identifier`]).
+///
+/// # Errors
+/// [`RequestError`] on `<field>.uid.id` or `<field>.parents[j].id`.
+fn check_entity_ids(se: &StoredEntity, field: &str) -> Result<(), RequestError> {
+    check_identifier(se.entity.uid().id().unescaped(), &format!("{field}.uid.id"))?;
+    for (j, p) in se.parents.iter().enumerate() {
+        check_identifier(p.id().unescaped(), &format!("{field}.parents[{j}].id"))?;
+    }
+    Ok(())
 }
 
 fn lookup<'a>(cx: &'a CheckCtx<'_>, uid: &EntityUid) -> Option<&'a StoredEntity> {

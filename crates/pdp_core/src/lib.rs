@@ -6,6 +6,7 @@
 //! * [`request`]: the check request of SPEC 2.4.
 //! * [`engine`]: [`Engine::decide`], the check semantics of SPEC 2.4 and DESIGN 3-4, and
 //!   [`Engine::plan`], the query plans of SPEC 2.6.
+//! * [`limits`]: bounds on inline entities and on hierarchy depth, process-wide settings.
 //! * [`decision_log`]: the queue and on-disk spool decision records wait in for the broker.
 //! * [`plan`]: partial-evaluation residuals to filter trees; [`query_plan`]: what they mean
 //!   together (outcomes, challenges, agent and person), and the plan cache.
@@ -18,6 +19,7 @@ pub mod decision_log;
 pub mod engine;
 pub mod error;
 mod intern;
+pub mod limits;
 mod memo;
 pub mod plan;
 pub mod query_plan;

@@ -26,12 +26,19 @@ pub const CHECK_FIELDS: [&str; 8] = [
 /// Cedar name.
 pub fn parse_uid(value: &Value, field: &str) -> Result<EntityUid, RequestError> {
     match value {
-        Value::String(s) => EntityUid::from_str(s).map_err(|e| {
-            RequestError::new(
-                field,
-                format!("`{s}` is not an entity reference (`Type::\"id\"` or {{type, id}}): {e}"),
-            )
-        }),
+        Value::String(s) => {
+            let uid = EntityUid::from_str(s).map_err(|e| {
+                RequestError::new(
+                    field,
+                    format!(
+                        "`{}` is not an entity reference (`Type::\"id\"` or {{type, id}}): {e}",
+                        s.escape_debug()
+                    ),
+                )
+            })?;
+            check_identifier(uid.id().unescaped(), &format!("{field}.id"))?;
+            Ok(uid)
+        }
         Value::Object(obj) => {
             if let Some(inner) = obj.get("__entity") {
                 return parse_uid(inner, field);
@@ -70,6 +77,7 @@ pub fn parse_uid(value: &Value, field: &str) -> Result<EntityUid, RequestError> 
 /// # Errors
 /// [`RequestError`] on `<field>.type` when `ty` is not a valid Cedar entity type name.
 pub fn uid_from_parts(ty: &str, id: &str, field: &str) -> Result<EntityUid, RequestError> {
+    check_identifier(id, &format!("{field}.id"))?;
     let tn = type_name(ty).map_err(|e| {
         RequestError::new(
             format!("{field}.type"),
@@ -77,6 +85,25 @@ pub fn uid_from_parts(ty: &str, id: &str, field: &str) -> Result<EntityUid, Requ
         )
     })?;
     Ok(EntityUid::from_type_name_and_id(tn, EntityId::new(id)))
+}
+
+/// Refuses an identifier (an entity id, an action, a work item id) that holds a control
+/// character: C0 (NUL included), DEL or C1 (Unicode `Cc`). Such ids cannot be typed, print
+/// as something else than they are in logs and records, and no directory issues them.
+///
+/// # Errors
+/// [`RequestError`] on `field` naming the first control character and its position.
+pub fn check_identifier(id: &str, field: &str) -> Result<(), RequestError> {
+    match id.char_indices().find(|(_, c)| c.is_control()) {
+        None => Ok(()),
+        Some((at, c)) => Err(RequestError::new(
+            field,
+            format!(
+                "control character U+{:04X} at byte {at}: identifiers may not hold control characters",
+                u32::from(c)
+            ),
+        )),
+    }
 }
 
 /// Most type names [`type_name`] keeps per thread before it starts over.
@@ -200,7 +227,10 @@ impl CheckRequest {
         };
         let work_item_id = match f.work_item_id {
             None | Some(Value::Null) => None,
-            Some(Value::String(s)) => Some(s),
+            Some(Value::String(s)) => {
+                check_identifier(&s, "work_item_id")?;
+                Some(s)
+            }
             Some(other) => {
                 return Err(RequestError::new(
                     "work_item_id",
@@ -302,7 +332,10 @@ fn unknown_field(k: &str, fields: &[&str], hint: &str) -> RequestError {
 /// reference written back as `Type::"id"`.
 fn take_action(v: Option<Value>) -> Result<String, RequestError> {
     match v {
-        Some(Value::String(s)) if !s.is_empty() => Ok(s),
+        Some(Value::String(s)) if !s.is_empty() => {
+            check_identifier(&s, "action")?;
+            Ok(s)
+        }
         Some(o @ Value::Object(_)) if o.get("type").is_some() || o.get("__entity").is_some() => {
             Ok(parse_uid(&o, "action")?.to_string())
         }

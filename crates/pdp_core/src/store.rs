@@ -7,6 +7,7 @@
 //! under a small persistent map of the writes made since the table was built.
 
 use crate::error::{chain, RequestError};
+use crate::limits::{self, DepthCheck, TooDeep};
 use crate::request::parse_uid;
 use cedar_policy::{Entities, Entity, EntityUid, EvalResult, Schema};
 use cedar_policy_core::ast;
@@ -742,6 +743,35 @@ pub fn parse_uid_list(value: &Value, field: &str) -> Result<Vec<EntityUid>, Requ
         .collect()
 }
 
+/// Why [`Hierarchy::refresh`] refused a change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Unclosable {
+    /// These entities would be their own ancestors.
+    Cycles(Vec<EntityUid>),
+    /// A parent chain would be longer than [`limits::max_entity_depth`].
+    TooDeep(TooDeep),
+}
+
+/// Checks that no entity in `uids` starts a parent chain longer than
+/// [`limits::max_entity_depth`], walking each link once ([`DepthCheck`]).
+///
+/// # Errors
+/// [`TooDeep`] for the first entity over the limit.
+pub(crate) fn check_depth<'a, 'u>(
+    uids: impl Iterator<Item = &'u EntityUid>,
+    look: &impl Fn(&EntityUid) -> Option<&'a StoredEntity>,
+) -> Result<(), TooDeep> {
+    let mut depth = DepthCheck::new(limits::max_entity_depth(), |u: &EntityUid| {
+        look(u).map(|e| e.parents.as_slice())
+    });
+    for uid in uids {
+        if let Some(se) = look(uid) {
+            depth.depth(uid, &se.parents)?;
+        }
+    }
+    Ok(())
+}
+
 /// Every entity the engine knows (the bundle's `entities.json` base layer, the store above it,
 /// and the schema's action entities), each with its transitive ancestors precomputed.
 ///
@@ -809,10 +839,16 @@ impl Hierarchy {
 
     /// Closes every entity in `uids` from scratch. Returns the closure and the uids of entities
     /// that are their own ancestors (their cycle is left out of their closure).
+    ///
+    /// # Errors
+    /// [`TooDeep`] for the first entity whose parent chain is longer than
+    /// [`limits::max_entity_depth`], found before any closing is done (closing a chain of `d`
+    /// levels costs `d * d / 2` entries).
     pub(crate) fn rebuild<'a, 'u>(
-        uids: impl Iterator<Item = &'u EntityUid>,
+        uids: impl Iterator<Item = &'u EntityUid> + Clone,
         look: &impl Fn(&EntityUid) -> Option<&'a StoredEntity>,
-    ) -> (Self, Vec<EntityUid>) {
+    ) -> Result<(Self, Vec<EntityUid>), TooDeep> {
+        check_depth(uids.clone(), look)?;
         let mut h = Self::default();
         let mut cycles = Vec::new();
         let mut closed = Vec::new();
@@ -827,20 +863,22 @@ impl Hierarchy {
         }
         h.closed = closed.into_iter().collect();
         cycles.sort();
-        (h, cycles)
+        Ok((h, cycles))
     }
 
     /// Re-closes after the entities `changed` were inserted, replaced or removed (`look` shows
     /// the state after the change).
     ///
     /// # Errors
-    /// The uids of entities the change made their own ancestors; `self` is then half updated
-    /// and must be dropped (writers work on a copy and do not publish it).
+    /// [`Unclosable::Cycles`] with the uids of entities the change made their own ancestors,
+    /// and [`Unclosable::TooDeep`] when it made a parent chain longer than
+    /// [`limits::max_entity_depth`] (checked before anything is closed); `self` is then half
+    /// updated and must be dropped (writers work on a copy and do not publish it).
     pub(crate) fn refresh<'a>(
         &mut self,
         changed: &[EntityUid],
         look: &impl Fn(&EntityUid) -> Option<&'a StoredEntity>,
-    ) -> Result<(), Vec<EntityUid>> {
+    ) -> Result<(), Unclosable> {
         let mut cycles = Vec::new();
         let mut affected: HashSet<EntityUid> = changed.iter().cloned().collect();
         if changed.iter().any(|u| self.parents.contains_key(u)) {
@@ -851,6 +889,7 @@ impl Hierarchy {
                 }
             }
         }
+        check_depth(affected.iter(), look).map_err(Unclosable::TooDeep)?;
         for uid in affected {
             match look(&uid) {
                 Some(se) => {
@@ -869,7 +908,7 @@ impl Hierarchy {
             Ok(())
         } else {
             cycles.sort();
-            Err(cycles)
+            Err(Unclosable::Cycles(cycles))
         }
     }
 
@@ -932,7 +971,7 @@ mod tests {
             .collect();
         let look = |u: &EntityUid| stored.iter().find(|s| s.entity.uid() == *u);
         let uids: Vec<EntityUid> = stored.iter().map(|s| s.entity.uid()).collect();
-        let (h, cycles) = Hierarchy::rebuild(uids.iter(), &look);
+        let (h, cycles) = Hierarchy::rebuild(uids.iter(), &look).unwrap();
         (cedar, uids, h, cycles)
     }
 

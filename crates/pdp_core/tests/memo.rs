@@ -214,7 +214,8 @@ fn memos_follow_every_change() {
             links: None,
         })
         .unwrap(),
-    );
+    )
+    .unwrap();
     assert_eq!(
         plan_agrees(&e, &plan("alice", "view", true))["outcome"],
         "always_allowed"

@@ -679,8 +679,8 @@ impl Engine {
 
     fn load_bundle_dir(&self, py: Python<'_>, path: PathBuf) -> PyResult<()> {
         let b = Self::build_dir(py, path)?;
-        self.inner.replace_bundle(b);
-        Ok(())
+        py.detach(|| self.inner.replace_bundle(b))
+            .map_err(|e| bundle_err(py, &e))
     }
 
     #[pyo3(signature = (policies, schema=None, entities=None, links=None))]
@@ -694,8 +694,8 @@ impl Engine {
     ) -> PyResult<()> {
         let src = sources(policies, schema, entities, links)?;
         let b = Self::build(py, &src)?;
-        self.inner.replace_bundle(b);
-        Ok(())
+        py.detach(|| self.inner.replace_bundle(b))
+            .map_err(|e| bundle_err(py, &e))
     }
 
     fn link_templates(&self, py: Python<'_>, links: &Bound<'_, PyAny>) -> PyResult<()> {
@@ -921,11 +921,35 @@ impl Engine {
     }
 }
 
+/// Sets the decision core's process-wide limits (docs/decisions.md, "Limits"); `None` leaves
+/// a limit as it is. Returns the limits now in force as `(max_entity_depth,
+/// max_inline_entities)`. `max_entity_depth` (parent links to the farthest ancestor, at least 1)
+/// bounds inline entities, entity-store writes and bundles' `entities.json` loaded from then
+/// on; `max_inline_entities` bounds the inline entities of one check.
+#[pyfunction]
+#[pyo3(signature = (max_entity_depth=None, max_inline_entities=None))]
+fn set_limits(
+    max_entity_depth: Option<usize>,
+    max_inline_entities: Option<usize>,
+) -> (usize, usize) {
+    if let Some(n) = max_entity_depth {
+        pdp_core::limits::set_max_entity_depth(n);
+    }
+    if let Some(n) = max_inline_entities {
+        pdp_core::limits::set_max_inline_entities(n);
+    }
+    (
+        pdp_core::limits::max_entity_depth(),
+        pdp_core::limits::max_inline_entities(),
+    )
+}
+
 #[pymodule]
 fn _pdp_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     tune_allocator();
     let py = m.py();
     m.add_class::<Engine>()?;
+    m.add_function(wrap_pyfunction!(set_limits, m)?)?;
     m.add_class::<pyserver::Server>()?;
     m.add_class::<pylog::DecisionLog>()?;
     m.add_class::<pylog::SpoolBatchHandle>()?;

@@ -119,7 +119,9 @@ def test_only_cases_without_an_equivalent_are_left_out() -> None:
         "mode_and_inline: inline resource entity is used",
         "mode_and_inline: inline entity may write references as typed objects under the schema",
         "mode_and_inline: inline copy of a stored principal cannot change its groups",
-        "mode_and_inline: inline groups of an unknown principal are used",
+        "mode_and_inline: an inline principal the directory does not hold is ignored: no attributes, no groups",
+        "mode_and_inline: an inline copy of a stored resource cannot change its attributes",
+        "mode_and_inline: an inline service account is ignored: it is not registered",
         "request_errors: missing principal id",
         "request_errors: unknown request field",
         "request_errors: human_present not a boolean",
@@ -136,7 +138,8 @@ def test_only_cases_without_an_equivalent_are_left_out() -> None:
         or n
         in {
             "mode_and_inline: inline copy of a stored principal cannot change its groups",
-            "mode_and_inline: inline groups of an unknown principal are used",
+            "mode_and_inline: an inline principal the directory does not hold is ignored: no attributes, no groups",
+            "mode_and_inline: an inline service account is ignored: it is not registered",
             "request_errors: on_behalf_of with a Human principal",
             "request_errors: on_behalf_of naming a service account",
             "request_errors: human_present not a boolean",
@@ -312,13 +315,12 @@ def _az_doc(s: Served, subject: dict[str, Any], doc: str, props: Any = None) -> 
     return dict(r.json())
 
 
-def test_authzen_resource_properties_override_attributes_and_keep_parents(folders: Served) -> None:
+def test_authzen_resource_properties_never_override_a_stored_entity(folders: Served) -> None:
+    """Properties describe what the store does not hold (docs/api.md, "AuthZEN"): for a
+    stored resource they are ignored, over AuthZEN as inline on /v1/access/evaluation."""
     u = ref("User", "u")
     assert _az_doc(folders, u, "d1")["decision"] is False  # level 5
-    lowered = _az_doc(folders, u, "d1", {"level": 1})
-    assert lowered["decision"] is True  # level overridden, Folder::"shared" parent kept
-    assert lowered["context"]["policies"] == ["shared-low-level"]
-    # The same attributes inline on /v1/access/evaluation replace the entity, parents too:
+    assert _az_doc(folders, u, "d1", {"level": 1})["decision"] is False  # still level 5
     inline = folders.engine.evaluate(
         {
             "principal": u,
@@ -328,8 +330,6 @@ def test_authzen_resource_properties_override_attributes_and_keep_parents(folder
         }
     )
     assert inline["verdict"] == "deny"
-    # Not under the folder: the attribute alone does not allow.
-    assert _az_doc(folders, u, "d2", {"level": 1})["decision"] is False
     # A resource the store does not hold is created with just its properties (no parents).
     assert _az_doc(folders, u, "new", {"level": 1})["decision"] is False
     # Properties breaking the schema name the AuthZEN field.
@@ -338,7 +338,7 @@ def test_authzen_resource_properties_override_attributes_and_keep_parents(folder
         {
             "subject": u,
             "action": {"name": "view"},
-            "resource": {**ref("Doc", "d1"), "properties": {"level": "high"}},
+            "resource": {**ref("Doc", "new"), "properties": {"level": "high"}},
         },
     )
     assert assert_problem(r, 400)["field"].startswith("resource.properties")
@@ -363,13 +363,21 @@ def test_authzen_subject_properties_only_for_subjects_the_store_lacks(folders: S
 
 
 def test_authzen_properties_on_corp_resource(corp: Served) -> None:
-    # bob (sales) may view a document of his own department: overriding `department` is enough,
-    # the other required attributes (owner, sensitivity, tags) come from the stored entity.
+    # bob (sales) may not view engineering's design document, whatever properties say of it.
     base = az("bob", "view", "design")
     assert corp.post(AZ, base).json()["decision"] is False
     base["resource"]["properties"] = {"department": "sales"}
-    got = corp.post(AZ, base).json()
-    assert got["decision"] is True
+    assert corp.post(AZ, base).json()["decision"] is False
+    # A document the store does not hold is described by its properties.
+    new = az("bob", "view", "brief")
+    new["resource"]["properties"] = {
+        "owner": {"type": "Human", "id": "carol"},
+        "department": "sales",
+        "sensitivity": "internal",
+        "tags": [],
+    }
+    got = corp.post(AZ, new).json()
+    assert got.get("decision") is True, got
     assert got["context"]["policies"] == ["view-own-department"]
 
 
@@ -956,12 +964,13 @@ def test_request_id_is_echoed(corp: Served) -> None:
         ("GET", EVAL, None, 405),
     ]
     for i, (method, path, body, status) in enumerate(cases):
-        rid = f"req-{i}-{path}"
+        rid = f"req-{i}.{method}"
         r = corp.http.request(method, path, json=body, headers={"X-Request-ID": rid})
         assert r.status_code == status
         assert r.headers["x-request-id"] == rid
+    # Without one (or with an unsafe one, tests/test_hardening.py) a fresh id is set.
     r = corp.http.get("/healthz")
-    assert "x-request-id" not in r.headers
+    assert len(r.headers["x-request-id"]) == 36
 
 
 # -------------------------------------------------------------------------------------------

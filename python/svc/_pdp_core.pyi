@@ -26,6 +26,7 @@ __all__ = [
     "Server",
     "SpoolBatchHandle",
     "__version__",
+    "set_limits",
 ]
 
 __version__: Final[str]
@@ -35,6 +36,23 @@ _JSON = dict[str, Any]
 # (``list`` is invariant, so ``list[Mapping[str, Any]]`` would refuse it).
 _Request = TypeVar("_Request", bound=Mapping[str, Any])
 _Ref = Mapping[str, str] | str
+
+def set_limits(
+    max_entity_depth: int | None = None, max_inline_entities: int | None = None
+) -> tuple[int, int]:
+    """Sets the decision core's process-wide limits (docs/decisions.md, "Limits").
+
+    Args:
+        max_entity_depth: longest parent chain (links to the farthest ancestor, at least 1) of
+            inline entities, entity-store writes and bundles' ``entities.json`` loaded from then
+            on; ``None`` keeps it (default 64).
+        max_inline_entities: most inline entities one check may carry; ``None`` keeps it
+            (default 1,000).
+
+    Returns:
+        The limits now in force, ``(max_entity_depth, max_inline_entities)``.
+
+    """
 
 class BundleError(Exception):
     """A policy bundle could not be loaded.
@@ -356,6 +374,8 @@ class Server:
         decision_log: where every decision's and plan's record goes (DESIGN 6); ``None``
             logs nothing.
         pdp_name: this decision point's name in records (``pdp``; default ``svc-pdp``).
+        max_batch_items: most evaluations one AuthZEN ``evaluations`` request may carry; more
+            is a 400 naming the limit (docs/api.md, "Limits").
 
     """
 
@@ -371,6 +391,7 @@ class Server:
         noop_routes: bool = False,
         decision_log: DecisionLog | None = None,
         pdp_name: str | None = None,
+        max_batch_items: int = 1_000,
     ) -> Server: ...
     def start(self) -> int:
         """Binds and starts serving; returns the bound port.

@@ -199,6 +199,24 @@ def pdp(
     decisions_topic: Annotated[
         str, typer.Option(envvar="SVC_PDP_DECISIONS_TOPIC", help="Decision-log topic.")
     ] = "svc.decisions.v1",
+    max_batch_items: Annotated[
+        int,
+        typer.Option(
+            envvar="SVC_PDP_MAX_BATCH_ITEMS", min=1, help="Most evaluations per AuthZEN batch."
+        ),
+    ] = 1_000,
+    max_inline_entities: Annotated[
+        int,
+        typer.Option(
+            envvar="SVC_PDP_MAX_INLINE_ENTITIES", min=0, help="Most inline entities per check."
+        ),
+    ] = 1_000,
+    max_entity_depth: Annotated[
+        int,
+        typer.Option(
+            envvar="SVC_PDP_MAX_ENTITY_DEPTH", min=1, help="Longest parent chain of an entity."
+        ),
+    ] = 64,
 ) -> None:
     """Run the decision point (gRPC + HTTP on one port) over one bundle directory."""
     from svc.pdp.server import StandaloneOptions, run_standalone
@@ -221,6 +239,9 @@ def pdp(
         log_queue_bound=log_queue_bound,
         spool_max_bytes=spool_max_bytes,
         decisions_topic=decisions_topic,
+        max_batch_items=max_batch_items,
+        max_inline_entities=max_inline_entities,
+        max_entity_depth=max_entity_depth,
     )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -33,7 +33,7 @@ impl Server {
 #[pymethods]
 impl Server {
     #[new]
-    #[pyo3(signature = (engine, host="127.0.0.1", port=8080, max_body_bytes=1_048_576, workers=0, public_url=None, version=None, noop_routes=false, decision_log=None, pdp_name=None))]
+    #[pyo3(signature = (engine, host="127.0.0.1", port=8080, max_body_bytes=1_048_576, workers=0, public_url=None, version=None, noop_routes=false, decision_log=None, pdp_name=None, max_batch_items=1_000))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         engine: &crate::Engine,
@@ -46,6 +46,7 @@ impl Server {
         noop_routes: bool,
         decision_log: Option<&crate::pylog::DecisionLog>,
         pdp_name: Option<String>,
+        max_batch_items: usize,
     ) -> Self {
         Self {
             engine: engine.shared(),
@@ -59,6 +60,7 @@ impl Server {
                 version: version.unwrap_or_else(|| env!("CARGO_PKG_VERSION").to_owned()),
                 noop_routes,
                 pdp_name: pdp_name.unwrap_or_else(|| "svc-pdp".to_owned()),
+                max_batch_items,
             },
             running: Mutex::new(None),
         }

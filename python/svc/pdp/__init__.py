@@ -20,6 +20,6 @@ Errors: `BundleError` (a bundle does not load; `.errors` lists every problem wit
 and column) and `RequestError` (a `ValueError`; `.field` names the request field at fault).
 """
 
-from svc._pdp_core import BundleError, Engine, RequestError, Server
+from svc._pdp_core import BundleError, Engine, RequestError, Server, set_limits
 
-__all__ = ["BundleError", "Engine", "RequestError", "Server"]
+__all__ = ["BundleError", "Engine", "RequestError", "Server", "set_limits"]

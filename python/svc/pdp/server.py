@@ -25,7 +25,7 @@ from pathlib import Path
 
 import watchfiles
 
-from svc._pdp_core import BundleError, DecisionLog, Engine, Server
+from svc._pdp_core import BundleError, DecisionLog, Engine, Server, set_limits
 from svc.pdp.decision_log import DECISIONS_TOPIC, Shipper, bootstrap_servers
 
 __all__ = ["BundleWatcher", "StandaloneOptions", "run_standalone", "serve_bundle"]
@@ -136,6 +136,11 @@ class StandaloneOptions:
         log_queue_bound: decision records held in memory before spooling.
         spool_max_bytes: largest spool; records past it are dropped and counted.
         decisions_topic: the decision log's topic (``svc.decisions.v1``).
+        max_batch_items: most evaluations in one AuthZEN ``evaluations`` request (400 beyond).
+        max_inline_entities: most inline entities one check may carry (400 beyond).
+        max_entity_depth: longest parent chain of inline, stored and bundle entities (a request
+            over it is a 400, a bundle over it does not load). These three are the limits of
+            docs/api.md, "Limits"; the last two are process-wide (``svc.pdp.set_limits``).
 
     """
 
@@ -153,6 +158,9 @@ class StandaloneOptions:
     log_queue_bound: int = 100_000
     spool_max_bytes: int = 1 << 30
     decisions_topic: str = DECISIONS_TOPIC
+    max_batch_items: int = 1_000
+    max_inline_entities: int = 1_000
+    max_entity_depth: int = 64
 
 
 @contextmanager
@@ -191,6 +199,7 @@ def serve_bundle(
         shipper = Shipper(
             decision_log, bootstrap_servers(opts.kafka_url), topic=opts.decisions_topic
         )
+    set_limits(max_entity_depth=opts.max_entity_depth, max_inline_entities=opts.max_inline_entities)
     engine = Engine.from_bundle_dir(bundle_dir)
     engine.set_mode(opts.mode)
     engine.configure_plans(max_age_secs=opts.plan_max_age_secs)
@@ -207,6 +216,7 @@ def serve_bundle(
         public_url=opts.public_url,
         noop_routes=opts.noop_routes,
         decision_log=decision_log,
+        max_batch_items=opts.max_batch_items,
     )
     server.start()
     if shipper is not None:

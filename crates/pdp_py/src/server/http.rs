@@ -20,8 +20,23 @@ use std::sync::Arc;
 
 type St = State<Arc<Shared>>;
 
-/// `X-Request-ID`: echoed on the response when the request carries one.
+/// `X-Request-ID`: the caller's, when it is a valid one ([`valid_request_id`]), else a fresh
+/// UUIDv7; set on every response.
 static REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// Longest `X-Request-ID` taken from a caller, in bytes.
+pub const MAX_REQUEST_ID: usize = 128;
+
+/// Whether a caller's `X-Request-ID` is taken as it is: 1 to [`MAX_REQUEST_ID`] characters of
+/// `A-Z a-z 0-9 . _ : -` (UUIDs, ULIDs, trace ids and the like). Anything else (control
+/// characters, spaces, quotes, over-long values) is replaced, so a request id is safe to log
+/// and to echo. Every svc component applies the same rule (docs/api.md, "Request ids").
+pub fn valid_request_id(v: &[u8]) -> bool {
+    !v.is_empty()
+        && v.len() <= MAX_REQUEST_ID
+        && v.iter()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
+}
 
 /// An RFC 9457 problem: `type`, `title`, `status`, `detail`, plus `field` (the request field at
 /// fault) and `errors` (one entry per bad item of a batch) when they apply.
@@ -162,7 +177,12 @@ pub fn router(shared: Arc<Shared>, grpc: Router) -> Router {
 /// the connection (it drains only a small rest), so the answer says `Connection: close`: without
 /// it a keep-alive client would send its next request into the closing connection and fail.
 async fn around(State(s): St, req: Request, next: Next) -> Response {
-    let rid = req.headers().get(&REQUEST_ID).cloned();
+    let rid = req
+        .headers()
+        .get(&REQUEST_ID)
+        .filter(|v| valid_request_id(v.as_bytes()))
+        .cloned()
+        .or_else(|| HeaderValue::from_str(&uuid::Uuid::now_v7().to_string()).ok());
     let h1_body = req.version() < Version::HTTP_2
         && (req.headers().contains_key(TRANSFER_ENCODING)
             || req
@@ -442,31 +462,12 @@ fn authzen_entity<'a>(
     Ok((ty, id, props))
 }
 
-/// The inline entity for an AuthZEN entity with `properties`: the stored entity's attributes
-/// with `properties` laid over them, keeping its parents and tags.
-fn with_properties(s: &Shared, ty: &str, id: &str, props: &Map<String, Value>) -> Value {
-    let uid = json!({"type": ty, "id": id});
-    let stored = pdp_core::request::parse_uid(&uid, "uid")
-        .ok()
-        .and_then(|u| s.engine.entity_json(&u));
-    let mut ent = match stored {
-        Some(Value::Object(m)) => m,
-        _ => {
-            let mut m = Map::new();
-            m.insert("parents".into(), json!([]));
-            m
-        }
-    };
-    let mut attrs = match ent.remove("attrs") {
-        Some(Value::Object(a)) => a,
-        _ => Map::new(),
-    };
-    for (k, v) in props {
-        attrs.insert(k.clone(), v.clone());
-    }
-    ent.insert("uid".into(), uid);
-    ent.insert("attrs".into(), Value::Object(attrs));
-    Value::Object(ent)
+/// The inline entity for an AuthZEN entity with `properties`: those attributes and no
+/// parents. Like every inline entity it describes, for one request, an entity the directory and
+/// the store do not hold; for one they hold (and for every `Human`, `ServiceAccount` and
+/// `Group`) the engine ignores it and the decision record names it (docs/api.md, "AuthZEN").
+fn with_properties(ty: &str, id: &str, props: &Map<String, Value>) -> Value {
+    json!({"uid": {"type": ty, "id": id}, "attrs": props, "parents": []})
 }
 
 /// Translates one AuthZEN evaluation (`subject`, `action`, `resource`, `context`) into the
@@ -488,11 +489,11 @@ fn authzen_decide(
     let mut entities = Vec::new();
     let mut entity_fields = Vec::new();
     if let Some(p) = sprops {
-        entities.push(with_properties(s, sty, sid, p));
+        entities.push(with_properties(sty, sid, p));
         entity_fields.push("subject");
     }
     if let Some(p) = rprops {
-        entities.push(with_properties(s, rty, rid, p));
+        entities.push(with_properties(rty, rid, p));
         entity_fields.push("resource");
     }
     let mut req = Map::new();
@@ -646,6 +647,16 @@ async fn authzen_evaluations(
     let Some(items) = items else {
         return authzen_single(&s, o);
     };
+    let max = s.config.max_batch_items;
+    if items.len() > max {
+        return Err(Problem::request(&RequestError::new(
+            "evaluations",
+            format!(
+                "{} evaluations in one request: at most {max} are decided (limit `max_batch_items` = {max}); split the batch",
+                items.len()
+            ),
+        )));
+    }
     let mut out = Vec::with_capacity(items.len());
     for (i, item) in items.iter().enumerate() {
         let Some(it) = item.as_object() else {
@@ -695,19 +706,66 @@ async fn authzen_evaluations(
 }
 
 async fn authzen_configuration(State(s): St, headers: HeaderMap) -> Response {
-    let base = s.config.public_url.clone().unwrap_or_else(|| {
-        let host = headers
-            .get(HOST)
-            .and_then(|h| h.to_str().ok())
-            .unwrap_or("127.0.0.1:8080");
-        format!("http://{host}")
-    });
+    let base = match &s.config.public_url {
+        Some(u) => u.clone(),
+        // Without a configured public URL the base comes from `Host`, taken only when it is a
+        // plain `host[:port]` (RFC 9110 section 7.2; RFC 3986 section 3.2.2 reg-name or IP
+        // literal, no user info): nothing a client sends is echoed unchecked.
+        None => match headers.get(HOST).map(|h| valid_host(h.as_bytes())) {
+            Some(Some(host)) => format!("http://{host}"),
+            Some(None) => {
+                return Problem::new(
+                    StatusCode::BAD_REQUEST,
+                    "invalid-host",
+                    "The Host header is not valid",
+                    "`Host` must be `host[:port]` (letters, digits, `.` and `-`, or a bracketed IPv6 address); set `--public-url` to publish a fixed base URL",
+                )
+                .into_response()
+            }
+            None => format!("http://{}:{}", s.config.host, s.config.port),
+        },
+    };
     let base = base.trim_end_matches('/');
-    json_ok(&json!({
+    let mut resp = json_ok(&json!({
         "policy_decision_point": base,
         "access_evaluation_endpoint": format!("{base}/access/v1/evaluation"),
         "access_evaluations_endpoint": format!("{base}/access/v1/evaluations"),
-    }))
+    }));
+    if s.config.public_url.is_none() {
+        resp.headers_mut()
+            .insert(axum::http::header::VARY, HeaderValue::from_static("host"));
+    }
+    resp
+}
+
+/// `host[:port]` from a `Host` header when it is a DNS name or IPv4 address (ASCII letters,
+/// digits, `.`, `-`; at most 253 bytes) or a bracketed IPv6 literal, with an optional decimal
+/// port up to 65535; `None` otherwise.
+pub fn valid_host(v: &[u8]) -> Option<&str> {
+    let text = std::str::from_utf8(v).ok()?;
+    let (host, port) = if let Some(rest) = text.strip_prefix('[') {
+        let (ip, after) = rest.split_once(']')?;
+        ip.parse::<std::net::Ipv6Addr>().ok()?;
+        (text.get(..ip.len() + 2)?, after.strip_prefix(':'))
+    } else {
+        match text.split_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (text, None),
+        }
+    };
+    let host_ok = host.starts_with('[')
+        || (!host.is_empty()
+            && host.len() <= 253
+            && host
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-'));
+    let port_ok = port.is_none_or(|p| {
+        !p.is_empty()
+            && p.len() <= 5
+            && p.bytes().all(|b| b.is_ascii_digit())
+            && p.parse::<u16>().is_ok()
+    });
+    (host_ok && port_ok).then_some(text)
 }
 
 // ---------------------------------------------------------------- health, version, metrics

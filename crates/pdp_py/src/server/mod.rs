@@ -50,6 +50,9 @@ pub struct Config {
     pub noop_routes: bool,
     /// This decision point's name in decision records (`pdp`, DESIGN 6).
     pub pdp_name: String,
+    /// Most evaluations one AuthZEN `evaluations` request may carry; more is a `400` naming
+    /// the limit (docs/api.md, "Limits").
+    pub max_batch_items: usize,
 }
 
 /// What every request handler shares.

@@ -974,3 +974,57 @@ def test_cli_load_until_caught_up(
     assert (stats["records"], stats["rejected"], stats["retention_runs"]) == (151, 1, 1)
     client = history.connect(dsn)
     assert counts(client) == expected(120, 30, 1)
+
+
+# -- the history never stalls silently (issue: hardening, item 4)
+
+
+def test_failed_inserts_are_told_apart_by_the_engine_error(db: Client) -> None:
+    """The engine's own errors, classified: too many partitions (split), a refused record
+    (bisect), anything else (retry); and the split by day keeps under the engine's limit."""
+    from clickhouse_connect.driver.exceptions import ClickHouseError
+
+    from svc.history.store import partition_day, partition_limit, refusal, split_by_partition
+
+    days = as_records("e", [event(at=NOW - timedelta(days=i)) for i in range(150)])
+    with pytest.raises(ClickHouseError) as too_many:
+        history.store(db, "events", days)
+    assert refusal(too_many.value) == "partitions"
+    assert partition_limit(db) == 100
+    groups = split_by_partition(days, 100)
+    assert [len(g) for g in groups] == [100, 50]
+    assert sorted(r for g in groups for r in g) == sorted(days)
+    for g in groups:
+        history.store(db, "events", g)
+    assert count(db, "SELECT uniqExact(toDate(at)) FROM events FINAL") == 150
+
+    db.command("ALTER TABLE decisions ADD CONSTRAINT no_x CHECK action != 'x'")
+    with pytest.raises(ClickHouseError) as refused:
+        history.store(db, "decisions", as_records("d", [decision(action="x")]))
+    assert refusal(refused.value) == "record"
+
+    db.command("DETACH TABLE decisions_intake")
+    try:
+        with pytest.raises(ClickHouseError) as missing:
+            history.store(db, "decisions", as_records("d", [decision()]))
+        assert refusal(missing.value) == "transient"
+    finally:
+        db.command("ATTACH TABLE decisions_intake")
+
+    # The day of a record, as the schema partitions it (UTC).
+    def day_of(at: Any) -> date | None:
+        return partition_day(json.dumps({**event(), "at": at}).encode())
+
+    assert day_of("2026-11-22T00:30:00+01:00") == date(2026, 11, 21)
+    assert day_of("2026-11-22T23:30:00-01:00") == date(2026, 11, 23)
+    assert day_of("2026-11-22T10:00:00") == date(2026, 11, 22)
+    assert day_of("2026-11-22T10:00:00.123456789Z") == date(2026, 11, 22)
+    assert day_of("yesterday") is None and day_of(12) is None
+    assert partition_day(b"not json") is None and partition_day(b"[1]") is None
+    # Unknown days count one each, so no group passes the limit.
+    mixed = as_records(
+        "e", [b"junk", b"{}", *(event(at=NOW - timedelta(days=i)) for i in range(3)), b"x"]
+    )
+    for g in split_by_partition(mixed, 2):
+        assert 1 <= len({partition_day(r[4]) or i for i, r in enumerate(g)}) <= 2
+    assert sum(len(g) for g in split_by_partition(mixed, 2)) == len(mixed)

@@ -974,3 +974,283 @@ def test_cli_load_until_caught_up(
     assert (stats["records"], stats["rejected"], stats["retention_runs"]) == (151, 1, 1)
     client = history.connect(dsn)
     assert counts(client) == expected(120, 30, 1)
+
+
+# -- the history never stalls silently (issue: hardening, item 4)
+
+
+def wait_for(what: str, fn: Callable[[], Any], timeout: float = 120) -> Any:
+    """Polls `fn` until it returns something truthy (returned); fails after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = fn()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what}: not after {timeout} s (last: {got!r})")
+        time.sleep(0.2)
+
+
+def running_loader(loader: history.Loader) -> threading.Thread:
+    thread = threading.Thread(target=loader.run, name="test-history-loader", daemon=True)
+    thread.start()
+    return thread
+
+
+def test_intake_backfill_over_1000_days_then_a_later_event_are_found(
+    db: Client,
+    kafka_bootstrap: str,  # noqa: F811
+    topics: tuple[str, str],
+) -> None:
+    """A valid intake batch over 1,000 days (ClickHouse refuses one INSERT into more than 100
+    partitions) is stored, and so is an event sent after it: nothing is stuck behind it."""
+    from test_intake import running_intake
+
+    now = datetime.now(UTC).replace(microsecond=0)
+    people = [{"type": "Human", "id": f"user{i}"} for i in range(5)]
+    backfill = [
+        {
+            "at": rfc3339(now - timedelta(days=1000 - i, hours=1)),
+            "system": "drive",
+            "principal": people[i % len(people)],
+            "action": "download",
+            "resource": {"type": "File", "id": f"old-{i}"},
+        }
+        for i in range(1000)
+    ]
+    later = {**backfill[0], "at": rfc3339(now), "resource": {"type": "File", "id": "later"}}
+    with running_intake(kafka_bootstrap, topics[1]) as intake:
+        r = intake.ship("/v1/events", {"events": backfill})
+        assert (r.status_code, r.json()) == (202, {"accepted": 1000}), r.text
+        r = intake.ship("/v1/events", {"events": [later]})
+        assert (r.status_code, r.json()) == (202, {"accepted": 1}), r.text
+
+    loader = loader_for(db, kafka_bootstrap, topics, batch_records=5000, batch_ms=1000)
+    thread = running_loader(loader)
+    try:
+        found = wait_for(
+            f"the later event in history (loader: {loader.stats})",
+            lambda: history.events_of_resource(
+                db, ("File", "later"), now - timedelta(hours=1), now + timedelta(hours=1)
+            ),
+        )
+        wait_for(
+            "every backfilled event in history",
+            lambda: count(db, "SELECT count() FROM events FINAL") == 1001,
+        )
+    finally:
+        loader.stop()
+        thread.join(60)
+    assert [e["at"] for e in found] == [now]
+    assert count(db, "SELECT uniqExact(toDate(at)) FROM events FINAL") == 1001
+    assert count(db, "SELECT count() FROM events_by_resource FINAL") == 1001
+    oldest = history.events_of_resource(
+        db, ("File", "old-0"), now - timedelta(days=1001), now - timedelta(days=999)
+    )
+    assert [e["at"] for e in oldest] == [now - timedelta(days=1000, hours=1)]
+    assert count(db, "SELECT count() FROM rejected FINAL") == 0
+    # Split by day partition, not retried as a failure and nothing refused.
+    assert loader.stats.split_inserts >= 1
+    assert (loader.stats.store_failures, loader.stats.refused) == (0, 0)
+
+
+def test_a_record_the_store_refuses_goes_to_rejected_and_later_records_load(
+    db: Client,
+    kafka_bootstrap: str,  # noqa: F811
+    topics: tuple[str, str],
+) -> None:
+    """The engine refuses one record for good (here a CHECK constraint on ``events``, as an
+    operator may add; the schema's own views route what they cannot read to ``rejected``
+    themselves): it lands in ``rejected`` with the engine's reason, the rest of its batch is
+    stored, and later records load."""
+    db.command(
+        "ALTER TABLE events ADD CONSTRAINT no_quarantined CHECK resource_id != 'quarantined'"
+    )
+    before = [event(at=t, resource=("File", f"before-{i}")) for i, t in enumerate(spread(60))]
+    poison = event(resource=("File", "quarantined"))
+    after = [event(at=t, resource=("File", f"after-{i}")) for i, t in enumerate(spread(60))]
+    produce(kafka_bootstrap, topics[1], [*before, poison, *after, *JUNK_EVENTS])
+    group = f"test-history-poison-{uuid.uuid4().hex[:8]}"
+    stats = run_until_caught_up(loader_for(db, kafka_bootstrap, topics, group=group), 120)
+
+    assert count(db, "SELECT count() FROM events FINAL") == 120
+    assert count(db, "SELECT count() FROM events_by_resource FINAL") == 120
+    assert (
+        history.events_of_resource(
+            db, ("File", "quarantined"), NOW - timedelta(days=1), NOW + timedelta(days=1)
+        )
+        == []
+    )
+    rows = db.query(
+        "SELECT value, reason FROM rejected FINAL WHERE topic = {t:String} "
+        "AND reason LIKE 'refused%'",
+        parameters={"t": topics[1]},
+    ).result_rows
+    assert len(rows) == 1
+    value, reason = rows[0]
+    assert json.loads(value)["ingest_id"] == poison["ingest_id"]
+    assert reason.startswith("refused by the history store: ")
+    assert "VIOLATED_CONSTRAINT" in reason or "no_quarantined" in reason, reason
+    assert history.rejected_count(db, topics[1]) == 1 + len(JUNK_EVENTS)
+    assert stats.refused == 1
+    assert stats.rejected == 1 + len(JUNK_EVENTS)
+    assert stats.store_failures == 0  # refused for good: never retried as a failure
+
+    # Later records load, and the refused one is not read again (its offset is committed).
+    more = [event(at=t, resource=("File", f"more-{i}")) for i, t in enumerate(spread(30))]
+    produce(kafka_bootstrap, topics[1], more)
+    again = run_until_caught_up(loader_for(db, kafka_bootstrap, topics, group=group), 120)
+    assert (again.records, again.refused) == (30, 0)
+    assert count(db, "SELECT count() FROM events FINAL") == 150
+
+
+def test_readyz_reports_a_failing_and_behind_loader_and_ready_again_after(
+    db: Client,
+    kafka_bootstrap: str,  # noqa: F811
+    topics: tuple[str, str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """While the store refuses every INSERT for a reason that is not the records' (a table is
+    detached), /readyz is 503 with the reasons and /metrics says so; nothing is lost or moved
+    to ``rejected``, and once the table is back every record loads and /readyz is 200."""
+    from fastapi.testclient import TestClient
+
+    from svc.history.service import create_app
+
+    monkeypatch.setenv("SVC_HISTORY_FAILING_AFTER", "2")
+    monkeypatch.setenv("SVC_HISTORY_BEHIND_AFTER_SECS", "1")
+    monkeypatch.setenv("SVC_HISTORY_MAX_LAG_RECORDS", "10")
+    loader = loader_for(db, kafka_bootstrap, topics)
+    thread = running_loader(loader)
+
+    def metric(text: str, name: str) -> float:
+        line = next(x for x in text.splitlines() if x.startswith(f"svc_history_loader_{name} "))
+        return float(line.split()[1])
+
+    try:
+        with TestClient(create_app(db, loader, ready=thread.is_alive)) as http:
+            first = [event(at=t, resource=("File", f"first-{i}")) for i, t in enumerate(spread(20))]
+            produce(kafka_bootstrap, topics[1], first)
+            wait_for(
+                "the first events stored and /readyz 200",
+                lambda: (
+                    count(db, "SELECT count() FROM events FINAL") == 20
+                    and http.get("/readyz").status_code == 200
+                ),
+            )
+            ok = http.get("/readyz").json()
+            assert ok["ready"] is True and ok["events"] == 20
+
+            db.command("DETACH TABLE events_intake")
+            try:
+                second = [
+                    event(at=t, resource=("File", f"second-{i}")) for i, t in enumerate(spread(50))
+                ]
+                produce(kafka_bootstrap, topics[1], second)
+
+                def not_ready() -> Any:
+                    r = http.get("/readyz")
+                    detail = r.json().get("detail", "") if r.status_code == 503 else ""
+                    wanted = (
+                        "SVC_HISTORY_FAILING_AFTER = 2",
+                        "SVC_HISTORY_BEHIND_AFTER_SECS = 1",
+                        "SVC_HISTORY_MAX_LAG_RECORDS = 10",
+                    )
+                    return r if all(w in detail for w in wanted) else None
+
+                r = wait_for("/readyz 503 naming every reason", not_ready, timeout=90)
+                assert r.headers["content-type"] == "application/problem+json"
+                body = r.json()
+                assert (body["type"], body["title"], body["status"]) == (
+                    "urn:svc:problem:not-ready",
+                    "Not ready",
+                    503,
+                )
+                assert "UNKNOWN_TABLE" in body["detail"]  # the last error, named
+                assert body["loader"]["ready"] is False
+                assert body["loader"]["consecutive_failures"] >= 2
+                assert body["loader"]["lag_records"] >= 50
+                assert body["loader"]["oldest_unstored_age_secs"] > 1
+                m = http.get("/metrics").text
+                assert metric(m, "ready") == 0
+                assert metric(m, "consecutive_failures") >= 2
+                assert metric(m, "lag_records") >= 50
+                assert metric(m, "oldest_unstored_age_seconds") > 1
+                # Not the records' fault: none moved to rejected, none refused.
+                assert count(db, "SELECT count() FROM rejected FINAL") == 0
+                assert loader.stats.refused == 0
+            finally:
+                db.command("ATTACH TABLE events_intake")
+
+            wait_for(
+                "every event stored and /readyz 200 again",
+                lambda: (
+                    count(db, "SELECT count() FROM events FINAL") == 70
+                    and http.get("/readyz").status_code == 200
+                ),
+            )
+            ok = http.get("/readyz").json()
+            assert ok["loader"]["ready"] is True and ok["loader"]["reasons"] == []
+            assert ok["loader"]["consecutive_failures"] == 0 and ok["loader"]["last_success"]
+            m = http.get("/metrics").text
+            assert metric(m, "ready") == 1
+            assert metric(m, "consecutive_failures") == 0
+            assert metric(m, "lag_records") == 0
+            assert metric(m, "last_success_timestamp_seconds") > time.time() - 3600
+            assert metric(m, "store_failures") >= 2
+    finally:
+        loader.stop()
+        thread.join(60)
+    assert count(db, "SELECT count() FROM events_by_resource FINAL") == 70
+    assert count(db, "SELECT count() FROM rejected FINAL") == 0
+
+
+def test_failed_inserts_are_told_apart_by_the_engine_error(db: Client) -> None:
+    """The engine's own errors, classified: too many partitions (split), a refused record
+    (bisect), anything else (retry); and the split by day keeps under the engine's limit."""
+    from clickhouse_connect.driver.exceptions import ClickHouseError
+
+    from svc.history.store import partition_day, partition_limit, refusal, split_by_partition
+
+    days = as_records("e", [event(at=NOW - timedelta(days=i)) for i in range(150)])
+    with pytest.raises(ClickHouseError) as too_many:
+        history.store(db, "events", days)
+    assert refusal(too_many.value) == "partitions"
+    assert partition_limit(db) == 100
+    groups = split_by_partition(days, 100)
+    assert [len(g) for g in groups] == [100, 50]
+    assert sorted(r for g in groups for r in g) == sorted(days)
+    for g in groups:
+        history.store(db, "events", g)
+    assert count(db, "SELECT uniqExact(toDate(at)) FROM events FINAL") == 150
+
+    db.command("ALTER TABLE decisions ADD CONSTRAINT no_x CHECK action != 'x'")
+    with pytest.raises(ClickHouseError) as refused:
+        history.store(db, "decisions", as_records("d", [decision(action="x")]))
+    assert refusal(refused.value) == "record"
+
+    db.command("DETACH TABLE decisions_intake")
+    try:
+        with pytest.raises(ClickHouseError) as missing:
+            history.store(db, "decisions", as_records("d", [decision()]))
+        assert refusal(missing.value) == "transient"
+    finally:
+        db.command("ATTACH TABLE decisions_intake")
+
+    # The day of a record, as the schema partitions it (UTC).
+    def day_of(at: Any) -> date | None:
+        return partition_day(json.dumps({**event(), "at": at}).encode())
+
+    assert day_of("2026-11-22T00:30:00+01:00") == date(2026, 11, 21)
+    assert day_of("2026-11-22T23:30:00-01:00") == date(2026, 11, 23)
+    assert day_of("2026-11-22T10:00:00") == date(2026, 11, 22)
+    assert day_of("2026-11-22T10:00:00.123456789Z") == date(2026, 11, 22)
+    assert day_of("yesterday") is None and day_of(12) is None
+    assert partition_day(b"not json") is None and partition_day(b"[1]") is None
+    # Unknown days count one each, so no group passes the limit.
+    mixed = as_records(
+        "e", [b"junk", b"{}", *(event(at=NOW - timedelta(days=i)) for i in range(3)), b"x"]
+    )
+    for g in split_by_partition(mixed, 2):
+        assert 1 <= len({partition_day(r[4]) or i for i, r in enumerate(g)}) <= 2
+    assert sum(len(g) for g in split_by_partition(mixed, 2)) == len(mixed)

@@ -78,6 +78,27 @@ def test_history_routes_name_bad_parameters(corp_up: Up) -> None:
     assert r.status_code == 404
 
 
+def test_history_readyz_and_metrics_report_the_loader(corp_up: Up) -> None:
+    """svc up runs the history loader in process: its health is on the history's port."""
+    a_decision = httpx.post(f"{corp_up.pdp}/v1/access/evaluation", json=ALICE_DELETE, timeout=10)
+    assert a_decision.status_code == 200
+    corp_up.wait_totals(decisions=1)
+    loader = get_json(f"{corp_up.history}/readyz")["loader"]
+    assert loader["ready"] is True and loader["reasons"] == []
+    assert loader["consecutive_failures"] == 0 and loader["last_success"]
+    metrics = httpx.get(f"{corp_up.history}/metrics", timeout=10).text
+    values = {
+        line.split()[0]: float(line.split()[1])
+        for line in metrics.splitlines()
+        if line.startswith("svc_history_loader_")
+    }
+    assert values["svc_history_loader_ready"] == 1
+    assert values["svc_history_loader_consecutive_failures"] == 0
+    assert values["svc_history_loader_last_success_timestamp_seconds"] > 0
+    for name in ("oldest_unstored_age_seconds", "lag_records", "refused", "split_inserts"):
+        assert f"svc_history_loader_{name}" in values
+
+
 @pytest.mark.skipif(not cloudtrail_files(), reason="../shared/data/cloudtrail is not present")
 def test_cloudtrail_files_posted_to_intake_are_found_in_history(corp_up: Up) -> None:
     files = cloudtrail_files()

@@ -7,7 +7,8 @@ reasoner's 30-day reads. docs/history.md describes the whole of it.
 * ``connect(dsn)``: ``chdb:///dir`` for the embedded engine (one per process, shared) or
   ``http(s)://host:port/db`` for a ClickHouse server (``svc.history.store``).
 * ``migrate(client)``: the per-release schema job, idempotent (``svc.history.schema``).
-* ``Loader``: the consumer that stores batches, then commits offsets (``svc.history.loader``).
+* ``Loader``: the consumer that stores batches, then commits offsets, and reports whether it is
+  failing or behind (``Loader.health``; ``svc.history.loader``).
 * ``apply_retention(client, days)``: drops whole days older than ``analytics.retentionDays``.
 * Queries (``svc.history.queries``): decisions and events of a principal or a resource over a
   time range (optionally only monitor-mode would-deny / would-challenge), verdict counts, and
@@ -30,6 +31,8 @@ from svc.history.loader import (
     EVENTS_TOPIC,
     Batch,
     Loader,
+    LoaderHealth,
+    LoaderHealthSettings,
     LoaderStats,
     consumer_config,
 )
@@ -68,6 +71,8 @@ __all__ = [
     "DailyCounts",
     "Kind",
     "Loader",
+    "LoaderHealth",
+    "LoaderHealthSettings",
     "LoaderStats",
     "Migration",
     "Record",

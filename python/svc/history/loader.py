@@ -8,7 +8,7 @@ then commits the batch's offsets, synchronously. Delivery is at least once:
 * a loader that dies after storing and before committing re-reads those records when it (or
   another member of the group) restarts; the tables drop the copies by ``qid`` / ``ingest_id``
   (``ReplacingMergeTree`` read with ``FINAL``), so counts stay exact;
-* a batch whose INSERT fails is retried (with backoff) and never committed before it is stored;
+* a batch is never committed before every record of it is stored (or moved to ``rejected``);
 * batches are stored by a worker thread while the next one is read (chDB and the HTTP client
   release the GIL while the engine works), and committed in order, each after its own store;
 * before partitions are taken away in a rebalance, the batches read so far are stored and
@@ -18,6 +18,24 @@ then commits the batch's offsets, synchronously. Delivery is at least once:
 Junk never stops it: records that are not JSON or lack required fields go to ``rejected`` with
 the reason (counted in ``LoaderStats.rejected`` and logged per batch).
 
+Any valid batch is storable, and a failing INSERT is told apart by what it means
+(``svc.history.store.refusal``; docs/history.md, "When an INSERT fails"):
+
+* rows over more day partitions than one INSERT may touch (a backfill: ClickHouse's
+  ``max_partitions_per_insert_block``, 100 by default): the records are grouped by day into
+  INSERTs under that limit (``split_by_partition``), halving where that is not enough;
+* a record the engine refuses for good (an error code that blames the data): the INSERT is
+  halved until the record is alone, and it goes to ``rejected`` with the engine's message as
+  the reason; the rest of the batch is stored;
+* anything else (the server away, a table missing): the same INSERT is retried with backoff
+  (0.2 s doubling to 10 s) until it works or the loader stops; nothing is lost or skipped.
+
+It never falls behind silently: ``health()`` says whether the loader is failing (its INSERTs
+failed ``failing_after`` times in a row) or behind (the oldest record read but not stored
+reached the broker more than ``behind_after_secs`` ago, or more than ``max_lag_records``
+records are not stored), with the reasons; the history service's ``/readyz`` and ``/metrics``
+report it (``LoaderHealthSettings``: ``SVC_HISTORY_*``).
+
 Retention (SPEC 8: ``analytics.retentionDays``, 0 keeps all, may change at any time): at start
 and every ``retention_interval`` seconds the loader reads the setting again (``retention_days``
 may be a callable) and drops the whole day partitions older than it
@@ -26,6 +44,7 @@ may be a callable) and drops the whole day partitions older than it
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -39,9 +58,21 @@ import confluent_kafka
 from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import ClickHouseError
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from svc.broker import Consumer
-from svc.history.store import Kind, Record, apply_retention, store
+from svc.history.store import (
+    Kind,
+    Record,
+    Refusal,
+    apply_retention,
+    partition_limit,
+    refusal,
+    reject,
+    split_by_partition,
+    store,
+)
 from svc.pdp.decision_log import DECISIONS_TOPIC
 
 __all__ = [
@@ -49,6 +80,8 @@ __all__ = [
     "EVENTS_TOPIC",
     "Batch",
     "Loader",
+    "LoaderHealth",
+    "LoaderHealthSettings",
     "LoaderStats",
     "consumer_config",
 ]
@@ -100,7 +133,12 @@ class LoaderStats:
         rejected: records the engine routed to ``rejected`` in those batches.
         commits: successful offset commits.
         commit_failures: commits that failed (the records stay stored; they are re-read).
-        store_failures: INSERT attempts that failed and were retried.
+        store_failures: INSERT attempts that failed for a reason not blamed on the records
+            (server away, table missing, ...) and were retried.
+        split_inserts: INSERTs split in smaller ones (too many day partitions, or a record
+            the engine refused somewhere in it).
+        refused: records the engine refused for good, moved to ``rejected`` by the loader
+            (also counted in ``rejected``).
         retention_runs: retention passes that completed.
         dropped_partitions: (table, day) partitions dropped by retention.
 
@@ -112,8 +150,72 @@ class LoaderStats:
     commits: int = 0
     commit_failures: int = 0
     store_failures: int = 0
+    split_inserts: int = 0
+    refused: int = 0
     retention_runs: int = 0
     dropped_partitions: int = 0
+
+
+class LoaderHealthSettings(BaseSettings):
+    """When the loader counts as failing or behind (docs/history.md, "Readiness and metrics").
+
+    Read from the environment (``SVC_HISTORY_<NAME>``) or given as keyword arguments.
+
+    Raises:
+        pydantic.ValidationError: a setting is not a number or is out of its range.
+
+    """
+
+    model_config = SettingsConfigDict(env_prefix="SVC_HISTORY_", extra="forbid")
+
+    failing_after: int = Field(default=3, ge=1)
+    """INSERTs failing in a row (with retries 0.2 s doubling to 10 s apart) before the loader
+    counts as failing."""
+    behind_after_secs: float = Field(default=300.0, gt=0)
+    """The loader is behind when the oldest record it read but has not stored reached the broker
+    more than this many seconds ago (the broker's record timestamp)."""
+    max_lag_records: int = Field(default=1_000_000, ge=0)
+    """The loader is behind when more records than this on its partitions are not stored yet
+    (unread plus read but not stored); ``0`` turns this check off."""
+
+
+@dataclass(frozen=True)
+class LoaderHealth:
+    """What ``/readyz`` and ``/metrics`` report about a loader (``Loader.health``).
+
+    Attributes:
+        ready: no reason below holds.
+        reasons: why the loader is not ready, each naming the setting it is past; empty when
+            ready.
+        consecutive_failures: INSERTs failed in a row (0 after one succeeds).
+        last_error: the engine's or client's message of the last failure, while failing.
+        last_success: when an INSERT last succeeded (UTC), None before the first.
+        oldest_unstored_age: seconds since the oldest record read but not stored reached the
+            broker; None when every record read is stored.
+        lag: records on the assigned partitions not stored yet (unread plus read but not
+            stored) at the last measurement; None before partitions are assigned.
+
+    """
+
+    ready: bool
+    reasons: tuple[str, ...]
+    consecutive_failures: int
+    last_error: str | None
+    last_success: datetime | None
+    oldest_unstored_age: float | None
+    lag: int | None
+
+    def as_json(self) -> dict[str, Any]:
+        """The health as a JSON object (times as RFC 3339 text, seconds as numbers)."""
+        return {
+            "ready": self.ready,
+            "reasons": list(self.reasons),
+            "consecutive_failures": self.consecutive_failures,
+            "last_error": self.last_error,
+            "last_success": None if self.last_success is None else self.last_success.isoformat(),
+            "oldest_unstored_age_secs": self.oldest_unstored_age,
+            "lag_records": self.lag,
+        }
 
 
 @dataclass
@@ -123,6 +225,9 @@ class Batch:
     Attributes:
         records: per kind, the (topic, partition, offset, key, value) records in arrival order.
         next_offsets: per (topic, partition), the offset to commit (last offset read + 1).
+        oldest_ms: the earliest broker timestamp (Unix milliseconds) of the first record read
+            from each partition (records of a partition arrive in order); the time it was read
+            where the broker gives none; None while empty.
 
     """
 
@@ -130,13 +235,37 @@ class Batch:
         default_factory=lambda: {"decisions": [], "events": []}
     )
     next_offsets: dict[tuple[str, int], int] = field(default_factory=dict)
+    oldest_ms: float | None = None
 
     def __len__(self) -> int:
         return sum(len(r) for r in self.records.values())
 
 
+def _note_time(batch: Batch, m: Message) -> None:
+    """Lowers ``batch.oldest_ms`` to `m`'s broker timestamp (or now, when it has none)."""
+    kind, ms = m.timestamp()
+    t = float(ms) if kind != confluent_kafka.TIMESTAMP_NOT_AVAILABLE and ms > 0 else None
+    if t is None:
+        t = time.time() * 1000
+    if batch.oldest_ms is None or t < batch.oldest_ms:
+        batch.oldest_ms = t
+
+
 class _Stopped(Exception):
     """The loader was asked to stop while a batch was still unstored."""
+
+
+#: Seconds between two measurements of the lag while the loader runs.
+_LAG_EVERY = 1.0
+
+#: Longest error message kept for ``LoaderHealth.last_error``.
+_ERROR_CHARS = 500
+
+
+def _message(e: BaseException) -> str:
+    """The first line of an error's message, cut to ``_ERROR_CHARS``."""
+    text = str(e).strip().splitlines()
+    return (text[0] if text else type(e).__name__)[:_ERROR_CHARS]
 
 
 class Loader:
@@ -157,9 +286,13 @@ class Loader:
         after_store: called with the batch after it is stored and before its offsets are
             committed (a test hook: raising there is a crash between store and commit).
         now: the clock retention uses (UTC).
+        health: when the loader counts as failing or behind (default: ``LoaderHealthSettings()``,
+            read from ``SVC_HISTORY_*``).
 
     Raises:
         ValueError: neither topic is given, or a size is not positive.
+        pydantic.ValidationError: `health` is not given and an ``SVC_HISTORY_*`` setting is
+            malformed.
 
     """
 
@@ -178,6 +311,7 @@ class Loader:
         consumer_overrides: dict[str, Any] | None = None,
         after_store: Callable[[Batch], None] | None = None,
         now: Callable[[], datetime] = lambda: datetime.now(UTC),
+        health: LoaderHealthSettings | None = None,
     ) -> None:
         if decisions_topic is None and events_topic is None:
             raise ValueError("the loader needs a decisions topic, an events topic, or both")
@@ -195,9 +329,17 @@ class Loader:
         self.retention_interval = retention_interval
         self.after_store = after_store
         self.now = now
+        self.health_settings = health if health is not None else LoaderHealthSettings()
         self.stats = LoaderStats()
         self._batch = Batch()
         self._inflight: tuple[Batch, Future[int]] | None = None
+        self._storing: Batch | None = None  # the batch the worker is storing
+        self._failures = 0  # INSERTs failed in a row
+        self._last_error: str | None = None
+        self._last_success: float | None = None  # Unix time
+        self._lag: int | None = None
+        self._lag_at = 0.0  # monotonic time of the last lag measurement
+        self._partition_limit: int | None = None
         self._worker: ThreadPoolExecutor | None = None
         self._stop = threading.Event()
         self._last_retention: float | None = None
@@ -286,7 +428,10 @@ class Loader:
                 records = lists.get(topic)
                 if records is not None:
                     records.append((topic, partition, offset, m.key() or b"", m.value() or b""))
-                next_offsets[(topic, partition)] = offset + 1
+                tp = (topic, partition)
+                if tp not in next_offsets:
+                    _note_time(batch, m)
+                next_offsets[tp] = offset + 1
         return len(self._batch)
 
     def _error(self, m: Message) -> None:
@@ -298,21 +443,113 @@ class Loader:
         if err.code() != KafkaError._PARTITION_EOF:
             log.warning("history loader: %s", err)
 
-    def _store(self, kind: Kind, records: list[Record]) -> None:
-        """Stores `records`, retrying until it works or the loader is stopped."""
+    def _attempt(
+        self, what: str, fn: Callable[[], object], handled: set[Refusal]
+    ) -> tuple[Refusal, ClickHouseError] | None:
+        """Runs `fn` (an INSERT) until it succeeds or fails in a way the caller handles.
+
+        A failure whose ``refusal`` is not in `handled` is retried with backoff (0.2 s doubling
+        to 10 s) and counted in ``store_failures`` and the health's consecutive failures.
+
+        Returns:
+            None once `fn` succeeded, else the refusal (one of `handled`) and the error.
+
+        Raises:
+            _Stopped: a stop request came during the retries.
+
+        """
         delay = 0.2
         while True:
             try:
-                store(self.client, kind, records)
-                return
+                fn()
             except ClickHouseError as e:
+                kind = refusal(e)
+                if kind in handled:
+                    return kind, e
                 self.stats.store_failures += 1
+                self._failures += 1
+                self._last_error = _message(e)
                 log.warning(
-                    "history loader: storing %d %s failed (%s); retrying", len(records), kind, e
+                    "history loader: %s failed %d times in a row (%s); retrying in %.1f s",
+                    what,
+                    self._failures,
+                    self._last_error,
+                    delay,
                 )
+            else:
+                self._failures = 0
+                self._last_error = None
+                self._last_success = time.time()
+                return None
             if self._stop.wait(delay):
                 raise _Stopped
             delay = min(delay * 2, 10.0)
+
+    def _store(self, kind: Kind, records: list[Record]) -> None:
+        """Stores `records`, splitting and moving refused records as the module docs say.
+
+        Every record ends up stored (the valid ones in `kind`, the invalid ones in ``rejected``
+        by the schema's views) or, when the engine refuses it for good, in ``rejected`` with
+        the engine's message. Failures not blamed on the records are retried until they pass.
+
+        Raises:
+            _Stopped: a stop request came while an INSERT was being retried.
+
+        """
+        # Chunks still to store, last first; the flag says it was grouped by day already.
+        todo: list[tuple[list[Record], bool]] = [(records, False)]
+        while todo:
+            chunk, grouped = todo.pop()
+            what = f"storing {len(chunk)} {kind}"
+            handled: set[Refusal] = {"partitions", "record"} if len(chunk) > 1 else {"record"}
+            got = self._attempt(what, functools.partial(store, self.client, kind, chunk), handled)
+            if got is None:
+                continue
+            if len(chunk) == 1:  # refused for good (a lone record spans one partition)
+                self._refuse(kind, chunk[0], f"refused by the history store: {_message(got[1])}")
+                continue
+            self.stats.split_inserts += 1
+            if got[0] == "partitions" and not grouped:
+                if self._partition_limit is None:
+                    self._partition_limit = partition_limit(self.client)
+                parts = split_by_partition(chunk, self._partition_limit or len(chunk))
+                if len(parts) > 1:
+                    log.info(
+                        "history loader: %d %s span more day partitions than one INSERT may "
+                        "write (max_partitions_per_insert_block = %d); storing them in %d INSERTs",
+                        len(chunk),
+                        kind,
+                        self._partition_limit,
+                        len(parts),
+                    )
+                    todo.extend((part, True) for part in reversed(parts))
+                    continue
+            # Halve: a record in it is refused, or the grouping by day was not enough.
+            half = len(chunk) // 2
+            todo.extend([(chunk[half:], grouped), (chunk[:half], grouped)])
+
+    def _refuse(self, kind: Kind, record: Record, reason: str) -> None:
+        """Moves a record the engine refuses for good to ``rejected`` with the reason.
+
+        Raises:
+            _Stopped: a stop request came while the insert into ``rejected`` was retried.
+
+        """
+        topic, partition, offset, _, _ = record
+        log.warning(
+            "history loader: %s record %s[%d]@%d moved to rejected: %s",
+            kind,
+            topic,
+            partition,
+            offset,
+            reason,
+        )
+        self._attempt(
+            "moving a refused record to rejected",
+            lambda: reject(self.client, [(record, reason)]),
+            set(),
+        )
+        self.stats.refused += 1
 
     def _count_rejected(self, batch: Batch) -> int:
         """Rejected rows of this batch's offsets (a lookup on the rejected key)."""
@@ -345,9 +582,13 @@ class Loader:
 
     def _store_batch(self, batch: Batch) -> int:
         """Worker thread: stores `batch` (retrying), then counts its rejected records."""
-        for kind, records in batch.records.items():
-            if records:
-                self._store(kind, records)
+        self._storing = batch
+        try:
+            for kind, records in batch.records.items():
+                if records:
+                    self._store(kind, records)
+        finally:
+            self._storing = None
         try:
             return self._count_rejected(batch)
         except ClickHouseError as e:  # only a count: the rows are stored
@@ -362,8 +603,12 @@ class Loader:
             self._worker = ThreadPoolExecutor(1, thread_name_prefix="svc-history-store")
         self._inflight = (batch, self._worker.submit(self._store_batch, batch))
 
-    def _finish(self) -> None:
+    def _finish(self, *, measure_lag: bool = False) -> None:
         """Waits for the batch being stored, then commits its offsets (at least once).
+
+        Args:
+            measure_lag: refresh the lag ``health()`` reports while waiting (the loop's own
+                calls; not inside a rebalance callback).
 
         Raises:
             _Stopped: a stop request ended the store's retries (nothing committed).
@@ -373,8 +618,13 @@ class Loader:
         if self._inflight is None:
             return
         batch, done = self._inflight
+        while True:
+            try:
+                rejected = done.result(timeout=_LAG_EVERY if measure_lag else None)
+                break
+            except TimeoutError:  # still storing (retrying, or a large batch)
+                self._measure_lag()
         self._inflight = None
-        rejected = done.result()
         if self.after_store is not None:
             self.after_store(batch)
         offsets = [TopicPartition(t, p, o) for (t, p), o in batch.next_offsets.items()]
@@ -492,6 +742,67 @@ class Loader:
             log.debug("history loader: lag unknown: %s", e)
             return False
 
+    def _unstored(self) -> list[Batch]:
+        """The batches read and not yet stored (pending, handed to the worker, being stored)."""
+        inflight = self._inflight
+        batches = [self._batch, self._storing, None if inflight is None else inflight[0]]
+        return [b for b in batches if b is not None]
+
+    def _measure_lag(self) -> None:
+        """Refreshes the lag ``health()`` reports (at most every ``_LAG_EVERY`` seconds)."""
+        if time.monotonic() - self._lag_at < _LAG_EVERY:
+            return
+        self._lag_at = time.monotonic()
+        try:
+            unread = self.lag()
+        except KafkaException as e:  # the broker is away: keep the last measurement
+            log.debug("history loader: lag unknown: %s", e)
+            return
+        pending = {id(b): len(b) for b in self._unstored()}
+        self._lag = None if unread is None else unread + sum(pending.values())
+
+    def health(self) -> LoaderHealth:
+        """Whether the loader is failing or behind, and why (thread-safe; module docs).
+
+        Returns:
+            The ``LoaderHealth`` as of now, judged by ``health_settings``: not ready while the
+            last ``failing_after`` or more INSERTs failed in a row, while the oldest record read
+            but not stored reached the broker more than ``behind_after_secs`` ago, or while
+            more than ``max_lag_records`` records are not stored (when that is not 0).
+
+        """
+        s = self.health_settings
+        reasons: list[str] = []
+        failures, last_error = self._failures, self._last_error
+        if failures >= s.failing_after:
+            reasons.append(
+                f"storing into the history failed {failures} times in a row "
+                f"(SVC_HISTORY_FAILING_AFTER = {s.failing_after}); last error: {last_error}"
+            )
+        oldest = [b.oldest_ms for b in self._unstored() if b.oldest_ms is not None]
+        age = max(0.0, time.time() - min(oldest) / 1000) if oldest else None
+        if age is not None and age > s.behind_after_secs:
+            reasons.append(
+                f"the oldest record not stored yet reached the broker {age:.0f} s ago "
+                f"(SVC_HISTORY_BEHIND_AFTER_SECS = {s.behind_after_secs:g})"
+            )
+        lag = self._lag
+        if s.max_lag_records and lag is not None and lag > s.max_lag_records:
+            reasons.append(
+                f"{lag} records are not stored yet "
+                f"(SVC_HISTORY_MAX_LAG_RECORDS = {s.max_lag_records})"
+            )
+        last = self._last_success
+        return LoaderHealth(
+            ready=not reasons,
+            reasons=tuple(reasons),
+            consecutive_failures=failures,
+            last_error=last_error,
+            last_success=None if last is None else datetime.fromtimestamp(last, UTC),
+            oldest_unstored_age=age,
+            lag=lag,
+        )
+
     def run(self, *, until_caught_up: bool = False) -> LoaderStats:
         """Loads batches until ``stop()`` (or, with `until_caught_up`, until no lag is left).
 
@@ -511,15 +822,16 @@ class Loader:
             self._maybe_retention()
             while not self._stop.is_set():
                 n = self.poll()  # while the worker stores the previous batch
-                self._finish()
+                self._finish(measure_lag=True)
                 if n:
                     self._start()
                     if n < self.batch_records:
                         # The queue is drained: nothing to read meanwhile, so finish now.
-                        self._finish()
+                        self._finish(measure_lag=True)
                 if self._retention_due():
                     self._finish()  # no drop while a batch may still write into a day
                     self._maybe_retention()
+                self._measure_lag()
                 if until_caught_up and self._inflight is None and self._caught_up():
                     break
             self._flush()

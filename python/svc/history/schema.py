@@ -8,8 +8,9 @@ Tables, partitioned by UTC day so retention drops whole days (SPEC 8, DESIGN 6):
   for resource history.
 * ``events`` / ``events_by_resource``: the same for ``svc.events.v1`` (SPEC 2.2 events plus
   ``received_at``, ``ingest_id``, ``role_arn``), keyed by ``ingest_id``.
-* ``rejected``: records that could not be read (not JSON, a required field missing), with the
-  topic, partition, offset, the record as received and the reason, by the day they were seen.
+* ``rejected``: records that could not be read (not JSON, a required field missing), and records
+  the engine refused when the loader stored them (``svc.history.loader``), with the topic,
+  partition, offset, the record as received and the reason, by the day they were seen.
 * ``schema_migrations``: the versions applied, so ``migrate`` is idempotent.
 
 How rows get in: the loader sends broker records as they are (bytes, with topic, partition and

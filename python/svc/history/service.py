@@ -14,6 +14,10 @@ the way in from outside):
 * ``GET /v1/history/totals``: rows in ``decisions``, ``events`` and ``rejected``.
 
 Bad parameters get RFC 9457 problem details naming the parameter (DESIGN 7).
+
+``/readyz`` answers 503 (``urn:svc:problem:not-ready``, with the reasons) while the loader is not
+running, is failing or is behind (``Loader.health``), and ``/metrics`` exports the same health
+as gauges (docs/history.md, "Readiness and metrics").
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from svc import __version__
 from svc.history import queries
 from svc.history.loader import Loader
-from svc.intake.app import http_exception_problem, problem_response
+from svc.intake.app import PROBLEM_JSON, http_exception_problem, problem_response
 from svc.intake.models import Problem
 
 __all__ = ["create_app", "totals"]
@@ -122,8 +126,9 @@ def create_app(
 
     Args:
         client: the history store (``svc.history.connect``).
-        loader: the running loader whose counters ``/metrics`` reports (None: queries only).
-        ready: whether the component can serve (``/readyz``); default: always once started.
+        loader: the running loader whose counters and health ``/metrics`` reports and whose
+            health ``/readyz`` requires (None: queries only).
+        ready: whether the loader runs (``/readyz``); default: always once started.
         now: the clock (tests).
 
     Returns:
@@ -139,7 +144,22 @@ def create_app(
             ("rejected", "Records routed to the rejected table"),
             ("commit_failures", "Offset commits that failed (records are re-read)"),
             ("store_failures", "INSERT attempts that failed and were retried"),
+            ("split_inserts", "INSERTs split (too many day partitions, or a refused record)"),
+            ("refused", "Records the store refused for good, moved to the rejected table"),
             ("retention_runs", "Retention passes completed"),
+        )
+    }
+    health_gauges = {
+        name: Gauge(f"svc_history_loader_{name}", help_, registry=registry)
+        for name, help_ in (
+            ("ready", "1 when the loader is neither failing nor behind, else 0"),
+            ("consecutive_failures", "INSERTs failed in a row (0 after one succeeds)"),
+            ("last_success_timestamp_seconds", "Unix time an INSERT last succeeded (0: never)"),
+            (
+                "oldest_unstored_age_seconds",
+                "Seconds since the oldest record read but not stored reached the broker",
+            ),
+            ("lag_records", "Records on the loader's partitions not stored yet"),
         )
     }
     lock = threading.Lock()
@@ -170,13 +190,24 @@ def create_app(
 
     @app.get("/readyz")
     def readyz() -> Response:
-        """Ready when the store answers (and ``ready()`` says so)."""
+        """Ready when the loader runs, is neither failing nor behind, and the store answers."""
         if ready is not None and not ready():
             return problem_response(
                 Problem(503, "not-ready", "Not ready", "the loader is not running")
             )
+        health = loader.health() if loader is not None else None
+        if health is not None and not health.ready:
+            p = Problem(503, "not-ready", "Not ready", "; ".join(health.reasons))
+            return JSONResponse(
+                {**p.body(), "loader": health.as_json()},
+                status_code=503,
+                media_type=PROBLEM_JSON,
+            )
         t = run(lambda: totals(client))
-        return JSONResponse({"ready": True, **t})
+        body: dict[str, Any] = {"ready": True, **t}
+        if health is not None:
+            body["loader"] = health.as_json()
+        return JSONResponse(body)
 
     @app.get("/version")
     def version() -> dict[str, str]:
@@ -185,10 +216,18 @@ def create_app(
 
     @app.get("/metrics")
     def metrics() -> Response:
-        """Prometheus text format: the loader's counters."""
+        """Prometheus text format: the loader's counters and health."""
         if loader is not None:
             for name, g in gauges.items():
                 g.set(getattr(loader.stats, name))
+            h = loader.health()
+            health_gauges["ready"].set(1 if h.ready else 0)
+            health_gauges["consecutive_failures"].set(h.consecutive_failures)
+            health_gauges["last_success_timestamp_seconds"].set(
+                0 if h.last_success is None else h.last_success.timestamp()
+            )
+            health_gauges["oldest_unstored_age_seconds"].set(h.oldest_unstored_age or 0)
+            health_gauges["lag_records"].set(h.lag or 0)
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/history/totals")

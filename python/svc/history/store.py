@@ -6,34 +6,48 @@
   process returns the same client (calls on it are serialized by the client's own lock).
 * ``store(client, kind, records)``: one INSERT of raw broker records into the intake table of
   ``kind``; the engine parses, checks and routes them (``svc.history.schema``).
+* ``refusal(error)``: what a failed INSERT means for the loader: too many day partitions for one
+  INSERT (split it), a record the engine refuses for good (find it, move it to ``rejected``), or
+  anything else (retry). ``split_by_partition``, ``partition_limit`` and ``reject`` are the
+  pieces the loader uses for the first two (docs/history.md, "When an INSERT fails").
 * ``apply_retention(client, days)``: drops whole day partitions older than the setting
   (``analytics.retentionDays``, SPEC 8).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import struct
 import threading
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Sequence
 from datetime import UTC, date, datetime, timedelta
 from typing import Any, Literal
 from urllib.parse import parse_qsl, urlencode, urlparse
 
 import clickhouse_connect
 from clickhouse_connect.driver.client import Client
+from clickhouse_connect.driver.exceptions import ClickHouseError
 
 from svc.history.schema import INTAKE_COLUMNS, RETAINED_TABLES
 
 __all__ = [
+    "DEFAULT_PARTITION_LIMIT",
     "INSERT_SETTINGS",
+    "RECORD_ERROR_CODES",
     "Kind",
     "Record",
+    "Refusal",
     "apply_retention",
     "connect",
     "encode_rowbinary",
+    "partition_day",
+    "partition_limit",
+    "refusal",
+    "reject",
     "retention_cutoff",
+    "split_by_partition",
     "store",
 ]
 
@@ -201,6 +215,213 @@ def store(client: Client, kind: Kind, records: Collection[Record]) -> int:
         settings=INSERT_SETTINGS,
     )
     return len(records)
+
+
+#: What a failed INSERT means (``refusal``): ``partitions`` (more day partitions than one INSERT
+#: may touch: split it), ``record`` (the engine refuses something in the data, for good: find the
+#: record), ``transient`` (anything else: retry the same INSERT).
+Refusal = Literal["partitions", "record", "transient"]
+
+#: ClickHouse error codes that blame the data of an INSERT, not the engine's state: a block that
+#: fails with one of these fails again with the same rows, whenever it is retried. Names from
+#: ClickHouse's ``src/Common/ErrorCodes.cpp`` (``SELECT errorCodeToName(code)``).
+RECORD_ERROR_CODES: frozenset[int] = frozenset(
+    {
+        6,  # CANNOT_PARSE_TEXT
+        26,  # CANNOT_PARSE_QUOTED_STRING
+        27,  # CANNOT_PARSE_INPUT_ASSERTION_FAILED
+        38,  # CANNOT_PARSE_DATE
+        41,  # CANNOT_PARSE_DATETIME
+        53,  # TYPE_MISMATCH
+        69,  # ARGUMENT_OUT_OF_BOUND
+        70,  # CANNOT_CONVERT_TYPE
+        72,  # CANNOT_PARSE_NUMBER
+        117,  # INCORRECT_DATA
+        128,  # TOO_LARGE_ARRAY_SIZE
+        131,  # TOO_LARGE_STRING_SIZE
+        190,  # SIZES_OF_ARRAYS_DONT_MATCH
+        306,  # TOO_DEEP_RECURSION
+        321,  # VALUE_IS_OUT_OF_RANGE_OF_DATA_TYPE
+        349,  # CANNOT_INSERT_NULL_IN_ORDINARY_COLUMN
+        395,  # FUNCTION_THROW_IF_VALUE_IS_NON_ZERO
+        407,  # DECIMAL_OVERFLOW
+        469,  # VIOLATED_CONSTRAINT
+    }
+)
+
+#: ``TOO_MANY_PARTS``: both "too many partitions for single INSERT block" (the rows of one
+#: INSERT span more than ``max_partitions_per_insert_block`` partitions) and "too many parts"
+#: (merges are behind: a transient state); the message tells them apart.
+_TOO_MANY_PARTS = 252
+_TOO_MANY_PARTITIONS_TEXT = "too many partitions for single insert block"
+
+#: ClickHouse's default ``max_partitions_per_insert_block``, used when the engine's value
+#: cannot be read.
+DEFAULT_PARTITION_LIMIT = 100
+
+
+def refusal(error: ClickHouseError) -> Refusal:
+    """Classifies a failed INSERT (docs/history.md, "When an INSERT fails").
+
+    Args:
+        error: what ``store`` raised.
+
+    Returns:
+        ``partitions`` when the rows span more day partitions than one INSERT may touch
+        (ClickHouse's ``max_partitions_per_insert_block``); ``record`` when the engine answered
+        with a code of ``RECORD_ERROR_CODES`` (something in the rows, refused whenever it is
+        sent); ``transient`` for anything else: a connection or server failure, or the engine's
+        state (a missing table, no permission, too many parts), which a retry of the same rows
+        may get past once it is fixed, so no record is blamed for it.
+
+    """
+    code = getattr(error, "code", None)
+    if code == _TOO_MANY_PARTS and _TOO_MANY_PARTITIONS_TEXT in str(error).lower():
+        return "partitions"
+    if code in RECORD_ERROR_CODES:
+        return "record"
+    return "transient"
+
+
+def partition_limit(client: Client) -> int:
+    """The most day partitions one INSERT may write (``max_partitions_per_insert_block``).
+
+    Args:
+        client: a client from ``connect``.
+
+    Returns:
+        The engine's setting for this client (``0`` means no limit), or
+        ``DEFAULT_PARTITION_LIMIT`` (ClickHouse's default, 100) when it cannot be read.
+
+    """
+    try:
+        rows = client.query("SELECT getSetting('max_partitions_per_insert_block')").result_rows
+        return int(rows[0][0])
+    except (ClickHouseError, IndexError, TypeError, ValueError) as e:
+        log.warning(
+            "max_partitions_per_insert_block unreadable (%s); assuming %d",
+            e,
+            DEFAULT_PARTITION_LIMIT,
+        )
+        return DEFAULT_PARTITION_LIMIT
+
+
+_DATE_PREFIX = re.compile(r"^([0-9]{4})-([0-9]{2})-([0-9]{2})")
+
+
+def partition_day(value: bytes) -> date | None:
+    """The UTC day a record's ``at`` falls on: its partition in ``decisions`` / ``events``.
+
+    Mirrors the schema's reading of ``at`` (RFC 3339, any offset, none meaning UTC; the
+    partition is ``toDate(at)``, ``svc.history.schema``) closely enough to group records by
+    partition; where the engine reads a time this does not, the loader's split falls back to
+    halving.
+
+    Args:
+        value: the broker record's value (a JSON object with ``at``).
+
+    Returns:
+        The day, or None when the value is not JSON, has no string ``at``, or ``at`` does not
+        start with a date.
+
+    """
+    try:
+        at = json.loads(value).get("at")
+    except (ValueError, AttributeError):  # not JSON (UnicodeDecodeError is a ValueError)
+        return None
+    if not isinstance(at, str):
+        return None
+    try:
+        t = datetime.fromisoformat(at)
+    except ValueError:
+        m = _DATE_PREFIX.match(at)
+        if m is None:
+            return None
+        try:
+            return date(int(m[1]), int(m[2]), int(m[3]))
+        except ValueError:
+            return None
+    if t.tzinfo is None:
+        return t.date()
+    try:
+        return t.astimezone(UTC).date()
+    except OverflowError:  # 0001-01-01 with a positive offset
+        return t.date()
+
+
+def split_by_partition(records: Sequence[Record], limit: int) -> list[list[Record]]:
+    """Groups records into INSERTs that each touch at most `limit` day partitions.
+
+    Records are grouped by ``partition_day`` (oldest day first) and groups are filled up to
+    `limit` distinct days. A record whose day is unknown counts as a day of its own, so even
+    then no group can span more than `limit` partitions.
+
+    Args:
+        records: broker records of one kind.
+        limit: most partitions per INSERT (``partition_limit``); below 1 is taken as 1.
+
+    Returns:
+        The groups, together holding every record once, none empty.
+
+    """
+    limit = max(1, limit)
+    keyed = sorted(
+        ((partition_day(r[4]), i) for i, r in enumerate(records)),
+        key=lambda k: (k[0] is None, k[0] or date.min, k[1]),
+    )
+    groups: list[list[Record]] = []
+    days: set[date] = set()
+    unknown = 0
+    for day, i in keyed:
+        new_day = day is None or day not in days
+        if not groups or (new_day and len(days) + unknown >= limit):
+            groups.append([])
+            days = set()
+            unknown = 0
+        if day is None:
+            unknown += 1
+        else:
+            days.add(day)
+        groups[-1].append(records[i])
+    return groups
+
+
+#: Longest reason kept in ``rejected`` for a record the engine refused.
+_REASON_CHARS = 1000
+
+_REJECTED_COLUMNS = ["topic", "partition", "offset", "key", "value", "reason"]
+_REJECTED_TYPES = ["String", "UInt32", "UInt64", "String", "String", "String"]
+
+
+def reject(client: Client, refused: Sequence[tuple[Record, str]]) -> int:
+    """Writes records the engine refused into ``rejected``, each with its reason.
+
+    The row has the shape the schema's reject views write (``svc.history.schema``): topic,
+    partition, offset, key, the first 64 KiB of the value, and the reason (cut to 1,000
+    characters). ``rejected`` drops copies by (topic, partition, offset), so writing a record
+    again is harmless.
+
+    Args:
+        client: a client from ``connect`` on a migrated database.
+        refused: (record, reason) pairs.
+
+    Returns:
+        The number of rows written.
+
+    Raises:
+        clickhouse_connect.driver.exceptions.ClickHouseError: the insert failed.
+
+    """
+    if not refused:
+        return 0
+    rows = [
+        [topic, partition, offset, key, value[:65536], reason[:_REASON_CHARS]]
+        for (topic, partition, offset, key, value), reason in refused
+    ]
+    client.insert(
+        "rejected", rows, column_names=_REJECTED_COLUMNS, column_type_names=_REJECTED_TYPES
+    )
+    return len(rows)
 
 
 def retention_cutoff(days: int, now: datetime | None = None) -> date | None:

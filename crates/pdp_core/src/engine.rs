@@ -1047,7 +1047,9 @@ impl Engine {
             latency_us: elapsed_us(t0),
             not_in_directory: std::iter::once(&req.principal)
                 .chain(req.on_behalf_of.as_ref())
-                .filter(|u| st.entity(u).is_none())
+                // The closed table holds every store and bundle entity, and its slots for
+                // these two were just read by the check: no extra cold lookup.
+                .filter(|u| st.hierarchy.get(u).is_none())
                 .cloned()
                 .collect(),
             inline_ignored,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import subprocess
 import sys
 import time
@@ -1286,7 +1287,7 @@ def test_pool_replaces_a_fenced_producer(fake_pool: Any) -> None:
     assert fresh.committed == [b"1", b"2"]
 
 
-# -- bad input is a 4xx: deep nesting, lone surrogates, control characters
+# -- bad input is a 4xx: deep nesting, lone surrogates, control characters, request ids, HEAD
 
 
 def nested(depth: int, inner: bytes = b"1") -> bytes:
@@ -1496,3 +1497,51 @@ def test_source_ip_with_a_nul_is_a_400(shared_intake: Intake, source_ip: str) ->
     r = shared_intake.post(CLOUD, {"Records": records})
     assert r.status_code == 400, r.text
     assert [(e["index"], e["field"]) for e in r.json()["errors"]] == [(1, "eventTime")]
+
+
+@pytest.mark.parametrize(
+    ("sent", "kept"),
+    [
+        ("req-1", True),
+        ("a.b_c:d-E9", True),
+        ("x" * 128, True),
+        ("x" * 129, False),
+        ("x" * 10_000, False),
+        ("has space", False),
+        ("semi;colon", False),
+        ("a,b", False),
+        ("<script>", False),
+        ("", False),
+    ],
+)
+def test_request_id_is_bounded_and_echoed(shared_intake: Intake, sent: str, kept: bool) -> None:
+    c = shared_intake.client
+    answers = [
+        c.get("/healthz", headers={"X-Request-ID": sent}),
+        c.post(EVENTS, content=b"{}", headers={"X-Request-ID": sent}),  # 401
+        shared_intake.post(EVENTS, content=b"[", headers={"X-Request-ID": sent}),  # 400
+        c.get("/nope", headers={"X-Request-ID": sent}),  # 404
+    ]
+    assert [r.status_code for r in answers] == [200, 401, 400, 404]
+    for r in answers:
+        got = r.headers["x-request-id"]
+        if kept:
+            assert got == sent
+        else:
+            assert got != sent
+            assert re.fullmatch(
+                r"[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[0-9a-f]{4}-[0-9a-f]{12}", got
+            )
+    assert c.get("/healthz").headers["x-request-id"] != c.get("/healthz").headers["x-request-id"]
+
+
+def test_head_works_where_get_does(shared_intake: Intake) -> None:
+    c = shared_intake.client
+    for path in ("/healthz", "/readyz", "/version", "/openapi.json", "/metrics", "/nope", EVENTS):
+        get, head = c.get(path), c.head(path)
+        assert head.status_code == get.status_code, (path, head.status_code, get.status_code)
+        assert head.content == b"", path
+        assert head.headers["content-type"] == get.headers["content-type"], path
+        if path != "/metrics":  # its counters move between the two requests
+            assert head.headers["content-length"] == str(len(get.content)), path
+    assert c.head(EVENTS).headers["allow"] == "POST"

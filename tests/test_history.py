@@ -1083,6 +1083,23 @@ def test_bad_parameters_are_named(routes: TestClient) -> None:
     assert_names(routes.get("/v1/history/counts?principal=Human::a&since=yesterday"), "since")
 
 
+@pytest.mark.parametrize(
+    ("query", "param"),
+    [
+        ("until=0001-01-01T00:01:00Z", "until"),  # its default `since` would be before year 1
+        ("until=0001-01-01T00:30:00%2B01:00", "until"),  # before year 1 in UTC
+        ("since=9999-12-31T23:00:00-14:00", "since"),  # after year 9999 in UTC
+        ("since=1899-12-31T23:59:59Z", "since"),
+        ("until=2300-01-01T00:00:00Z", "until"),
+    ],
+)
+def test_times_outside_the_store_are_named(routes: TestClient, query: str, param: str) -> None:
+    for route in PARAM_ROUTES:
+        r = routes.get(f"{route}?principal=Human::alice&{query}")
+        assert_names(r, param)
+        assert "1900 to 2299" in r.json()["detail"]
+
+
 def test_printable_unicode_is_searched_as_sent(routes: TestClient) -> None:
     # Letters of any script and spaces are identifiers like any other.
     for route in ("decisions", "events"):

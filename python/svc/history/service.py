@@ -17,7 +17,8 @@ the way in from outside):
 Bad parameters get RFC 9457 problem details naming the parameter (DESIGN 7), 400
 ``invalid-parameter``: a value that is not UTF-8 once percent-decoded, a principal, resource or
 ``qid`` holding a control character or a lone surrogate (``svc.identifiers``), a time that is
-not RFC 3339 with an offset, a limit out of range. 503 ``history-unavailable`` is kept for a
+not RFC 3339 with an offset or lies outside the years 1900 to 2299 the store holds, a limit
+out of range. 503 ``history-unavailable`` is kept for a
 store that does not answer; its error goes to the log, never into the answer. Every GET route
 answers HEAD too, and every answer carries ``X-Request-ID`` (``svc.web``). docs/history.md,
 "HTTP routes", is the reference.
@@ -107,7 +108,13 @@ def _utf8_query(request: Request) -> None:
                 ) from None
 
 
+#: The times the store can hold (ClickHouse ``DateTime64``: 1900-01-01 to 2299-12-31).
+_EARLIEST = datetime(1900, 1, 1, tzinfo=UTC)
+_LATEST = datetime(2300, 1, 1, tzinfo=UTC)
+
+
 def _time(raw: str | None, name: str, default: datetime) -> datetime:
+    """An RFC 3339 time with an offset, in UTC, within the store's range (400 otherwise)."""
     if raw is None:
         return default
     try:
@@ -116,12 +123,18 @@ def _time(raw: str | None, name: str, default: datetime) -> datetime:
         raise _bad(name, f"`{raw}` is not an RFC 3339 time") from None
     if t.tzinfo is None:
         raise _bad(name, f"`{raw}` has no UTC offset (RFC 3339 requires one)")
-    return t.astimezone(UTC)
+    try:
+        t = t.astimezone(UTC)
+    except OverflowError:  # 0001-01-01T00:00+01:00 is before year 1 in UTC
+        t = _LATEST if t.year > 2000 else _EARLIEST - timedelta(days=1)
+    if not _EARLIEST <= t < _LATEST:
+        raise _bad(name, f"`{raw}` is outside the history's time range (years 1900 to 2299)")
+    return t
 
 
 def _range(since: str | None, until: str | None, now: datetime) -> tuple[datetime, datetime]:
     end = _time(until, "until", now + timedelta(minutes=5))
-    start = _time(since, "since", end - timedelta(days=1))
+    start = _time(since, "since", max(end - timedelta(days=1), _EARLIEST))
     if start >= end:
         raise _bad("since", "`since` must be before `until`")
     return start, end

@@ -23,6 +23,7 @@ from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from clickhouse_connect.driver.client import Client
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
@@ -30,6 +31,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
+import apifuzz
 from kafka_fixture import dev_kafka, kafka_bootstrap  # noqa: F401  (fixtures)
 from svc import history
 from svc.cli import app
@@ -1171,3 +1173,34 @@ def test_head_works_where_get_does(routes: TestClient) -> None:
         assert head.content == b"", path
         assert head.headers["content-type"] == get.headers["content-type"], path
         assert head.headers["content-length"] == str(len(get.content)), path
+
+
+# -- schemathesis over the history routes' OpenAPI document, served by uvicorn
+
+
+@pytest.fixture(scope="module")
+def history_url(chdb_dir: Path) -> Iterator[str]:
+    """The history routes served by uvicorn over a store with a few rows; the base URL."""
+    client = history.connect(
+        f"chdb://{chdb_dir}?database=t_http_{uuid.uuid4().hex[:8]}", create_database=True
+    )
+    history.migrate(client)
+    history.store(client, "decisions", as_records("d", [decision(), decision(qid="q-1")]))
+    history.store(client, "events", as_records("e", [event()]))
+    with apifuzz.serve(create_history_app(client, now=lambda: NOW)) as base:
+        yield base
+
+
+# The document does not depend on the store; the served app's is compared with it below.
+HISTORY_OPENAPI = create_history_app(None).openapi()  # type: ignore[arg-type]
+history_schema = apifuzz.load(HISTORY_OPENAPI)
+
+
+def test_history_serves_its_openapi(history_url: str) -> None:
+    assert httpx.get(f"{history_url}/openapi.json").json() == HISTORY_OPENAPI
+
+
+@history_schema.parametrize()
+@apifuzz.FUZZ_SETTINGS
+def test_history_api_fuzz(case: Any, history_url: str) -> None:
+    case.call_and_validate(base_url=history_url)

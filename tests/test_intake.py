@@ -26,12 +26,14 @@ from typing import Any, ClassVar
 import confluent_kafka
 import httpx
 import pytest
+import schemathesis
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import apifuzz
 from svc.intake import IntakeSettings, create_app
 from svc.intake.cloudtrail import map_file, map_record
 from svc.intake.models import MAX_EVENTS
@@ -1545,3 +1547,40 @@ def test_head_works_where_get_does(shared_intake: Intake) -> None:
         if path != "/metrics":  # its counters move between the two requests
             assert head.headers["content-length"] == str(len(get.content)), path
     assert c.head(EVENTS).headers["allow"] == "POST"
+
+
+# -- schemathesis over the intake's OpenAPI document, served by uvicorn: no 5xx, answers conform
+
+
+@pytest.fixture(scope="module")
+def intake_url(kafka_bootstrap: str) -> Iterator[str]:
+    """The intake served for real by uvicorn, on a topic of its own; its base URL."""
+    settings = IntakeSettings(
+        kafka_url=kafka_bootstrap,
+        topic=make_topic(kafka_bootstrap),
+        token=TOKEN,
+        transactional_id=f"test-intake-{uuid.uuid4().hex[:8]}",
+        broker_timeout_secs=10.0,
+        retry_after_secs=1,
+    )
+    with apifuzz.serve(create_app(settings)) as base:
+        deadline = time.monotonic() + 120
+        while httpx.get(f"{base}/readyz").status_code != 200:
+            assert time.monotonic() < deadline, httpx.get(f"{base}/readyz").text
+            time.sleep(0.1)
+        yield base
+
+
+# The document does not depend on the settings; the served app's is compared with it below.
+INTAKE_OPENAPI = create_app(IntakeSettings(token=TOKEN, kafka_url="127.0.0.1:9")).openapi()
+intake_schema = apifuzz.load(INTAKE_OPENAPI, headers=AUTH)
+
+
+def test_intake_serves_its_openapi(intake_url: str) -> None:
+    assert httpx.get(f"{intake_url}/openapi.json").json() == INTAKE_OPENAPI
+
+
+@intake_schema.parametrize()
+@apifuzz.FUZZ_SETTINGS
+def test_intake_api_fuzz(case: schemathesis.Case, intake_url: str) -> None:
+    case.call_and_validate(base_url=intake_url)

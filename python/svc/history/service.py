@@ -169,13 +169,15 @@ def _validation_problem(exc: RequestValidationError) -> Problem:
 
 
 # The query parameters, as the routes declare them (and OpenAPI describes them).
-_Ref = Annotated[
-    str | None,
-    Query(
-        description='`Type::id`, such as `Human::alice`; a quoted id (`Human::"a b"`) is '
-        "read as a JSON string. No control characters (docs/history.md)",
-    ),
-]
+_REF_DOC = (
+    '`Type::id`, such as `Human::alice`; a quoted id (`Human::"a b"`) is read as a JSON '
+    "string. No control characters (docs/history.md)"
+)
+# The pattern is for the document (clients, fuzzers); `_ref` checks the value itself, so the
+# answer names what is wrong.
+_REF_PATTERN = {"pattern": r"^[^\x00-\x1f\x7f-\x9f:]+::[^\x00-\x1f\x7f-\x9f]*$"}
+_Ref = Annotated[str | None, Query(description=_REF_DOC, json_schema_extra=_REF_PATTERN)]
+_RequiredRef = Annotated[str, Query(description=_REF_DOC, json_schema_extra=_REF_PATTERN)]
 _Time = Annotated[
     str | None,
     Query(
@@ -396,10 +398,10 @@ def create_app(
         raise _bad("principal", "give `principal` or `resource`")
 
     @app.get("/v1/history/counts", responses=unavailable)
-    def counts(principal: _Ref = None, since: _Time = None, until: _Time = None) -> Any:
+    def counts(principal: _RequiredRef, since: _Time = None, until: _Time = None) -> Any:
         """``verdict_counts`` of a principal over the range."""
         p = _ref(principal, "principal")
-        if p is None:
+        if p is None:  # FastAPI refuses a missing one first
             raise _bad("principal", "`principal` is required")
         start, end = _range(since, until, now())
         return run(lambda: queries.verdict_counts(client, p, start, end))

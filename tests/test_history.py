@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -22,15 +23,19 @@ from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from clickhouse_connect.driver.client import Client
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
+from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
+import apifuzz
 from kafka_fixture import dev_kafka, kafka_bootstrap  # noqa: F401  (fixtures)
 from svc import history
 from svc.cli import app
+from svc.history.service import create_app as create_history_app
 
 PARTITIONS = 3
 REPO = Path(__file__).resolve().parent.parent
@@ -1254,3 +1259,228 @@ def test_failed_inserts_are_told_apart_by_the_engine_error(db: Client) -> None:
     for g in split_by_partition(mixed, 2):
         assert 1 <= len({partition_day(r[4]) or i for i, r in enumerate(g)}) <= 2
     assert sum(len(g) for g in split_by_partition(mixed, 2)) == len(mixed)
+
+
+# -- the HTTP routes: bad input is a 400 naming the parameter, never a 503 or a driver's text
+
+PARAM_ROUTES = ["/v1/history/decisions", "/v1/history/events", "/v1/history/counts"]
+
+
+@pytest.fixture
+def routes(db: Client) -> Iterator[TestClient]:
+    """The history routes over a store holding a few rows (one with a non-ASCII id)."""
+    history.store(
+        db,
+        "decisions",
+        as_records("d", [decision(), decision(principal=("Human", "zoë 日本"), qid="q-1")]),
+    )
+    history.store(db, "events", as_records("e", [event(), event(principal=("Human", "zoë 日本"))]))
+    with TestClient(create_history_app(db, now=lambda: NOW)) as client:
+        yield client
+
+
+def assert_names(r: Any, param: str) -> None:
+    """A 400 problem naming `param`, with nothing of the store's driver in it."""
+    assert r.status_code == 400, r.text
+    assert r.headers["content-type"] == "application/problem+json"
+    p = r.json()
+    assert p["type"] == "urn:svc:problem:invalid-parameter"
+    assert p["title"] == f"Invalid parameter `{param}`"
+    assert p["errors"][0]["field"] == param, p
+    for leak in ("pybind11", "C++", "DB::Exception", "Unable to cast"):
+        assert leak not in r.text
+
+
+@pytest.mark.parametrize("route", PARAM_ROUTES)
+@pytest.mark.parametrize(
+    ("query", "param"),
+    [
+        ("principal=Human::%ED%A0%80", "principal"),  # a UTF-8-encoded surrogate
+        ("principal=%ED%A0%80::alice", "principal"),
+        ("principal=Human::%FF", "principal"),
+        ("principal=Human::%C3", "principal"),  # cut short
+        ('principal=Human::"%5Cud800"', "principal"),  # a JSON-quoted id with a lone surrogate
+        ('principal=Human::"%5CudC00x"', "principal"),
+        ("principal=Human::alice&since=%ED%A0%80", "since"),
+        ("principal=Human::alice&until=%80", "until"),
+    ],
+)
+def test_undecodable_query_text_is_a_400_naming_the_parameter(
+    routes: TestClient, route: str, query: str, param: str
+) -> None:
+    assert_names(routes.get(f"{route}?{query}"), param)
+
+
+@pytest.mark.parametrize(
+    ("query", "param"),
+    [
+        ("resource=Document::%ED%A0%80", "resource"),
+        ('resource=Document::"%5Cud800"', "resource"),
+        ("qid=%ED%A0%80", "qid"),
+        ("principal=Human::alice&limit=%FF", "limit"),
+        ("principal=Human::alice&monitor_only=%ED%A0%80", "monitor_only"),
+    ],
+)
+def test_undecodable_decision_query_is_a_400(routes: TestClient, query: str, param: str) -> None:
+    assert_names(routes.get(f"/v1/history/decisions?{query}"), param)
+
+
+@pytest.mark.parametrize("route", PARAM_ROUTES)
+@pytest.mark.parametrize("char", ["%00", "%01", "%1F", "%7F", "%C2%80", "%C2%85", "%C2%9F"])
+@pytest.mark.parametrize("where", ["type", "id", "quoted id"])
+def test_control_characters_in_references_are_refused(
+    routes: TestClient, route: str, char: str, where: str
+) -> None:
+    ref = {
+        "type": f"Hu{char}man::alice",
+        "id": f"Human::al{char}ice",
+        "quoted id": 'Human::"al' + char + 'ice"',
+    }[where]
+    r = routes.get(f"{route}?principal={ref}")
+    assert_names(r, "principal")
+    assert "control character" in r.json()["detail"]
+
+
+@pytest.mark.parametrize("escaped", ["%5Cu0000", "%5Cu001b", "%5Cu007f", "%5Cu0085"])
+def test_json_escaped_control_characters_are_refused(routes: TestClient, escaped: str) -> None:
+    r = routes.get(f'/v1/history/events?resource=File::"a{escaped}b"')
+    assert_names(r, "resource")
+    assert "control character" in r.json()["detail"]
+
+
+def test_control_characters_in_a_qid_are_refused(routes: TestClient) -> None:
+    for char in ("%00", "%0A", "%7F", "%C2%9B"):
+        assert_names(routes.get(f"/v1/history/decisions?qid=q{char}1"), "qid")
+
+
+def test_bad_parameters_are_named(routes: TestClient) -> None:
+    assert_names(routes.get("/v1/history/events?principal=Human::alice&limit=x"), "limit")
+    assert_names(routes.get("/v1/history/events?principal=Human::alice&limit=0"), "limit")
+    assert_names(routes.get("/v1/history/events?principal=Human::alice&limit=10001"), "limit")
+    assert_names(
+        routes.get("/v1/history/decisions?principal=Human::alice&monitor_only=maybe"),
+        "monitor_only",
+    )
+    assert_names(routes.get("/v1/history/counts?principal=alice"), "principal")
+    assert_names(routes.get("/v1/history/counts?principal=Human::a&since=yesterday"), "since")
+
+
+@pytest.mark.parametrize(
+    ("query", "param"),
+    [
+        ("until=0001-01-01T00:01:00Z", "until"),  # its default `since` would be before year 1
+        ("until=0001-01-01T00:30:00%2B01:00", "until"),  # before year 1 in UTC
+        ("since=9999-12-31T23:00:00-14:00", "since"),  # after year 9999 in UTC
+        ("since=1899-12-31T23:59:59Z", "since"),
+        ("until=2300-01-01T00:00:00Z", "until"),
+    ],
+)
+def test_times_outside_the_store_are_named(routes: TestClient, query: str, param: str) -> None:
+    for route in PARAM_ROUTES:
+        r = routes.get(f"{route}?principal=Human::alice&{query}")
+        assert_names(r, param)
+        assert "1900 to 2299" in r.json()["detail"]
+
+
+def test_printable_unicode_is_searched_as_sent(routes: TestClient) -> None:
+    # Letters of any script and spaces are identifiers like any other.
+    for route in ("decisions", "events"):
+        r = routes.get(
+            f"/v1/history/{route}",
+            params={"principal": "Human::zoë 日本", "since": "2026-11-21T00:00:00Z"},
+        )
+        assert r.status_code == 200, r.text
+        assert [row["principal"]["id"] for row in r.json()] == ["zoë 日本"]
+    assert routes.get("/v1/history/decisions", params={"qid": "q-1"}).json()["qid"] == "q-1"
+
+
+def test_a_store_error_is_a_503_without_the_drivers_text(db: Client) -> None:
+    db.command("DROP TABLE events")  # the store cannot answer this query
+    with TestClient(create_history_app(db, now=lambda: NOW)) as client:
+        r = client.get("/v1/history/events?principal=Human::alice", headers={"X-Request-ID": "r-7"})
+    assert r.status_code == 503, r.text
+    p = r.json()
+    assert p["type"] == "urn:svc:problem:history-unavailable"
+    assert "request r-7" in p["detail"]
+    for leak in ("DB::Exception", "UNKNOWN_TABLE", "events", "Code:"):
+        assert leak not in p["detail"], p
+
+
+@pytest.mark.parametrize(
+    ("sent", "kept"),
+    [
+        ("req-1", True),
+        ("a.b_c:d-E9", True),
+        ("x" * 128, True),
+        ("x" * 129, False),
+        ("has space", False),
+        ("semi;colon", False),
+        ("slash/", False),
+        ("quote'", False),
+        ("", False),
+    ],
+)
+def test_request_id_is_bounded_and_echoed(routes: TestClient, sent: str, kept: bool) -> None:
+    for path in ("/healthz", "/v1/history/events?principal=alice", "/nope"):
+        r = routes.get(path, headers={"X-Request-ID": sent})
+        got = r.headers["x-request-id"]
+        if kept:
+            assert got == sent
+        else:
+            assert got != sent
+            assert re.fullmatch(
+                r"[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[0-9a-f]{4}-[0-9a-f]{12}", got
+            )
+    assert routes.get("/healthz").headers["x-request-id"]
+
+
+def test_head_works_where_get_does(routes: TestClient) -> None:
+    for path in (
+        "/healthz",
+        "/readyz",
+        "/version",
+        "/metrics",
+        "/openapi.json",
+        "/v1/history/totals",
+        "/v1/history/events?principal=Human::alice&since=2026-11-21T00:00:00Z",
+        "/v1/history/decisions?qid=q-1",
+        "/v1/history/counts?principal=Human::alice",
+        "/v1/history/counts?principal=alice",
+        "/nope",
+    ):
+        get, head = routes.get(path), routes.head(path)
+        assert head.status_code == get.status_code, (path, head.status_code, get.status_code)
+        assert head.content == b"", path
+        assert head.headers["content-type"] == get.headers["content-type"], path
+        assert head.headers["content-length"] == str(len(get.content)), path
+
+
+# -- schemathesis over the history routes' OpenAPI document, served by uvicorn
+
+
+@pytest.fixture(scope="module")
+def history_url(chdb_dir: Path) -> Iterator[str]:
+    """The history routes served by uvicorn over a store with a few rows; the base URL."""
+    client = history.connect(
+        f"chdb://{chdb_dir}?database=t_http_{uuid.uuid4().hex[:8]}", create_database=True
+    )
+    history.migrate(client)
+    history.store(client, "decisions", as_records("d", [decision(), decision(qid="q-1")]))
+    history.store(client, "events", as_records("e", [event()]))
+    with apifuzz.serve(create_history_app(client, now=lambda: NOW)) as base:
+        yield base
+
+
+# The document does not depend on the store; the served app's is compared with it below.
+HISTORY_OPENAPI = create_history_app(None).openapi()  # type: ignore[arg-type]
+history_schema = apifuzz.load(HISTORY_OPENAPI)
+
+
+def test_history_serves_its_openapi(history_url: str) -> None:
+    assert httpx.get(f"{history_url}/openapi.json").json() == HISTORY_OPENAPI
+
+
+@history_schema.parametrize()
+@apifuzz.FUZZ_SETTINGS
+def test_history_api_fuzz(case: Any, history_url: str) -> None:
+    case.call_and_validate(base_url=history_url)

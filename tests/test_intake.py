@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import subprocess
 import sys
 import time
@@ -25,12 +26,14 @@ from typing import Any, ClassVar
 import confluent_kafka
 import httpx
 import pytest
+import schemathesis
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import apifuzz
 from svc.intake import IntakeSettings, create_app
 from svc.intake.cloudtrail import map_file, map_record
 from svc.intake.models import MAX_EVENTS
@@ -1284,3 +1287,300 @@ def test_pool_replaces_a_fenced_producer(fake_pool: Any) -> None:
     assert fresh.conf["transactional.id"] == FakeProducer.instances[0].conf["transactional.id"]
     fake_pool.send(RECORDS)
     assert fresh.committed == [b"1", b"2"]
+
+
+# -- bad input is a 4xx: deep nesting, lone surrogates, control characters, request ids, HEAD
+
+
+def nested(depth: int, inner: bytes = b"1") -> bytes:
+    return b"[" * depth + inner + b"]" * depth
+
+
+@pytest.mark.parametrize("path", [EVENTS, CLOUD])
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"[" * 100_000,
+        nested(100_000),
+        b'{"events": ' + nested(1000) + b"}",
+        b'{"Records": [{"requestParameters": ' + b'{"a": ' * 5000 + b"1" + b"}" * 5000 + b"}]}",
+        # Brackets in strings do not count, nor hide the real ones.
+        b'{"events": [' + b'["]]]]", ' * 70 + b"1" + b"]" * 70 + b"]}",
+        b'{"events": [' + b'["\\"]]", ' * 70 + b"1" + b"]" * 70 + b"]}",
+    ],
+    ids=["open-100k", "nested-100k", "events-1000", "cloud-objects-5000", "strings", "escapes"],
+)
+@pytest.mark.parametrize("gzip_it", [False, True], ids=["plain", "gzip"])
+def test_deep_nesting_is_a_400_naming_the_limit(
+    shared_intake: Intake, kafka_bootstrap: str, path: str, body: bytes, gzip_it: bool
+) -> None:
+    before = high_watermarks(kafka_bootstrap, shared_intake.topic)
+    if gzip_it:
+        r = shared_intake.post(
+            path, content=gzip.compress(body), headers={"Content-Encoding": "gzip"}
+        )
+    else:
+        r = shared_intake.post(path, content=body)
+    assert r.status_code == 400, r.text
+    assert r.headers["content-type"] == "application/problem+json"
+    p = r.json()
+    assert p["type"] == "urn:svc:problem:json-too-deep"
+    assert "SVC_INTAKE_MAX_JSON_DEPTH=64" in p["detail"], p
+    assert high_watermarks(kafka_bootstrap, shared_intake.topic) == before
+
+
+def test_nesting_up_to_the_limit_is_decoded(shared_intake: Intake) -> None:
+    # {"Records": [], "x": [[...]]}: the object is level 1, so 63 arrays make 64 levels.
+    def cloud(arrays: int) -> bytes:
+        return b'{"Records": [], "x": ' + nested(arrays) + b"}"
+
+    r = shared_intake.post(CLOUD, content=cloud(63))
+    assert r.status_code == 202, r.text
+    assert r.json() == {"accepted": 0, "skipped": []}
+    r = shared_intake.post(CLOUD, content=cloud(64))
+    assert r.status_code == 400
+    assert r.json()["detail"] == (
+        "the body nests 65 levels deep; at most 64 (SVC_INTAKE_MAX_JSON_DEPTH=64)"
+    )
+    # Brackets inside strings are text: an event whose system is "[[[...": judged as an event.
+    ev = event(0, system="[" * 100, action="{" * 100)
+    ev.pop("at")
+    r = shared_intake.post(EVENTS, {"events": [ev]})
+    assert r.status_code == 400
+    assert [(e["index"], e["field"]) for e in r.json()["errors"]] == [(0, "at")]
+
+
+def test_nesting_limit_is_a_setting(kafka_bootstrap: str) -> None:
+    with running_intake(kafka_bootstrap, make_topic(kafka_bootstrap), max_json_depth=8) as intake:
+        r = intake.post(CLOUD, content=b'{"Records": [], "x": ' + nested(8) + b"}")
+        assert r.status_code == 400
+        assert r.json()["detail"].endswith("at most 8 (SVC_INTAKE_MAX_JSON_DEPTH=8)")
+        # An event batch nests at most 7 levels: attributes hold 4.
+        ev = event(0, attributes={"a": [{"b": [1]}]})
+        r = intake.post(EVENTS, {"events": [ev], "x": 1})
+        assert r.status_code == 400
+        assert r.json()["type"] == "urn:svc:problem:invalid-events"
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        (
+            EVENTS,
+            '{"events": [{"at": "2025-03-06T02:25:06Z", "system": "s", "principal": {"type": "Human", "id": "a"}, "action": "x", "resource": {"type": "D", "id": "y"}, "attributes": {"k": "\\ud800"}}]}',
+        ),
+        (
+            EVENTS,
+            '{"events": [{"at": "2025-03-06T02:25:06Z", "system": "s", "principal": {"type": "Human", "id": "a"}, "action": "x", "resource": {"type": "D", "id": "y"}, "attributes": {"\\udc00": 1}}]}',
+        ),
+        (
+            EVENTS,
+            '{"events": [{"at": "2025-03-06T02:25:06Z", "system": "\\ud800\\u0041", "principal": {"type": "Human", "id": "a"}, "action": "x", "resource": {"type": "D", "id": "y"}}]}',
+        ),
+        (
+            CLOUD,
+            '{"Records": [{"eventTime": "2025-03-06T02:25:06Z", "eventSource": "s3", "eventName": "Get", "userAgent": "\\ud800", "userIdentity": {"type": "IAMUser", "arn": "arn:x"}}]}',
+        ),
+        (
+            CLOUD,
+            '{"Records": [{"eventTime": "2025-03-06T02:25:06Z", "eventSource": "s3", "eventName": "Get", "userIdentity": {"type": "IAMUser", "arn": "arn:\\udfff"}}]}',
+        ),
+    ],
+    ids=["attribute-value", "attribute-key", "system", "cloud-user-agent", "cloud-arn"],
+)
+def test_lone_surrogates_are_a_400(
+    shared_intake: Intake, kafka_bootstrap: str, path: str, body: str
+) -> None:
+    before = high_watermarks(kafka_bootstrap, shared_intake.topic)
+    r = shared_intake.post(path, content=body.encode())
+    assert r.status_code == 400, r.text
+    p = r.json()
+    assert p["type"] == "urn:svc:problem:malformed-json"
+    assert "lone surrogate" in p["detail"] and "line 1, column" in p["detail"], p
+    assert high_watermarks(kafka_bootstrap, shared_intake.topic) == before
+
+
+CONTROL_CHARS = ["\x00", "\x01", "\x1b", "\x1f", "\x7f", "\x80", "\x85", "\x9f"]
+IDENTIFIER_FIELDS: list[tuple[str, Callable[[dict[str, Any], str], None]]] = [
+    ("system", lambda e, c: e.update(system=f"dr{c}ive")),
+    ("action", lambda e, c: e.update(action=f"{c}download")),
+    ("principal.id", lambda e, c: e["principal"].update(id=f"alice{c}")),
+    ("resource.type", lambda e, c: e["resource"].update(type=f"Docu{c}ment")),
+    ("resource.id", lambda e, c: e["resource"].update(id=f"d{c}")),
+    (
+        "on_behalf_of.id",
+        lambda e, c: e.update(
+            principal={"type": "ServiceAccount", "id": "bot"},
+            on_behalf_of={"type": "Human", "id": f"b{c}ob"},
+        ),
+    ),
+    ("tool", lambda e, c: e.update(tool=f"cli{c}")),
+    ("action_class", lambda e, c: e.update(action_class=f"{c}")),
+]
+
+
+@pytest.mark.parametrize("char", CONTROL_CHARS, ids=[f"U+{ord(c):04X}" for c in CONTROL_CHARS])
+@pytest.mark.parametrize(
+    ("field", "mutate"), IDENTIFIER_FIELDS, ids=[f for f, _ in IDENTIFIER_FIELDS]
+)
+def test_control_characters_in_identifiers_are_refused(
+    shared_intake: Intake,
+    kafka_bootstrap: str,
+    field: str,
+    mutate: Callable[[dict[str, Any], str], None],
+    char: str,
+) -> None:
+    bad = event(1)
+    mutate(bad, char)
+    # Letters of any script, spaces and symbols are identifiers like any other.
+    good = event(0, system="Système d'archivage", action="télécharger")
+    good["principal"]["id"] = "zoë 日本 \u00a0✓"
+    before = high_watermarks(kafka_bootstrap, shared_intake.topic)
+    r = shared_intake.post(EVENTS, {"events": [good, bad, event(2)]})
+    assert r.status_code == 400, r.text
+    p = r.json()
+    assert p["type"] == "urn:svc:problem:invalid-events"
+    assert [(e["index"], e["field"]) for e in p["errors"]] == [(1, field)], p
+    assert f"control character U+{ord(char):04X}" in p["errors"][0]["message"]
+    assert high_watermarks(kafka_bootstrap, shared_intake.topic) == before
+
+
+CLOUD_IDENTIFIERS: list[tuple[str, Callable[[dict[str, Any]], None]]] = [
+    ("eventSource", lambda r: r.update(eventSource="s3.amazonaws.com\x00")),
+    ("eventName", lambda r: r.update(eventName="Get\x7fObject")),
+    ("userIdentity", lambda r: r["userIdentity"].update(arn="arn:aws:sts::1:assumed-role/R/a\x1b")),
+    (
+        "resources[0].ARN",
+        lambda r: r.update(resources=[{"type": "AWS::S3::Object", "ARN": "arn:aws:s3:::b/\x85"}]),
+    ),
+    (
+        "resources[0].type",
+        lambda r: r.update(resources=[{"type": "AWS::S3::\x00", "ARN": "arn:aws:s3:::b"}]),
+    ),
+    (
+        "userIdentity.sessionContext.sessionIssuer.arn",
+        lambda r: r["userIdentity"]["sessionContext"]["sessionIssuer"].update(
+            arn="arn:aws:iam::1:role/\x9fR"
+        ),
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("field", "mutate"), CLOUD_IDENTIFIERS, ids=[f for f, _ in CLOUD_IDENTIFIERS]
+)
+def test_control_characters_in_cloud_records_refuse_the_file(
+    shared_intake: Intake,
+    kafka_bootstrap: str,
+    field: str,
+    mutate: Callable[[dict[str, Any]], None],
+) -> None:
+    records = [sso_record(), sso_record(), sso_record()]
+    mutate(records[1])
+    before = high_watermarks(kafka_bootstrap, shared_intake.topic)
+    r = shared_intake.post(CLOUD, {"Records": records})
+    assert r.status_code == 400, r.text
+    p = r.json()
+    assert p["detail"] == "1 of 3 records are invalid; nothing was accepted"
+    assert [(e["index"], e["field"]) for e in p["errors"]] == [(1, field)], p
+    assert "control character" in p["errors"][0]["message"]
+    assert high_watermarks(kafka_bootstrap, shared_intake.topic) == before
+
+
+@pytest.mark.parametrize("source_ip", ["10.0.0.1\x00", "\x00", "::1\x00x"])
+def test_source_ip_with_a_nul_is_a_400(shared_intake: Intake, source_ip: str) -> None:
+    r = shared_intake.post(EVENTS, {"events": [event(0, source_ip=source_ip)]})
+    assert r.status_code == 400, r.text
+    assert [(e["index"], e["field"]) for e in r.json()["errors"]] == [(0, "source_ip")]
+    # A cloud record's sourceIPAddress that is not an address is a host name, kept as text
+    # (the file is refused here only for the eventTime the second record lacks).
+    records = [sso_record(sourceIPAddress=source_ip), sso_record(sourceIPAddress=source_ip)]
+    records[1].pop("eventTime")
+    r = shared_intake.post(CLOUD, {"Records": records})
+    assert r.status_code == 400, r.text
+    assert [(e["index"], e["field"]) for e in r.json()["errors"]] == [(1, "eventTime")]
+
+
+@pytest.mark.parametrize(
+    ("sent", "kept"),
+    [
+        ("req-1", True),
+        ("a.b_c:d-E9", True),
+        ("x" * 128, True),
+        ("x" * 129, False),
+        ("x" * 10_000, False),
+        ("has space", False),
+        ("semi;colon", False),
+        ("a,b", False),
+        ("<script>", False),
+        ("", False),
+    ],
+)
+def test_request_id_is_bounded_and_echoed(shared_intake: Intake, sent: str, kept: bool) -> None:
+    c = shared_intake.client
+    answers = [
+        c.get("/healthz", headers={"X-Request-ID": sent}),
+        c.post(EVENTS, content=b"{}", headers={"X-Request-ID": sent}),  # 401
+        shared_intake.post(EVENTS, content=b"[", headers={"X-Request-ID": sent}),  # 400
+        c.get("/nope", headers={"X-Request-ID": sent}),  # 404
+    ]
+    assert [r.status_code for r in answers] == [200, 401, 400, 404]
+    for r in answers:
+        got = r.headers["x-request-id"]
+        if kept:
+            assert got == sent
+        else:
+            assert got != sent
+            assert re.fullmatch(
+                r"[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[0-9a-f]{4}-[0-9a-f]{12}", got
+            )
+    assert c.get("/healthz").headers["x-request-id"] != c.get("/healthz").headers["x-request-id"]
+
+
+def test_head_works_where_get_does(shared_intake: Intake) -> None:
+    c = shared_intake.client
+    for path in ("/healthz", "/readyz", "/version", "/openapi.json", "/metrics", "/nope", EVENTS):
+        get, head = c.get(path), c.head(path)
+        assert head.status_code == get.status_code, (path, head.status_code, get.status_code)
+        assert head.content == b"", path
+        assert head.headers["content-type"] == get.headers["content-type"], path
+        if path != "/metrics":  # its counters move between the two requests
+            assert head.headers["content-length"] == str(len(get.content)), path
+    assert c.head(EVENTS).headers["allow"] == "POST"
+
+
+# -- schemathesis over the intake's OpenAPI document, served by uvicorn: no 5xx, answers conform
+
+
+@pytest.fixture(scope="module")
+def intake_url(kafka_bootstrap: str) -> Iterator[str]:
+    """The intake served for real by uvicorn, on a topic of its own; its base URL."""
+    settings = IntakeSettings(
+        kafka_url=kafka_bootstrap,
+        topic=make_topic(kafka_bootstrap),
+        token=TOKEN,
+        transactional_id=f"test-intake-{uuid.uuid4().hex[:8]}",
+        broker_timeout_secs=10.0,
+        retry_after_secs=1,
+    )
+    with apifuzz.serve(create_app(settings)) as base:
+        deadline = time.monotonic() + 120
+        while httpx.get(f"{base}/readyz").status_code != 200:
+            assert time.monotonic() < deadline, httpx.get(f"{base}/readyz").text
+            time.sleep(0.1)
+        yield base
+
+
+# The document does not depend on the settings; the served app's is compared with it below.
+INTAKE_OPENAPI = create_app(IntakeSettings(token=TOKEN, kafka_url="127.0.0.1:9")).openapi()
+intake_schema = apifuzz.load(INTAKE_OPENAPI, headers=AUTH)
+
+
+def test_intake_serves_its_openapi(intake_url: str) -> None:
+    assert httpx.get(f"{intake_url}/openapi.json").json() == INTAKE_OPENAPI
+
+
+@intake_schema.parametrize()
+@apifuzz.FUZZ_SETTINGS
+def test_intake_api_fuzz(case: schemathesis.Case, intake_url: str) -> None:
+    case.call_and_validate(base_url=intake_url)

@@ -11,9 +11,17 @@ the way in from outside):
   ``include_on_behalf_of``, ``limit`` (1..10,000, default 100);
 * ``GET /v1/history/events?principal=...`` (or ``resource=...``), same range and limit;
 * ``GET /v1/history/counts?principal=...``: ``verdict_counts``;
-* ``GET /v1/history/totals``: rows in ``decisions``, ``events`` and ``rejected``.
+* ``GET /v1/history/totals``: rows in ``decisions``, ``events`` and ``rejected``;
+* ``GET /openapi.json``: the OpenAPI document of these routes and their parameters.
 
-Bad parameters get RFC 9457 problem details naming the parameter (DESIGN 7).
+Bad parameters get RFC 9457 problem details naming the parameter (DESIGN 7), 400
+``invalid-parameter``: a value that is not UTF-8 once percent-decoded, a principal, resource or
+``qid`` holding a control character or a lone surrogate (``svc.identifiers``), a time that is
+not RFC 3339 with an offset or lies outside the years 1900 to 2299 the store holds, a limit
+out of range. 503 ``history-unavailable`` is kept for a
+store that does not answer; its error goes to the log, never into the answer. Every GET route
+answers HEAD too, and every answer carries ``X-Request-ID`` (``svc.web``). docs/history.md,
+"HTTP routes", is the reference.
 
 ``/readyz`` answers 503 (``urn:svc:problem:not-ready``, with the reasons) while the loader is not
 running, is failing or is behind (``Loader.health``), and ``/metrics`` exports the same health
@@ -22,25 +30,31 @@ as gauges (docs/history.md, "Readiness and metrics").
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Annotated, Any
+from urllib.parse import unquote_to_bytes
 
 from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import ClickHouseError
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from svc import __version__
+from svc import __version__, web
 from svc.history import queries
 from svc.history.loader import Loader
+from svc.identifiers import identifier_problem
 from svc.intake.app import PROBLEM_JSON, http_exception_problem, problem_response
-from svc.intake.models import Problem
+from svc.intake.models import FieldError, Problem
 
 __all__ = ["create_app", "totals"]
+
+log = logging.getLogger("svc.history")
 
 _MAX_LIMIT = 10_000
 
@@ -62,12 +76,49 @@ def totals(client: Client) -> dict[str, int]:
     return {"decisions": int(row[0]), "events": int(row[1]), "rejected": int(row[2])}
 
 
-def _bad(param: str, detail: str) -> Problem:
-    return Problem(400, "invalid-parameter", f"Invalid parameter `{param}`", detail)
+def _bad(param: str, detail: str, errors: list[FieldError] | None = None) -> Problem:
+    """The 400 naming a query parameter (``errors``: one entry per bad parameter)."""
+    return Problem(
+        400,
+        "invalid-parameter",
+        f"Invalid parameter `{param}`",
+        detail,
+        errors if errors is not None else [FieldError(None, param, detail)],
+    )
 
 
-def _time(request: Request, name: str, default: datetime) -> datetime:
-    raw = request.query_params.get(name)
+def _utf8_query(request: Request) -> None:
+    """Refuses a query whose names or values are not UTF-8 once percent-decoded.
+
+    Starlette decodes them replacing what is not UTF-8 with U+FFFD, which would search for
+    text the caller never sent; the raw query string is checked first (RFC 3986 section 2.5:
+    percent-encoded octets of text are UTF-8).
+
+    Raises:
+        Problem: 400 naming the parameter.
+
+    """
+    for part in request.scope.get("query_string", b"").split(b"&"):
+        name, _, value = part.replace(b"+", b" ").partition(b"=")
+        for raw in (name, value):
+            try:
+                unquote_to_bytes(raw).decode("utf-8")
+            except UnicodeDecodeError as e:
+                param = unquote_to_bytes(name).decode("utf-8", "replace")
+                raise _bad(
+                    param,
+                    f"not UTF-8 once percent-decoded ({e.reason} at byte {e.start}); "
+                    "percent-encode the UTF-8 of the text",
+                ) from None
+
+
+#: The times the store can hold (ClickHouse ``DateTime64``: 1900-01-01 to 2299-12-31).
+_EARLIEST = datetime(1900, 1, 1, tzinfo=UTC)
+_LATEST = datetime(2300, 1, 1, tzinfo=UTC)
+
+
+def _time(raw: str | None, name: str, default: datetime) -> datetime:
+    """An RFC 3339 time with an offset, in UTC, within the store's range (400 otherwise)."""
     if raw is None:
         return default
     try:
@@ -76,43 +127,77 @@ def _time(request: Request, name: str, default: datetime) -> datetime:
         raise _bad(name, f"`{raw}` is not an RFC 3339 time") from None
     if t.tzinfo is None:
         raise _bad(name, f"`{raw}` has no UTC offset (RFC 3339 requires one)")
-    return t.astimezone(UTC)
-
-
-def _flag(request: Request, name: str) -> bool:
-    raw = request.query_params.get(name, "false").lower()
-    if raw not in ("true", "false", "1", "0"):
-        raise _bad(name, f"`{raw}` is not true or false")
-    return raw in ("true", "1")
-
-
-def _limit(request: Request) -> int:
-    raw = request.query_params.get("limit", "100")
     try:
-        n = int(raw)
-    except ValueError:
-        raise _bad("limit", f"`{raw}` is not an integer") from None
-    if not 1 <= n <= _MAX_LIMIT:
-        raise _bad("limit", f"{n} is outside 1..{_MAX_LIMIT}")
-    return n
+        t = t.astimezone(UTC)
+    except OverflowError:  # 0001-01-01T00:00+01:00 is before year 1 in UTC
+        t = _LATEST if t.year > 2000 else _EARLIEST - timedelta(days=1)
+    if not _EARLIEST <= t < _LATEST:
+        raise _bad(name, f"`{raw}` is outside the history's time range (years 1900 to 2299)")
+    return t
 
 
-def _range(request: Request, now: datetime) -> tuple[datetime, datetime]:
-    until = _time(request, "until", now + timedelta(minutes=5))
-    since = _time(request, "since", until - timedelta(days=1))
-    if since >= until:
+def _range(since: str | None, until: str | None, now: datetime) -> tuple[datetime, datetime]:
+    end = _time(until, "until", now + timedelta(minutes=5))
+    start = _time(since, "since", max(end - timedelta(days=1), _EARLIEST))
+    if start >= end:
         raise _bad("since", "`since` must be before `until`")
-    return since, until
+    return start, end
 
 
-def _ref(request: Request, name: str) -> tuple[str, str] | None:
-    raw = request.query_params.get(name)
+def _ref(raw: str | None, name: str) -> tuple[str, str] | None:
+    """``Type::id`` of a parameter, both parts checked as identifiers (``svc.identifiers``)."""
     if raw is None:
         return None
     try:
-        return queries.parse_ref(raw)
+        rtype, rid = queries.parse_ref(raw)
     except ValueError as e:
         raise _bad(name, str(e)) from None
+    for part, text in (("type", rtype), ("id", rid)):
+        why = identifier_problem(text)
+        if why is not None:
+            raise _bad(name, f"the {part} {why}")
+    return rtype, rid
+
+
+def _validation_problem(exc: RequestValidationError) -> Problem:
+    """FastAPI's refusal of a parameter (a limit that is no integer...) as a 400 naming it."""
+    errors = []
+    for err in exc.errors():
+        loc = [str(p) for p in err.get("loc", ()) if p not in ("query", "path", "header")]
+        msg = str(err.get("msg", "invalid"))
+        errors.append(FieldError(None, ".".join(loc), (msg[:1].lower() + msg[1:]).rstrip(".")))
+    if not errors:
+        errors.append(FieldError(None, "", "the request is not valid"))
+    first = errors[0]
+    return _bad(first.field, f"{first.field}: {first.message}", errors)
+
+
+# The query parameters, as the routes declare them (and OpenAPI describes them).
+_REF_DOC = (
+    '`Type::id`, such as `Human::alice`; a quoted id (`Human::"a b"`) is read as a JSON '
+    "string. No control characters (docs/history.md)"
+)
+# The pattern is for the document (clients, fuzzers); `_ref` checks the value itself, so the
+# answer names what is wrong.
+_REF_PATTERN = {"pattern": r"^[^\x00-\x1f\x7f-\x9f:]+::[^\x00-\x1f\x7f-\x9f]*$"}
+_Ref = Annotated[str | None, Query(description=_REF_DOC, json_schema_extra=_REF_PATTERN)]
+_RequiredRef = Annotated[str, Query(description=_REF_DOC, json_schema_extra=_REF_PATTERN)]
+_Time = Annotated[
+    str | None,
+    Query(
+        description="RFC 3339 with an offset; `until` defaults to now + 5 minutes, `since` to "
+        "24 hours before `until`",
+        json_schema_extra={"format": "date-time"},
+    ),
+]
+_Limit = Annotated[int, Query(ge=1, le=_MAX_LIMIT, description="rows at most")]
+_Flag = Annotated[bool, Query(description="`true` or `false` (also `1`/`0`)")]
+_Qid = Annotated[str | None, Query(description="one decision by its id")]
+
+_ROWS = {
+    "description": "rows, oldest first",
+    "content": {"application/json": {"schema": {"type": "array", "items": {"type": "object"}}}},
+}
 
 
 def create_app(
@@ -165,8 +250,16 @@ def create_app(
     lock = threading.Lock()
 
     app = FastAPI(
-        title="svc-history", version=__version__, docs_url=None, redoc_url=None, openapi_url=None
+        title="svc-history",
+        version=__version__,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url="/openapi.json",
+        dependencies=[Depends(_utf8_query)],
+        responses={"4XX": web.PROBLEM_RESPONSE},
     )
+    web.install(app)
+    web.add_components(app, {})
 
     @app.exception_handler(Problem)
     async def on_problem(_: Request, p: Problem) -> Response:
@@ -176,19 +269,40 @@ def create_app(
     async def http_error(_: Request, exc: StarletteHTTPException) -> Response:
         return http_exception_problem(exc)
 
+    @app.exception_handler(RequestValidationError)
+    async def invalid_parameter(_: Request, exc: RequestValidationError) -> Response:
+        return problem_response(_validation_problem(exc))
+
     def run(fn: Callable[[], Any]) -> Any:
         try:
             with lock:
                 return fn()
         except ClickHouseError as e:
-            raise Problem(503, "history-unavailable", "History unavailable", str(e)[:1024]) from e
+            # The driver's text stays in the log: it may name internals, and it is no help to
+            # the caller, who can only retry.
+            log.error("history store query failed (request %s): %s", web.request_id(), e)
+            raise Problem(
+                503,
+                "history-unavailable",
+                "History unavailable",
+                "the history store did not answer the query; retry later "
+                f"(the component's log has the error, request {web.request_id()})",
+            ) from e
+
+    unavailable: dict[int | str, dict[str, Any]] = {503: web.PROBLEM_RESPONSE}
 
     @app.get("/healthz")
     def healthz() -> dict[str, str]:
         """The process is up."""
         return {"status": "ok"}
 
-    @app.get("/readyz")
+    @app.get(
+        "/readyz",
+        responses={
+            200: {"content": {"application/json": {"schema": {"type": "object"}}}},
+            **unavailable,
+        },
+    )
     def readyz() -> Response:
         """Ready when the loader runs, is neither failing nor behind, and the store answers."""
         if ready is not None and not ready():
@@ -214,7 +328,11 @@ def create_app(
         """The release (SPEC 9)."""
         return {"component": "svc-history", "version": __version__}
 
-    @app.get("/metrics")
+    @app.get(
+        "/metrics",
+        response_class=Response,
+        responses={200: {"content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}}}},
+    )
     def metrics() -> Response:
         """Prometheus text format: the loader's counters and health."""
         if loader is not None:
@@ -230,69 +348,101 @@ def create_app(
             health_gauges["lag_records"].set(h.lag or 0)
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/v1/history/totals")
+    @app.get("/v1/history/totals", responses=unavailable)
     def get_totals() -> dict[str, int]:
         """Rows in decisions, events and rejected."""
         return dict(run(lambda: totals(client)))
 
-    @app.get("/v1/history/decisions")
-    def decisions(request: Request) -> Any:
+    @app.get(
+        "/v1/history/decisions",
+        responses={
+            200: {
+                "description": "rows, oldest first; one decision for `qid`",
+                "content": {
+                    "application/json": {
+                        "schema": {
+                            "anyOf": [
+                                {"type": "array", "items": {"type": "object"}},
+                                {"type": "object"},
+                            ]
+                        }
+                    }
+                },
+            },
+            **unavailable,
+        },
+    )
+    def decisions(
+        principal: _Ref = None,
+        resource: _Ref = None,
+        qid: _Qid = None,
+        since: _Time = None,
+        until: _Time = None,
+        monitor_only: _Flag = False,
+        include_on_behalf_of: _Flag = False,
+        limit: _Limit = 100,
+    ) -> Any:
         """Decisions of a principal or a resource, or one by ``qid`` (module docs)."""
-        qid = request.query_params.get("qid")
         if qid is not None:
+            why = identifier_problem(qid)
+            if why is not None:
+                raise _bad("qid", f"the qid {why}")
             found = run(lambda: queries.decision_by_qid(client, qid))
             if found is None:
                 raise Problem(404, "not-found", "Not found", f"no decision with qid `{qid}`")
             return found
-        principal, resource = _ref(request, "principal"), _ref(request, "resource")
-        since, until = _range(request, now())
-        limit = _limit(request)
-        if principal is not None:
-            monitor_only = _flag(request, "monitor_only")
-            obo = _flag(request, "include_on_behalf_of")
+        p, r = _ref(principal, "principal"), _ref(resource, "resource")
+        start, end = _range(since, until, now())
+        if p is not None:
             return run(
                 lambda: queries.decisions_of_principal(
                     client,
-                    principal,
-                    since,
-                    until,
+                    p,
+                    start,
+                    end,
                     monitor_only=monitor_only,
-                    include_on_behalf_of=obo,
+                    include_on_behalf_of=include_on_behalf_of,
                     limit=limit,
                 )
             )
-        if resource is not None:
-            return run(
-                lambda: queries.decisions_of_resource(client, resource, since, until, limit=limit)
-            )
+        if r is not None:
+            return run(lambda: queries.decisions_of_resource(client, r, start, end, limit=limit))
         raise _bad("principal", "give `principal`, `resource` or `qid`")
 
-    @app.get("/v1/history/events")
-    def events(request: Request) -> Any:
+    @app.get("/v1/history/events", responses={200: _ROWS, **unavailable})
+    def events(
+        principal: _Ref = None,
+        resource: _Ref = None,
+        since: _Time = None,
+        until: _Time = None,
+        include_on_behalf_of: _Flag = False,
+        limit: _Limit = 100,
+    ) -> Any:
         """Events of a principal or a resource (module docs)."""
-        principal, resource = _ref(request, "principal"), _ref(request, "resource")
-        since, until = _range(request, now())
-        limit = _limit(request)
-        if principal is not None:
-            obo = _flag(request, "include_on_behalf_of")
+        p, r = _ref(principal, "principal"), _ref(resource, "resource")
+        start, end = _range(since, until, now())
+        if p is not None:
             return run(
                 lambda: queries.events_of_principal(
-                    client, principal, since, until, include_on_behalf_of=obo, limit=limit
+                    client,
+                    p,
+                    start,
+                    end,
+                    include_on_behalf_of=include_on_behalf_of,
+                    limit=limit,
                 )
             )
-        if resource is not None:
-            return run(
-                lambda: queries.events_of_resource(client, resource, since, until, limit=limit)
-            )
+        if r is not None:
+            return run(lambda: queries.events_of_resource(client, r, start, end, limit=limit))
         raise _bad("principal", "give `principal` or `resource`")
 
-    @app.get("/v1/history/counts")
-    def counts(request: Request) -> Any:
+    @app.get("/v1/history/counts", responses=unavailable)
+    def counts(principal: _RequiredRef, since: _Time = None, until: _Time = None) -> Any:
         """``verdict_counts`` of a principal over the range."""
-        principal = _ref(request, "principal")
-        if principal is None:
+        p = _ref(principal, "principal")
+        if p is None:  # FastAPI refuses a missing one first
             raise _bad("principal", "`principal` is required")
-        since, until = _range(request, now())
-        return run(lambda: queries.verdict_counts(client, principal, since, until))
+        start, end = _range(since, until, now())
+        return run(lambda: queries.verdict_counts(client, p, start, end))
 
     return app

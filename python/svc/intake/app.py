@@ -4,7 +4,10 @@ Routes (docs/intake.md):
 
 * ``POST /v1/events``: ``{"events": [...]}``, 1 to 1,000 events (SPEC 2.2);
 * ``POST /v1/events/cloud-audit-trail``: a CloudTrail file ``{"Records": [...]}`` (SPEC 2.3);
-* ``GET /healthz``, ``/readyz``, ``/version``, ``/metrics`` (SPEC 1).
+* ``GET /healthz``, ``/readyz``, ``/version``, ``/metrics`` (SPEC 1);
+* ``GET /openapi.json``: the OpenAPI document of the routes above, bodies included.
+
+Every GET route answers HEAD too, and every answer carries ``X-Request-ID`` (``svc.web``).
 
 The two POST routes need ``Authorization: Bearer <intake token>`` (SPEC 5; compared in
 constant time): 401 without it, 403 with another token. Their bodies may be gzip (or deflate)
@@ -33,14 +36,14 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from svc import __version__
+from svc import __version__, web
 from svc.intake.metrics import CONTENT_TYPE, IntakeMetrics
-from svc.intake.models import Problem
+from svc.intake.models import EVENT_BATCH, MAX_EVENTS, Problem
 from svc.intake.producer import TransactionalPool
 from svc.intake.service import IntakeService
 from svc.intake.settings import IntakeSettings
 
-__all__ = ["create_app", "inflate", "serve"]
+__all__ = ["create_app", "inflate", "openapi_components", "serve"]
 
 log = logging.getLogger("svc.intake")
 
@@ -160,6 +163,147 @@ async def _read_body(request: Request, limit: int) -> tuple[bytes, bool]:
     return body, compressed
 
 
+#: The bearer scheme of the two POST routes, as an OpenAPI security scheme.
+_SECURITY_SCHEME = {
+    "type": "http",
+    "scheme": "bearer",
+    "description": "the intake token (`SVC_INTAKE_TOKEN`; docs/intake.md, Routes)",
+}
+
+_STRING = {"type": "string"}
+
+#: What the intake reads of a CloudTrail record (docs/intake.md, "The cloud audit log file");
+#: records carry more, which is allowed and ignored.
+_CLOUD_RECORD: dict[str, Any] = {
+    "type": "object",
+    "description": "One CloudTrail record; the fields the intake maps, others are ignored.",
+    "additionalProperties": True,
+    "required": ["eventTime", "eventSource", "eventName"],
+    "properties": {
+        "eventTime": {"type": "string", "format": "date-time"},
+        "eventSource": _STRING,
+        "eventName": _STRING,
+        "eventID": _STRING,
+        "eventType": _STRING,
+        "eventCategory": _STRING,
+        "awsRegion": _STRING,
+        "recipientAccountId": _STRING,
+        "sourceIPAddress": _STRING,
+        "userAgent": _STRING,
+        "errorCode": _STRING,
+        "errorMessage": _STRING,
+        "readOnly": {"type": "boolean"},
+        "userIdentity": {
+            "type": "object",
+            "additionalProperties": True,
+            "properties": {
+                "type": _STRING,
+                "arn": _STRING,
+                "principalId": _STRING,
+                "accountId": _STRING,
+                "userName": _STRING,
+                "invokedBy": _STRING,
+                "sessionContext": {
+                    "type": "object",
+                    "properties": {
+                        "sessionIssuer": {
+                            "type": "object",
+                            "properties": {"type": _STRING, "arn": _STRING, "userName": _STRING},
+                        },
+                        "attributes": {
+                            "type": "object",
+                            "properties": {"mfaAuthenticated": _STRING},
+                        },
+                    },
+                },
+            },
+        },
+        "resources": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "additionalProperties": True,
+                "properties": {"type": _STRING, "ARN": _STRING, "ARNPrefix": _STRING},
+            },
+        },
+    },
+}
+
+_CLOUD_FILE: dict[str, Any] = {
+    "type": "object",
+    "description": "A CloudTrail log file as the trail writes it (also accepted: a digest "
+    "file, answered with `skipped_file: digest`).",
+    "required": ["Records"],
+    "additionalProperties": True,
+    "properties": {
+        "Records": {
+            "type": "array",
+            "maxItems": MAX_EVENTS,
+            "items": {"$ref": "#/components/schemas/CloudTrailRecord"},
+        }
+    },
+}
+
+_ACCEPTED: dict[str, Any] = {
+    "type": "object",
+    "required": ["accepted"],
+    "properties": {
+        "accepted": {"type": "integer", "minimum": 0},
+        "skipped": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {"index": {"type": "integer"}, "reason": _STRING},
+            },
+        },
+        "skipped_file": _STRING,
+    },
+}
+
+
+def _post_docs(body_schema: str, description: str) -> dict[str, Any]:
+    """``openapi_extra`` of a POST route: its JSON body, bearer auth, answers (docs/intake.md)."""
+    problem = web.PROBLEM_RESPONSE
+    return {
+        "requestBody": {
+            "required": True,
+            "description": description,
+            "content": {
+                "application/json": {"schema": {"$ref": f"#/components/schemas/{body_schema}"}}
+            },
+        },
+        "security": [{"intakeToken": []}],
+        "responses": {
+            "202": {
+                "description": "the broker committed the whole batch",
+                "content": {"application/json": {"schema": _ACCEPTED}},
+            },
+            "400": problem,
+            "401": problem,
+            "403": problem,
+            "413": problem,
+            "415": problem,
+            "503": problem,
+        },
+    }
+
+
+def openapi_components() -> dict[str, Any]:
+    """The schemas and the security scheme the intake's OpenAPI routes refer to.
+
+    Returns:
+        ``{"schemas": {...}, "securitySchemes": {...}}``: ``EventBatch`` and the event's parts
+        (from the pydantic types that validate them, so the document cannot drift from the
+        checks), ``CloudTrailFile``, ``CloudTrailRecord``; ``intakeToken`` (HTTP bearer).
+
+    """
+    batch = EVENT_BATCH.json_schema(ref_template="#/components/schemas/{model}")
+    schemas = {**batch.pop("$defs"), "EventBatch": batch}
+    schemas["CloudTrailFile"] = _CLOUD_FILE
+    schemas["CloudTrailRecord"] = _CLOUD_RECORD
+    return {"schemas": schemas, "securitySchemes": {"intakeToken": _SECURITY_SCHEME}}
+
+
 def create_app(settings: IntakeSettings | None = None) -> FastAPI:
     """The intake app (SPEC 4.1) for ``settings`` (default: from the environment).
 
@@ -200,8 +344,10 @@ def create_app(settings: IntakeSettings | None = None) -> FastAPI:
         lifespan=lifespan,
         docs_url=None,
         redoc_url=None,
-        openapi_url=None,
+        openapi_url="/openapi.json",
+        responses={"4XX": web.PROBLEM_RESPONSE},
     )
+    web.install(app)
     app.state.settings = settings
     app.state.service = service
     app.state.pool = pool
@@ -246,7 +392,7 @@ def create_app(settings: IntakeSettings | None = None) -> FastAPI:
         except Problem as p:
             response = problem_response(p)
         except Exception:
-            log.exception("intake: %s failed", route)
+            log.exception("intake: %s failed (request %s)", route, web.request_id())
             response = problem_response(
                 Problem(500, "internal-error", "Internal error", "the intake failed; see its log")
             )
@@ -254,12 +400,22 @@ def create_app(settings: IntakeSettings | None = None) -> FastAPI:
         metrics.duration.labels(route).observe(time.perf_counter() - started)
         return response
 
-    @app.post("/v1/events", status_code=202)
+    # The handlers read the body themselves (size limits, gzip, nesting limit before decoding),
+    # so its schema is given to OpenAPI here rather than as a parameter FastAPI would parse.
+    @app.post(
+        "/v1/events",
+        status_code=202,
+        openapi_extra=_post_docs("EventBatch", "1 to 1,000 events; gzip allowed"),
+    )
     async def post_events(request: Request) -> Response:
         """``{"events": [...]}``: 1 to 1,000 events (SPEC 2.2, 4.1)."""
         return await ingest(request, "events", service.ingest_events)
 
-    @app.post("/v1/events/cloud-audit-trail", status_code=202)
+    @app.post(
+        "/v1/events/cloud-audit-trail",
+        status_code=202,
+        openapi_extra=_post_docs("CloudTrailFile", "a CloudTrail log file; gzip allowed"),
+    )
     async def post_cloud_file(request: Request) -> Response:
         """A cloud audit log file ``{"Records": [...]}`` (SPEC 2.3, 4.1)."""
         return await ingest(request, "cloud", service.ingest_cloud_file)
@@ -269,7 +425,13 @@ def create_app(settings: IntakeSettings | None = None) -> FastAPI:
         """The process is up."""
         return {"status": "ok"}
 
-    @app.get("/readyz")
+    @app.get(
+        "/readyz",
+        responses={
+            200: {"content": {"application/json": {"schema": {"type": "object"}}}},
+            503: web.PROBLEM_RESPONSE,
+        },
+    )
     async def readyz() -> Response:
         """Ready once a transactional producer is initialised and the topic exists."""
         metrics.ready.set(1 if pool.ready else 0)
@@ -288,7 +450,11 @@ def create_app(settings: IntakeSettings | None = None) -> FastAPI:
         """The release (SPEC 9)."""
         return {"component": "svc-intake", "version": __version__}
 
-    @app.get("/metrics")
+    @app.get(
+        "/metrics",
+        response_class=Response,
+        responses={200: {"content": {CONTENT_TYPE: {"schema": {"type": "string"}}}}},
+    )
     async def metrics_route() -> Response:
         """Prometheus text format."""
         metrics.ready.set(1 if pool.ready else 0)
@@ -298,6 +464,7 @@ def create_app(settings: IntakeSettings | None = None) -> FastAPI:
     async def http_error(_: Request, exc: StarletteHTTPException) -> Response:
         return http_exception_problem(exc)
 
+    web.add_components(app, openapi_components())
     return app
 
 

@@ -5,7 +5,7 @@ report all"), each as a ``FieldError`` naming the event's index and the field:
 
 1. **Shape** (pydantic v2, strict, in Rust): the batch is parsed and checked against the
    ``Event`` TypedDict in one ``validate_json`` call: mandatory fields, types, enumerations,
-   lengths, unknown fields.
+   lengths, unknown fields, and no control characters in identifiers (``svc.identifiers``).
 2. **Meaning** (``check_event``, Python): ``at`` is RFC 3339 with an offset and not more than
    five minutes ahead (SPEC 7, 8), ``count`` requires ``access``, ``on_behalf_of`` only for a
    ``ServiceAccount``, ``source_ip`` is an IP address, ``attributes`` hold no document contents.
@@ -33,6 +33,8 @@ from typing import Annotated, Any, Literal, NotRequired
 from pydantic import ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError, with_config
 from pydantic_core import to_json
 from typing_extensions import TypedDict  # pydantic needs it before Python 3.12
+
+from svc.identifiers import IDENTIFIER_PATTERN, identifier_problem
 
 __all__ = [
     "ATTRIBUTES_MAX_BYTES",
@@ -67,12 +69,14 @@ ATTRIBUTES_MAX_DEPTH = 4
 #: The earliest ``at`` accepted (the history store's time range starts here).
 EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
 
-Name = Annotated[str, StringConstraints(min_length=1, max_length=128)]
-"""A short word: a system, an action, a type name, a tool."""
-Id = Annotated[str, StringConstraints(min_length=1, max_length=256)]
-"""A principal's id (SCIM user name, service-account id, cloud ARN)."""
-ResourceId = Annotated[str, StringConstraints(max_length=2048)]
+Name = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=IDENTIFIER_PATTERN)]
+"""A short word: a system, an action, a type name, a tool; no control characters."""
+Id = Annotated[str, StringConstraints(min_length=1, max_length=256, pattern=IDENTIFIER_PATTERN)]
+"""A principal's id (SCIM user name, service-account id, cloud ARN); no control characters."""
+ResourceId = Annotated[str, StringConstraints(max_length=2048, pattern=IDENTIFIER_PATTERN)]
 """A resource id; empty for a list or search (SPEC 2.2); ARNs run to 2,048 characters."""
+Arn = Annotated[str, StringConstraints(max_length=2048, pattern=IDENTIFIER_PATTERN)]
+"""A cloud ARN (``role_arn``); no control characters."""
 
 _STRICT = ConfigDict(strict=True, extra="forbid")
 
@@ -105,7 +109,9 @@ class Entity(TypedDict):
 class Event(TypedDict):
     """One event as apps send it to ``POST /v1/events`` (SPEC 2.2); see the module docs."""
 
-    at: Annotated[str, StringConstraints(max_length=64)]
+    at: Annotated[
+        str, StringConstraints(max_length=64), Field(json_schema_extra={"format": "date-time"})
+    ]
     system: Name
     principal: Principal
     action: Name
@@ -124,7 +130,7 @@ class Event(TypedDict):
 class CloudEvent(Event):
     """An event mapped from a cloud audit record (SPEC 2.3): an ``Event`` plus ``role_arn``."""
 
-    role_arn: NotRequired[Annotated[str, StringConstraints(max_length=2048)] | None]
+    role_arn: NotRequired[Arn | None]
 
 
 @with_config(_STRICT)
@@ -210,6 +216,11 @@ def _message(err: Any) -> str:
         return "unknown field"
     if kind == "missing":
         return "required field is missing"
+    if kind == "string_pattern_mismatch" and isinstance(err.get("input"), str):
+        # The one pattern the event uses is the identifier rule (svc.identifiers).
+        why = identifier_problem(err["input"])
+        if why is not None:
+            return why
     msg = str(err["msg"])
     return (msg[:1].lower() + msg[1:]).rstrip(".")
 
@@ -224,7 +235,7 @@ def field_errors(e: ValidationError, index: int | None = None) -> list[FieldErro
     """
     return [
         FieldError(index, _path(err["loc"]), _message(err))
-        for err in e.errors(include_url=False, include_context=False, include_input=False)
+        for err in e.errors(include_url=False, include_context=False, include_input=True)
     ]
 
 
@@ -305,11 +316,15 @@ def format_utc(dt: datetime) -> str:
 
 
 def canonical_ip(text: str) -> str | None:
-    """``text`` in canonical form when it is an IPv4 or IPv6 address, else ``None``."""
+    """``text`` in canonical form when it is an IPv4 or IPv6 address, else ``None``.
+
+    Anything else gives ``None``, including text ``inet_pton`` refuses with ``ValueError``
+    rather than ``OSError`` (a NUL inside, characters outside Latin-1).
+    """
     for family in (socket.AF_INET, socket.AF_INET6):
         try:
             return socket.inet_ntop(family, socket.inet_pton(family, text))
-        except OSError:
+        except (OSError, ValueError):
             continue
     return None
 

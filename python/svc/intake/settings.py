@@ -70,6 +70,10 @@ class IntakeSettings(BaseSettings):
     sessions are people (SPEC 2.3). JSON list or comma-separated."""
     max_body_bytes: int = Field(default=10 * 1024 * 1024, ge=1024)
     """Largest request body, both as sent and after gzip decompression (413 above)."""
+    max_json_depth: int = Field(default=64, ge=8, le=128)
+    """Deepest nesting of arrays and objects a body may have (400 ``json-too-deep`` above);
+    a body of events nests at most 7 levels, a CloudTrail file about 10. At most 128, below
+    the 200 levels at which the JSON decoder itself stops (docs/intake.md, Limits)."""
     producers: int = Field(default=4, ge=1, le=16)
     """Transactional producers (one transaction in flight each); see docs/intake.md."""
     broker_timeout_secs: float = Field(default=5.0, gt=0)

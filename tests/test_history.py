@@ -14,6 +14,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -33,9 +34,13 @@ from typer.testing import CliRunner
 
 import apifuzz
 from kafka_fixture import dev_kafka, kafka_bootstrap  # noqa: F401  (fixtures)
+from serverkit import serve, wait_until
 from svc import history
+from svc._pdp_core import DecisionLog
 from svc.cli import app
+from svc.history import queries
 from svc.history.service import create_app as create_history_app
+from svc.pdp import Engine
 
 PARTITIONS = 3
 REPO = Path(__file__).resolve().parent.parent
@@ -176,7 +181,7 @@ def dsn(chdb_dir: Path) -> str:
 @pytest.fixture
 def db(dsn: str) -> Client:
     client = history.connect(dsn, create_database=True)
-    assert history.migrate(client) == [1]
+    assert history.migrate(client) == [1, 2]
     return client
 
 
@@ -317,13 +322,14 @@ def spread(n: int, start: datetime = NOW - timedelta(hours=6)) -> Iterator[datet
 
 def test_migrate_twice_is_a_noop(dsn: str) -> None:
     client = history.connect(dsn, create_database=True)
-    assert history.migrate(client) == [1]
+    assert history.migrate(client) == [1, 2]
     tables = {r[0] for r in client.query("SHOW TABLES").result_rows}
     assert history.migrate(client) == []
     assert {r[0] for r in client.query("SHOW TABLES").result_rows} == tables
     assert set(history.RETAINED_TABLES) | {"schema_migrations", "decisions_intake"} <= tables
-    assert client.query("SELECT version FROM schema_migrations FINAL").result_rows == [(1,)]
-    assert history.applied_versions(client) == {1}
+    versions = client.query("SELECT version FROM schema_migrations FINAL ORDER BY version")
+    assert versions.result_rows == [(1,), (2,)]
+    assert history.applied_versions(client) == {1, 2}
 
 
 def test_migrate_finishes_a_run_that_failed_midway(dsn: str) -> None:
@@ -331,8 +337,55 @@ def test_migrate_finishes_a_run_that_failed_midway(dsn: str) -> None:
     # The first statements ran, then the job died before recording the version.
     for stmt in history.MIGRATIONS[0].statements[:4]:
         client.command(stmt)
-    assert history.migrate(client) == [1]
+    assert history.migrate(client) == [1, 2]
     assert history.migrate(client) == []
+
+
+def test_a_decision_record_keeps_what_the_directory_did_not_hold(db: Client) -> None:
+    """A real record (the engine's, through the decision log) with a principal the directory
+    does not hold and inline entities it ignored: both lists are kept and queried back."""
+    engine = Engine.from_bundle_dir(REPO / "tests/testdata/bundles/corp")
+    log = DecisionLog(Path(tempfile.mkdtemp()) / "spool")
+    forged = {"uid": {"type": "Human", "id": "mallory"}, "attrs": {}, "parents": []}
+    with serve(engine, decision_log=log) as s:
+        r = s.post(
+            "/v1/access/evaluation",
+            {
+                "principal": {"type": "Human", "id": "mallory"},
+                "action": "view",
+                "resource": {"type": "Document", "id": "design"},
+                "entities": [forged],
+            },
+        )
+        assert r.status_code == 200, r.text
+        s.post(
+            "/v1/access/evaluation",
+            {
+                "principal": {"type": "Human", "id": "alice"},
+                "action": "view",
+                "resource": {"type": "Document", "id": "design"},
+            },
+        )
+        got = wait_until(lambda: log.drain(10, 0.2), timeout=10)
+    assert len(got) == 2
+    history.store(
+        db, "decisions", [("svc.decisions.v1", 0, i, k, v) for i, (k, v) in enumerate(got)]
+    )
+    mallory = {"type": "Human", "id": "mallory"}
+    rows = queries.decisions_of_principal(
+        db, mallory, NOW - timedelta(days=3650), datetime.now(UTC) + timedelta(days=1)
+    )
+    assert [(d["not_in_directory"], d["inline_ignored"]) for d in rows] == [([mallory], [mallory])]
+    alice = queries.decisions_of_resource(
+        db,
+        {"type": "Document", "id": "design"},
+        NOW - timedelta(days=3650),
+        datetime.now(UTC) + timedelta(days=1),
+    )
+    assert sorted((d["principal"]["id"], len(d["not_in_directory"])) for d in alice) == [
+        ("alice", 0),
+        ("mallory", 1),
+    ]
 
 
 def test_cli_migrate_is_idempotent(chdb_dir: Path) -> None:
@@ -340,7 +393,7 @@ def test_cli_migrate_is_idempotent(chdb_dir: Path) -> None:
     runner = CliRunner()
     first = runner.invoke(app, ["history", "migrate", "--dsn", dsn])
     assert first.exit_code == 0, first.output
-    assert "applied versions [1]" in first.output
+    assert "applied versions [1, 2]" in first.output
     again = runner.invoke(app, ["history", "migrate"], env={"SVC_HISTORY_DSN": dsn})
     assert again.exit_code == 0, again.output
     assert "up to date" in again.output

@@ -72,7 +72,7 @@ _DECISION_SELECT = (
     "on_behalf_of_id, action, resource_type, resource_id, verdict, outcome, challenges, "
     "policies, on_behalf_of_outcome, mode, challenge_qid, work_item, assigned, risk_score, "
     "policy_version, principals_version, latency_us, pdp, pinned, needs_row_checks, "
-    "plan_attributes"
+    "plan_attributes, not_in_directory, inline_ignored"
 )
 
 _EVENT_SELECT = (
@@ -141,6 +141,17 @@ def _json_or_none(s: str) -> Any:
         return s
 
 
+def _refs(values: Sequence[Any]) -> list[dict[str, str]]:
+    """Entity references (``{type, id}``) from an ``Array(Tuple(type String, id String))`` column.
+
+    The client returns its elements as dicts (named tuples) or as plain tuples; both are read.
+    """
+    return [
+        {"type": v["type"], "id": v["id"]} if isinstance(v, dict) else {"type": v[0], "id": v[1]}
+        for v in values
+    ]
+
+
 def _decision(row: Sequence[Any]) -> dict[str, Any]:
     (
         qid,
@@ -171,6 +182,8 @@ def _decision(row: Sequence[Any]) -> dict[str, Any]:
         pinned,
         needs_row_checks,
         plan_attributes,
+        not_in_directory,
+        inline_ignored,
     ) = row
     is_plan = call == "plan"
     would = None
@@ -204,6 +217,9 @@ def _decision(row: Sequence[Any]) -> dict[str, Any]:
         "latency_us": latency_us,
         "pdp": _or_none(pdp),
     }
+    if not is_plan:
+        d["not_in_directory"] = _refs(not_in_directory)
+        d["inline_ignored"] = _refs(inline_ignored)
     if is_plan:
         d["pinned"] = pinned
         d["needs_row_checks"] = needs_row_checks

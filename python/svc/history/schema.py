@@ -96,6 +96,8 @@ DECISION_COLUMNS: tuple[tuple[str, str], ...] = (
     ("pinned", "Nullable(Bool)"),
     ("needs_row_checks", "Nullable(Bool)"),
     ("plan_attributes", "Array(String)"),
+    ("not_in_directory", "Array(Tuple(type String, id String))"),
+    ("inline_ignored", "Array(Tuple(type String, id String))"),
 )
 
 #: ``events`` columns: (name, ClickHouse type), plus ``loaded_at``. The SPEC 2.2 field
@@ -164,7 +166,9 @@ _DECISION_TUPLE = (
     "on_behalf_of_outcome Nullable(String), mode String, challenge_qid String, "
     "work_item String, assigned Bool, risk_score Nullable(Int64), policy_version UInt64, "
     "principals_version UInt64, latency_us UInt64, pdp String, pinned Nullable(Bool), "
-    "needs_row_checks Nullable(Bool), attributes Array(String))"
+    "needs_row_checks Nullable(Bool), attributes Array(String), "
+    "not_in_directory Array(Tuple(type String, id String)), "
+    "inline_ignored Array(Tuple(type String, id String)))"
 )
 
 _EVENT_TUPLE = (
@@ -321,7 +325,9 @@ SELECT
     r.pdp AS pdp,
     r.pinned AS pinned,
     r.needs_row_checks AS needs_row_checks,
-    r.attributes AS plan_attributes
+    r.attributes AS plan_attributes,
+    r.not_in_directory AS not_in_directory,
+    r.inline_ignored AS inline_ignored
 """
 
 _EVENTS_SELECT = """
@@ -372,6 +378,28 @@ def _by_resource(table: str, key: str) -> tuple[str, str]:
     )
 
 
+#: Schema version 2: the decision record's ``not_in_directory`` and ``inline_ignored``
+#: (docs/decisions.md, "Inline entities") become columns. The decisions views are made again so
+#: they read the two fields; the loader is the only writer and migrates before it reads. Version
+#: 1's statements are built from the current column lists, so a new database gets the columns
+#: from version 1 and the ALTERs here change nothing; a database made by an earlier release gets
+#: them here.
+_V2_DECISION_FIELDS = (
+    *(
+        f"ALTER TABLE {t} ADD COLUMN IF NOT EXISTS `{name}` {ty}"
+        for t in ("decisions", "decisions_by_resource")
+        for name, ty in DECISION_COLUMNS
+        if name in ("not_in_directory", "inline_ignored")
+    ),
+    "DROP VIEW IF EXISTS decisions_by_resource_mv",
+    "DROP VIEW IF EXISTS decisions_load_mv",
+    "DROP VIEW IF EXISTS decisions_reject_mv",
+    "DROP VIEW IF EXISTS decisions_parse_mv",
+    "DROP TABLE IF EXISTS decisions_parsed",
+    _by_resource("decisions", "qid")[1],
+    *_intake_tables("decisions", _DECISION_TUPLE, {"parsed_at": _time("r.at")}, _DECISION_CHECKS),
+)
+
 #: Every schema version, oldest first. Add new versions at the end; never edit an applied one.
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(
@@ -397,6 +425,7 @@ MIGRATIONS: tuple[Migration, ...] = (
             ),
         ),
     ),
+    Migration(2, "decisions: not_in_directory, inline_ignored", _V2_DECISION_FIELDS),
 )
 
 #: Tables holding day partitions that retention drops (SPEC 8).

@@ -12,7 +12,9 @@
 //! * [`http`]: HTTP routes, RFC 9457 problem details, AuthZEN.
 //! * [`grpc`]: the tonic service and the proto <-> JSON mapping.
 //! * [`metrics`]: Prometheus metrics.
+//! * [`auth`]: bearer-token authentication of callers (docs/auth.md).
 
+pub mod auth;
 pub mod grpc;
 pub mod http;
 pub mod metrics;
@@ -50,6 +52,9 @@ pub struct Config {
     pub noop_routes: bool,
     /// This decision point's name in decision records (`pdp`, DESIGN 6).
     pub pdp_name: String,
+    /// Who may call (docs/auth.md): every route but the probes needs a bearer token when set;
+    /// `None` serves everyone (loopback only, which `svc.pdp.server` enforces).
+    pub auth: Option<Arc<auth::Authenticator>>,
 }
 
 /// What every request handler shares.

@@ -14,6 +14,11 @@ the way in from outside):
 * ``GET /v1/history/totals``: rows in ``decisions``, ``events`` and ``rejected``.
 
 Bad parameters get RFC 9457 problem details naming the parameter (DESIGN 7).
+
+The ``/v1/history/*`` routes take only the callers its settings list (docs/auth.md: the portal,
+the reasoner, the policy service's dry runs; ``svc up``'s local caller): a bearer JWT checked by
+``svc.common.auth``, 401 without a valid one, 403 for a caller not listed. The four probes
+take no token.
 """
 
 from __future__ import annotations
@@ -25,12 +30,13 @@ from typing import Any
 
 from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import ClickHouseError
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from svc import __version__
+from svc.common.auth import AuthSettings, Verifier, bearer_dependency
 from svc.history import queries
 from svc.history.loader import Loader
 from svc.intake.app import http_exception_problem, problem_response
@@ -115,6 +121,7 @@ def create_app(
     client: Client,
     loader: Loader | None = None,
     *,
+    auth: AuthSettings,
     ready: Callable[[], bool] | None = None,
     now: Callable[[], datetime] = lambda: datetime.now(UTC),
 ) -> FastAPI:
@@ -123,13 +130,24 @@ def create_app(
     Args:
         client: the history store (``svc.history.connect``).
         loader: the running loader whose counters ``/metrics`` reports (None: queries only).
+        auth: who may read (``HistoryAuthSettings``, docs/auth.md); with auth off the reads
+            are open, which the caller may allow on a loopback bind only
+            (``AuthSettings.check_bind``).
         ready: whether the component can serve (``/readyz``); default: always once started.
         now: the clock (tests).
 
     Returns:
         A FastAPI app; it starts and stops nothing itself.
 
+    Raises:
+        AuthConfigError: auth is on and the issuer's JWKS cannot be loaded.
+
     """
+    guard = []
+    if auth.enabled:
+        verifier = Verifier(auth)
+        verifier.source.keys()  # fail at start, not on the first request
+        guard = [Depends(bearer_dependency(verifier))]
     registry = CollectorRegistry(auto_describe=True)
     gauges = {
         name: Gauge(f"svc_history_loader_{name}", help_, registry=registry)
@@ -191,12 +209,12 @@ def create_app(
                 g.set(getattr(loader.stats, name))
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/v1/history/totals")
+    @app.get("/v1/history/totals", dependencies=guard)
     def get_totals() -> dict[str, int]:
         """Rows in decisions, events and rejected."""
         return dict(run(lambda: totals(client)))
 
-    @app.get("/v1/history/decisions")
+    @app.get("/v1/history/decisions", dependencies=guard)
     def decisions(request: Request) -> Any:
         """Decisions of a principal or a resource, or one by ``qid`` (module docs)."""
         qid = request.query_params.get("qid")
@@ -228,7 +246,7 @@ def create_app(
             )
         raise _bad("principal", "give `principal`, `resource` or `qid`")
 
-    @app.get("/v1/history/events")
+    @app.get("/v1/history/events", dependencies=guard)
     def events(request: Request) -> Any:
         """Events of a principal or a resource (module docs)."""
         principal, resource = _ref(request, "principal"), _ref(request, "resource")
@@ -247,7 +265,7 @@ def create_app(
             )
         raise _bad("principal", "give `principal` or `resource`")
 
-    @app.get("/v1/history/counts")
+    @app.get("/v1/history/counts", dependencies=guard)
     def counts(request: Request) -> Any:
         """``verdict_counts`` of a principal over the range."""
         principal = _ref(request, "principal")

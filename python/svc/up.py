@@ -54,7 +54,13 @@ from rich.status import Status
 
 from svc import history
 from svc.broker import LOCAL_SCHEME, LocalLog
-from svc.common.auth import HistoryAuthSettings, LocalIssuer, PdpAuthSettings, write_secret
+from svc.common.auth import (
+    AuthConfigError,
+    HistoryAuthSettings,
+    LocalIssuer,
+    PdpAuthSettings,
+    write_secret,
+)
 from svc.history.loader import EVENTS_TOPIC, Loader
 from svc.history.service import create_app as history_app
 from svc.history.service import totals
@@ -318,6 +324,7 @@ class Stack:
             DataDirBusy: another ``svc up`` holds the data directory (nothing started).
             BundleError: the bundle does not load.
             OSError: a listener or a file could not be opened.
+            AuthConfigError: the local issuer's JWKS could not be loaded.
 
         """
         try:
@@ -587,7 +594,7 @@ def run(options: UpOptions, *, demo_checks: int = 0, keep_serving: bool = True) 
     except KeyboardInterrupt:
         err.print("svc up: interrupted while starting; stopped")
         return 130
-    except OSError as e:
+    except (OSError, AuthConfigError) as e:
         err.print(f"svc up: could not start: {e}")
         return 2
 

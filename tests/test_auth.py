@@ -284,6 +284,21 @@ def test_every_grpc_method_refuses_bad_tokens_with_the_same_text(
         assert err.code() == grpc.StatusCode.UNAVAILABLE  # past the token check: no svc-challenge
 
 
+def test_a_refused_large_body_does_not_break_the_next_request(
+    pdp: str, issuer: LocalIssuer
+) -> None:
+    """The refused request's body is left unread, so its connection is closed, and says so:
+    a keep-alive client then opens a new one instead of writing into a closing connection."""
+    good = auth(issuer.mint(CALLERS[0], "svc-pdp", 600))
+    big = {**CHECK, "context": {"pad": "x" * 900_000}}
+    with httpx.Client(base_url=f"http://{pdp}", timeout=30) as c:
+        for _ in range(3):
+            r = c.post("/v1/access/evaluation", json=big)
+            assert_401(r, None, "svc-pdp")
+            assert r.headers.get("connection") == "close"
+            assert c.post("/v1/access/evaluation", json=CHECK, headers=good).status_code == 200
+
+
 def test_probes_and_grpc_health_need_no_token(pdp: str) -> None:
     with httpx.Client(base_url=f"http://{pdp}", timeout=10) as c:
         for path in PUBLIC_ROUTES:

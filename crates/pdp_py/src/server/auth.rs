@@ -26,8 +26,10 @@
 
 use super::http::{bounded, Problem};
 use axum::extract::{Request, State};
-use axum::http::header::{AUTHORIZATION, CONTENT_TYPE, WWW_AUTHENTICATE};
-use axum::http::{HeaderValue, StatusCode};
+use axum::http::header::{
+    AUTHORIZATION, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, TRANSFER_ENCODING, WWW_AUTHENTICATE,
+};
+use axum::http::{HeaderValue, StatusCode, Version};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
@@ -501,13 +503,30 @@ fn is_grpc(req: &Request) -> bool {
 }
 
 /// The middleware: lets public paths through, checks the bearer token of everything else.
+///
+/// A refused HTTP/1 request's body is never read; hyper then closes the connection (it drains
+/// only a small rest), so the refusal says `Connection: close`, as `http::around` does for the
+/// other answers that leave a body unread.
 async fn require(State(auth): State<Arc<Authenticator>>, req: Request, next: Next) -> Response {
     if is_public(req.uri().path()) {
         return next.run(req).await;
     }
     match auth.authenticate(req.headers().get(AUTHORIZATION)) {
         Ok(_) => next.run(req).await,
-        Err(refusal) => refusal.respond(is_grpc(&req), &auth.config.audience),
+        Err(refusal) => {
+            let mut resp = refusal.respond(is_grpc(&req), &auth.config.audience);
+            let h1_body = req.version() < Version::HTTP_2
+                && (req.headers().contains_key(TRANSFER_ENCODING)
+                    || req
+                        .headers()
+                        .get(CONTENT_LENGTH)
+                        .is_some_and(|v| v.as_bytes() != b"0"));
+            if h1_body {
+                resp.headers_mut()
+                    .insert(CONNECTION, HeaderValue::from_static("close"));
+            }
+            resp
+        }
     }
 }
 

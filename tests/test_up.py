@@ -49,13 +49,20 @@ def test_banner_names_every_component_and_each_answers(corp_up: Up) -> None:
 
 
 def test_a_decision_reaches_the_history(corp_up: Up) -> None:
-    r = httpx.post(f"{corp_up.pdp}/v1/access/evaluation", json=ALICE_DELETE, timeout=10)
+    r = httpx.post(
+        f"{corp_up.pdp}/v1/access/evaluation", json=ALICE_DELETE, headers=corp_up.auth, timeout=10
+    )
     assert r.status_code == 200
     qid = r.json()["qid"]
     deadline_rows = corp_up.wait_totals(decisions=1)
     assert deadline_rows["decisions"] >= 1
     for _ in range(100):
-        r = httpx.get(f"{corp_up.history}/v1/history/decisions", params={"qid": qid}, timeout=10)
+        r = httpx.get(
+            f"{corp_up.history}/v1/history/decisions",
+            params={"qid": qid},
+            headers=corp_up.auth,
+            timeout=10,
+        )
         if r.status_code == 200:
             break
     assert r.status_code == 200, r.text
@@ -65,16 +72,22 @@ def test_a_decision_reaches_the_history(corp_up: Up) -> None:
 
 
 def test_history_routes_name_bad_parameters(corp_up: Up) -> None:
-    r = httpx.get(f"{corp_up.history}/v1/history/decisions", params={"principal": "alice"})
+    auth = corp_up.auth
+    r = httpx.get(
+        f"{corp_up.history}/v1/history/decisions", params={"principal": "alice"}, headers=auth
+    )
     assert r.status_code == 400
     assert r.headers["content-type"].startswith("application/problem+json")
     assert "principal" in r.json()["title"]
     r = httpx.get(
         f"{corp_up.history}/v1/history/events",
         params={"principal": "Human::alice", "since": "yesterday"},
+        headers=auth,
     )
     assert r.status_code == 400 and "since" in r.json()["title"]
-    r = httpx.get(f"{corp_up.history}/v1/history/decisions", params={"qid": "no-such"})
+    r = httpx.get(
+        f"{corp_up.history}/v1/history/decisions", params={"qid": "no-such"}, headers=auth
+    )
     assert r.status_code == 404
 
 
@@ -131,6 +144,7 @@ def test_cloudtrail_files_posted_to_intake_are_found_in_history(corp_up: Up) -> 
     for (ptype, pid), ids in expected.items():
         rows = get_json(
             f"{corp_up.history}/v1/history/events",
+            corp_up.auth,
             principal=f"{ptype}::{pid}",
             since="2000-01-01T00:00:00Z",
             until="2100-01-01T00:00:00Z",
@@ -162,7 +176,8 @@ def test_second_svc_up_on_one_data_dir_refused(corp_up: Up) -> None:
 def test_ctrl_c_stops_cleanly_and_the_data_dir_is_kept(tmp_path: Path) -> None:
     up = start_up(tmp_path, "--bundle", str(CORP))
     for _ in range(5):
-        assert httpx.post(f"{up.pdp}/v1/access/evaluation", json=ALICE_DELETE).status_code == 200
+        r = httpx.post(f"{up.pdp}/v1/access/evaluation", json=ALICE_DELETE, headers=up.auth)
+        assert r.status_code == 200
     up.wait_totals(decisions=5)
     code, _, err = up.stop()
     assert code == 0, err

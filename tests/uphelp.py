@@ -55,10 +55,21 @@ class Up:
 
     @property
     def token(self) -> str:
+        """The intake token."""
         return (self.data_dir / "intake.token").read_text().strip()
 
+    @property
+    def caller_token(self) -> str:
+        """The caller token svc up wrote for the decision point and the history."""
+        return (self.data_dir / "caller.token").read_text().strip()
+
+    @property
+    def auth(self) -> dict[str, str]:
+        """Headers that carry the caller token."""
+        return {"authorization": f"Bearer {self.caller_token}"}
+
     def totals(self) -> dict[str, int]:
-        r = httpx.get(f"{self.history}/v1/history/totals", timeout=10)
+        r = httpx.get(f"{self.history}/v1/history/totals", headers=self.auth, timeout=10)
         r.raise_for_status()
         return dict(r.json())
 
@@ -114,7 +125,7 @@ def run_svc(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str
     )
 
 
-def get_json(url: str, **params: Any) -> Any:
-    r = httpx.get(url, params=params, timeout=30)
+def get_json(url: str, headers: dict[str, str] | None = None, **params: Any) -> Any:
+    r = httpx.get(url, params=params, headers=headers, timeout=30)
     assert r.status_code == 200, r.text
     return r.json()

@@ -376,6 +376,20 @@ class Server:
         pdp_name: this decision point's name in records (``pdp``; default ``svc-pdp``).
         max_batch_items: most evaluations one AuthZEN ``evaluations`` request may carry; more
             is a 400 naming the limit (docs/api.md, "Limits").
+        auth_issuer: when set, every route but ``/healthz``, ``/readyz``, ``/version``,
+            ``/metrics``, AuthZEN discovery and gRPC health needs ``Authorization: Bearer``
+            with a JWT of this issuer (``iss``), signed RS256/ES256 by a key loaded with
+            ``set_jwks`` (docs/auth.md); ``None`` serves everyone.
+        auth_audience: the ``aud`` tokens must name.
+        auth_callers: the ``sub`` values allowed to call (others get 403 /
+            ``PERMISSION_DENIED``); must not be empty with ``auth_issuer``.
+        auth_leeway_secs: clock skew allowed on ``exp`` and ``nbf``, in seconds.
+        auth_cache_entries: verified tokens kept in the LRU cache (0 verifies every request).
+        auth_cache_ttl_secs: longest trust in a cached verification, in seconds (a token's
+            ``exp`` ends it sooner; a new JWKS drops every entry).
+
+    Raises:
+        ValueError: ``auth_issuer`` with an empty issuer, audience or caller list.
 
     """
 
@@ -392,7 +406,33 @@ class Server:
         decision_log: DecisionLog | None = None,
         pdp_name: str | None = None,
         max_batch_items: int = 1_000,
+        auth_issuer: str | None = None,
+        auth_audience: str = "svc-pdp",
+        auth_callers: list[str] = ...,
+        auth_leeway_secs: int = 30,
+        auth_cache_entries: int = 10_000,
+        auth_cache_ttl_secs: int = 60,
     ) -> Server: ...
+    def set_jwks(self, jwks: str) -> int:
+        """Loads the issuer's keys (a JWK Set document as JSON text, RFC 7517 section 5).
+
+        Replaces the keys in force and drops every cached verification; works before and after
+        ``start()``. Keys that cannot verify RS256 or ES256 (P-256) are skipped.
+
+        Returns:
+            How many keys were taken.
+
+        Raises:
+            ValueError: the text is not a JWK Set or holds no usable key (the keys in force
+                stay).
+            RuntimeError: the server was made without ``auth_issuer``.
+
+        """
+
+    @property
+    def auth_enabled(self) -> bool:
+        """Whether every route but the probes needs a bearer token (``auth_issuer`` set)."""
+
     def start(self) -> int:
         """Binds and starts serving; returns the bound port.
 

@@ -10,7 +10,8 @@ Commands:
   (SPEC 2.6) for a request naming a ``resource_type``, and print it as JSON.
 * ``svc pdp --bundle DIR [--port 8080] [--mode monitor|enforce]``: the decision point in
   standalone mode (SPEC 4.2): gRPC and HTTP on one port, serving one bundle directory and
-  reloading it when its files change. Runs until Ctrl-C or SIGTERM.
+  reloading it when its files change; ``--auth-*`` (``SVC_PDP_AUTH_*``) set who may call
+  (docs/auth.md). Runs until Ctrl-C or SIGTERM.
 * ``svc validate --bundle DIR``: load and strictly validate a bundle, listing every problem.
 * ``svc intake [--port 8080] [--dev]``: the event intake (SPEC 4.1; docs/intake.md), settings
   from ``SVC_INTAKE_*`` and ``SVC_KAFKA_URL``. Runs until Ctrl-C or SIGTERM.
@@ -69,6 +70,13 @@ def _fail(message: str) -> typer.Exit:
     """Prints `message` on standard error and returns the exit for bad input (code 2)."""
     typer.echo(message, err=True)
     return typer.Exit(code=2)
+
+
+def _problems(e: Any) -> str:
+    """A pydantic ``ValidationError`` as one line: ``field: message; ...``."""
+    return "; ".join(
+        f"{'.'.join(map(str, err['loc'])) or 'settings'}: {err['msg']}" for err in e.errors()
+    )
 
 
 def _load_engine(bundle: Path) -> Engine:
@@ -217,10 +225,68 @@ def pdp(
             envvar="SVC_PDP_MAX_ENTITY_DEPTH", min=1, help="Longest parent chain of an entity."
         ),
     ] = 64,
+    auth: Annotated[
+        str | None,
+        typer.Option(help="jwt or none (SVC_PDP_AUTH; default jwt once an issuer is set)."),
+    ] = None,
+    auth_issuer: Annotated[
+        str | None, typer.Option(help="The accepted token issuer, iss (SVC_PDP_AUTH_ISSUER).")
+    ] = None,
+    auth_jwks: Annotated[
+        str | None,
+        typer.Option(help="The issuer's keys: https:// URL or file:// path (SVC_PDP_AUTH_JWKS)."),
+    ] = None,
+    auth_jwks_ca_file: Annotated[
+        Path | None, typer.Option(help="CA of the JWKS server (SVC_PDP_AUTH_JWKS_CA_FILE).")
+    ] = None,
+    auth_audience: Annotated[
+        str | None, typer.Option(help="The aud tokens must name (SVC_PDP_AUTH_AUDIENCE; svc-pdp).")
+    ] = None,
+    auth_callers: Annotated[
+        str | None,
+        typer.Option(help="Allowed callers' sub values, comma-separated (SVC_PDP_AUTH_CALLERS)."),
+    ] = None,
+    auth_jwks_refresh_secs: Annotated[
+        float | None, typer.Option(help="JWKS reload interval (SVC_PDP_AUTH_JWKS_REFRESH_SECS).")
+    ] = None,
+    auth_leeway_secs: Annotated[
+        int | None, typer.Option(help="Clock skew allowed on exp/nbf (SVC_PDP_AUTH_LEEWAY_SECS).")
+    ] = None,
+    auth_cache_entries: Annotated[
+        int | None,
+        typer.Option(help="Verified tokens cached; 0: none (SVC_PDP_AUTH_CACHE_ENTRIES)."),
+    ] = None,
+    auth_cache_ttl_secs: Annotated[
+        int | None,
+        typer.Option(help="Longest trust in a cached token (SVC_PDP_AUTH_CACHE_TTL_SECS)."),
+    ] = None,
 ) -> None:
-    """Run the decision point (gRPC + HTTP on one port) over one bundle directory."""
+    """Run the decision point (gRPC + HTTP on one port) over one bundle directory.
+
+    Bearer-token settings (--auth-*, SVC_PDP_AUTH_*): docs/auth.md. Without them the decision
+    point serves anyone and may only bind a loopback address.
+    """
+    from pydantic import ValidationError
+
+    from svc.common.auth import AuthConfigError, PdpAuthSettings
     from svc.pdp.server import StandaloneOptions, run_standalone
 
+    overrides: dict[str, Any] = {
+        "auth": auth,
+        "auth_issuer": auth_issuer,
+        "auth_jwks": auth_jwks,
+        "auth_jwks_ca_file": auth_jwks_ca_file,
+        "auth_audience": auth_audience,
+        "auth_callers": auth_callers,
+        "auth_jwks_refresh_secs": auth_jwks_refresh_secs,
+        "auth_leeway_secs": auth_leeway_secs,
+        "auth_cache_entries": auth_cache_entries,
+        "auth_cache_ttl_secs": auth_cache_ttl_secs,
+    }
+    try:
+        auth_settings = PdpAuthSettings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as e:
+        raise _fail(f"svc pdp: bad settings: {_problems(e)}") from e
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -242,12 +308,15 @@ def pdp(
         max_batch_items=max_batch_items,
         max_inline_entities=max_inline_entities,
         max_entity_depth=max_entity_depth,
+        auth=auth_settings,
     )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     try:
         run_standalone(bundle, opts, stop)
+    except AuthConfigError as e:
+        raise _fail(f"svc pdp: {e}") from e
     except BundleError as e:
         raise _fail(str(e)) from e
     except RequestError as e:
@@ -289,10 +358,7 @@ def intake(
     try:
         settings = IntakeSettings(**{k: v for k, v in overrides.items() if v is not None})
     except ValidationError as e:
-        problems = "; ".join(
-            f"{'.'.join(map(str, err['loc'])) or 'settings'}: {err['msg']}" for err in e.errors()
-        )
-        raise _fail(f"svc intake: bad settings: {problems}") from e
+        raise _fail(f"svc intake: bad settings: {_problems(e)}") from e
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

@@ -12,9 +12,17 @@ a ClickHouse server. The records are the same as in production: the decision log
 the intake's transactional producers and the loader run unchanged on top.
 
 The data directory keeps everything across restarts: the topic log (records not loaded yet are
-loaded after a restart), the history, the decision-log spool, the intake token and the policy
-bundle. Without ``--bundle`` the bundle is the demo company's (``svc.demo``), written on the
-first start and reloaded whenever its files change.
+loaded after a restart), the history, the decision-log spool, the intake token, the local token
+issuer's key and the policy bundle.
+
+Callers (docs/auth.md): the decision point and the history take bearer tokens of a local issuer
+(``svc.common.auth.LocalIssuer``, an ES256 key in ``<data_dir>/issuer/``). Each start writes a
+fresh caller token for the person at this machine to ``<data_dir>/caller.token`` (mode 0600,
+``sub`` ``svc-local``, audience both components, valid 24 hours and renewed every 12 hours while
+``svc up`` runs); the demo traffic calls as ``svc-demo``. The intake keeps its own token.
+
+Without ``--bundle`` the bundle is the demo company's (``svc.demo``), written on the first start
+and reloaded whenever its files change.
 
 Refusals happen before anything starts: a port in use, or another ``svc up`` on the same data
 directory (an exclusive ``flock`` on ``<data_dir>/svc-up.lock``).
@@ -46,6 +54,13 @@ from rich.status import Status
 
 from svc import history
 from svc.broker import LOCAL_SCHEME, LocalLog
+from svc.common.auth import (
+    AuthConfigError,
+    HistoryAuthSettings,
+    LocalIssuer,
+    PdpAuthSettings,
+    write_secret,
+)
 from svc.history.loader import EVENTS_TOPIC, Loader
 from svc.history.service import create_app as history_app
 from svc.history.service import totals
@@ -68,6 +83,16 @@ log = logging.getLogger("svc.up")
 
 #: How often the topic log drops records past its retention (seconds).
 TRIM_INTERVAL = 3600.0
+
+#: ``sub`` of the caller token ``svc up`` writes to ``<data_dir>/caller.token``.
+LOCAL_CALLER = "svc-local"
+
+#: ``sub`` of the demo traffic's token (``svc demo``, ``svc up --demo``).
+DEMO_CALLER = "svc-demo"
+
+#: Lifetime of a caller token (a working day and then some), in seconds; ``svc up`` writes a
+#: new one every half of it.
+CALLER_TOKEN_LIFETIME_SECS = 24 * 3600
 
 
 def default_data_dir() -> Path:
@@ -207,8 +232,9 @@ class Stack:
         options: the settings.
         progress: called with a short phrase as each step starts (the progress line).
 
-    Attributes after ``start``: ``urls``, ``bundle_dir``, ``intake_token``, ``history``
-    (the chDB client), ``loader``, ``log`` (the topic log).
+    Attributes after ``start``: ``urls``, ``bundle_dir``, ``intake_token``, ``issuer`` (the
+    local token issuer), ``caller_token_path``, ``history`` (the chDB client), ``loader``,
+    ``log`` (the topic log).
 
     """
 
@@ -227,6 +253,8 @@ class Stack:
         )
         self.bundle_dir = options.bundle or d / "bundle"
         self.intake_token = ""
+        self.issuer: LocalIssuer | None = None
+        self.caller_token_path = d / "caller.token"
         self.history: Client | None = None
         self.loader: Loader | None = None
         self.log: LocalLog | None = None
@@ -296,6 +324,7 @@ class Stack:
             DataDirBusy: another ``svc up`` holds the data directory (nothing started).
             BundleError: the bundle does not load.
             OSError: a listener or a file could not be opened.
+            AuthConfigError: the local issuer's JWKS could not be loaded.
 
         """
         try:
@@ -333,6 +362,16 @@ class Stack:
         self._provision_bundle()
         self.intake_token = _token(d / "intake.token")
 
+        self.progress("starting the local token issuer")
+        self.issuer = LocalIssuer(d / "issuer")
+        self.write_caller_token()
+        threading.Thread(target=self._renew, name="svc-up-caller-token", daemon=True).start()
+        common_auth: dict[str, Any] = {
+            "auth": "jwt",
+            "auth_issuer": self.issuer.issuer,
+            "auth_jwks": self.issuer.jwks_url,
+        }
+
         self.progress("starting the decision point")
         pdp_opts = StandaloneOptions(
             host=o.host,
@@ -340,6 +379,7 @@ class Stack:
             mode=o.mode,
             kafka_url=self.broker_url,
             spool_dir=d / "pdp-spool",
+            auth=PdpAuthSettings(**common_auth, auth_callers=[LOCAL_CALLER, DEMO_CALLER]),
         )
         prepare = self._provision_engine if o.bundle is None else None
         self._exit.enter_context(serve_bundle(self.bundle_dir, pdp_opts, prepare))
@@ -356,7 +396,12 @@ class Stack:
         )
         intake = intake_app(settings)
         loader_thread = self._loader_thread
-        hist = history_app(self.history, self.loader, ready=loader_thread.is_alive)
+        hist = history_app(
+            self.history,
+            self.loader,
+            auth=HistoryAuthSettings(**common_auth, auth_callers=[LOCAL_CALLER]),
+            ready=loader_thread.is_alive,
+        )
         common: dict[str, Any] = {
             "host": o.host,
             "log_level": "warning",
@@ -379,6 +424,34 @@ class Stack:
             if time.monotonic() > deadline:
                 raise OSError(f"the intake did not get ready: {pool.not_ready_reason}")
             time.sleep(0.05)
+
+    def write_caller_token(self) -> None:
+        """Writes a new caller token to ``caller_token_path`` (mode 0600).
+
+        The token: ``sub`` ``LOCAL_CALLER``, audience ``svc-pdp`` and ``svc-history``, valid
+        ``CALLER_TOKEN_LIFETIME_SECS``.
+
+        Raises:
+            OSError: the file cannot be written.
+
+        """
+        assert self.issuer is not None
+        token = self.issuer.mint(
+            LOCAL_CALLER, ["svc-pdp", "svc-history"], CALLER_TOKEN_LIFETIME_SECS
+        )
+        write_secret(self.caller_token_path, token)
+
+    def demo_token(self) -> str:
+        """A token for the demo traffic (``DEMO_CALLER``, audience ``svc-pdp``, valid an hour)."""
+        assert self.issuer is not None
+        return self.issuer.mint(DEMO_CALLER, "svc-pdp", 3600)
+
+    def _renew(self) -> None:
+        while not self._trim_stop.wait(CALLER_TOKEN_LIFETIME_SECS / 2):
+            try:
+                self.write_caller_token()
+            except OSError:
+                log.exception("could not renew %s", self.caller_token_path)
 
     def _load(self) -> None:
         assert self.loader is not None
@@ -477,6 +550,8 @@ def _banner(stack: Stack, seconds: float) -> str:
             f"  intake          {u.intake}   POST /v1/events (bearer token in "
             f"{d / 'intake.token'})",
             f"  history         {u.history}   GET /v1/history/decisions?principal=Type::id",
+            f"  caller token    {stack.caller_token_path} (Authorization: Bearer, for the "
+            "decision point and the history)",
             f"  bundle          {stack.bundle_dir} (reloaded when its files change)",
             f"  mode            {o.mode}",
         ]
@@ -519,7 +594,7 @@ def run(options: UpOptions, *, demo_checks: int = 0, keep_serving: bool = True) 
     except KeyboardInterrupt:
         err.print("svc up: interrupted while starting; stopped")
         return 130
-    except OSError as e:
+    except (OSError, AuthConfigError) as e:
         err.print(f"svc up: could not start: {e}")
         return 2
 
@@ -573,6 +648,7 @@ def run_demo(stack: Stack, checks: int, err: Console) -> str:
             stack.urls.pdp,
             stack.urls.intake,
             stack.intake_token,
+            pdp_token=stack.demo_token(),
             checks=checks,
             progress=progress,
         )

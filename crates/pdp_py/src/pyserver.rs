@@ -2,8 +2,9 @@
 //! [`crate::server`]) from Python, and takes the control plane's readiness and reload signals.
 //! Every method that waits releases the GIL; requests never take it.
 
+use crate::server::auth::{AuthConfig, Authenticator};
 use crate::server::{self, Config, Running};
-use pyo3::exceptions::{PyOSError, PyRuntimeError};
+use pyo3::exceptions::{PyOSError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -33,7 +34,7 @@ impl Server {
 #[pymethods]
 impl Server {
     #[new]
-    #[pyo3(signature = (engine, host="127.0.0.1", port=8080, max_body_bytes=1_048_576, workers=0, public_url=None, version=None, noop_routes=false, decision_log=None, pdp_name=None, max_batch_items=1_000))]
+    #[pyo3(signature = (engine, host="127.0.0.1", port=8080, max_body_bytes=1_048_576, workers=0, public_url=None, version=None, noop_routes=false, decision_log=None, pdp_name=None, max_batch_items=1_000, auth_issuer=None, auth_audience="svc-pdp", auth_callers=Vec::new(), auth_leeway_secs=30, auth_cache_entries=10_000, auth_cache_ttl_secs=60))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         engine: &crate::Engine,
@@ -47,8 +48,37 @@ impl Server {
         decision_log: Option<&crate::pylog::DecisionLog>,
         pdp_name: Option<String>,
         max_batch_items: usize,
-    ) -> Self {
-        Self {
+        auth_issuer: Option<String>,
+        auth_audience: &str,
+        auth_callers: Vec<String>,
+        auth_leeway_secs: u64,
+        auth_cache_entries: usize,
+        auth_cache_ttl_secs: u64,
+    ) -> PyResult<Self> {
+        let auth = match auth_issuer {
+            None => None,
+            Some(issuer) => {
+                if issuer.is_empty() || auth_audience.is_empty() {
+                    return Err(PyValueError::new_err(
+                        "auth_issuer and auth_audience must not be empty",
+                    ));
+                }
+                if auth_callers.is_empty() {
+                    return Err(PyValueError::new_err(
+                        "auth_callers is empty: every request would be refused; list the callers' `sub` values (docs/auth.md)",
+                    ));
+                }
+                Some(Arc::new(Authenticator::new(AuthConfig {
+                    issuer,
+                    audience: auth_audience.to_owned(),
+                    callers: auth_callers.into_iter().collect(),
+                    leeway_secs: auth_leeway_secs,
+                    cache_entries: auth_cache_entries,
+                    cache_ttl_secs: auth_cache_ttl_secs,
+                })))
+            }
+        };
+        Ok(Self {
             engine: engine.shared(),
             log: decision_log.map(|l| l.inner.clone()),
             config: Config {
@@ -61,9 +91,28 @@ impl Server {
                 noop_routes,
                 pdp_name: pdp_name.unwrap_or_else(|| "svc-pdp".to_owned()),
                 max_batch_items,
+                auth,
             },
             running: Mutex::new(None),
-        }
+        })
+    }
+
+    /// Loads the issuer's keys (a JWK Set document as JSON text, RFC 7517 section 5) for
+    /// bearer-token checks, replacing the previous ones and dropping every cached verification.
+    /// Works before and after `start()`. Returns how many RS256/ES256 keys were taken; raises
+    /// `ValueError` naming the problem when the text is not a JWK Set or holds no usable key
+    /// (the keys in force stay), `RuntimeError` when the server was made without `auth_issuer`.
+    fn set_jwks(&self, jwks: &str) -> PyResult<usize> {
+        let auth = self.config.auth.as_ref().ok_or_else(|| {
+            PyRuntimeError::new_err("this server checks no tokens (made without auth_issuer)")
+        })?;
+        auth.set_jwks(jwks).map_err(PyValueError::new_err)
+    }
+
+    /// Whether every route but the probes needs a bearer token (made with `auth_issuer`).
+    #[getter]
+    fn auth_enabled(&self) -> bool {
+        self.config.auth.is_some()
     }
 
     /// Binds and starts serving; returns the bound port. Raises `OSError` when the address

@@ -637,12 +637,14 @@ class _Driver:
         token: str,
         seed: int,
         now: datetime | None,
+        pdp_token: str | None = None,
     ) -> None:
         self.c = company
         self.http = http
         self.pdp = pdp_url.rstrip("/")
         self.intake = intake_url.rstrip("/")
         self.auth = {"Authorization": f"Bearer {token}"}
+        self.pdp_auth = {"Authorization": f"Bearer {pdp_token}"} if pdp_token else {}
         self.rng = random.Random(seed + 1)
         started = datetime.now(UTC)
         self.report = DriveReport(started_at=started)
@@ -660,7 +662,7 @@ class _Driver:
         )
 
     def post(self, url: str, body: Json) -> Json:
-        r = self.http.post(url, json=body)
+        r = self.http.post(url, json=body, headers=self.pdp_auth)
         if r.status_code != 200:
             raise TrafficError(f"POST {url}: {r.status_code} {r.text[:500]}")
         out: Json = r.json()
@@ -824,6 +826,7 @@ def drive(
     intake_url: str,
     intake_token: str,
     *,
+    pdp_token: str | None = None,
     checks: int = 2000,
     seed: int = 7,
     now: datetime | None = None,
@@ -836,6 +839,8 @@ def drive(
         pdp_url: base URL of the decision point's HTTP API (``http://127.0.0.1:8080``).
         intake_url: base URL of the intake.
         intake_token: the intake token (``Authorization: Bearer``, SPEC 5).
+        pdp_token: a bearer JWT for the decision point when it checks callers (docs/auth.md);
+            None sends none.
         checks: how many checks to send (see ``scenarios``).
         seed: the seed of ``scenarios`` and of the apps' choices (which refusals they report).
         now: the time of the first event (later ones follow the monotonic clock); default the
@@ -854,7 +859,7 @@ def drive(
     traffic = scenarios(company, checks=checks, seed=seed)
     say = progress or (lambda _: None)
     with httpx.Client(timeout=30.0) as http:
-        d = _Driver(company, http, pdp_url, intake_url, intake_token, seed, now)
+        d = _Driver(company, http, pdp_url, intake_url, intake_token, seed, now, pdp_token)
         for n, step in enumerate(traffic.steps, 1):
             if isinstance(step, PlanCase):
                 d.plan(step)

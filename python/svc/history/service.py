@@ -26,6 +26,11 @@ answers HEAD too, and every answer carries ``X-Request-ID`` (``svc.web``). docs/
 ``/readyz`` answers 503 (``urn:svc:problem:not-ready``, with the reasons) while the loader is not
 running, is failing or is behind (``Loader.health``), and ``/metrics`` exports the same health
 as gauges (docs/history.md, "Readiness and metrics").
+
+The ``/v1/history/*`` routes take only the callers its settings list (docs/auth.md: the portal,
+the reasoner, the policy service's dry runs; ``svc up``'s local caller): a bearer JWT checked by
+``svc.common.auth``, 401 without a valid one, 403 for a caller not listed. The token is checked
+before the parameters. The four probes take no token.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, gen
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from svc import __version__, web
+from svc.common.auth import AuthSettings, Verifier, bearer_dependency
 from svc.history import queries
 from svc.history.loader import Loader
 from svc.identifiers import identifier_problem
@@ -204,6 +210,7 @@ def create_app(
     client: Client,
     loader: Loader | None = None,
     *,
+    auth: AuthSettings,
     ready: Callable[[], bool] | None = None,
     now: Callable[[], datetime] = lambda: datetime.now(UTC),
 ) -> FastAPI:
@@ -213,13 +220,24 @@ def create_app(
         client: the history store (``svc.history.connect``).
         loader: the running loader whose counters and health ``/metrics`` reports and whose
             health ``/readyz`` requires (None: queries only).
+        auth: who may read (``HistoryAuthSettings``, docs/auth.md); with auth off the reads
+            are open, which the caller may allow on a loopback bind only
+            (``AuthSettings.check_bind``).
         ready: whether the loader runs (``/readyz``); default: always once started.
         now: the clock (tests).
 
     Returns:
         A FastAPI app; it starts and stops nothing itself.
 
+    Raises:
+        AuthConfigError: auth is on and the issuer's JWKS cannot be loaded.
+
     """
+    guard = []
+    if auth.enabled:
+        verifier = Verifier(auth)
+        verifier.source.keys()  # fail at start, not on the first request
+        guard = [Depends(bearer_dependency(verifier))]
     registry = CollectorRegistry(auto_describe=True)
     gauges = {
         name: Gauge(f"svc_history_loader_{name}", help_, registry=registry)
@@ -348,13 +366,14 @@ def create_app(
             health_gauges["lag_records"].set(h.lag or 0)
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/v1/history/totals", responses=unavailable)
+    @app.get("/v1/history/totals", responses=unavailable, dependencies=guard)
     def get_totals() -> dict[str, int]:
         """Rows in decisions, events and rejected."""
         return dict(run(lambda: totals(client)))
 
     @app.get(
         "/v1/history/decisions",
+        dependencies=guard,
         responses={
             200: {
                 "description": "rows, oldest first; one decision for `qid`",
@@ -409,7 +428,7 @@ def create_app(
             return run(lambda: queries.decisions_of_resource(client, r, start, end, limit=limit))
         raise _bad("principal", "give `principal`, `resource` or `qid`")
 
-    @app.get("/v1/history/events", responses={200: _ROWS, **unavailable})
+    @app.get("/v1/history/events", responses={200: _ROWS, **unavailable}, dependencies=guard)
     def events(
         principal: _Ref = None,
         resource: _Ref = None,
@@ -436,7 +455,7 @@ def create_app(
             return run(lambda: queries.events_of_resource(client, r, start, end, limit=limit))
         raise _bad("principal", "give `principal` or `resource`")
 
-    @app.get("/v1/history/counts", responses=unavailable)
+    @app.get("/v1/history/counts", responses=unavailable, dependencies=guard)
     def counts(principal: _RequiredRef, since: _Time = None, until: _Time = None) -> Any:
         """``verdict_counts`` of a principal over the range."""
         p = _ref(principal, "principal")

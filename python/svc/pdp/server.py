@@ -8,6 +8,12 @@ mode: load one bundle directory, serve it, and reload it atomically when its fil
 not parse or validate) keeps the previous bundle serving; the error is logged, shown in
 ``/readyz``'s body and reported by the ``svc_pdp_bundle_error`` metric until a good reload.
 
+Callers (docs/auth.md): with ``StandaloneOptions.auth`` on, every route but the probes needs a
+bearer token, checked by the Rust listener against the issuer's JWKS, which this module loads
+(``svc.common.auth.JwksSource``) before the listener starts and reloads every
+``auth_jwks_refresh_secs`` for key rotation (``JwksRefresher``). With auth off, only a loopback
+bind is allowed: ``serve_bundle`` refuses any other host before anything starts.
+
 Standalone mode has no svc-challenge (SPEC 1), so challenge verdicts carry no
 ``challenge_qid`` and ``POST /v1/access/challenge`` answers 503 naming the missing service. It
 has no containment feed either: the containment list is the (empty) one of the bundle, so it
@@ -16,19 +22,27 @@ counts as loaded.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import watchfiles
 
 from svc._pdp_core import BundleError, DecisionLog, Engine, Server, set_limits
+from svc.common.auth import AuthConfigError, JwksSource, PdpAuthSettings
 from svc.pdp.decision_log import DECISIONS_TOPIC, Shipper, bootstrap_servers
 
-__all__ = ["BundleWatcher", "StandaloneOptions", "run_standalone", "serve_bundle"]
+__all__ = [
+    "BundleWatcher",
+    "JwksRefresher",
+    "StandaloneOptions",
+    "run_standalone",
+    "serve_bundle",
+]
 
 log = logging.getLogger("svc.pdp")
 
@@ -116,6 +130,68 @@ class BundleWatcher:
                 self.reload()
 
 
+class JwksRefresher:
+    """Reloads the issuer's JWKS into a server every ``refresh_secs`` (key rotation).
+
+    Args:
+        server: a server made with ``auth_issuer`` (``Server.set_jwks``).
+        source: where the keys are (``svc.common.auth.JwksSource``).
+        refresh_secs: seconds between reloads.
+
+    A reload that fails (issuer unreachable, a document without usable keys) keeps the keys in
+    force and is logged; an unchanged document is not handed over again, so the listener's
+    verified-token cache survives it. Runs in a daemon thread; ``stop()`` ends it.
+
+    """
+
+    def __init__(self, server: Server, source: JwksSource, refresh_secs: float) -> None:
+        self.server = server
+        self.source = source
+        self.refresh_secs = refresh_secs
+        self.loaded: str | None = None
+        self.failures = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="svc-jwks-refresh", daemon=True)
+
+    def load(self) -> int:
+        """Loads the JWKS now and hands it to the server when it changed.
+
+        Returns:
+            Keys in force (0 when the document is unchanged).
+
+        Raises:
+            AuthConfigError: the JWKS cannot be loaded or holds no RS256/ES256 key.
+
+        """
+        text = json.dumps(self.source.document(), sort_keys=True)
+        if text == self.loaded:
+            return 0
+        try:
+            n = self.server.set_jwks(text)
+        except ValueError as e:
+            raise AuthConfigError(f"the JWKS at {self.source.url} is not usable: {e}") from e
+        self.loaded = text
+        log.info("loaded %d signing keys from %s", n, self.source.url)
+        return n
+
+    def start(self) -> None:
+        """Starts reloading in the background."""
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stops reloading and waits for the thread."""
+        self._stop.set()
+        self._thread.join(timeout=15)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.refresh_secs):
+            try:
+                self.load()
+            except AuthConfigError as e:
+                self.failures += 1
+                log.error("JWKS reload failed, the previous keys stay in force: %s", e)
+
+
 @dataclass
 class StandaloneOptions:
     """Settings of ``svc pdp`` (each is also an environment variable, see ``svc pdp --help``).
@@ -141,6 +217,8 @@ class StandaloneOptions:
         max_entity_depth: longest parent chain of inline, stored and bundle entities (a request
             over it is a 400, a bundle over it does not load). These three are the limits of
             docs/api.md, "Limits"; the last two are process-wide (``svc.pdp.set_limits``).
+        auth: who may call (docs/auth.md); default from ``SVC_PDP_AUTH*``, off without an
+            issuer (then only a loopback ``host`` is allowed).
 
     """
 
@@ -161,6 +239,7 @@ class StandaloneOptions:
     max_batch_items: int = 1_000
     max_inline_entities: int = 1_000
     max_entity_depth: int = 64
+    auth: PdpAuthSettings = field(default_factory=PdpAuthSettings)
 
 
 @contextmanager
@@ -182,6 +261,8 @@ def serve_bundle(
         The running ``Server`` (read ``server.port`` when ``port=0``); it is ready.
 
     Raises:
+        AuthConfigError: auth is off and ``options.host`` is not a loopback address, or the
+            issuer's JWKS cannot be loaded (nothing is served).
         BundleError: the bundle does not load at start (nothing is served).
         RequestError: ``options.mode`` is neither ``monitor`` nor ``enforce``.
         OSError: the port cannot be bound, or the spool directory cannot be opened.
@@ -190,6 +271,8 @@ def serve_bundle(
 
     """
     opts = options or StandaloneOptions()
+    auth = opts.auth
+    auth.check_bind(opts.host)
     decision_log: DecisionLog | None = None
     shipper: Shipper | None = None
     if opts.kafka_url:
@@ -217,8 +300,22 @@ def serve_bundle(
         noop_routes=opts.noop_routes,
         decision_log=decision_log,
         max_batch_items=opts.max_batch_items,
+        auth_issuer=auth.auth_issuer if auth.enabled else None,
+        auth_audience=auth.auth_audience,
+        auth_callers=auth.auth_callers,
+        auth_leeway_secs=auth.auth_leeway_secs,
+        auth_cache_entries=auth.auth_cache_entries,
+        auth_cache_ttl_secs=auth.auth_cache_ttl_secs,
     )
+    refresher: JwksRefresher | None = None
+    if auth.enabled:
+        refresher = JwksRefresher(
+            server, JwksSource.from_settings(auth), auth.auth_jwks_refresh_secs
+        )
+        refresher.load()
     server.start()
+    if refresher is not None:
+        refresher.start()
     if shipper is not None:
         shipper.start()
     watcher = BundleWatcher(engine, server, bundle_dir) if opts.watch else None
@@ -231,6 +328,8 @@ def serve_bundle(
     finally:
         if watcher is not None:
             watcher.stop()
+        if refresher is not None:
+            refresher.stop()
         server.stop()
         if shipper is not None:
             shipper.stop()
@@ -240,15 +339,19 @@ def run_standalone(bundle_dir: Path, options: StandaloneOptions, stop: threading
     """Serves `bundle_dir` until `stop` is set (``svc pdp``'s main loop).
 
     Raises:
-        BundleError, RequestError, OSError: as ``serve_bundle``.
+        AuthConfigError, BundleError, RequestError, OSError: as ``serve_bundle``.
 
     """
     with serve_bundle(bundle_dir, options) as server:
+        a = options.auth
         log.info(
-            "svc-pdp serving %s on http://%s:%d (gRPC and HTTP), mode %s",
+            "svc-pdp serving %s on http://%s:%d (gRPC and HTTP), mode %s, %s",
             bundle_dir,
             options.host,
             server.port or 0,
             options.mode,
+            f"bearer tokens of {a.auth_issuer} for {len(a.auth_callers)} callers"
+            if a.enabled
+            else "no authentication (loopback only)",
         )
         stop.wait()

@@ -166,8 +166,9 @@ pub fn router(shared: Arc<Shared>, grpc: Router) -> Router {
     let http = http
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(shared.clone());
-    grpc.merge(http)
-        .fallback(not_found)
+    let app = grpc.merge(http).fallback(not_found);
+    // Bearer tokens (docs/auth.md) inside `around`, so refusals are counted and echo the id.
+    super::auth::guard(app, shared.config.auth.clone())
         .layer(middleware::from_fn_with_state(shared, around))
 }
 

@@ -12,7 +12,9 @@
 //! * [`http`]: HTTP routes, RFC 9457 problem details, AuthZEN.
 //! * [`grpc`]: the tonic service and the proto <-> JSON mapping.
 //! * [`metrics`]: Prometheus metrics.
+//! * [`auth`]: bearer-token authentication of callers (docs/auth.md).
 
+pub mod auth;
 pub mod grpc;
 pub mod http;
 pub mod metrics;
@@ -53,6 +55,9 @@ pub struct Config {
     /// Most evaluations one AuthZEN `evaluations` request may carry; more is a `400` naming
     /// the limit (docs/api.md, "Limits").
     pub max_batch_items: usize,
+    /// Who may call (docs/auth.md): every route but the probes needs a bearer token when set;
+    /// `None` serves everyone (loopback only, which `svc.pdp.server` enforces).
+    pub auth: Option<Arc<auth::Authenticator>>,
 }
 
 /// What every request handler shares.

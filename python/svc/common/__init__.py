@@ -1,0 +1,1 @@
+"""Code every svc component shares: caller authentication (``svc.common.auth``, docs/auth.md)."""

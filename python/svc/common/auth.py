@@ -1,0 +1,725 @@
+"""Who may call a component: bearer-token settings, verification and the local issuer.
+
+Every svc API other than ``/healthz``, ``/readyz``, ``/version`` and ``/metrics`` takes
+``Authorization: Bearer <JWT>`` (RFC 6750 section 2.1): a JWT (RFC 7519) signed with RS256 or
+ES256 by a key of the configured issuer's JWKS (RFC 7517), whose ``iss`` is that issuer, whose
+``aud`` names the component (``svc-pdp``, ``svc-history``), which has not expired, and whose
+``sub`` is one of the callers the component's settings list. docs/auth.md has the callers
+table, every setting and the answers; the intake keeps its own token (docs/intake.md).
+
+This module holds what the Python side of every component shares:
+
+* ``AuthSettings`` (and ``PdpAuthSettings``, ``HistoryAuthSettings``): the settings, read from
+  ``SVC_<COMPONENT>_AUTH*`` environment variables or given as keyword arguments;
+* ``JwksSource``: the issuer's keys from an ``https://`` URL (pyjwt's ``PyJWKClient``, with an
+  optional CA file) or a ``file://`` path, refreshed for key rotation;
+* ``Verifier``: pyjwt verification (RS256/ES256 only; ``exp``, ``iss``, ``aud``, ``sub``
+  required) and the caller check, raising ``AuthError`` (401 or 403);
+* ``bearer_dependency``: the FastAPI dependency (``HTTPBearer``) the Python services put on
+  their routes;
+* ``LocalIssuer``: the issuer ``svc up`` runs, an ES256 key kept in ``<data dir>/issuer/`` with
+  its JWKS beside it, which mints caller tokens.
+
+The decision point's listener is Rust and verifies tokens itself (``crates/pdp_py/src/server/
+auth.rs``), with the same rules and texts; ``svc.pdp.server`` loads its JWKS through
+``JwksSource`` and hands it over. Tokens are never logged.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import ipaddress
+import json
+import logging
+import os
+import ssl
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, ClassVar, Literal
+from urllib.parse import unquote, urlparse
+
+import jwt
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from fastapi import Depends
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+__all__ = [
+    "ACCEPTED_ALGORITHMS",
+    "LOCAL_ISSUER",
+    "AuthConfigError",
+    "AuthError",
+    "AuthSettings",
+    "Caller",
+    "HistoryAuthSettings",
+    "JwksSource",
+    "LocalIssuer",
+    "PdpAuthSettings",
+    "Verifier",
+    "bearer_dependency",
+    "is_loopback",
+    "write_secret",
+]
+
+log = logging.getLogger("svc.auth")
+
+#: The only signature algorithms accepted (RFC 7518 section 3.1: RS256 and ES256).
+ACCEPTED_ALGORITHMS = ("RS256", "ES256")
+
+#: Claims every token must carry (RFC 7519 section 4.1).
+REQUIRED_CLAIMS = ("exp", "iss", "aud", "sub")
+
+#: ``iss`` of the tokens ``LocalIssuer`` mints (``svc up``'s issuer).
+LOCAL_ISSUER = "urn:svc:local-issuer"
+
+#: Seconds between two forced JWKS refreshes for an unknown ``kid`` (a token naming a key the
+#: issuer rotated in); bounds what a flood of made-up ``kid`` values can cost.
+UNKNOWN_KID_COOLDOWN_SECS = 30.0
+
+#: Longest ``kid`` quoted back in an error.
+_MAX_KID_QUOTED = 64
+
+MISSING_TOKEN = (
+    "no bearer token: send `Authorization: Bearer <JWT>` (gRPC: the `authorization` metadata "
+    "entry); see docs/auth.md"
+)
+
+
+class AuthConfigError(ValueError):
+    """The authentication settings cannot work (the message names the setting and the fix)."""
+
+
+@dataclass(frozen=True)
+class AuthError(Exception):
+    """A refused request.
+
+    Attributes:
+        status: 401 (no token, or a token that does not verify) or 403 (a valid token whose
+            ``sub`` is not an allowed caller).
+        detail: what was wrong, for the problem's ``detail`` (never the token itself).
+        missing: True when no bearer token was sent (RFC 6750 section 3.1: no error code then).
+
+    """
+
+    status: int
+    detail: str
+    missing: bool = False
+
+    def __str__(self) -> str:
+        """``<status>: <detail>``."""
+        return f"{self.status}: {self.detail}"
+
+    def www_authenticate(self, realm: str) -> str | None:
+        """The ``WWW-Authenticate`` challenge of a 401 (RFC 6750 section 3), else None."""
+        if self.status != 401:
+            return None
+        if self.missing:
+            return f'Bearer realm="{realm}"'
+        return f'Bearer realm="{realm}", error="invalid_token"'
+
+
+@dataclass(frozen=True)
+class Caller:
+    """A verified caller.
+
+    Attributes:
+        sub: the token's ``sub`` (an allowed caller).
+        claims: every claim of the token.
+
+    """
+
+    sub: str
+    claims: dict[str, Any]
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding `host` listens on this machine only.
+
+    Args:
+        host: an address (``127.0.0.1``, ``::1``, ``0.0.0.0``) or a host name.
+
+    Returns:
+        True for ``localhost`` and loopback addresses (127.0.0.0/8, ::1); False for anything
+        else, the wildcard addresses and other host names included.
+
+    """
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip().strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+class AuthSettings(BaseSettings):
+    """Bearer-token settings of one component (docs/auth.md lists them per component).
+
+    Each component's subclass fixes the environment prefix and the audience
+    (``PdpAuthSettings``: ``SVC_PDP_AUTH*``, ``svc-pdp``; ``HistoryAuthSettings``:
+    ``SVC_HISTORY_AUTH*``, ``svc-history``).
+
+    Raises:
+        pydantic.ValidationError: with ``auth = "jwt"`` (the default once an issuer is set),
+            the issuer, the JWKS or the callers are missing, or the JWKS is neither an
+            ``https://`` URL nor a ``file://`` path.
+
+    """
+
+    model_config = SettingsConfigDict(extra="forbid")
+
+    #: The component's name in messages (``svc-pdp``).
+    component: ClassVar[str] = "svc"
+
+    auth: Literal["jwt", "none"] | None = None
+    """``jwt`` checks bearer tokens; ``none`` serves everyone (loopback binds only). Default:
+    ``jwt`` when ``auth_issuer`` is set, else ``none``."""
+    auth_issuer: str | None = None
+    """The one accepted ``iss``. In Kubernetes, the cluster's service-account token issuer
+    (``kubectl get --raw /.well-known/openid-configuration``'s ``issuer``)."""
+    auth_jwks: str | None = None
+    """Where the issuer's keys are: ``https://...`` (Kubernetes: the ``jwks_uri`` of that
+    document) or ``file:///path/jwks.json`` (``svc up``'s local issuer)."""
+    auth_jwks_ca_file: Path | None = None
+    """PEM file of the CA that signed the JWKS server's certificate (default: the system's)."""
+    auth_audience: str = "svc"
+    """The ``aud`` a token must name: the component (``svc-pdp``, ``svc-history``)."""
+    auth_callers: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """The ``sub`` values allowed to call (the callers table of docs/auth.md); JSON list or
+    comma-separated."""
+    auth_jwks_refresh_secs: float = Field(default=300.0, gt=0, le=86_400)
+    """Seconds between JWKS reloads (key rotation)."""
+    auth_leeway_secs: int = Field(default=30, ge=0, le=300)
+    """Clock skew allowed on ``exp`` and ``nbf``, in seconds."""
+
+    @field_validator("auth_callers", mode="before")
+    @classmethod
+    def _split_callers(cls, v: Any) -> Any:
+        """Accepts a JSON list or a comma-separated string."""
+        if isinstance(v, str):
+            s = v.strip()
+            if s.startswith("["):
+                return json.loads(s)
+            return [p.strip() for p in s.split(",") if p.strip()]
+        return v
+
+    @model_validator(mode="after")
+    def _check(self) -> AuthSettings:
+        """Resolves ``auth`` and checks that ``jwt`` has what it needs."""
+        if self.auth is None:
+            self.auth = "jwt" if self.auth_issuer else "none"
+        if self.auth == "none":
+            return self
+        env = self.env_name
+        missing = [
+            env(name)
+            for name, value in (
+                ("auth_issuer", self.auth_issuer),
+                ("auth_jwks", self.auth_jwks),
+                ("auth_callers", self.auth_callers),
+            )
+            if not value
+        ]
+        if missing:
+            raise ValueError(
+                f"{self.component}: auth is jwt but {', '.join(missing)} "
+                f"{'is' if len(missing) == 1 else 'are'} not set (docs/auth.md)"
+            )
+        scheme = urlparse(self.auth_jwks or "").scheme
+        if scheme not in ("https", "file"):
+            raise ValueError(
+                f"{self.component}: {env('auth_jwks')} must be an https:// URL or a file:// "
+                f"path, not `{self.auth_jwks}`"
+            )
+        return self
+
+    @classmethod
+    def env_name(cls, field: str) -> str:
+        """The environment variable of a setting (``auth_callers`` -> ``SVC_PDP_AUTH_CALLERS``)."""
+        return f"{cls.model_config.get('env_prefix', '')}{field}".upper()
+
+    @property
+    def enabled(self) -> bool:
+        """Whether bearer tokens are checked."""
+        return self.auth == "jwt"
+
+    def check_bind(self, host: str) -> None:
+        """Refuses to serve beyond this machine without authentication.
+
+        Args:
+            host: the address the component will bind.
+
+        Raises:
+            AuthConfigError: auth is off and `host` is not a loopback address.
+
+        """
+        if self.enabled or is_loopback(host):
+            return
+        env = self.env_name
+        raise AuthConfigError(
+            f"{self.component}: refusing to listen on {host} without authentication: anyone "
+            f"who reaches the port could call it. Set {env('auth_issuer')}, "
+            f"{env('auth_jwks')} and {env('auth_callers')} (docs/auth.md), or bind to "
+            "127.0.0.1"
+        )
+
+
+class PdpAuthSettings(AuthSettings):
+    """The decision point's bearer-token settings: ``SVC_PDP_AUTH*``, audience ``svc-pdp``.
+
+    Adds the verified-token cache of the Rust listener (docs/auth.md, "Cost").
+    """
+
+    model_config = SettingsConfigDict(env_prefix="SVC_PDP_", extra="forbid")
+    component: ClassVar[str] = "svc-pdp"
+
+    auth_audience: str = "svc-pdp"
+    """The ``aud`` a token must name."""
+    auth_cache_entries: int = Field(default=10_000, ge=0, le=1_000_000)
+    """Verified tokens kept (an LRU map keyed by the token); 0 verifies every request."""
+    auth_cache_ttl_secs: int = Field(default=60, ge=1, le=3600)
+    """Longest time a cached verification is trusted (the token's ``exp`` may end it sooner)."""
+
+
+class HistoryAuthSettings(AuthSettings):
+    """The history's bearer-token settings: ``SVC_HISTORY_AUTH*``, audience ``svc-history``."""
+
+    model_config = SettingsConfigDict(env_prefix="SVC_HISTORY_", extra="forbid")
+    component: ClassVar[str] = "svc-history"
+
+    auth_audience: str = "svc-history"
+    """The ``aud`` a token must name."""
+
+
+def _ssl_context(ca_file: Path | None) -> ssl.SSLContext | None:
+    if ca_file is None:
+        return None
+    try:
+        return ssl.create_default_context(cafile=str(ca_file))
+    except (OSError, ssl.SSLError) as e:
+        raise AuthConfigError(f"cannot read the JWKS CA file {ca_file}: {e}") from e
+
+
+class JwksSource:
+    """The issuer's JWK Set (RFC 7517 section 5), from an ``https://`` URL or a ``file://`` path.
+
+    Args:
+        url: ``https://host/path`` (fetched with pyjwt's ``PyJWKClient``; redirects are not
+            followed) or ``file:///abs/path``.
+        ca_file: PEM CA bundle for the https server (default: the system's).
+        refresh_secs: how long a loaded set is used before it is loaded again.
+
+    Raises:
+        AuthConfigError: another scheme, or an unreadable CA file.
+
+    """
+
+    def __init__(self, url: str, ca_file: Path | None = None, refresh_secs: float = 300.0) -> None:
+        parsed = urlparse(url)
+        self.url = url
+        self.refresh_secs = refresh_secs
+        self._lock = threading.Lock()
+        self._keys: jwt.PyJWKSet | None = None
+        self._loaded_at = 0.0
+        self._forced_at = 0.0
+        self._client: jwt.PyJWKClient | None = None
+        self._path: Path | None = None
+        if parsed.scheme == "https":
+            self._client = jwt.PyJWKClient(
+                url,
+                cache_jwk_set=False,
+                timeout=10,
+                ssl_context=_ssl_context(ca_file),
+                headers={"accept": "application/json"},
+            )
+        elif parsed.scheme == "file":
+            self._path = Path(unquote(parsed.path))
+        else:
+            raise AuthConfigError(f"the JWKS must be an https:// URL or a file:// path: `{url}`")
+
+    @classmethod
+    def from_settings(cls, settings: AuthSettings) -> JwksSource:
+        """The source `settings` name (``auth_jwks``, ``auth_jwks_ca_file``, refresh).
+
+        Raises:
+            AuthConfigError: auth is off, or as the constructor.
+
+        """
+        if not settings.enabled or settings.auth_jwks is None:
+            raise AuthConfigError(f"{settings.component}: auth is off; there is no JWKS")
+        return cls(settings.auth_jwks, settings.auth_jwks_ca_file, settings.auth_jwks_refresh_secs)
+
+    def document(self) -> dict[str, Any]:
+        """Loads the JWK Set now.
+
+        Returns:
+            The JWK Set document (``{"keys": [...]}``).
+
+        Raises:
+            AuthConfigError: the file cannot be read, the URL cannot be fetched, or the answer
+                is not a JSON object with a ``keys`` list.
+
+        """
+        try:
+            if self._client is not None:
+                doc = self._client.fetch_data()
+            else:
+                assert self._path is not None
+                doc = json.loads(self._path.read_text(encoding="utf-8"))
+        except (OSError, ValueError, jwt.PyJWKClientError) as e:
+            raise AuthConfigError(f"cannot load the JWKS from {self.url}: {e}") from e
+        if not isinstance(doc, dict) or not isinstance(doc.get("keys"), list):
+            raise AuthConfigError(f"the JWKS at {self.url} is not a JWK Set (no `keys` list)")
+        return doc
+
+    def keys(self, refresh: bool = False) -> jwt.PyJWKSet:
+        """The parsed key set, loaded again once ``refresh_secs`` have passed (or when asked).
+
+        Raises:
+            AuthConfigError: loading failed and no set was loaded before (a failed reload keeps
+                the previous set and is logged).
+
+        """
+        with self._lock:
+            now = time.monotonic()
+            stale = self._keys is None or now - self._loaded_at >= self.refresh_secs
+            if stale or refresh:
+                try:
+                    self._keys = jwt.PyJWKSet.from_dict(self.document())
+                    self._loaded_at = now
+                except (AuthConfigError, jwt.PyJWTError) as e:
+                    if self._keys is None:
+                        raise AuthConfigError(
+                            f"no usable key in the JWKS at {self.url}: {e}"
+                        ) from e
+                    log.warning("JWKS reload failed, the previous keys stay: %s", e)
+                    self._loaded_at = now
+            assert self._keys is not None
+            return self._keys
+
+    def key_for(self, kid: str | None, alg: str) -> jwt.PyJWK | None:
+        """The signing key for a token's ``kid`` and ``alg``.
+
+        An unknown ``kid`` reloads the set once (at most every 30 s), for a key the issuer has
+        just rotated in. A token without ``kid`` gets the set's only key of that algorithm
+        without a ``kid``, if there is exactly one.
+
+        Returns:
+            The key, or None when the set has none for this ``kid`` and algorithm.
+
+        Raises:
+            AuthConfigError: as ``keys``.
+
+        """
+
+        def find(keys: jwt.PyJWKSet) -> jwt.PyJWK | None:
+            usable = [
+                k for k in keys if k.public_key_use in (None, "sig") and k.algorithm_name == alg
+            ]
+            if kid is None:
+                anonymous = [k for k in usable if k.key_id is None]
+                return anonymous[0] if len(anonymous) == 1 else None
+            return next((k for k in usable if k.key_id == kid), None)
+
+        found = find(self.keys())
+        if found is None and kid is not None:
+            now = time.monotonic()
+            if now - self._forced_at >= UNKNOWN_KID_COOLDOWN_SECS:
+                self._forced_at = now
+                found = find(self.keys(refresh=True))
+        return found
+
+
+def _quoted(text: str) -> str:
+    return text[:_MAX_KID_QUOTED].encode("unicode_escape").decode("ascii")
+
+
+class Verifier:
+    """Checks bearer tokens against one component's settings (module docs).
+
+    Args:
+        settings: the component's settings; auth must be on.
+        source: where the keys come from (default: ``JwksSource.from_settings(settings)``).
+
+    Raises:
+        AuthConfigError: auth is off, or the JWKS source is unusable.
+
+    """
+
+    def __init__(self, settings: AuthSettings, source: JwksSource | None = None) -> None:
+        if not settings.enabled:
+            raise AuthConfigError(f"{settings.component}: auth is off; nothing to verify")
+        self.settings = settings
+        self.source = source or JwksSource.from_settings(settings)
+        self.callers = frozenset(settings.auth_callers)
+
+    def verify(self, token: str) -> Caller:
+        """Verifies `token` and checks its caller.
+
+        Args:
+            token: the bearer token (the part after ``Bearer ``).
+
+        Returns:
+            The caller.
+
+        Raises:
+            AuthError: 401 for a token that is malformed, signed with another algorithm than
+                RS256/ES256 (``none`` included), by a key the issuer's JWKS does not hold or
+                with a bad signature, expired or not valid yet, of another issuer or audience,
+                or without ``exp``/``iss``/``aud``/``sub``; 403 for a valid token whose ``sub``
+                is not an allowed caller.
+            AuthConfigError: the issuer's keys cannot be loaded.
+
+        """
+        s = self.settings
+        try:
+            header = jwt.get_unverified_header(token)
+        except jwt.PyJWTError:
+            raise AuthError(
+                401,
+                "the bearer token is not a JWT (RFC 7519: three base64url parts separated by dots)",
+            ) from None
+        alg = header.get("alg")
+        if not isinstance(alg, str):
+            raise AuthError(401, "the token's header names no `alg`")
+        if alg not in ACCEPTED_ALGORITHMS:
+            raise AuthError(
+                401,
+                f"the token's algorithm `{_quoted(alg)}` is not accepted; tokens must be signed "
+                "with RS256 or ES256",
+            )
+        kid = header.get("kid")
+        if kid is not None and not isinstance(kid, str):
+            raise AuthError(401, "the token's `kid` is not a string")
+        key = self.source.key_for(kid, alg)
+        if key is None:
+            if kid is not None:
+                raise AuthError(401, f"no key with kid `{_quoted(kid)}` in the issuer's JWKS")
+            raise AuthError(
+                401, f"the token names no `kid` and the issuer's JWKS has no {alg} key without one"
+            )
+        try:
+            claims: dict[str, Any] = jwt.decode(
+                token,
+                key.key,
+                algorithms=[alg],
+                audience=s.auth_audience,
+                issuer=s.auth_issuer,
+                leeway=s.auth_leeway_secs,
+                options={"require": list(REQUIRED_CLAIMS)},
+            )
+        except jwt.InvalidSignatureError:
+            raise AuthError(
+                401, "the token's signature does not verify with the issuer's key"
+            ) from None
+        except jwt.ExpiredSignatureError:
+            raise AuthError(401, "the token has expired (`exp`)") from None
+        except jwt.ImmatureSignatureError:
+            raise AuthError(401, "the token is not valid yet (`nbf`)") from None
+        except jwt.InvalidIssuerError:
+            raise AuthError(401, f"the token's issuer (`iss`) is not `{s.auth_issuer}`") from None
+        except jwt.InvalidAudienceError:
+            raise AuthError(
+                401, f"the token's audience (`aud`) does not name `{s.auth_audience}`"
+            ) from None
+        except jwt.MissingRequiredClaimError as e:
+            raise AuthError(
+                401,
+                f"the token has no `{e.claim}` claim (exp, iss, aud and sub are required)",
+            ) from None
+        except jwt.PyJWTError as e:
+            raise AuthError(401, f"the bearer token does not verify: {e}") from None
+        sub = claims.get("sub")
+        if not isinstance(sub, str):
+            raise AuthError(401, "the token's `sub` claim is not a string")
+        if sub not in self.callers:
+            raise AuthError(
+                403,
+                f"caller `{sub[:1024]}` is not allowed to call {s.auth_audience}; the allowed "
+                f"callers are a setting of this service ({s.env_name('auth_callers')}, "
+                "docs/auth.md)",
+            )
+        return Caller(sub, claims)
+
+
+def bearer_dependency(verifier: Verifier) -> Callable[..., Caller]:
+    """A FastAPI dependency that admits only the callers `verifier` accepts.
+
+    Put it on a route (``dependencies=[Depends(dep)]``) or take the ``Caller`` as a parameter.
+    Refusals raise ``svc.intake.models.Problem``: 401 ``unauthenticated`` with
+    ``WWW-Authenticate: Bearer`` (RFC 6750 section 3; ``error="invalid_token"`` when a token was
+    sent), or 403 ``caller-not-allowed``; the app's problem handler answers them as RFC 9457
+    documents.
+
+    Args:
+        verifier: the component's verifier.
+
+    Returns:
+        The dependency.
+
+    """
+    from svc.intake.models import Problem
+
+    scheme = HTTPBearer(auto_error=False, description="A JWT of an allowed caller (docs/auth.md)")
+    realm = verifier.settings.auth_audience
+
+    def require_caller(
+        credentials: HTTPAuthorizationCredentials | None = Depends(scheme),  # noqa: B008
+    ) -> Caller:
+        try:
+            if credentials is None or not credentials.credentials.strip():
+                raise AuthError(401, MISSING_TOKEN, missing=True)
+            return verifier.verify(credentials.credentials.strip())
+        except AuthError as e:
+            challenge = e.www_authenticate(realm)
+            if e.status == 403:
+                raise Problem(
+                    403, "caller-not-allowed", "The caller is not allowed", e.detail
+                ) from None
+            raise Problem(
+                401,
+                "unauthenticated",
+                "Authentication required",
+                e.detail,
+                headers={"WWW-Authenticate": challenge} if challenge else {},
+            ) from None
+        except AuthConfigError as e:
+            log.error("cannot verify bearer tokens: %s", e)
+            raise Problem(
+                503,
+                "auth-unavailable",
+                "Authentication unavailable",
+                "the issuer's keys cannot be loaded",
+            ) from None
+
+    return require_caller
+
+
+def write_secret(path: Path, text: str) -> None:
+    """Writes `text` (plus a newline) to `path` with mode 0600, replacing it atomically.
+
+    Raises:
+        OSError: the file cannot be written.
+
+    """
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+
+
+class LocalIssuer:
+    """``svc up``'s token issuer: an ES256 (P-256) key in `directory`, made on first use.
+
+    `directory` (mode 0700) holds ``key.pem`` (the private key, PKCS #8, mode 0600; never
+    leaves the machine) and ``jwks.json`` (its public JWK Set, RFC 7517, with the key's RFC 7638
+    thumbprint as ``kid``), which the components read through ``file://``.
+
+    Args:
+        directory: where the key lives (``<data dir>/issuer``); created when missing.
+        issuer: the ``iss`` of minted tokens.
+
+    Raises:
+        OSError: the directory or the key cannot be created or read.
+        ValueError: ``key.pem`` is not a P-256 private key.
+
+    """
+
+    def __init__(self, directory: Path, issuer: str = LOCAL_ISSUER) -> None:
+        self.directory = directory
+        self.issuer = issuer
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(directory, 0o700)
+        key_path = directory / "key.pem"
+        if not key_path.exists():
+            key = ec.generate_private_key(ec.SECP256R1())
+            pem = key.private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.PKCS8,
+                serialization.NoEncryption(),
+            )
+            try:
+                fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            except FileExistsError:
+                pass
+            else:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(pem)
+        loaded = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
+        if not isinstance(loaded, ec.EllipticCurvePrivateKey) or not isinstance(
+            loaded.curve, ec.SECP256R1
+        ):
+            raise ValueError(f"{key_path} is not a P-256 private key")
+        self._key = loaded
+        numbers = loaded.public_key().public_numbers()
+        jwk = {
+            "crv": "P-256",
+            "kty": "EC",
+            "x": _b64(numbers.x.to_bytes(32, "big")),
+            "y": _b64(numbers.y.to_bytes(32, "big")),
+        }
+        # RFC 7638: SHA-256 over the required members, sorted, without whitespace.
+        canonical = json.dumps(jwk, sort_keys=True, separators=(",", ":")).encode()
+        self.kid = _b64(hashlib.sha256(canonical).digest())
+        self.jwks = {"keys": [{**jwk, "kid": self.kid, "use": "sig", "alg": "ES256"}]}
+        self.jwks_path = directory / "jwks.json"
+        text = json.dumps(self.jwks, indent=2)
+        if not self.jwks_path.exists() or self.jwks_path.read_text(encoding="utf-8") != text:
+            tmp = self.jwks_path.with_suffix(".tmp")
+            tmp.write_text(text, encoding="utf-8")
+            os.replace(tmp, self.jwks_path)
+
+    @property
+    def jwks_url(self) -> str:
+        """``file://`` URL of ``jwks.json`` (the ``auth_jwks`` setting)."""
+        return self.jwks_path.resolve().as_uri()
+
+    def mint(
+        self,
+        sub: str,
+        audience: str | list[str],
+        lifetime_secs: int,
+        *,
+        now: float | None = None,
+        claims: dict[str, Any] | None = None,
+    ) -> str:
+        """A signed ES256 token.
+
+        Args:
+            sub: the caller (``svc-local``).
+            audience: the component(s) it may call (``svc-pdp``, ``svc-history``).
+            lifetime_secs: seconds until ``exp``.
+            now: the issue time in Unix seconds (default: now).
+            claims: more claims, laid over the standard ones.
+
+        Returns:
+            The compact JWT (RFC 7519 section 3).
+
+        """
+        t = int(time.time() if now is None else now)
+        payload: dict[str, Any] = {
+            "iss": self.issuer,
+            "sub": sub,
+            "aud": audience,
+            "iat": t,
+            "nbf": t,
+            "exp": t + lifetime_secs,
+            "jti": str(uuid.uuid4()),
+            **(claims or {}),
+        }
+        return jwt.encode(payload, self._key, algorithm="ES256", headers={"kid": self.kid})

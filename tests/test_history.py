@@ -38,6 +38,7 @@ from serverkit import serve, wait_until
 from svc import history
 from svc._pdp_core import DecisionLog
 from svc.cli import app
+from svc.common.auth import HistoryAuthSettings
 from svc.history import queries
 from svc.history.service import create_app as create_history_app
 from svc.pdp import Engine
@@ -45,6 +46,8 @@ from svc.pdp import Engine
 PARTITIONS = 3
 REPO = Path(__file__).resolve().parent.parent
 NOW = datetime(2026, 11, 22, 10, 30, tzinfo=UTC)
+#: The history routes without caller authentication (tests/test_auth.py covers it).
+OPEN = HistoryAuthSettings(auth="none")
 
 
 # -- records
@@ -1186,7 +1189,7 @@ def test_readyz_reports_a_failing_and_behind_loader_and_ready_again_after(
         return float(line.split()[1])
 
     try:
-        with TestClient(create_app(db, loader, ready=thread.is_alive)) as http:
+        with TestClient(create_app(db, loader, auth=OPEN, ready=thread.is_alive)) as http:
             first = [event(at=t, resource=("File", f"first-{i}")) for i, t in enumerate(spread(20))]
             produce(kafka_bootstrap, topics[1], first)
             wait_for(
@@ -1328,7 +1331,7 @@ def routes(db: Client) -> Iterator[TestClient]:
         as_records("d", [decision(), decision(principal=("Human", "zoë 日本"), qid="q-1")]),
     )
     history.store(db, "events", as_records("e", [event(), event(principal=("Human", "zoë 日本"))]))
-    with TestClient(create_history_app(db, now=lambda: NOW)) as client:
+    with TestClient(create_history_app(db, auth=OPEN, now=lambda: NOW)) as client:
         yield client
 
 
@@ -1449,7 +1452,7 @@ def test_printable_unicode_is_searched_as_sent(routes: TestClient) -> None:
 
 def test_a_store_error_is_a_503_without_the_drivers_text(db: Client) -> None:
     db.command("DROP TABLE events")  # the store cannot answer this query
-    with TestClient(create_history_app(db, now=lambda: NOW)) as client:
+    with TestClient(create_history_app(db, auth=OPEN, now=lambda: NOW)) as client:
         r = client.get("/v1/history/events?principal=Human::alice", headers={"X-Request-ID": "r-7"})
     assert r.status_code == 503, r.text
     p = r.json()
@@ -1520,12 +1523,12 @@ def history_url(chdb_dir: Path) -> Iterator[str]:
     history.migrate(client)
     history.store(client, "decisions", as_records("d", [decision(), decision(qid="q-1")]))
     history.store(client, "events", as_records("e", [event()]))
-    with apifuzz.serve(create_history_app(client, now=lambda: NOW)) as base:
+    with apifuzz.serve(create_history_app(client, auth=OPEN, now=lambda: NOW)) as base:
         yield base
 
 
 # The document does not depend on the store; the served app's is compared with it below.
-HISTORY_OPENAPI = create_history_app(None).openapi()  # type: ignore[arg-type]
+HISTORY_OPENAPI = create_history_app(None, auth=OPEN).openapi()  # type: ignore[arg-type]
 history_schema = apifuzz.load(HISTORY_OPENAPI)
 
 

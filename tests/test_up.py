@@ -93,7 +93,9 @@ def test_history_routes_name_bad_parameters(corp_up: Up) -> None:
 
 def test_history_readyz_and_metrics_report_the_loader(corp_up: Up) -> None:
     """svc up runs the history loader in process: its health is on the history's port."""
-    a_decision = httpx.post(f"{corp_up.pdp}/v1/access/evaluation", json=ALICE_DELETE, timeout=10)
+    a_decision = httpx.post(
+        f"{corp_up.pdp}/v1/access/evaluation", json=ALICE_DELETE, headers=corp_up.auth, timeout=10
+    )
     assert a_decision.status_code == 200
     corp_up.wait_totals(decisions=1)
     loader = get_json(f"{corp_up.history}/readyz")["loader"]

@@ -8,8 +8,12 @@ records as decisions, none lost and none doubled.
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -23,6 +27,7 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from serverkit import metric
 from svc._pdp_core import DecisionLog, Engine, Server
 from svc.authz.v1 import authz_pb2, authz_pb2_grpc
 from svc.pdp.decision_log import Shipper, bootstrap_servers
@@ -304,3 +309,164 @@ def test_every_decision_is_one_row_in_clickhouse(
     assert sorted(got["principal"]) == sorted(pdp.qids)
     assert len(got["resource"]) == len(pdp.qids) - 5  # the 5 plans name only a type
     assert set(got["resource"]) <= set(pdp.qids)
+
+
+# ---------------------------------------------------------------------------------- kill -9
+#
+# docs/history.md, "Durability of the decision log": every record is written to the spool (a
+# write-ahead log) by a group commit every `--log-commit-ms`; a killed process loses at most
+# the records of the last commit window, and with `--log-durability durable` none at all, since
+# an answer waits for its record's commit. The settings go in as environment variables, so that
+# a decision point that does not know them runs with its defaults instead of refusing to start.
+
+SVC = Path(sys.executable).parent / "svc"
+SERVING = re.compile(r"svc-pdp serving .* on http://127\.0\.0\.1:(\d+) ")
+
+
+class PdpProcess:
+    """`svc pdp --kafka` over the corp bundle as a child process, logging to `topic`."""
+
+    def __init__(self, tmp: Path, bootstrap: str, topic: str, env: dict[str, str]) -> None:
+        self.stderr = (tmp / f"pdp-{uuid.uuid4().hex[:6]}.log").open("w+")
+        self.proc = subprocess.Popen(
+            [
+                str(SVC),
+                "pdp",
+                "--bundle",
+                str(CORP),
+                "--port",
+                "0",
+                "--no-watch",
+                "--kafka",
+                bootstrap,
+                "--spool-dir",
+                str(tmp / "spool"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=self.stderr,
+            env={**os.environ, "SVC_PDP_DECISIONS_TOPIC": topic, **env},
+        )
+        deadline = time.monotonic() + 60
+        while True:
+            m = SERVING.search(self.log())
+            if m:
+                self.port = int(m.group(1))
+                break
+            assert self.proc.poll() is None, self.log()
+            assert time.monotonic() < deadline, self.log()
+            time.sleep(0.05)
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def log(self) -> str:
+        self.stderr.seek(0)
+        return self.stderr.read()
+
+    def metrics(self) -> str:
+        return httpx.get(f"{self.url}/metrics", timeout=10).text
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            finally:
+                if self.proc.poll() is None:
+                    self.proc.kill()
+                    self.proc.wait()
+        self.stderr.close()
+
+
+def _hammer(url: str, answered: list[tuple[str, float]], stop: threading.Event) -> None:
+    """Sends checks one after the other until `stop` or until the server is gone; records the
+    qid of every answered check with the (monotonic) time its answer arrived."""
+    body = {"principal": ALICE, "action": "view", "resource": DESIGN}
+    with httpx.Client(base_url=url, timeout=30) as client:
+        while not stop.is_set():
+            try:
+                r = client.post("/v1/access/evaluation", json=body)
+            except httpx.HTTPError:
+                return
+            if r.status_code != 200:
+                return
+            answered.append((r.json()["qid"], time.monotonic()))
+
+
+def _kill_under_load(
+    tmp: Path, bootstrap: str, topic: str, env: dict[str, str], answers: int = 300
+) -> tuple[list[tuple[str, float]], float, str]:
+    """Starts `svc pdp`, loads it from 8 clients, kills it (SIGKILL) once `answers` checks
+    were answered, restarts it on the same spool so it ships what the spool holds, and stops it.
+
+    Returns every answered (qid, time), the time of the kill, and the first run's metrics as
+    they were just before the kill.
+    """
+    first = PdpProcess(tmp, bootstrap, topic, env)
+    answered: list[tuple[str, float]] = []
+    stop = threading.Event()
+    clients = [
+        threading.Thread(target=_hammer, args=(first.url, answered, stop), daemon=True)
+        for _ in range(8)
+    ]
+    try:
+        for c in clients:
+            c.start()
+        while len(answered) < answers:
+            assert first.proc.poll() is None, first.log()
+            assert any(c.is_alive() for c in clients), first.log()
+            time.sleep(0.001)
+        metrics = first.metrics()
+        killed_at = time.monotonic()
+        first.proc.send_signal(signal.SIGKILL)
+        first.proc.wait()
+    finally:
+        stop.set()
+        for c in clients:
+            c.join(60)
+        first.stop()
+    second = PdpProcess(tmp, bootstrap, topic, env)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            text = second.metrics()
+            if (
+                metric(text, "svc_pdp_decision_log_spool_pending") == 0
+                and metric(text, "svc_pdp_decision_log_queued") == 0
+            ):
+                break
+            assert time.monotonic() < deadline, text
+            time.sleep(0.1)
+    finally:
+        second.stop()
+    return answered, killed_at, metrics
+
+
+def test_kill_9_loses_no_answered_decision_in_durable_mode(
+    tmp_path: Path, kafka_bootstrap: str, topic: str
+) -> None:
+    env = {"SVC_PDP_LOG_DURABILITY": "durable", "SVC_PDP_LOG_COMMIT_MS": "5"}
+    answered, _, _ = _kill_under_load(tmp_path, bootstrap_servers(kafka_bootstrap), topic, env)
+    on_topic = {r["qid"] for _, r in read_all(kafka_bootstrap, topic, len(answered), timeout=30)}
+    missing = [q for q, _ in answered if q not in on_topic]
+    assert len(answered) >= 300
+    assert missing == [], f"{len(missing)} of {len(answered)} answered checks are not logged"
+
+
+def test_kill_9_loses_at_most_the_last_commit_window(
+    tmp_path: Path, kafka_bootstrap: str, topic: str
+) -> None:
+    window_ms = 50
+    env = {"SVC_PDP_LOG_DURABILITY": "window", "SVC_PDP_LOG_COMMIT_MS": str(window_ms)}
+    answered, killed_at, before = _kill_under_load(
+        tmp_path, bootstrap_servers(kafka_bootstrap), topic, env
+    )
+    # The setting is what the decision point reports.
+    assert metric(before, "svc_pdp_decision_log_commit_window_seconds") == window_ms / 1000
+    on_topic = {r["qid"] for _, r in read_all(kafka_bootstrap, topic, len(answered), timeout=30)}
+    missing = [(q, t) for q, t in answered if q not in on_topic]
+    # A record still in memory at the kill was pushed within the last window (plus the time its
+    # group's write took: a commit's duration, which the window doubles as an allowance for
+    # on this shared machine); its answer came after the push.
+    cutoff = killed_at - 2 * window_ms / 1000
+    assert [q for q, t in answered if t < cutoff], "no answers before the last window"
+    early = [q for q, t in missing if t < cutoff]
+    assert early == [], f"{len(early)} records lost from before the last commit window"

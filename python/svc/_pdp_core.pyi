@@ -439,7 +439,7 @@ class DecisionLog:
             dropped and counted.
         segment_bytes: size of one spool segment file.
         commit_ms: group-commit window in milliseconds, 0 (write as soon as a record arrives)
-            to 1000.
+            to 1000; window mode only (durable mode writes as soon as the writer is free).
         fsync: ``fdatasync`` the spool after every group commit (covers power loss).
         durability: ``window`` (``push`` returns at once) or ``durable`` (``push`` returns
             once the record is written).
@@ -512,7 +512,7 @@ class DecisionLog:
 
     @property
     def commit_ms(self) -> int:
-        """The group-commit window in milliseconds."""
+        """The group-commit window in force, in milliseconds (0 in durable mode)."""
 
     @property
     def durability(self) -> str:

@@ -67,7 +67,7 @@ LogCommitMsOpt = Annotated[
         min=0,
         max=LOG_COMMIT_MS_MAX,
         help="Decision-log group-commit window (ms; 0: write each record at once). "
-        "A kill -9 loses at most the records of the last window.",
+        "A kill -9 loses at most the records of the last window. Window mode only.",
     ),
 ]
 LogDurabilityOpt = Annotated[

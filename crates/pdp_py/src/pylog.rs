@@ -147,7 +147,7 @@ impl DecisionLog {
         self.inner.rewind();
     }
 
-    /// The group-commit window in milliseconds (`log_commit_ms`).
+    /// The group-commit window in force, in milliseconds (`log_commit_ms`; 0 in durable mode).
     #[getter]
     fn commit_ms(&self) -> u64 {
         u64::try_from(self.inner.commit_interval().as_millis()).unwrap_or(u64::MAX)

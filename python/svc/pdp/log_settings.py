@@ -8,7 +8,8 @@ What they mean (docs/history.md, "Durability of the decision log"; options in do
   ``kill -9`` of the decision point loses at most the records of the last window.
 * ``log_durability``: ``window`` answers at once (the loss above is possible); ``durable``
   answers a check or plan only once its record is written, so a kill loses no answered
-  decision, at the price of up to one window of latency per answer.
+  decision. Durable mode gathers no window: the writer writes as soon as it is free, and
+  records that arrive during a write share the next one; an answer waits for about one write.
 * ``log_fsync``: ``fdatasync`` the spool after every group commit. A written record survives a
   kill of the process without it; only this covers a power loss or a kernel crash.
 

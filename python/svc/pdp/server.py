@@ -139,8 +139,8 @@ class StandaloneOptions:
             the commit starts at once.
         spool_max_bytes: largest spool not yet acknowledged by the broker; records past it
             are dropped and counted (and refused with 503 in durable mode).
-        log_commit_ms: group-commit window of the spool in milliseconds, 0 to 1000
-            (``svc.pdp.log_settings``).
+        log_commit_ms: group-commit window of the spool in milliseconds, 0 to 1000, in
+            window mode (``svc.pdp.log_settings``; durable mode writes at once).
         log_durability: ``window`` (answer at once) or ``durable`` (answer once the record
             is written).
         log_fsync: fsync the spool after every group commit.

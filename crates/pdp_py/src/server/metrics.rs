@@ -270,7 +270,7 @@ impl Metrics {
                 let name = "svc_pdp_decision_log_commit_window_seconds";
                 let g = Gauge::new(
                     name,
-                    "The decision log's group-commit window (log_commit_ms): a kill loses at most the records of the last one.",
+                    "The decision log's group-commit window in force (log_commit_ms; 0 in durable mode): a kill loses at most the records of the last one.",
                 )
                 .unwrap_or_else(|e| unreachable_metric(name, &e));
                 let _ = registry.register(Box::new(g.clone()));

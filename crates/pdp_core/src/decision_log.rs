@@ -13,8 +13,10 @@
 //!   `kill -9` loses at most the records still in memory: those of the last commit window,
 //!   counted by [`LogStats::queued_now`]. In durable mode answers wait for the write, so the
 //!   writer gathers no window: it writes as soon as it is free, and what arrives during a
-//!   write goes in the next one (group commit without a delay, which measured as fast as
-//!   window mode; a 5 ms window cut closed-loop throughput to connections / 5 ms).
+//!   write goes in the next one (group commit without a delay; a 5 ms window cut closed-loop
+//!   throughput to connections / 5 ms). Before taking a group it yields the CPU once, so that
+//!   on a busy core the request threads that woke it push what they have first: one write per
+//!   record cost twice the CPU per decision (docs/benchmarks.md).
 //! * [`DecisionLog::read`] / [`DecisionLog::ack`]: the shipper reads written records in spool
 //!   order and acknowledges each batch once the broker has all of it. The acknowledged
 //!   position (the cursor) moves over batches in order only; it is saved at most every
@@ -743,6 +745,13 @@ impl Inner {
                     p = wait_timeout(&self.arrived, p, deadline - now);
                     continue;
                 }
+            }
+            if self.interval.is_zero() && !p.closing {
+                // Let the threads that woke us push what they have before this write takes
+                // it: on a busy core, one write then carries several records, not one.
+                drop(p);
+                std::thread::yield_now();
+                p = lock(&self.pending);
             }
             let records = std::mem::take(&mut p.records);
             let group = std::mem::replace(&mut p.group, Arc::new(Group::new()));

@@ -65,6 +65,11 @@ load-bench: build ## Load bench: svc pdp vs its no-op ceiling and Cerbos, pinned
 	bash benches/load/setup.sh
 	$(BIN)/python benches/load/run.py $(LOAD_ARGS)
 
+.PHONY: log-bench
+log-bench: build ## Decision log under load: window vs durable mode, with Kafka (LOG_ARGS=--rounds 3)
+	command -v wrk >/dev/null || bash benches/load/setup.sh
+	$(BIN)/python benches/load/decision_log.py $(LOG_ARGS)
+
 .PHONY: clean
 clean: ## Remove the virtualenv and Python caches (the cargo target dir is kept)
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -27,6 +27,9 @@ Also reported per run: the server's CPU use (share of its core; well below 100% 
 near 100% means the load generator, not the server, was the limit) and the server CPU time per
 request, which is steadier than the rate when other work shares the machine.
 
+svc runs here without a decision log; ``decision_log.py`` beside this file runs it with one, in
+window and in durable mode (``make log-bench``), and reports what durable mode costs.
+
 Run: ``bash benches/load/setup.sh`` once, then ``.venv/bin/python benches/load/run.py`` (full:
 3 rounds of 15 s runs, about 6.5 minutes) or ``--quick`` (1 round of 4 s runs, about 1 minute).
 Results: a table on stdout and JSON under ``benches/results/``. Targets that are missed print

@@ -14,7 +14,7 @@ Shapes used below (SPEC 2.1, 2.4, DESIGN 3):
   names a person), "mode": "monitor"|"enforce"}``.
 """
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from os import PathLike
 from typing import Any, Final, Literal, TypeVar, final
 
@@ -22,9 +22,9 @@ __all__ = [
     "BundleError",
     "DecisionLog",
     "Engine",
+    "LogBatch",
     "RequestError",
     "Server",
-    "SpoolBatchHandle",
     "__version__",
     "set_limits",
 ]
@@ -477,25 +477,37 @@ class Server:
         """
 
 @final
-class SpoolBatchHandle:
-    """A batch read from a ``DecisionLog`` spool; pass it to ``spool_commit``."""
+class LogBatch:
+    """A batch read from a ``DecisionLog``; pass it to ``ack`` once the broker has all of it."""
 
 @final
 class DecisionLog:
-    """The decision log's in-memory queue and on-disk spool (SPEC 6, DESIGN 6).
+    """The decision log's spool on disk and its group-commit writer (SPEC 6).
 
-    The server pushes one record per decision; the shipper (``svc.pdp.decision_log``) drains
-    them in batches and produces them to the broker, spooling what the broker cannot take and
-    replaying the spool, in order, when it is back. Nothing is dropped unless the spool is full,
-    and then it is counted.
+    The server pushes one record per decision; a writer thread appends what arrived to the
+    spool (a write-ahead log) every ``commit_ms``, and the shipper (``svc.pdp.decision_log``)
+    reads written records in spool order and acknowledges each batch once the broker has it.
+    A kill of the process loses at most the records of the last commit window; in durable mode
+    a push returns only once its record is written. Nothing is dropped unless the
+    unacknowledged spool is full, and then it is counted. See docs/history.md, "Durability of
+    the decision log".
 
     Args:
         spool_dir: directory of the spool (created if missing; its contents survive restarts).
-        queue_bound: records held in memory; past it, new records go straight to the spool.
-        spool_max_bytes: largest spool (unreplayed bytes); records past it are dropped.
+        queue_bound: records held in memory for one group commit; when reached, the commit
+            starts at once and further pushes wait for it.
+        spool_max_bytes: largest spool not yet acknowledged, in bytes; records past it are
+            dropped and counted.
         segment_bytes: size of one spool segment file.
+        commit_ms: group-commit window in milliseconds, 0 (write as soon as a record arrives)
+            to 1000; window mode only (durable mode writes as soon as the writer is free).
+        fsync: ``fdatasync`` the spool after every group commit (covers power loss).
+        durability: ``window`` (``push`` returns at once) or ``durable`` (``push`` returns
+            once the record is written).
 
     Raises:
+        ValueError: ``commit_ms`` is over 1000 or ``durability`` is neither ``window`` nor
+            ``durable`` (the message names the setting).
         OSError: the spool directory cannot be created or read.
 
     """
@@ -506,43 +518,76 @@ class DecisionLog:
         queue_bound: int = 100_000,
         spool_max_bytes: int = 1_073_741_824,
         segment_bytes: int = 16_777_216,
+        commit_ms: int = 5,
+        fsync: bool = False,
+        durability: str = "window",
     ) -> DecisionLog: ...
     def push(self, key: bytes, value: bytes) -> None:
-        """Queues one record (key: principal ``Type::id``; value: the record JSON)."""
+        """Queues one record (key: principal ``Type::id``; value: the record JSON).
 
-    def drain(self, max: int = 5000, timeout: float = 0.1) -> list[tuple[bytes, bytes]]:
-        """Takes up to ``max`` records in arrival order, waiting up to ``timeout`` seconds."""
-
-    def spool(self, records: Iterable[tuple[bytes, bytes]]) -> int:
-        """Writes records to the spool (fsynced); returns how many fit (the rest are dropped).
+        In durable mode, returns once the record is written (the GIL released meanwhile).
 
         Raises:
-            ValueError: an item is not a ``(bytes, bytes)`` pair.
+            OSError: durable mode only: the record was dropped (spool full or unwritable).
 
         """
 
-    def spool_read(self, max: int = 5000) -> tuple[list[tuple[bytes, bytes]], SpoolBatchHandle]:
-        """Reads up to ``max`` spooled records from the replay position, without moving it.
+    def flush(self) -> None:
+        """Writes what waits in memory now; returns once it is written."""
 
-        Raises:
-            OSError: a spool segment cannot be read.
+    def close(self) -> None:
+        """Writes what waits in memory, stops the writer thread and saves the cursor.
 
-        """
-
-    def spool_commit(self, batch: SpoolBatchHandle) -> None:
-        """Moves the replay position past ``batch``; committing twice is harmless.
+        Later pushes are written at once by their caller. Calling it twice is harmless.
 
         Raises:
             OSError: the cursor file cannot be written.
 
         """
 
-    def mark_sent(self, n: int) -> None:
-        """Counts ``n`` records the broker acknowledged."""
+    def read(
+        self, max: int = 5000, timeout: float = 0.1
+    ) -> tuple[list[tuple[bytes, bytes]], LogBatch]:
+        """Reads up to ``max`` written records in spool order, waiting up to ``timeout`` s.
+
+        Returns ``([(key, value), ...], batch)``; the list is empty when nothing was written
+        in time.
+
+        Raises:
+            OSError: a spool segment cannot be read.
+
+        """
+
+    def ack(self, batch: LogBatch) -> None:
+        """Records that the broker acknowledged all of ``batch``; twice is harmless.
+
+        The cursor moves past it once every batch read before it is acknowledged too.
+
+        Raises:
+            OSError: the cursor file cannot be written.
+
+        """
+
+    def rewind(self) -> None:
+        """Forgets the batches in flight; the next ``read`` starts again at the cursor."""
+
+    @property
+    def commit_ms(self) -> int:
+        """The group-commit window in force, in milliseconds (0 in durable mode)."""
+
+    @property
+    def durability(self) -> str:
+        """``window`` or ``durable``."""
+
+    @property
+    def fsync(self) -> bool:
+        """Whether every group commit is fsynced."""
 
     @property
     def stats(self) -> dict[str, int]:
-        """Counters: ``pushed``, ``queued_now``, ``sent``, ``spooled``, ``replayed``, ``dropped``.
+        """Counters: ``pushed``, ``queued_now`` (in memory, not yet written), ``spooled``.
 
-        Also ``spool_pending``, ``spool_pending_bytes`` and ``io_errors``.
+        Also ``sent`` (acknowledged by the broker), ``replayed`` (of ``sent``, written by an
+        earlier run), ``dropped``, ``spool_pending`` and ``spool_pending_bytes`` (written, not
+        yet acknowledged), ``commits`` (group commits) and ``io_errors``.
         """

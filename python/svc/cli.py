@@ -44,6 +44,13 @@ import typer
 
 from svc import __version__
 from svc.pdp import BundleError, Engine, RequestError
+from svc.pdp.log_settings import (
+    LOG_COMMIT_MS,
+    LOG_COMMIT_MS_MAX,
+    LOG_DURABILITY,
+    LOG_FSYNC,
+    Durability,
+)
 
 app = typer.Typer(
     name="svc",
@@ -51,6 +58,33 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
 )
+
+# The decision log's durability (docs/history.md, "Durability of the decision log"), shared by
+# `svc pdp` and `svc up`.
+LogCommitMsOpt = Annotated[
+    int,
+    typer.Option(
+        envvar="SVC_PDP_LOG_COMMIT_MS",
+        min=0,
+        max=LOG_COMMIT_MS_MAX,
+        help="Decision-log group-commit window (ms; 0: write each record at once). "
+        "A kill -9 loses at most the records of the last window. Window mode only.",
+    ),
+]
+LogDurabilityOpt = Annotated[
+    Durability,
+    typer.Option(
+        envvar="SVC_PDP_LOG_DURABILITY",
+        help="window: answer at once; durable: answer once the decision's record is written.",
+    ),
+]
+LogFsyncOpt = Annotated[
+    bool,
+    typer.Option(
+        envvar="SVC_PDP_LOG_FSYNC",
+        help="fsync the decision log after every group commit (covers power loss).",
+    ),
+]
 
 BundleOpt = Annotated[
     Path,
@@ -204,6 +238,9 @@ def pdp(
     spool_max_bytes: Annotated[
         int, typer.Option(envvar="SVC_PDP_SPOOL_MAX_BYTES", min=1, help="Largest spool.")
     ] = 1 << 30,
+    log_commit_ms: LogCommitMsOpt = LOG_COMMIT_MS,
+    log_durability: LogDurabilityOpt = LOG_DURABILITY,
+    log_fsync: LogFsyncOpt = LOG_FSYNC,
     decisions_topic: Annotated[
         str, typer.Option(envvar="SVC_PDP_DECISIONS_TOPIC", help="Decision-log topic.")
     ] = "svc.decisions.v1",
@@ -304,6 +341,9 @@ def pdp(
         spool_dir=spool_dir,
         log_queue_bound=log_queue_bound,
         spool_max_bytes=spool_max_bytes,
+        log_commit_ms=log_commit_ms,
+        log_durability=log_durability,
+        log_fsync=log_fsync,
         decisions_topic=decisions_topic,
         max_batch_items=max_batch_items,
         max_inline_entities=max_inline_entities,
@@ -407,6 +447,9 @@ def up(
     retention_days: Annotated[
         int, typer.Option(min=0, help="History retention in days (0 keeps everything).")
     ] = 0,
+    log_commit_ms: LogCommitMsOpt = LOG_COMMIT_MS,
+    log_durability: LogDurabilityOpt = LOG_DURABILITY,
+    log_fsync: LogFsyncOpt = LOG_FSYNC,
 ) -> None:
     """Run the decision point, intake and history loader on this machine (embedded defaults).
 
@@ -423,6 +466,9 @@ def up(
         bundle=bundle,
         mode=mode,
         retention_days=retention_days,
+        log_commit_ms=log_commit_ms,
+        log_durability=log_durability,
+        log_fsync=log_fsync,
     )
     raise typer.Exit(run(opts, demo_checks=2000 if demo else 0, keep_serving=True))
 

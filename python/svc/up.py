@@ -66,6 +66,7 @@ from svc.history.service import create_app as history_app
 from svc.history.service import totals
 from svc.pdp import Engine, RequestError
 from svc.pdp.decision_log import DECISIONS_TOPIC
+from svc.pdp.log_settings import LOG_COMMIT_MS, LOG_DURABILITY, LOG_FSYNC, Durability
 from svc.pdp.server import StandaloneOptions, serve_bundle
 
 if TYPE_CHECKING:
@@ -127,6 +128,9 @@ class UpOptions:
         mode: ``enforce`` or ``monitor`` (SPEC 3).
         retention_days: history retention (SPEC 8 ``analytics.retentionDays``; 0 keeps all).
         log_retention_ms: how long the topic log keeps records (Kafka's ``retention.ms``).
+        log_commit_ms: the decision log's group-commit window (ms, 0 to 1000).
+        log_durability: ``window`` or ``durable`` (``svc.pdp.log_settings``).
+        log_fsync: fsync the decision log after every group commit.
 
     """
 
@@ -137,6 +141,9 @@ class UpOptions:
     mode: str = "enforce"
     retention_days: int = 0
     log_retention_ms: int = 7 * 24 * 3600 * 1000
+    log_commit_ms: int = LOG_COMMIT_MS
+    log_durability: Durability = LOG_DURABILITY
+    log_fsync: bool = LOG_FSYNC
 
 
 @dataclass(frozen=True)
@@ -380,6 +387,9 @@ class Stack:
             kafka_url=self.broker_url,
             spool_dir=d / "pdp-spool",
             auth=PdpAuthSettings(**common_auth, auth_callers=[LOCAL_CALLER, DEMO_CALLER]),
+            log_commit_ms=o.log_commit_ms,
+            log_durability=o.log_durability,
+            log_fsync=o.log_fsync,
         )
         prepare = self._provision_engine if o.bundle is None else None
         self._exit.enter_context(serve_bundle(self.bundle_dir, pdp_opts, prepare))

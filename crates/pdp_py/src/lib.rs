@@ -952,7 +952,7 @@ fn _pdp_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(set_limits, m)?)?;
     m.add_class::<pyserver::Server>()?;
     m.add_class::<pylog::DecisionLog>()?;
-    m.add_class::<pylog::SpoolBatchHandle>()?;
+    m.add_class::<pylog::LogBatch>()?;
     m.add("BundleError", py.get_type::<BundleError>())?;
     m.add("RequestError", py.get_type::<RequestError>())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

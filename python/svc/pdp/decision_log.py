@@ -1,23 +1,29 @@
-"""The decision log's shipper: records from the decision point to Kafka (SPEC 1 and 6, DESIGN 6).
+"""The decision log's shipper: records from the decision point's spool to Kafka (SPEC 1 and 6).
 
-The server (Rust) queues one record per decision in a ``svc._pdp_core.DecisionLog``. A
-``Shipper`` thread drains them in batches (one GIL acquisition per batch) and produces them to
-``svc.decisions.v1`` with ``confluent-kafka``: idempotent producer, ``acks=all``, key = the
-principal (``Type::id``), so one principal's records stay in order on one partition.
+How a record travels (docs/history.md, "Durability of the decision log"):
 
-Nothing is lost and nothing is dropped silently:
-
-* The producer never gives up on a record (``message.timeout.ms=0``): while the broker is away,
-  librdkafka keeps what it already holds and delivers it, exactly once, when the broker returns.
-* What the producer cannot hold (its buffer is full, or the broker is known to be down) goes to
-  the log's spool on disk, fsynced. While the spool holds anything, new records go to the spool
-  too, so the spool is a FIFO and records keep their order.
-* The spool is replayed once the producer has delivered everything it held; the replay position
-  moves only after the broker acknowledged a whole batch (at least once: a crash mid-replay
-  replays again, and the history loader drops duplicates by ``qid``).
-* On stop, whatever the producer still holds after the flush timeout is purged and spooled.
-* Records are dropped only when the spool is full (``spool_max_bytes``); they are counted in
-  ``svc_pdp_decision_log_records_total{state="dropped"}``.
+* The server (Rust) pushes one record per decision into a ``svc._pdp_core.DecisionLog``. Its
+  group-commit writer appends what arrived to the spool on disk, a write-ahead log, every
+  ``log_commit_ms``; a ``kill -9`` loses at most the records of the last window, and with
+  ``log_durability=durable`` none, since an answer then waits for its record's write.
+* A ``Shipper`` thread reads written records in spool order, in batches (one GIL acquisition
+  per batch), and produces them to ``svc.decisions.v1`` with ``confluent-kafka``: idempotent
+  producer, ``acks=all``, key = the principal (``Type::id``), so one principal's records stay
+  in order on one partition.
+* A batch is acknowledged to the log (``DecisionLog.ack``) once the broker acknowledged every
+  record of it; the log's cursor moves over acknowledged batches in order. After a crash the
+  next run sends from the saved cursor: at least once, and the history loader drops duplicates
+  by ``qid``.
+* The producer never gives up on a record (``message.timeout.ms=0``): while the broker is
+  away, librdkafka holds up to ``buffer_messages`` records and delivers them when it returns,
+  and the shipper reads no further, so the rest waits on disk. Deliveries that fail anyway
+  (purged at stop, a fatal producer error) make the shipper rewind the log to its cursor once
+  the producer holds nothing, and send again.
+* On stop, what is in memory is written, and the shipper sends until the broker has
+  everything or ``flush_timeout`` passes; what the broker has not acknowledged stays in the
+  spool for the next run.
+* Records are dropped only when the unacknowledged spool would pass ``spool_max_bytes``; they
+  are counted in ``svc_pdp_decision_log_records_total{state="dropped"}``.
 """
 
 from __future__ import annotations
@@ -27,9 +33,9 @@ import threading
 import time
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, Message
+from confluent_kafka import KafkaError, Message
 
-from svc._pdp_core import DecisionLog, SpoolBatchHandle
+from svc._pdp_core import DecisionLog, LogBatch
 from svc.broker import LOCAL_SCHEME, Producer
 
 __all__ = ["DECISIONS_TOPIC", "Shipper", "bootstrap_servers", "producer_config"]
@@ -70,7 +76,8 @@ def producer_config(bootstrap: str, buffer_messages: int = 10_000) -> dict[str, 
 
     Args:
         bootstrap: bootstrap servers (``host:port`` list).
-        buffer_messages: records librdkafka may hold before the shipper spools instead.
+        buffer_messages: records librdkafka may hold unacknowledged (the shipper reads no
+            further past it).
 
     """
     return {
@@ -85,33 +92,43 @@ def producer_config(bootstrap: str, buffer_messages: int = 10_000) -> dict[str, 
     }
 
 
-class _Replay:
-    """Delivery state of one spool batch in flight."""
+class _Batch:
+    """Delivery state of one batch read from the log."""
 
-    def __init__(self, handle: SpoolBatchHandle, size: int) -> None:
+    def __init__(self, shipper: Shipper, handle: LogBatch, size: int) -> None:
+        self.shipper = shipper
         self.handle = handle
         self.size = size
         self.acked = 0
         self.failed = 0
 
     def done(self, err: KafkaError | None, _msg: Message) -> None:
-        """Delivery callback of one replayed record."""
-        if err is None:
-            self.acked += 1
-        else:
+        """Delivery callback of one record; acknowledges the batch to the log when complete."""
+        if err is not None:
             self.failed += 1
+            return
+        self.acked += 1
+        self.shipper.delivered()
+        if self.acked == self.size:
+            self.shipper.log.ack(self.handle)
+
+    @property
+    def settled(self) -> bool:
+        """Whether every record of the batch is delivered or failed."""
+        return self.acked + self.failed == self.size
 
 
 class Shipper:
-    """Moves records from a ``DecisionLog`` to Kafka in a daemon thread.
+    """Moves records from a ``DecisionLog``'s spool to Kafka in a daemon thread.
 
     Args:
         decision_log: the log the server pushes into.
         bootstrap: Kafka bootstrap servers (``host:port`` list; see ``bootstrap_servers``).
         topic: destination topic (``svc.decisions.v1``).
-        batch: records taken per drain / replay step.
-        buffer_messages: producer buffer before records are spooled instead.
-        flush_timeout: seconds ``stop()`` waits for the broker before spooling the rest.
+        batch: records read from the log per step.
+        buffer_messages: records the producer may hold unacknowledged; past it the shipper
+            reads no further and records wait in the spool.
+        flush_timeout: seconds ``stop()`` keeps sending before leaving the rest in the spool.
         extra_config: more librdkafka settings (security, for example); they win.
 
     """
@@ -129,17 +146,16 @@ class Shipper:
     ) -> None:
         self.log = decision_log
         self.topic = topic
-        self.batch = batch
+        self.batch = max(1, batch)
+        self.buffer_messages = max(1, buffer_messages)
         self.flush_timeout = flush_timeout
         conf = producer_config(bootstrap, buffer_messages)
         conf["error_cb"] = self._on_error
         conf.update(extra_config or {})
         self.producer = Producer(conf)
-        self.replay_batch = max(1, min(batch, buffer_messages // 2))
-        self._replaying: _Replay | None = None
+        self._in_flight: list[_Batch] = []
+        self._left: tuple[_Batch, list[tuple[bytes, bytes]]] | None = None
         self._broker_down = False
-        self._delivered = 0
-        self._failed: list[tuple[bytes, bytes]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="svc-decision-log", daemon=True)
 
@@ -149,7 +165,7 @@ class Shipper:
         code = err.code()
         if code == KafkaError._ALL_BROKERS_DOWN:
             if not self._broker_down:
-                log.warning("decision log: broker unreachable, spooling records")
+                log.warning("decision log: broker unreachable; records wait in the spool")
             self._broker_down = True
         elif code == KafkaError._TRANSPORT:
             # Repeats every reconnect attempt while the broker is away; the state change above
@@ -158,106 +174,56 @@ class Shipper:
         else:
             log.warning("decision log: producer error: %s", err)
 
-    def _on_delivery(self, err: KafkaError | None, msg: Message) -> None:
-        if err is None:
-            self._delivered += 1
-            if self._broker_down:
-                log.info("decision log: broker reachable again")
+    def delivered(self) -> None:
+        """Notes one acknowledged record (logs the broker's return after an outage)."""
+        if self._broker_down:
+            log.info("decision log: broker reachable again")
             self._broker_down = False
-            return
-        key = msg.key() or b""
-        value = msg.value() or b""
-        self._failed.append((key, value))
 
     # -- the loop
 
-    def _settle(self, timeout: float) -> None:
-        """Serves callbacks; reports deliveries and spools failures."""
-        self.producer.poll(timeout)
-        if self._delivered:
-            self.log.mark_sent(self._delivered)
-            self._delivered = 0
-        if self._failed:
-            failed, self._failed = self._failed, []
-            log.warning("decision log: %d records failed delivery, spooling", len(failed))
-            self.log.spool(failed)
-
-    def _produce(self, records: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-        """Produces records in order; returns those the producer could not take.
-
-        The returned tail starts at the first refusal, so order is kept.
-        """
+    def _produce(self, state: _Batch, records: list[tuple[bytes, bytes]]) -> None:
+        """Produces records in order; keeps those the producer refuses for the next step."""
         for i, (key, value) in enumerate(records):
             try:
-                self.producer.produce(
-                    self.topic, value=value, key=key, on_delivery=self._on_delivery
-                )
+                self.producer.produce(self.topic, value=value, key=key, on_delivery=state.done)
             except BufferError:
-                return records[i:]
-        return []
-
-    def _probe(self) -> bool:
-        """Whether the broker answers a metadata request now."""
-        try:
-            self.producer.list_topics(self.topic, timeout=1.0)
-        except KafkaException:
-            return False
-        return True
-
-    def _replay(self) -> None:
-        """Hands one spool batch to the producer (its buffer is empty, the batch fits).
-
-        The batch is committed by ``_settle_replay`` once every record of it is acknowledged.
-        """
-        records, handle = self.log.spool_read(self.replay_batch)
-        if not records:
-            return
-        state = _Replay(handle, len(records))
-        self._replaying = state
-        for key, value in records:
-            self.producer.produce(self.topic, value=value, key=key, on_delivery=state.done)
-
-    def _settle_replay(self) -> None:
-        """Commits the batch in replay once all of it is acknowledged.
-
-        When some records failed instead (for example purged at stop), the batch is given up
-        without a commit, to be read again.
-        """
-        state = self._replaying
-        if state is None:
-            return
-        if state.acked == state.size:
-            self.log.spool_commit(state.handle)
-            self.log.mark_sent(state.size)
-            self._replaying = None
-        elif state.acked + state.failed == state.size:
-            self._replaying = None
-
-    def _ship(self, records: list[tuple[bytes, bytes]]) -> None:
-        """Produces new records, or spools them behind what the spool already holds.
-
-        While the broker is down, a spool batch is in replay, or the spool holds anything, new
-        records queue behind, so they keep their order; what the producer refuses is spooled.
-        """
-        if self._broker_down or self._replaying is not None or self.log.stats["spool_pending"]:
-            self.log.spool(records)
-            return
-        left = self._produce(records)
-        if left:
-            self.log.spool(left)
+                self._left = (state, records[i:])
+                return
+        self._left = None
 
     def run_once(self, wait: float = 0.1) -> None:
-        """One step: replay the spool when due, then drain, produce or spool new records."""
-        self._settle_replay()
-        if self._replaying is None and len(self.producer) == 0 and self.log.stats["spool_pending"]:
-            if not self._broker_down or self._probe():
-                self._broker_down = False
-                self._replay()
-        records = self.log.drain(self.batch, wait)
+        """One step: serve callbacks, rewind after failures, then read and produce a batch.
+
+        Waits up to `wait` seconds: for written records, or for the producer to make room.
+        """
+        self.producer.poll(0)
+        if any(b.failed for b in self._in_flight):
+            if len(self.producer) == 0:
+                failed = sum(b.failed for b in self._in_flight)
+                log.warning("decision log: %d records failed delivery; sending again", failed)
+                self.log.rewind()
+                self._in_flight = []
+                self._left = None
+            else:
+                self.producer.poll(wait)
+            return
+        self._in_flight = [b for b in self._in_flight if not b.settled]
+        if self._left is not None:
+            self._produce(*self._left)
+            if self._left is not None:
+                self.producer.poll(wait)
+            return
+        room = self.buffer_messages - len(self.producer)
+        if room <= 0:
+            self.producer.poll(wait)
+            return
+        records, handle = self.log.read(min(self.batch, room), wait)
         if records:
-            self._ship(records)
-        self._settle(0)
-        self._settle_replay()
+            state = _Batch(self, handle, len(records))
+            self._in_flight.append(state)
+            self._produce(state, records)
+            self.producer.poll(0)
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -268,26 +234,32 @@ class Shipper:
                 time.sleep(0.5)
         self._shutdown()
 
+    def _caught_up(self) -> bool:
+        """Whether the broker has acknowledged everything written so far."""
+        s = self.log.stats
+        return s["queued_now"] == 0 and s["spool_pending"] == 0
+
     def _shutdown(self) -> None:
-        """Drains what is queued, flushes, and spools whatever the broker did not take."""
-        while True:
-            records = self.log.drain(self.batch, 0)
-            if not records:
+        """Writes what is in memory and sends until caught up or `flush_timeout` passes."""
+        self.log.flush()
+        deadline = time.monotonic() + self.flush_timeout
+        while time.monotonic() < deadline and not self._caught_up():
+            try:
+                self.run_once(wait=0.05)
+            except Exception:
+                log.exception("decision log: shipper step failed at stop")
                 break
-            self._ship(records)
-        remaining = self.producer.flush(self.flush_timeout)
-        if remaining:
+        if self.producer.flush(max(0.0, deadline - time.monotonic())):
+            # What is left stays in the spool (unacknowledged) for the next run.
             self.producer.purge(in_queue=True, in_flight=True, blocking=True)
-        self._settle(0)
-        self.producer.flush(0)
-        self._settle(0)
-        self._settle_replay()
+            self.producer.flush(0)
+        self.producer.poll(0)
 
     def start(self) -> None:
         """Starts the shipper thread."""
         self._thread.start()
 
     def stop(self) -> None:
-        """Stops the thread after draining, flushing and spooling what remains."""
+        """Stops the thread after writing, sending and acknowledging what it can."""
         self._stop.set()
         self._thread.join(timeout=self.flush_timeout + 30)

@@ -35,6 +35,7 @@ import watchfiles
 from svc._pdp_core import BundleError, DecisionLog, Engine, Server, set_limits
 from svc.common.auth import AuthConfigError, JwksSource, PdpAuthSettings
 from svc.pdp.decision_log import DECISIONS_TOPIC, Shipper, bootstrap_servers
+from svc.pdp.log_settings import LOG_COMMIT_MS, LOG_DURABILITY, LOG_FSYNC, Durability
 
 __all__ = [
     "BundleWatcher",
@@ -208,9 +209,17 @@ class StandaloneOptions:
         plan_max_age_secs: ``max_age_secs`` of query plans (SPEC 2.6).
         kafka_url: broker of the decision log (``kafka://host:port`` or a bootstrap list);
             ``None`` runs without a decision log.
-        spool_dir: the decision log's spool, for broker outages (kept across restarts).
-        log_queue_bound: decision records held in memory before spooling.
-        spool_max_bytes: largest spool; records past it are dropped and counted.
+        spool_dir: the decision log's spool: every record is written there before it is
+            sent (kept across restarts).
+        log_queue_bound: decision records held in memory for one group commit; when reached
+            the commit starts at once.
+        spool_max_bytes: largest spool not yet acknowledged by the broker; records past it
+            are dropped and counted (and refused with 503 in durable mode).
+        log_commit_ms: group-commit window of the spool in milliseconds, 0 to 1000, in
+            window mode (``svc.pdp.log_settings``; durable mode writes at once).
+        log_durability: ``window`` (answer at once) or ``durable`` (answer once the record
+            is written).
+        log_fsync: fsync the spool after every group commit.
         decisions_topic: the decision log's topic (``svc.decisions.v1``).
         max_batch_items: most evaluations in one AuthZEN ``evaluations`` request (400 beyond).
         max_inline_entities: most inline entities one check may carry (400 beyond).
@@ -235,6 +244,9 @@ class StandaloneOptions:
     spool_dir: Path = Path(".svc/pdp-spool")
     log_queue_bound: int = 100_000
     spool_max_bytes: int = 1 << 30
+    log_commit_ms: int = LOG_COMMIT_MS
+    log_durability: Durability = LOG_DURABILITY
+    log_fsync: bool = LOG_FSYNC
     decisions_topic: str = DECISIONS_TOPIC
     max_batch_items: int = 1_000
     max_inline_entities: int = 1_000
@@ -266,7 +278,8 @@ def serve_bundle(
         BundleError: the bundle does not load at start (nothing is served).
         RequestError: ``options.mode`` is neither ``monitor`` nor ``enforce``.
         OSError: the port cannot be bound, or the spool directory cannot be opened.
-        ValueError: ``options.kafka_url`` is not a broker URL.
+        ValueError: ``options.kafka_url`` is not a broker URL, ``log_commit_ms`` is over
+            1000 or ``log_durability`` is neither ``window`` nor ``durable``.
         Exception: whatever ``prepare`` raised (nothing is served).
 
     """
@@ -277,7 +290,12 @@ def serve_bundle(
     shipper: Shipper | None = None
     if opts.kafka_url:
         decision_log = DecisionLog(
-            opts.spool_dir, queue_bound=opts.log_queue_bound, spool_max_bytes=opts.spool_max_bytes
+            opts.spool_dir,
+            queue_bound=opts.log_queue_bound,
+            spool_max_bytes=opts.spool_max_bytes,
+            commit_ms=opts.log_commit_ms,
+            fsync=opts.log_fsync,
+            durability=str(opts.log_durability),
         )
         shipper = Shipper(
             decision_log, bootstrap_servers(opts.kafka_url), topic=opts.decisions_topic
@@ -333,6 +351,8 @@ def serve_bundle(
         server.stop()
         if shipper is not None:
             shipper.stop()
+        if decision_log is not None:
+            decision_log.close()
 
 
 def run_standalone(bundle_dir: Path, options: StandaloneOptions, stop: threading.Event) -> None:

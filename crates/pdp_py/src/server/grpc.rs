@@ -287,7 +287,7 @@ impl Authorizer for AuthorizerService {
             .engine
             .decide_value(check_json(request.get_ref()))
             .map_err(|e| invalid(&e))?;
-        s.decided(&d, Transport::Grpc);
+        s.decided(&d, Transport::Grpc).written().await?;
         Ok(Response::new(check_response(&d)))
     }
 
@@ -317,7 +317,7 @@ impl Authorizer for AuthorizerService {
             .engine
             .plan_value(plan_json(request.get_ref()))
             .map_err(|e| invalid(&e))?;
-        s.planned(&p, Transport::Grpc);
+        s.planned(&p, Transport::Grpc).written().await?;
         Ok(Response::new(plan_response(&p.to_response())))
     }
 }

@@ -324,14 +324,14 @@ pub fn parse_json(bytes: &[u8]) -> Result<Value, Problem> {
 async fn evaluation(State(s): St, headers: HeaderMap, body: Body) -> Result<Response, Problem> {
     let v = read_json(&s, &headers, body).await?;
     let d = s.engine.decide_value(v).map_err(|e| Problem::request(&e))?;
-    s.decided(&d, Transport::Http);
+    s.decided(&d, Transport::Http).written().await?;
     Ok(json_ok(&d.to_response()))
 }
 
 async fn plan(State(s): St, headers: HeaderMap, body: Body) -> Result<Response, Problem> {
     let v = read_json(&s, &headers, body).await?;
     let p = s.engine.plan_value(v).map_err(|e| Problem::request(&e))?;
-    s.planned(&p, Transport::Http);
+    s.planned(&p, Transport::Http).written().await?;
     Ok(json_ok(&p.to_response()))
 }
 
@@ -559,11 +559,11 @@ async fn authzen_evaluation(
     let v = read_json(&s, &headers, body).await?;
     let o = authzen_top(&v)?;
     unknown_authzen_member(o).map_err(|e| Problem::request(&e))?;
-    authzen_single(&s, o)
+    authzen_single(&s, o).await
 }
 
 /// Decides one AuthZEN evaluation whose members are `o`'s and answers the single response.
-fn authzen_single(s: &Shared, o: &Map<String, Value>) -> Result<Response, Problem> {
+async fn authzen_single(s: &Shared, o: &Map<String, Value>) -> Result<Response, Problem> {
     let d = authzen_decide(
         s,
         o.get("subject"),
@@ -572,7 +572,7 @@ fn authzen_single(s: &Shared, o: &Map<String, Value>) -> Result<Response, Proble
         o.get("context"),
     )
     .map_err(|e| Problem::request(&e))?;
-    s.decided(&d, Transport::Authzen);
+    s.decided(&d, Transport::Authzen).written().await?;
     Ok(json_ok(&authzen_response(&d)))
 }
 
@@ -646,7 +646,7 @@ async fn authzen_evaluations(
     };
     // Without `evaluations`, the request is a single evaluation (AuthZEN 1.0 section 7.1).
     let Some(items) = items else {
-        return authzen_single(&s, o);
+        return authzen_single(&s, o).await;
     };
     let max = s.config.max_batch_items;
     if items.len() > max {
@@ -659,6 +659,7 @@ async fn authzen_evaluations(
         )));
     }
     let mut out = Vec::with_capacity(items.len());
+    let mut logged = Vec::new();
     for (i, item) in items.iter().enumerate() {
         let Some(it) = item.as_object() else {
             return Err(Problem::request(&RequestError::new(
@@ -678,7 +679,7 @@ async fn authzen_evaluations(
         });
         let (entry, decision) = match res {
             Ok(d) => {
-                s.decided(&d, Transport::Authzen);
+                logged.push(s.decided(&d, Transport::Authzen));
                 let r = authzen_response(&d);
                 let allowed = r.get("decision") == Some(&Value::Bool(true));
                 (r, allowed)
@@ -702,6 +703,9 @@ async fn authzen_evaluations(
         if stop {
             break;
         }
+    }
+    for l in logged {
+        l.written().await?;
     }
     Ok(json_ok(&json!({ "evaluations": out })))
 }

@@ -5,9 +5,10 @@
 use pdp_core::decision_log::LogStats;
 use pdp_core::{Mode, Verdict};
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
-    Registry, TextEncoder,
+    Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    Opts, Registry, TextEncoder,
 };
+use std::time::Duration;
 
 /// How a request reached the decision point (the `transport` label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,6 +66,13 @@ const LATENCY_BUCKETS: [f64; 14] = [
     100e-3,
 ];
 
+/// Buckets of the decision log's group commits and of durable answers' waits, in seconds:
+/// 50 us to 1 s (a commit window is at most 1 s, docs/history.md).
+const LOG_BUCKETS: [f64; 14] = [
+    50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 250e-3, 500e-3,
+    1.0,
+];
+
 /// Every metric of the decision point, registered in one registry.
 pub struct Metrics {
     registry: Registry,
@@ -88,6 +96,13 @@ pub struct Metrics {
     log_queued: IntGauge,
     log_spool_pending: IntGauge,
     log_spool_bytes: IntGauge,
+    log_window: Gauge,
+    log_durable: IntGauge,
+    /// `svc_pdp_decision_log_commit_duration_seconds`: write (and fsync) time of one group
+    /// commit, observed by the log's writer thread.
+    pub log_commit: Histogram,
+    /// `svc_pdp_decision_log_wait_seconds`: how long a durable answer waited for its record.
+    pub log_wait: Histogram,
 }
 
 fn counter_vec(reg: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -101,6 +116,13 @@ fn gauge(reg: &Registry, name: &str, help: &str) -> IntGauge {
     let g = IntGauge::new(name, help).unwrap_or_else(|e| unreachable_metric(name, &e));
     let _ = reg.register(Box::new(g.clone()));
     g
+}
+
+fn histogram(reg: &Registry, name: &str, help: &str, buckets: &[f64]) -> Histogram {
+    let h = Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets.to_vec()))
+        .unwrap_or_else(|e| unreachable_metric(name, &e));
+    let _ = reg.register(Box::new(h.clone()));
+    h
 }
 
 fn counter(reg: &Registry, name: &str, help: &str) -> IntCounter {
@@ -226,26 +248,59 @@ impl Metrics {
             log_records: counter_vec(
                 &registry,
                 "svc_pdp_decision_log_records_total",
-                "Decision-log records by state: pushed (made), sent (acknowledged by the broker), spooled (written to the local spool), replayed (sent from the spool), dropped (spool full; never silently).",
+                "Decision-log records by state: pushed (made), spooled (written to the spool, the write-ahead log), sent (acknowledged by the broker), replayed (of sent, written by an earlier run), dropped (spool full or unwritable; never silently).",
                 &["state"],
             ),
             log_queued: gauge(
                 &registry,
                 "svc_pdp_decision_log_queued",
-                "Decision-log records waiting in memory for the shipper.",
+                "Decision-log records in memory waiting for their group commit: what a kill of the process would lose now.",
             ),
             log_spool_pending: gauge(
                 &registry,
                 "svc_pdp_decision_log_spool_pending",
-                "Decision-log records in the spool, not yet replayed.",
+                "Decision-log records in the spool not yet acknowledged by the broker.",
             ),
             log_spool_bytes: gauge(
                 &registry,
                 "svc_pdp_decision_log_spool_pending_bytes",
-                "Bytes of the spool not yet replayed.",
+                "Bytes of the spool not yet acknowledged by the broker.",
+            ),
+            log_window: {
+                let name = "svc_pdp_decision_log_commit_window_seconds";
+                let g = Gauge::new(
+                    name,
+                    "The decision log's group-commit window in force (log_commit_ms; 0 in durable mode): a kill loses at most the records of the last one.",
+                )
+                .unwrap_or_else(|e| unreachable_metric(name, &e));
+                let _ = registry.register(Box::new(g.clone()));
+                g
+            },
+            log_durable: gauge(
+                &registry,
+                "svc_pdp_decision_log_durable",
+                "1 when decisions are answered only once their record is written (log_durability=durable).",
+            ),
+            log_commit: histogram(
+                &registry,
+                "svc_pdp_decision_log_commit_duration_seconds",
+                "Time one group commit of the decision log took to write (and fsync, with log_fsync).",
+                &LOG_BUCKETS,
+            ),
+            log_wait: histogram(
+                &registry,
+                "svc_pdp_decision_log_wait_seconds",
+                "How long a decision's answer waited for its record's group commit (durable mode only).",
+                &LOG_BUCKETS,
             ),
             registry,
         }
+    }
+
+    /// Publishes the decision log's settings: its commit window and whether it is durable.
+    pub fn log_settings(&self, window: Duration, durable: bool) {
+        self.log_window.set(window.as_secs_f64());
+        self.log_durable.set(i64::from(durable));
     }
 
     /// Brings the decision-log series up to `s` (counters only move forward).

@@ -20,7 +20,7 @@ pub mod http;
 pub mod metrics;
 
 use metrics::Transport;
-use pdp_core::decision_log::{DecisionLog, Record};
+use pdp_core::decision_log::{DecisionLog, Durability, NotWritten, Record, Ticket};
 use pdp_core::engine::{rfc3339_ms, uid_key};
 use pdp_core::{Decision, Engine, QueryPlan};
 use serde_json::{json, Value};
@@ -119,34 +119,103 @@ pub fn plan_record(p: &QueryPlan, pdp: &str, transport: Transport) -> Value {
     })
 }
 
+/// A decision's record on its way to the decision log, from [`Shared::decided`] /
+/// [`Shared::planned`]. Await [`Logged::written`] before answering: with
+/// `log_durability=durable` it resolves once the record's group commit is written (the Tokio
+/// worker is free meanwhile: the writer thread wakes it); otherwise at once.
+#[must_use = "await `written()` before answering, so durable mode can hold the answer"]
+pub struct Logged(Option<(Ticket, prometheus::Histogram)>);
+
+impl Logged {
+    /// Resolves once the answer may go out (see [`Logged`]).
+    ///
+    /// # Errors
+    /// [`LogUnavailable`] in durable mode when the record was dropped (spool full, write
+    /// error): the decision must not be answered.
+    pub async fn written(self) -> Result<(), LogUnavailable> {
+        let Some((ticket, waited)) = self.0 else {
+            return Ok(());
+        };
+        let start = std::time::Instant::now();
+        let res = ticket.written().await;
+        waited.observe(start.elapsed().as_secs_f64());
+        res.map_err(LogUnavailable)
+    }
+}
+
+/// A decision not answered because durable mode could not write its record: `503
+/// decision-log-unavailable` over HTTP, `UNAVAILABLE` over gRPC, with the same text.
+#[derive(Debug)]
+pub struct LogUnavailable(pub NotWritten);
+
+impl LogUnavailable {
+    /// The text both transports answer.
+    pub fn detail(&self) -> String {
+        format!(
+            "the decision is not answered: log_durability=durable answers only once the \
+             decision's record is written, and {}",
+            self.0
+        )
+    }
+}
+
+impl From<LogUnavailable> for http::Problem {
+    fn from(e: LogUnavailable) -> Self {
+        Self::new(
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            "decision-log-unavailable",
+            "The decision could not be logged",
+            e.detail(),
+        )
+    }
+}
+
+impl From<LogUnavailable> for tonic::Status {
+    fn from(e: LogUnavailable) -> Self {
+        Self::unavailable(e.detail())
+    }
+}
+
 impl Shared {
+    fn log_record(&self, key: Vec<u8>, value: Vec<u8>) -> Logged {
+        let Some(log) = &self.log else {
+            return Logged(None);
+        };
+        let ticket = log.push(Record { key, value });
+        Logged(
+            (log.durability() == Durability::Durable)
+                .then(|| (ticket, self.metrics.log_wait.clone())),
+        )
+    }
+
     /// Counts a decision and queues its record (DESIGN 6: key = principal, `Type::id`).
-    pub fn decided(&self, d: &Decision, t: Transport) {
+    pub fn decided(&self, d: &Decision, t: Transport) -> Logged {
         self.metrics.decision(t, d.verdict, d.mode, d.latency_us);
-        if let Some(log) = &self.log {
-            let mut rec = d.to_record(&self.config.pdp_name);
-            if let Some(m) = rec.as_object_mut() {
-                m.insert("call".into(), "check".into());
-                m.insert("transport".into(), t.as_str().into());
-            }
-            log.push(Record {
-                key: uid_key(&d.principal).into_bytes(),
-                value: serde_json::to_vec(&rec).unwrap_or_default(),
-            });
+        if self.log.is_none() {
+            return Logged(None);
         }
+        let mut rec = d.to_record(&self.config.pdp_name);
+        if let Some(m) = rec.as_object_mut() {
+            m.insert("call".into(), "check".into());
+            m.insert("transport".into(), t.as_str().into());
+        }
+        self.log_record(
+            uid_key(&d.principal).into_bytes(),
+            serde_json::to_vec(&rec).unwrap_or_default(),
+        )
     }
 
     /// Counts a plan and queues its record.
-    pub fn planned(&self, p: &QueryPlan, t: Transport) {
+    pub fn planned(&self, p: &QueryPlan, t: Transport) -> Logged {
         self.metrics
             .plan(t, p.outcome.as_str(), p.pinned, p.latency_us);
-        if let Some(log) = &self.log {
-            log.push(Record {
-                key: uid_key(&p.principal).into_bytes(),
-                value: serde_json::to_vec(&plan_record(p, &self.config.pdp_name, t))
-                    .unwrap_or_default(),
-            });
+        if self.log.is_none() {
+            return Logged(None);
         }
+        self.log_record(
+            uid_key(&p.principal).into_bytes(),
+            serde_json::to_vec(&plan_record(p, &self.config.pdp_name, t)).unwrap_or_default(),
+        )
     }
 
     /// Whether the decision point can serve (SPEC 1): a bundle and the containment list are
@@ -232,9 +301,15 @@ pub fn start(
     }
     let runtime = rt.enable_all().thread_name("svc-pdp").build()?;
     let (health, health_service) = tonic_health::server::health_reporter();
+    let metrics = metrics::Metrics::new();
+    if let Some(l) = &log {
+        metrics.log_settings(l.commit_interval(), l.durability() == Durability::Durable);
+        let commit = metrics.log_commit.clone();
+        l.observe_commits(move |c| commit.observe(c.duration.as_secs_f64()));
+    }
     let shared = Arc::new(Shared {
         engine,
-        metrics: metrics::Metrics::new(),
+        metrics,
         config,
         log,
         bundle_loaded: AtomicBool::new(false),

@@ -1,6 +1,6 @@
 """Type stubs for `svc._pdp_core`, the Rust decision core (crates/pdp_py over crates/pdp_core).
 
-Shapes used below (SPEC 2.1, 2.4, DESIGN 3):
+Shapes used below (docs/architecture.md#entities-and-the-base-schema, docs/decisions.md#request):
 
 * entity reference: ``{"type": str, "id": str}``; ``'Type::"id"'`` and
   ``{"__entity": {"type", "id"}}`` are accepted too.
@@ -162,7 +162,7 @@ class Engine:
         """
 
     def plan(self, request: Mapping[str, Any]) -> _JSON:
-        """Builds a query plan; returns the ``POST /v1/access/plan`` response (SPEC 2.6).
+        """Builds a query plan; returns the ``POST /v1/access/plan`` response (docs/plans.md).
 
         ``request`` has ``principal``, optional ``on_behalf_of``, ``action``, optional
         ``context``, ``resource_type`` (full or, when unique, bare type name) and optional
@@ -188,7 +188,8 @@ class Engine:
     ) -> None:
         """Sets how plans are kept for paging.
 
-        ``max_age_secs``: seconds a plan may be paged with (SPEC 2.6 ``max_age_secs``);
+        ``max_age_secs``: seconds a plan may be paged with (the plan's ``max_age_secs``,
+        docs/plans.md);
         ``capacity``: how many plans are kept (least recently used dropped first; at least one);
         ``memo``: reuse the filters of an earlier plan whose principal, action, resource type,
         context, principal's entities and policies are all unchanged (never its ``qid``); off,
@@ -210,7 +211,7 @@ class Engine:
         """Number of plans currently kept for paging."""
 
     def decide(self, request: Mapping[str, Any]) -> _JSON:
-        """Decides one check; returns the decision-log record of DESIGN 6.
+        """Decides one check; returns the decision-log record (docs/history.md#schema).
 
         Fields: ``qid``, ``at``
         (RFC 3339 UTC, ms), ``principal``, ``on_behalf_of``, ``action``, ``resource``,
@@ -268,7 +269,8 @@ class Engine:
     def register_service_accounts(self, records: Sequence[Mapping[str, Any]]) -> int:
         """Registers service accounts; returns how many.
 
-        Records are SPEC 2.7's ``{id, owner, ai, groups, description, app?}``; ``app`` defaults
+        Records are ``{id, owner, ai, groups, description, app?}``
+        (docs/architecture.md#entities-and-the-base-schema); ``app`` defaults
         to the id up to its first dot.
 
         Raises:
@@ -352,7 +354,7 @@ class Engine:
 
 @final
 class Server:
-    """The decision point's listener (SPEC 4.2, DESIGN 1).
+    """The decision point's listener (docs/api.md, docs/architecture.md#rust-and-python).
 
     gRPC ``svc.authz.v1.Authorizer`` and the HTTP decision API, AuthZEN 1.0 and ``/healthz``,
     ``/readyz``, ``/version``, ``/metrics`` on one port. Runs on its own Tokio runtime;
@@ -371,8 +373,8 @@ class Server:
         version: release reported by ``/version`` (default: the extension's version).
         noop_routes: also serve the benchmark ceiling (``POST /v1/noop`` and gRPC
             ``svc.authz.v1.NoopAuthorizer``), which parse a request and answer a fixed allow.
-        decision_log: where every decision's and plan's record goes (DESIGN 6); ``None``
-            logs nothing.
+        decision_log: where every decision's and plan's record goes
+            (docs/architecture.md#how-records-flow); ``None`` logs nothing.
         pdp_name: this decision point's name in records (``pdp``; default ``svc-pdp``).
         max_batch_items: most evaluations one AuthZEN ``evaluations`` request may carry; more
             is a 400 naming the limit (docs/api.md, "Limits").
@@ -482,7 +484,9 @@ class LogBatch:
 
 @final
 class DecisionLog:
-    """The decision log's spool on disk and its group-commit writer (SPEC 6).
+    """The decision log's spool on disk and its group-commit writer.
+
+    See docs/architecture.md#how-records-flow and docs/history.md#durability-of-the-decision-log.
 
     The server pushes one record per decision; a writer thread appends what arrived to the
     spool (a write-ahead log) every ``commit_ms``, and the shipper (``svc.pdp.decision_log``)

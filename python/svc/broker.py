@@ -1,7 +1,8 @@
 """Broker clients: Kafka through ``confluent-kafka``, or the embedded topic log of ``svc up``.
 
-DESIGN 2: production and the test suite use a Kafka-protocol broker; ``svc up`` on a laptop uses
-an in-process topic "with the same interface and the same records". This module is that seam.
+Production and the test suite use a Kafka-protocol broker; ``svc up`` on a laptop uses an
+in-process topic log with the same records, transactions and consumer offsets
+(docs/architecture.md#embedded-defaults-and-production-parts). This module is that seam.
 The decision log's shipper, the intake's transactional producers and the history loader build
 their clients with ``Producer(conf)`` / ``Consumer(conf)`` from here, with the librdkafka
 configuration they always used. When ``bootstrap.servers`` is a ``local://`` URL they get a

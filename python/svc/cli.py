@@ -4,22 +4,23 @@ Commands:
 
 * ``svc check --bundle DIR REQUEST.json``: decide one request against a bundle directory and
   print the decision as JSON, like ``cedar authorize`` / ``opa eval``. ``REQUEST.json`` holds the
-  body of ``POST /v1/access/evaluation`` (SPEC 2.4); Cedar CLI request files
+  body of ``POST /v1/access/evaluation`` (docs/decisions.md#request); Cedar CLI request files
   (``"principal": "User::\\"alice\\""``) work as they are. ``-`` reads standard input.
 * ``svc plan --bundle DIR REQUEST.json``: build the query plan of ``POST /v1/access/plan``
-  (SPEC 2.6) for a request naming a ``resource_type``, and print it as JSON.
+  (docs/plans.md) for a request naming a ``resource_type``, and print it as JSON.
 * ``svc pdp --bundle DIR [--port 8080] [--mode monitor|enforce]``: the decision point in
-  standalone mode (SPEC 4.2): gRPC and HTTP on one port, serving one bundle directory and
+  standalone mode (docs/api.md): gRPC and HTTP on one port, serving one bundle directory and
   reloading it when its files change; ``--auth-*`` (``SVC_PDP_AUTH_*``) set who may call
   (docs/auth.md). Runs until Ctrl-C or SIGTERM.
 * ``svc validate --bundle DIR``: load and strictly validate a bundle, listing every problem.
-* ``svc intake [--port 8080] [--dev]``: the event intake (SPEC 4.1; docs/intake.md), settings
+* ``svc intake [--port 8080] [--dev]``: the event intake (docs/intake.md), settings
   from ``SVC_INTAKE_*`` and ``SVC_KAFKA_URL``. Runs until Ctrl-C or SIGTERM.
 * ``svc history migrate --dsn DSN``: apply the history store's schema (idempotent).
 * ``svc history load --dsn DSN --kafka URL [--retention-days N]``: load the decision and event
   topics into the history store (docs/history.md). Runs until Ctrl-C or SIGTERM.
 * ``svc up [--demo] [--port 8080] [--data-dir DIR]``: the decision point, the intake and the
-  history loader on one machine with the embedded defaults (DESIGN 2, 8; ``svc.up``).
+  history loader on one machine with the embedded defaults
+  (docs/architecture.md#embedded-defaults-and-production-parts; ``svc.up``).
 * ``svc demo``: ``svc up`` with the demo company's traffic; prints the summary read back from
   the history and stops (``--serve`` keeps it running).
 * ``svc version``: print the release.
@@ -525,7 +526,7 @@ def _history_client(dsn: str, create_database: bool = False) -> Any:
 
 @history_app.command("migrate")
 def history_migrate(dsn: HistoryDsnOpt) -> None:
-    """Apply the history schema (the per-release schema job; idempotent, SPEC 9)."""
+    """Apply the history schema (the per-release schema job; idempotent, docs/history.md#schema)."""
     from svc import history
 
     applied = history.migrate(_history_client(dsn, create_database=True))

@@ -1,6 +1,6 @@
 """``svc up``: every component built so far on one machine, with the embedded defaults.
 
-DESIGN 2 and 8: one process on 127.0.0.1 runs
+One process on 127.0.0.1 (docs/architecture.md#embedded-defaults-and-production-parts) runs
 
 * the decision point (``svc.pdp``: the Rust listener, gRPC and HTTP) on ``port`` (8080),
 * the intake (``svc.intake``) on ``port + 1``,
@@ -125,8 +125,9 @@ class UpOptions:
             ``port + 2``.
         bundle: a bundle directory to serve; None serves ``<data_dir>/bundle``, provisioned
             with the demo company's bundle when missing.
-        mode: ``enforce`` or ``monitor`` (SPEC 3).
-        retention_days: history retention (SPEC 8 ``analytics.retentionDays``; 0 keeps all).
+        mode: ``enforce`` or ``monitor`` (docs/architecture.md#monitor-and-enforce).
+        retention_days: history retention (``analytics.retentionDays``; 0 keeps all;
+            docs/history.md#retention).
         log_retention_ms: how long the topic log keeps records (Kafka's ``retention.ms``).
         log_commit_ms: the decision log's group-commit window (ms, 0 to 1000).
         log_durability: ``window`` or ``durable`` (``svc.pdp.log_settings``).

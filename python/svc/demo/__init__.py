@@ -1,4 +1,4 @@
-"""The demo company and its traffic (SPEC 1: "a demo-only job provisions a synthetic company").
+"""The demo company and its traffic: the demo job of docs/architecture.md#components.
 
 ``svc demo`` and ``svc up --demo`` use three steps, one module each (docs/demo.md):
 

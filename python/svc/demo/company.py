@@ -1,6 +1,6 @@
 """The demo company: a synthetic organization and the policy bundle it runs under.
 
-The demo-only job of SPEC 1 ("provisions a synthetic company"), used by ``svc demo`` and ``svc up
+The demo job (docs/architecture.md#components; docs/demo.md), used by ``svc demo`` and ``svc up
 --demo``. ``generate`` builds the company from a seed (same seed, same company: every choice comes
 from one ``random.Random(seed)``, nothing from the clock); ``write_bundle`` writes its policy
 bundle directory (docs/bundles.md); ``provision`` loads what a bundle cannot carry (work items,
@@ -69,7 +69,8 @@ TICKET_TAGS = ("bug", "outage", "billing", "access", "feature", "onboarding")
 INDUSTRIES = ("retail", "health", "banking", "media", "energy", "logistics")
 REGIONS = ("emea", "amer", "apac")
 #: (id, ai, groups, owner's department, description). The app is the id up to its first dot
-#: (SPEC 5: an app signs only for ``<app>.<name>``); ``registered`` False for the last one.
+#: (an app signs only for ``<app>.<name>``, docs/architecture.md#trusted-app-issuers);
+#: ``registered`` False for the last one.
 SERVICE_ACCOUNTS: tuple[tuple[str, bool, tuple[str, ...], str, str], ...] = (
     ("copilot.assistant", True, ("assistants",), "engineering", "AI assistant people delegate to"),
     ("helpdesk.triage", True, ("assistants",), "support", "AI agent that triages tickets"),
@@ -85,7 +86,9 @@ SERVICE_ACCOUNTS: tuple[tuple[str, bool, tuple[str, ...], str, str], ...] = (
 
 @dataclass(frozen=True)
 class Person:
-    """A ``Human`` principal (DESIGN 3): id is the SCIM ``userName``.
+    """A ``Human`` principal: id is the SCIM ``userName``.
+
+    Entity types are in docs/architecture.md#entities-and-the-base-schema.
 
     ``groups`` are the person's Cedar parents (their department's group first); ``manager`` is
     a user name, None only for the CEO; ``active`` False marks a leaver not yet removed.
@@ -103,7 +106,10 @@ class Person:
 
 @dataclass(frozen=True)
 class ServiceAccount:
-    """A ``ServiceAccount`` principal, SPEC 2.7's record plus ``registered`` and ``app``."""
+    """A ``ServiceAccount`` principal: its record plus ``registered`` and ``app``.
+
+    The record is in docs/architecture.md#entities-and-the-base-schema.
+    """
 
     id: str
     owner: str
@@ -114,11 +120,17 @@ class ServiceAccount:
 
     @property
     def app(self) -> str:
-        """The trusted app that signs for it: the id up to its first dot (SPEC 5)."""
+        """The trusted app that signs for it: the id up to its first dot.
+
+        See docs/architecture.md#trusted-app-issuers.
+        """
         return self.id.split(".", 1)[0]
 
     def record(self) -> Json:
-        """SPEC 2.7's record (``PUT /api/v1/agents/{id}``, ``Engine.register_service_accounts``)."""
+        """The service-account record (``PUT /api/v1/agents/{id}``, ``register_service_accounts``).
+
+        Its fields are in docs/architecture.md#entities-and-the-base-schema.
+        """
         return {
             "id": self.id,
             "owner": self.owner,
@@ -139,7 +151,7 @@ class Resource:
 
     @property
     def ref(self) -> dict[str, str]:
-        """The ``{type, id}`` reference of SPEC 2.1."""
+        """The ``{type, id}`` reference (docs/architecture.md#entities-and-the-base-schema)."""
         return {"type": self.type, "id": self.id}
 
     @property
@@ -158,7 +170,7 @@ class Resource:
 
 @dataclass(frozen=True)
 class WorkItem:
-    """An issue-tracker task (SPEC 5 claim ``svc_work_item_id``, id ``<tracker>:<key>``).
+    """An issue-tracker task (id ``<tracker>:<key>``; docs/architecture.md#agent-tokens).
 
     An agent working on an open item counts as assigned to exactly the resources it links; a
     closed one assigns nothing (docs/decisions.md, "Work items").
@@ -189,7 +201,7 @@ class Company:
         service_accounts: AI and non-AI agents, each with an owner; one is unregistered.
         documents, tickets, customers: the resources, with owners, sensitivity and tags.
         work_items: tracker tasks linking resources, some open and some closed.
-        contained: user names on the containment list (SPEC 3).
+        contained: user names on the containment list (docs/architecture.md#built-in-denials).
         risk_scores: user name -> the reasoner's score (0..100), for a few people.
         grants: (user name, document id) pairs granted by the ``document-reader`` template.
 
@@ -353,7 +365,7 @@ def _people(rng: random.Random, n: int) -> list[Person]:
 
 
 def generate(seed: int = 7, people: int = 300) -> Company:
-    """Generates the demo company (SPEC 1's demo-only job; entities as in DESIGN 3).
+    """Generates the demo company (docs/demo.md#the-company).
 
     Args:
         seed: every choice comes from ``random.Random(seed)``; the same seed and size give an
@@ -492,7 +504,8 @@ def generate(seed: int = 7, people: int = 300) -> Company:
 
 
 SCHEMA = """\
-// The demo company's schema: DESIGN 3's base (Human, ServiceAccount, Group, WorkItem) plus
+// The demo company's schema: the base schema (Human, ServiceAccount, Group, WorkItem; see
+// docs/architecture.md#entities-and-the-base-schema) plus
 // folders, documents, tickets and customers. Generated by svc.demo.company.
 entity Group in [Group];
 entity Folder in [Folder];
@@ -744,7 +757,7 @@ when { context has risk_score && context.risk_score >= 90 };
 
 
 def write_bundle(company: Company, dir: Path) -> None:
-    """Writes the company's policy bundle directory (docs/bundles.md; DESIGN 3-4).
+    """Writes the company's policy bundle directory (docs/bundles.md, docs/decisions.md).
 
     Files: ``company.cedarschema`` (``SCHEMA``), the ``POLICIES`` files, ``entities.json``
     (groups, folders, people, service accounts with ``registered``, resources) and ``linked``
@@ -779,12 +792,12 @@ def write_bundle(company: Company, dir: Path) -> None:
 
 
 def provision(engine: Engine, company: Company) -> None:
-    """Loads into an engine what the bundle cannot carry (docs/decisions.md, DESIGN 4).
+    """Loads into an engine what the bundle cannot carry (docs/decisions.md).
 
     The work items (``upsert_work_items``), the containment list (``set_containments``, as the
     containment feed would) and the reasoner's risk scores (``set_risk_scores``, which replace
-    any ``risk_score`` a caller sends, SPEC 2.4). Call it after the bundle is loaded; a bundle
-    reload keeps them.
+    any ``risk_score`` a caller sends, docs/decisions.md#context-the-decision-point-fills-in). Call
+    it after the bundle is loaded; a bundle reload keeps them.
 
     Args:
         engine: an engine over this company's bundle.

@@ -1,4 +1,4 @@
-"""What the demo left in the history store, read back from it (SPEC 6; docs/history.md).
+"""What the demo left in the history store, read back from it (docs/history.md#queries).
 
 ``summarize`` answers from the ``decisions`` and ``events`` tables only, never from the
 ``DriveReport``, whose sole use is the time window to read: so the summary shows what went
@@ -68,7 +68,7 @@ def _pairs(rows: Sequence[Sequence[Any]]) -> str:
 
 
 def summarize(client: Client, report: DriveReport) -> str:
-    """A few aligned lines on what the history holds for a demo drive (SPEC 6, docs/demo.md).
+    """A few aligned lines on what the history holds for a demo drive (docs/demo.md#the-summary).
 
     Reads the decisions and events whose ``at`` lies in ``report.window()``: checks by verdict
     and decisions by mode (with monitor mode's would-deny and would-challenge), challenges by

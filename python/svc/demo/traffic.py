@@ -1,10 +1,10 @@
 """Demo traffic: checks, plans, list reports and app events for the demo company, over HTTP.
 
 ``scenarios`` turns a company into the requests to send, deterministically for a seed: first a
-showcase (one or more checks and plans per rule of DESIGN 4-5, each named by ``scenario``),
-then routine traffic of people, agents acting for people and agents alone. ``drive`` sends them
-to a running decision point and intake, the way enforcement points and apps would (SPEC 4.1,
-4.2, 6):
+showcase (one or more checks and plans per rule of docs/decisions.md and docs/plans.md, each named
+by ``scenario``), then routine traffic of people, agents acting for people and agents alone.
+``drive`` sends them to a running decision point and intake, the way enforcement points and apps
+would (docs/api.md, docs/intake.md#routes, docs/architecture.md#how-records-flow):
 
 * checks on ``POST /v1/access/evaluation``, some on AuthZEN ``/access/v1/evaluation`` and
   ``/access/v1/evaluations``;
@@ -12,7 +12,8 @@ to a running decision point and intake, the way enforcement points and apps woul
   ``pinned``), rows found with ``svc.plan.evaluate`` over the company's resources, and rows
   under ``unknown`` nodes checked one by one with an evaluation (``needs_row_checks``);
 * a list report per page to intake: ``access: listed`` (``exported`` for a bulk export),
-  ``count`` = rows shown, ``attributes.plan_qid`` = the plan's qid (SPEC 4.2);
+  ``count`` = rows shown, ``attributes.plan_qid`` = the plan's qid
+  (docs/architecture.md#query-plans);
 * an app event per allowed check (``read``, ``written``, ``exported``; ``download`` and
   ``export`` actions move data out) and for some refused ones (``outcome: failure``); agents'
   events carry ``on_behalf_of``, ``tool`` and ``action_class``.
@@ -52,7 +53,7 @@ __all__ = [
 
 Json = dict[str, Any]
 
-#: Events per intake request (SPEC 4.1 allows 1 to 1,000).
+#: Events per intake request (1 to 1,000 allowed, docs/intake.md#limits).
 EVENT_BATCH = 500
 #: Rows per page of a listing made from a plan.
 PAGE_SIZE = 25
@@ -79,7 +80,7 @@ class TrafficError(RuntimeError):
 
 @dataclass(frozen=True)
 class CheckCase:
-    """One check: ``request`` is the body of ``POST /v1/access/evaluation`` (SPEC 2.4).
+    """One check: ``request`` is the body of ``POST /v1/access/evaluation`` (docs/api.md).
 
     ``route`` ``authzen`` sends it as an AuthZEN evaluation instead (only for requests without
     ``on_behalf_of``, ``human_present`` or ``work_item_id``, which AuthZEN cannot carry).
@@ -100,7 +101,7 @@ class AuthzenBatch:
 
 @dataclass(frozen=True)
 class PlanCase:
-    """One listing: ``request`` is the body of ``POST /v1/access/plan`` (SPEC 2.6).
+    """One listing: ``request`` is the body of ``POST /v1/access/plan`` (docs/plans.md).
 
     The listing shows up to ``max_pages`` pages of ``PAGE_SIZE`` rows and reports each page
     to intake with ``access`` (``listed``, or ``exported`` for a bulk export).
@@ -299,7 +300,8 @@ def _showcase(pick: _Picker) -> list[Step]:
     for u, doc_id in c.grants[:3]:
         add("template-grant", _h(u), "read", _ref("Document", doc_id))
     add("indexer-read", _sa("docs.indexer"), "read", doc("internal"))
-    # Agents on tracker tasks (SPEC 5 claim 4; DESIGN 3 ``assigned``).
+    # Agents on tracker tasks (the ``svc_work_item_id`` claim, docs/architecture.md#agent-tokens;
+    # ``assigned``, docs/decisions.md#context-the-decision-point-fills-in).
     items = {(w.id.split("-")[0], w.status): w for w in reversed(c.work_items)}
     ops, crm, docs = (items.get((k, "open")) for k in ("jira:OPS", "jira:CRM", "jira:DOC"))
     closed = next((w for w in c.work_items if w.status == "closed"), None)
@@ -601,7 +603,7 @@ class DriveReport:
         return r
 
     def record_check(self, request: Json, response: Json, route: str) -> None:
-        """Counts one check's answer (the HTTP response shape of SPEC 2.4)."""
+        """Counts one check's answer (the HTTP response shape of docs/api.md#http-routes)."""
         self.checks += 1
         self.routes[route] += 1
         self.verdicts[response["verdict"]] += 1
@@ -750,7 +752,7 @@ class _Driver:
         self.send(request, ev)
 
     def flush(self) -> None:
-        """Sends the buffered events; retries a 503 after its ``Retry-After`` (SPEC 4.1)."""
+        """Sends the buffered events; retries a 503 after its ``Retry-After`` (docs/intake.md)."""
         if not self.buffer:
             return
         body = {"events": self.buffer}
@@ -832,19 +834,20 @@ def drive(
     now: datetime | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> DriveReport:
-    """Sends the demo traffic to a decision point and an intake (SPEC 4.1, 4.2, 6).
+    """Sends the demo traffic to a decision point and an intake (docs/demo.md#the-traffic).
 
     Args:
         company: the company whose bundle (and ``provision`` data) the decision point serves.
         pdp_url: base URL of the decision point's HTTP API (``http://127.0.0.1:8080``).
         intake_url: base URL of the intake.
-        intake_token: the intake token (``Authorization: Bearer``, SPEC 5).
+        intake_token: the intake token (``Authorization: Bearer``, docs/intake.md#routes).
         pdp_token: a bearer JWT for the decision point when it checks callers (docs/auth.md);
             None sends none.
         checks: how many checks to send (see ``scenarios``).
         seed: the seed of ``scenarios`` and of the apps' choices (which refusals they report).
         now: the time of the first event (later ones follow the monotonic clock); default the
-            wall clock. The intake refuses times more than five minutes ahead (SPEC 8).
+            wall clock. The intake refuses times more than five minutes ahead
+            (docs/intake.md#limits).
         progress: called with a short line now and then (and at the end).
 
     Returns:

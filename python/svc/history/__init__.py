@@ -1,4 +1,4 @@
-"""The history store: decisions and events in ClickHouse (SPEC 1, 6, 8, 9; DESIGN 2, 6).
+"""The history store: decisions and events in ClickHouse (docs/history.md).
 
 Both broker topics (``svc.decisions.v1``, ``svc.events.v1``) are loaded into ClickHouse tables
 ordered by principal, each with a copy ordered by resource, for the portal's search and the

@@ -1,4 +1,4 @@
-"""The history loader: ``svc.decisions.v1`` and ``svc.events.v1`` into ClickHouse (SPEC 1, 6, 8).
+"""The history loader: ``svc.decisions.v1`` and ``svc.events.v1`` into ClickHouse (docs/history.md).
 
 A ``confluent-kafka`` consumer in group ``svc-history`` reads both topics in batches (up to
 ``batch_records`` records or ``batch_ms`` milliseconds), stores each batch with one INSERT per
@@ -36,7 +36,8 @@ reached the broker more than ``behind_after_secs`` ago, or more than ``max_lag_r
 records are not stored), with the reasons; the history service's ``/readyz`` and ``/metrics``
 report it (``LoaderHealthSettings``: ``SVC_HISTORY_*``).
 
-Retention (SPEC 8: ``analytics.retentionDays``, 0 keeps all, may change at any time): at start
+Retention (``analytics.retentionDays``, 0 keeps all, may change at any time;
+docs/history.md#retention): at start
 and every ``retention_interval`` seconds the loader reads the setting again (``retention_days``
 may be a callable) and drops the whole day partitions older than it
 (``svc.history.store.apply_retention``).
@@ -88,7 +89,7 @@ __all__ = [
 
 log = logging.getLogger("svc.history.loader")
 
-#: The intake's topic (SPEC 6).
+#: The intake's topic (docs/architecture.md#how-records-flow).
 EVENTS_TOPIC = "svc.events.v1"
 
 #: Consumer group of the history loader (offsets committed there).
@@ -100,7 +101,7 @@ def consumer_config(bootstrap: str, group_id: str = DEFAULT_GROUP) -> dict[str, 
 
     Offsets are committed by the loader only (no auto commit, no auto offset store); a new
     group starts at the beginning of each topic; ``read_committed`` hides aborted intake
-    transactions (DESIGN 2).
+    transactions (docs/history.md#loader).
 
     Args:
         bootstrap: bootstrap servers (``host:port`` list; see
@@ -280,7 +281,8 @@ class Loader:
         batch_records: most records per batch.
         batch_ms: longest time, in milliseconds, a batch collects records before it is stored.
         retention_days: ``analytics.retentionDays`` (0 keeps all), or a callable returning it,
-            read again at each retention pass (SPEC 8: it may change at any time).
+            read again at each retention pass (it may change at any time;
+            docs/history.md#retention).
         retention_interval: seconds between retention passes (one also runs at start).
         consumer_overrides: more librdkafka settings (security, timeouts); they win.
         after_store: called with the batch after it is stored and before its offsets are
@@ -667,7 +669,7 @@ class Loader:
             self._drop()
 
     def apply_retention(self) -> list[tuple[str, str]]:
-        """Runs a retention pass with the setting's current value (SPEC 8).
+        """Runs a retention pass with the setting's current value (docs/history.md#retention).
 
         Returns:
             The (table, day) partitions dropped.

@@ -1,15 +1,17 @@
-"""Reading the history: what the portal and the reasoner ask of it (SPEC 1, 6; DESIGN 4, 6).
+"""Reading the history: what the portal and the reasoner ask of it (docs/history.md#queries).
 
 Every query reads with ``FINAL``, so a record stored more than once (at least once delivery)
 is returned once. Time ranges are half-open, ``[start, end)``, on the record's ``at``; naive
 datetimes are taken as UTC. Principal and resource references are ``"Type::id"`` strings,
-``(type, id)`` pairs or ``{"type", "id"}`` mappings (SPEC 2.1).
+``(type, id)`` pairs or ``{"type", "id"}`` mappings
+(docs/architecture.md#entities-and-the-base-schema).
 
-Rows come back as dicts shaped like the broker records (DESIGN 6): ``principal``,
+Rows come back as dicts shaped like the broker records (docs/history.md#schema): ``principal``,
 ``on_behalf_of`` and ``resource`` as ``{"type", "id"}`` (``on_behalf_of`` None when absent),
 ``at`` as an aware UTC datetime, absent strings as None. Decision rows also carry ``would``:
 ``"deny"`` or ``"challenge"`` when the decision was made in monitor mode and enforcement would
-have denied or challenged (DESIGN 4: mode is reported, never applied), else None.
+have denied or challenged (mode is reported, never applied:
+docs/architecture.md#monitor-and-enforce), else None.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ __all__ = [
 #: A principal or resource: ``"Type::id"``, ``(type, id)`` or ``{"type": ..., "id": ...}``.
 Ref = str | tuple[str, str] | Mapping[str, Any]
 
-#: Event actions treated as moving data out (SPEC 2.2).
+#: Event actions treated as moving data out (docs/architecture.md#components).
 MOVING_OUT_ACTIONS: tuple[str, ...] = ("download", "export", "send_external", "share_external")
 
 _DEFAULT_LIMIT = 10_000
@@ -83,7 +85,7 @@ _EVENT_SELECT = (
 
 
 def parse_ref(ref: Ref) -> tuple[str, str]:
-    """A principal or resource reference as (type, id) (SPEC 2.1).
+    """A principal or resource reference as (type, id).
 
     Args:
         ref: ``"Human::alice"`` (split at the first ``::``; a Cedar-style quoted id
@@ -334,7 +336,7 @@ def decisions_of_principal(
 ) -> list[dict[str, Any]]:
     """A principal's decisions (checks and plans) in ``[start, end)``, oldest first.
 
-    Reads ``decisions`` (ordered by principal, DESIGN 6).
+    Reads ``decisions`` (ordered by principal, docs/history.md#schema).
 
     Args:
         client: a client from ``svc.history.connect``.
@@ -342,7 +344,7 @@ def decisions_of_principal(
         start: first instant included.
         end: first instant excluded.
         monitor_only: only decisions made in monitor mode that enforcement would have denied
-            or challenged (``would`` is set; DESIGN 4).
+            or challenged (``would`` is set; docs/architecture.md#monitor-and-enforce).
         include_on_behalf_of: also the decisions where the principal is ``on_behalf_of`` (an
             agent acting for this person).
         limit: most rows returned (None: all).
@@ -375,7 +377,8 @@ def decisions_of_resource(
 ) -> list[dict[str, Any]]:
     """The checks on one resource in ``[start, end)``, oldest first.
 
-    Reads ``decisions_by_resource`` (ordered by resource type, id, at; DESIGN 6). Plans have no
+    Reads ``decisions_by_resource`` (ordered by resource type, id, at;
+    docs/history.md#schema). Plans have no
     resource id and are not returned.
 
     Args:
@@ -412,7 +415,7 @@ def decisions_of_resource(
 
 
 def decision_by_qid(client: Client, qid: str) -> dict[str, Any] | None:
-    """One decision by its id (the ``svc/decision_qid`` a client reports, SPEC 7).
+    """One decision by its id (the ``svc/decision_qid`` a client reports).
 
     Args:
         client: a client from ``svc.history.connect``.
@@ -441,7 +444,7 @@ def events_of_principal(
     include_on_behalf_of: bool = False,
     limit: int | None = _DEFAULT_LIMIT,
 ) -> list[dict[str, Any]]:
-    """A principal's events in ``[start, end)``, oldest first (SPEC 2.2; table ``events``).
+    """A principal's events in ``[start, end)``, oldest first (table ``events``).
 
     Args:
         client: a client from ``svc.history.connect``.
@@ -452,8 +455,8 @@ def events_of_principal(
         limit: most rows returned (None: all).
 
     Returns:
-        Event dicts (module docs; ``count`` is SPEC 2.2's row count), sorted by ``at`` then
-        ``ingest_id``.
+        Event dicts (module docs; ``count`` is the event's row count, docs/intake.md), sorted by
+        ``at`` then ``ingest_id``.
 
     Raises:
         ValueError: a bad reference, an empty range, or a non-positive limit.
@@ -480,7 +483,7 @@ def events_of_resource(
     Args:
         client: a client from ``svc.history.connect``.
         resource: the resource; an empty id (``("File", "")``) selects the list and search
-            events of that type (SPEC 2.2).
+            events of that type (docs/intake.md#the-event-mandatory-and-optional-fields).
         start: first instant included.
         end: first instant excluded.
         limit: most rows returned (None: all).
@@ -540,7 +543,7 @@ def verdict_counts(
 
 @dataclass(frozen=True)
 class DailyCounts:
-    """One UTC day of a principal's history, the reasoner's input (SPEC 1 item 4, SPEC 2.2).
+    """One UTC day of a principal's history, the reasoner's input (docs/history.md#queries).
 
     Attributes:
         day: the UTC day.
@@ -551,7 +554,7 @@ class DailyCounts:
         would_challenge: monitor-mode checks and plans that enforcement would have challenged.
         plans: query plans made.
         events: events.
-        failures: events with ``outcome: failure`` (they count like denials, SPEC 2.2).
+        failures: events with ``outcome: failure`` (they count like denials).
         moved_out: events whose action moves data out (``MOVING_OUT_ACTIONS``).
         rows_listed: sum of ``count`` over events with ``access: listed``.
         rows_read: the same for ``read``.
@@ -581,7 +584,7 @@ def daily_counts(
 ) -> list[DailyCounts]:
     """Per-day aggregates of a principal's decisions and events over the last `days` UTC days.
 
-    The reasoner reads the last 30 days every cycle (SPEC 1 item 4, SPEC 8); this is that read
+    The reasoner reads the last 30 days every cycle (docs/architecture.md#limits); this is that read
     as one aggregate per day and table instead of every row.
 
     Args:

@@ -1,13 +1,14 @@
-"""The history store's ClickHouse schema and its migration job (SPEC 1, 6, 8, 9; DESIGN 6).
+"""The history store's ClickHouse schema and its migration job (docs/history.md#schema).
 
-Tables, partitioned by UTC day so retention drops whole days (SPEC 8, DESIGN 6):
+Tables, partitioned by UTC day so retention drops whole days (docs/history.md#retention):
 
 * ``decisions``: one row per record of ``svc.decisions.v1`` (checks and plans), ordered by
   ``(principal_type, principal_id, at, qid)``: a principal's history is one range read.
 * ``decisions_by_resource``: the same rows ordered by ``(resource_type, resource_id, at, qid)``
   for resource history.
-* ``events`` / ``events_by_resource``: the same for ``svc.events.v1`` (SPEC 2.2 events plus
-  ``received_at``, ``ingest_id``, ``role_arn``), keyed by ``ingest_id``.
+* ``events`` / ``events_by_resource``: the same for ``svc.events.v1`` (the events of
+  docs/intake.md#the-event-mandatory-and-optional-fields plus ``received_at``, ``ingest_id``,
+  ``role_arn``), keyed by ``ingest_id``.
 * ``rejected``: records that could not be read (not JSON, a required field missing), and records
   the engine refused when the loader stored them (``svc.history.loader``), with the topic,
   partition, offset, the record as received and the reason, by the day they were seen.
@@ -38,8 +39,8 @@ Reading records (what is required, what is lenient):
 * decision: non-empty ``qid``, ``at``, ``principal`` {type, id}, ``action``, ``resource.type``,
   ``mode``; for checks (``call`` is not ``plan``) also ``resource.id`` and ``verdict``.
 * event: non-empty ``ingest_id``, ``at``, ``principal`` {type, id}, ``action``, and
-  ``resource`` {type, id} (``id`` may be ``""``, SPEC 2.2).
-* ``at`` / ``received_at``: RFC 3339, any offset, stored in UTC (SPEC 2.2); no offset means UTC.
+  ``resource`` {type, id} (``id`` may be ``""``: a list or a search).
+* ``at`` / ``received_at``: RFC 3339, any offset, stored in UTC; no offset means UTC.
 * Other fields of the wrong JSON type are converted as ``JSONExtract`` does (a number where a
   string is expected is kept as its text; anything else unreadable becomes the column default).
 * Absent strings are stored as ``''`` (ClickHouse's idiom, cheaper than Nullable);
@@ -100,7 +101,7 @@ DECISION_COLUMNS: tuple[tuple[str, str], ...] = (
     ("inline_ignored", "Array(Tuple(type String, id String))"),
 )
 
-#: ``events`` columns: (name, ClickHouse type), plus ``loaded_at``. The SPEC 2.2 field
+#: ``events`` columns: (name, ClickHouse type), plus ``loaded_at``. The event field
 #: ``count`` is the column ``row_count``; ``plan_qid`` is copied out of ``attributes``.
 EVENT_COLUMNS: tuple[tuple[str, str], ...] = (
     ("ingest_id", "String"),
@@ -428,7 +429,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(2, "decisions: not_in_directory, inline_ignored", _V2_DECISION_FIELDS),
 )
 
-#: Tables holding day partitions that retention drops (SPEC 8).
+#: Tables holding day partitions that retention drops (docs/history.md#retention).
 RETAINED_TABLES: tuple[str, ...] = (
     "decisions",
     "decisions_by_resource",
@@ -457,11 +458,11 @@ def applied_versions(client: Client) -> set[int]:
 
 
 def migrate(client: Client, migrations: tuple[Migration, ...] = MIGRATIONS) -> list[int]:
-    """Applies the schema versions not yet applied: the per-release schema job (SPEC 1, 9).
+    """Applies the schema versions not yet applied: the per-release schema job.
 
     Idempotent: a second run applies nothing. Every statement is ``IF NOT EXISTS`` and a
     version is recorded only after all its statements ran, so a run that failed midway is
-    finished by the next one.
+    finished by the next one (docs/history.md#schema).
 
     Args:
         client: a ``clickhouse-connect`` client on the history database (see

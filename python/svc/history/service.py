@@ -1,7 +1,8 @@
-"""The history loader's HTTP face: health, metrics, and reads of the history (DESIGN 1, SPEC 2).
+"""The history loader's HTTP face: health, metrics, and reads of the history (docs/history.md).
 
 Every component serves ``/healthz``, ``/readyz``, ``/version`` and ``/metrics`` on its port
-(SPEC 1). The loader's port also answers read-only queries of the history store, the same
+(docs/architecture.md#what-every-component-serves). The loader's port also answers read-only
+queries of the history store, the same
 ``svc.history.queries`` the reasoner and the portal use, so operators and the README's examples
 can see what was loaded (under ``svc up`` the embedded chDB belongs to that process, so this is
 the way in from outside):
@@ -14,7 +15,8 @@ the way in from outside):
 * ``GET /v1/history/totals``: rows in ``decisions``, ``events`` and ``rejected``;
 * ``GET /openapi.json``: the OpenAPI document of these routes and their parameters.
 
-Bad parameters get RFC 9457 problem details naming the parameter (DESIGN 7), 400
+Bad parameters get RFC 9457 problem details naming the parameter
+(docs/architecture.md#identifiers-and-errors), 400
 ``invalid-parameter``: a value that is not UTF-8 once percent-decoded, a principal, resource or
 ``qid`` holding a control character or a lone surrogate (``svc.identifiers``), a time that is
 not RFC 3339 with an offset or lies outside the years 1900 to 2299 the store holds, a limit
@@ -343,7 +345,7 @@ def create_app(
 
     @app.get("/version")
     def version() -> dict[str, str]:
-        """The release (SPEC 9)."""
+        """The release (docs/architecture.md#versioning)."""
         return {"component": "svc-history", "version": __version__}
 
     @app.get(

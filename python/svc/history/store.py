@@ -1,7 +1,8 @@
-"""Connecting to the history store, writing batches into it, and retention (DESIGN 2, 6; SPEC 8).
+"""Connecting to the history store, writing batches into it, and retention (docs/history.md).
 
 * ``connect(dsn)``: a ``clickhouse-connect`` client for a ``chdb://`` DSN (the embedded engine,
-  DESIGN 2) or an ``http(s)://`` DSN (a ClickHouse server). chDB hosts one engine per process,
+  docs/history.md#engines-and-dsns) or an ``http(s)://`` DSN (a ClickHouse server). chDB hosts
+  one engine per process,
   on one data directory, so chDB clients are shared: every ``connect`` of the same DSN in a
   process returns the same client (calls on it are serialized by the client's own lock).
 * ``store(client, kind, records)``: one INSERT of raw broker records into the intake table of
@@ -11,7 +12,7 @@
   anything else (retry). ``split_by_partition``, ``partition_limit`` and ``reject`` are the
   pieces the loader uses for the first two (docs/history.md, "When an INSERT fails").
 * ``apply_retention(client, days)``: drops whole day partitions older than the setting
-  (``analytics.retentionDays``, SPEC 8).
+  (``analytics.retentionDays``, docs/history.md#retention).
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ def _split_database(dsn: str) -> tuple[str, str | None]:
 
 
 def connect(dsn: str, *, create_database: bool = False) -> Client:
-    """A ``clickhouse-connect`` client on the history database named by `dsn` (DESIGN 2).
+    """A ``clickhouse-connect`` client on the history database named by `dsn` (docs/history.md).
 
     Args:
         dsn: ``chdb:///abs/dir`` (embedded chDB keeping its data in that directory; add
@@ -182,7 +183,7 @@ INSERT_SETTINGS: dict[str, Any] = {"optimize_on_insert": 0}
 
 
 def store(client: Client, kind: Kind, records: Collection[Record]) -> int:
-    """Writes broker records into the history with one INSERT (DESIGN 6).
+    """Writes broker records into the history with one INSERT (docs/history.md#how-a-batch-gets-in).
 
     The engine parses each record, writes valid ones to `kind` and its ``_by_resource`` copy
     and the others to ``rejected`` (``svc.history.schema``). Storing the same record again
@@ -425,11 +426,11 @@ def reject(client: Client, refused: Sequence[tuple[Record, str]]) -> int:
 
 
 def retention_cutoff(days: int, now: datetime | None = None) -> date | None:
-    """The first UTC day retention keeps; partitions of earlier days are dropped (SPEC 8).
+    """The first UTC day retention keeps; partitions of earlier days are dropped.
 
     A day is dropped only when all of it is older than `days` days: with `days` = 3 at
     2026-11-22T10:00Z the cutoff is 2026-11-19, so the history keeps at least 3 days and at most
-    4 (whole days only).
+    4 (whole days only; docs/history.md#retention).
 
     Args:
         days: ``analytics.retentionDays``; ``0`` keeps everything.
@@ -455,11 +456,12 @@ def retention_cutoff(days: int, now: datetime | None = None) -> date | None:
 def apply_retention(
     client: Client, days: int, *, now: datetime | None = None
 ) -> list[tuple[str, str]]:
-    """Drops the day partitions older than `days` from every history table (SPEC 8, DESIGN 6).
+    """Drops the day partitions older than `days` from every history table.
 
     Reads the partitions present (``system.parts``) and runs ``ALTER TABLE ... DROP PARTITION
     ID`` for each day before ``retention_cutoff(days, now)``. Call it with the setting as it is
-    now: it may change at any time, and a larger value later cannot bring back dropped days.
+    now: it may change at any time, and a larger value later cannot bring back dropped days
+    (docs/history.md#retention).
 
     Args:
         client: a client from ``connect`` on a migrated database.

@@ -1,12 +1,13 @@
-"""The event intake (svc-intake, SPEC 4.1): events from apps and cloud audit logs to Kafka.
+"""The event intake (svc-intake, docs/intake.md): events from apps and cloud audit logs to Kafka.
 
 ``create_app(settings)`` builds the FastAPI app; ``svc intake`` serves it with uvicorn on port
-8080. A batch is validated whole (every bad event named, nothing produced), normalized (SPEC
-2.2, DESIGN 6) and written to ``svc.events.v1`` as one Kafka transaction; the answer is 202
+8080. A batch is validated whole (every bad event named, nothing produced), normalized
+(docs/intake.md#the-record-on-svceventsv1) and written to ``svc.events.v1`` as one Kafka
+transaction; the answer is 202
 only after the commit. docs/intake.md is the reference.
 
 Modules: ``models`` (the event, validation, the record, problem details), ``cloudtrail``
-(SPEC 2.3 mapping), ``producer`` (the transactional producers), ``service`` (the two
+(the cloud audit log mapping), ``producer`` (the transactional producers), ``service`` (the two
 ingest operations), ``app`` (HTTP), ``settings`` (``SVC_INTAKE_*``), ``metrics``.
 """
 

@@ -1,23 +1,27 @@
-"""The intake's HTTP API (svc-intake, SPEC 4.1): FastAPI, served by uvicorn on port 8080.
+"""The intake's HTTP API (svc-intake, docs/intake.md): FastAPI, served by uvicorn on port 8080.
 
 Routes (docs/intake.md):
 
-* ``POST /v1/events``: ``{"events": [...]}``, 1 to 1,000 events (SPEC 2.2);
-* ``POST /v1/events/cloud-audit-trail``: a CloudTrail file ``{"Records": [...]}`` (SPEC 2.3);
-* ``GET /healthz``, ``/readyz``, ``/version``, ``/metrics`` (SPEC 1);
+* ``POST /v1/events``: ``{"events": [...]}``, 1 to 1,000 events
+  (docs/intake.md#the-event-mandatory-and-optional-fields);
+* ``POST /v1/events/cloud-audit-trail``: a CloudTrail file ``{"Records": [...]}``
+  (docs/intake.md#the-cloud-audit-log-file);
+* ``GET /healthz``, ``/readyz``, ``/version``, ``/metrics``
+  (docs/architecture.md#what-every-component-serves);
 * ``GET /openapi.json``: the OpenAPI document of the routes above, bodies included.
 
 Every GET route answers HEAD too, and every answer carries ``X-Request-ID`` (``svc.web``).
 
-The two POST routes need ``Authorization: Bearer <intake token>`` (SPEC 5; compared in
-constant time): 401 without it, 403 with another token. Their bodies may be gzip (or deflate)
-compressed (``Content-Encoding``, or a body that starts with the gzip magic bytes, as
-CloudTrail's ``.json.gz`` objects do); the size limit holds for the body as sent and after
+The two POST routes need ``Authorization: Bearer <intake token>`` (compared in
+constant time; docs/intake.md#routes): 401 without it, 403 with another token. Their bodies may be
+gzip (or deflate) compressed (``Content-Encoding``, or a body that starts with the gzip magic bytes,
+as CloudTrail's ``.json.gz`` objects do); the size limit holds for the body as sent and after
 decompression, which streams with a cap, so a small "gzip bomb" is refused early.
 
 Answers: 202 once the broker committed the batch; 400/413/415 problem details (RFC 9457,
-DESIGN 7); 503 with ``Retry-After`` when the broker cannot take the batch. The work that
-blocks (validation, the Kafka transaction) runs in a worker thread, never on the event loop.
+docs/intake.md#answers-and-errors); 503 with ``Retry-After`` when the broker cannot take the batch.
+The work that blocks (validation, the Kafka transaction) runs in a worker thread, never on the event
+loop.
 """
 
 from __future__ import annotations
@@ -62,7 +66,8 @@ def http_exception_problem(exc: StarletteHTTPException) -> JSONResponse:
     """Starlette's own HTTP errors (unknown route 404, wrong method 405, ...) as RFC 9457.
 
     Used as the ``StarletteHTTPException`` handler of every Python service's app, so routing
-    errors answer in the same ``urn:svc:problem:<slug>`` shape as the services' own (DESIGN 7);
+    errors answer in the same ``urn:svc:problem:<slug>`` shape as the services' own
+    (docs/architecture.md#identifiers-and-errors);
     the exception's headers (``Allow`` on a 405) are kept.
     """
     slug = {404: "not-found", 405: "method-not-allowed"}.get(exc.status_code, "http-error")
@@ -305,7 +310,7 @@ def openapi_components() -> dict[str, Any]:
 
 
 def create_app(settings: IntakeSettings | None = None) -> FastAPI:
-    """The intake app (SPEC 4.1) for ``settings`` (default: from the environment).
+    """The intake app (docs/intake.md) for ``settings`` (default: from the environment).
 
     The app's lifespan starts the transactional producers (they keep trying while the broker
     is away; ``/readyz`` says when they are ready) and closes them.
@@ -354,7 +359,7 @@ def create_app(settings: IntakeSettings | None = None) -> FastAPI:
     app.state.metrics = metrics
 
     def authenticate(request: Request) -> None:
-        """Checks ``Authorization: Bearer <intake token>`` (SPEC 5) in constant time.
+        """Checks ``Authorization: Bearer <intake token>`` (docs/intake.md#routes) in constant time.
 
         Raises:
             Problem: 401 without a bearer token, 403 with a wrong one.
@@ -408,7 +413,7 @@ def create_app(settings: IntakeSettings | None = None) -> FastAPI:
         openapi_extra=_post_docs("EventBatch", "1 to 1,000 events; gzip allowed"),
     )
     async def post_events(request: Request) -> Response:
-        """``{"events": [...]}``: 1 to 1,000 events (SPEC 2.2, 4.1)."""
+        """``{"events": [...]}``: 1 to 1,000 events (docs/intake.md#routes)."""
         return await ingest(request, "events", service.ingest_events)
 
     @app.post(
@@ -417,7 +422,7 @@ def create_app(settings: IntakeSettings | None = None) -> FastAPI:
         openapi_extra=_post_docs("CloudTrailFile", "a CloudTrail log file; gzip allowed"),
     )
     async def post_cloud_file(request: Request) -> Response:
-        """A cloud audit log file ``{"Records": [...]}`` (SPEC 2.3, 4.1)."""
+        """A cloud audit log file ``{"Records": [...]}`` (docs/intake.md#routes)."""
         return await ingest(request, "cloud", service.ingest_cloud_file)
 
     @app.get("/healthz")
@@ -447,7 +452,7 @@ def create_app(settings: IntakeSettings | None = None) -> FastAPI:
 
     @app.get("/version")
     async def version() -> dict[str, str]:
-        """The release (SPEC 9)."""
+        """The release (docs/architecture.md#versioning)."""
         return {"component": "svc-intake", "version": __version__}
 
     @app.get(

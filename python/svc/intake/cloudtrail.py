@@ -1,4 +1,4 @@
-"""Cloud audit log files (AWS CloudTrail) to intake events (SPEC 2.3).
+"""Cloud audit log files (AWS CloudTrail) to intake events (docs/intake.md).
 
 A file is ``{"Records": [...]}`` as the cloud writes it (decompressed). Each record becomes one
 ``CloudEvent``:
@@ -17,7 +17,8 @@ A file is ``{"Records": [...]}`` as the cloud writes it (decompressed). Each rec
 * ``eventID`` -> ``attributes.cloud_event_id`` (a retried file's records are recognisable), plus
   a few more small facts under ``attributes`` (docs/intake.md).
 
-Not every record is an event of a principal in the account (DESIGN: handled on purpose):
+Not every record is an event of a principal in the account (handled on purpose; see
+docs/intake.md#records-and-files-that-are-not-activity-of-the-account):
 
 * CloudTrail Insights records (``eventCategory: Insight``, ``eventType: AwsCloudTrailInsight``)
   are CloudTrail's own statistics about unusual call rates, with no caller: skipped, and
@@ -199,7 +200,7 @@ def _attributes(rec: dict[str, Any], source_host: str | None) -> dict[str, Any]:
 def map_record(
     rec: dict[str, Any], is_human_role: Callable[[str, str], bool]
 ) -> dict[str, Any] | None:
-    """One record as a ``CloudEvent`` dict (SPEC 2.3), or ``None`` for an Insights record.
+    """One record as a ``CloudEvent`` dict (docs/intake.md), or ``None`` for an Insights record.
 
     The result is not validated yet: a record lacking ``eventTime`` maps to an event lacking
     ``at``, reported by validation under the record's field name (``cloud_field``).
@@ -231,7 +232,7 @@ def map_record(
 
 
 def map_file(doc: Any, is_human_role: Callable[[str, str], bool]) -> CloudFile:
-    """A decoded cloud audit log file as events (SPEC 2.3, 4.1).
+    """A decoded cloud audit log file as events (docs/intake.md#the-cloud-audit-log-file).
 
     Args:
         doc: the decoded JSON body.
@@ -243,7 +244,7 @@ def map_file(doc: Any, is_human_role: Callable[[str, str], bool]) -> CloudFile:
 
     Raises:
         Problem: 400 when the body is not a log file (no ``Records`` array); 413 when it holds
-            more than 1,000 records (SPEC 8; split the file).
+            more than 1,000 records (docs/intake.md#limits; split the file).
 
     """
     out = CloudFile()

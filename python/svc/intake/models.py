@@ -1,14 +1,16 @@
-"""The intake's event (SPEC 2.2), its validation, its normalized record, and problem details.
+"""The intake's event (docs/intake.md), its validation, its normalized record, and problem details.
 
-Validation has two steps, both reporting every problem of every event (STYLE "validate all,
-report all"), each as a ``FieldError`` naming the event's index and the field:
+Validation has two steps, both reporting every problem of every event ("validate all,
+report all", docs/architecture.md#code-layout-and-conventions), each as a ``FieldError`` naming the
+event's index and the field:
 
 1. **Shape** (pydantic v2, strict, in Rust): the batch is parsed and checked against the
    ``Event`` TypedDict in one ``validate_json`` call: mandatory fields, types, enumerations,
    lengths, unknown fields, and no control characters in identifiers (``svc.identifiers``).
 2. **Meaning** (``check_event``, Python): ``at`` is RFC 3339 with an offset and not more than
-   five minutes ahead (SPEC 7, 8), ``count`` requires ``access``, ``on_behalf_of`` only for a
-   ``ServiceAccount``, ``source_ip`` is an IP address, ``attributes`` hold no document contents.
+   five minutes ahead (docs/intake.md#limits), ``count`` requires ``access``, ``on_behalf_of`` only
+   for a ``ServiceAccount``, ``source_ip`` is an IP address, ``attributes`` hold no document
+   contents.
 
 TypedDicts rather than models: the validated events stay plain dicts, which keeps a
 1,000-event batch at a few milliseconds (docs/benchmarks.md, "Audit intake").
@@ -16,9 +18,10 @@ TypedDicts rather than models: the validated events stay plain dicts, which keep
 Mandatory fields: ``at``, ``system``, ``principal``, ``action``, ``resource``; the rest are
 optional, absent or ``null`` meaning unknown. docs/intake.md has what each may hold.
 
-The normalized record (DESIGN 6, ``to_record``) is the event with ``at`` in UTC (RFC 3339,
-milliseconds, ``Z``) plus ``received_at``, ``ingest_id`` (UUIDv7) and ``role_arn`` (cloud
-records; ``null`` otherwise). Every field is present, ``null`` when the event did not say.
+The normalized record (``to_record``, docs/intake.md#the-record-on-svceventsv1) is the event with
+``at`` in UTC (RFC 3339, milliseconds, ``Z``) plus ``received_at``, ``ingest_id`` (UUIDv7) and
+``role_arn`` (cloud records; ``null`` otherwise). Every field is present, ``null`` when the event
+did not say.
 """
 
 from __future__ import annotations
@@ -58,7 +61,7 @@ __all__ = [
     "validate_shapes",
 ]
 
-#: Events per request (SPEC 4.1, 8).
+#: Events per request (docs/intake.md#limits).
 MAX_EVENTS = 1000
 #: ``attributes`` serialized as compact JSON (UTF-8) may take at most this many bytes.
 ATTRIBUTES_MAX_BYTES = 4096
@@ -74,7 +77,7 @@ Name = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=ID
 Id = Annotated[str, StringConstraints(min_length=1, max_length=256, pattern=IDENTIFIER_PATTERN)]
 """A principal's id (SCIM user name, service-account id, cloud ARN); no control characters."""
 ResourceId = Annotated[str, StringConstraints(max_length=2048, pattern=IDENTIFIER_PATTERN)]
-"""A resource id; empty for a list or search (SPEC 2.2); ARNs run to 2,048 characters."""
+"""A resource id; empty for a list or search; ARNs run to 2,048 characters."""
 Arn = Annotated[str, StringConstraints(max_length=2048, pattern=IDENTIFIER_PATTERN)]
 """A cloud ARN (``role_arn``); no control characters."""
 
@@ -83,7 +86,7 @@ _STRICT = ConfigDict(strict=True, extra="forbid")
 
 @with_config(_STRICT)
 class Principal(TypedDict):
-    """The acting principal (SPEC 2.1): a ``Human`` or a ``ServiceAccount``."""
+    """The acting principal: a ``Human`` or a ``ServiceAccount``."""
 
     type: Literal["Human", "ServiceAccount"]
     id: Id
@@ -91,7 +94,7 @@ class Principal(TypedDict):
 
 @with_config(_STRICT)
 class Person(TypedDict):
-    """The person a service account acted for (SPEC 2.1 ``on_behalf_of``): a ``Human``."""
+    """The person a service account acted for (``on_behalf_of``): a ``Human``."""
 
     type: Literal["Human"]
     id: Id
@@ -99,7 +102,7 @@ class Person(TypedDict):
 
 @with_config(_STRICT)
 class Entity(TypedDict):
-    """A resource (SPEC 2.1): its own type name; ``id`` may be empty for a list or search."""
+    """A resource: its own type name; ``id`` may be empty for a list or search."""
 
     type: Name
     id: ResourceId
@@ -107,7 +110,7 @@ class Entity(TypedDict):
 
 @with_config(_STRICT)
 class Event(TypedDict):
-    """One event as apps send it to ``POST /v1/events`` (SPEC 2.2); see the module docs."""
+    """One event as apps send it to ``POST /v1/events`` (docs/intake.md); see the module docs."""
 
     at: Annotated[
         str, StringConstraints(max_length=64), Field(json_schema_extra={"format": "date-time"})
@@ -128,14 +131,14 @@ class Event(TypedDict):
 
 @with_config(_STRICT)
 class CloudEvent(Event):
-    """An event mapped from a cloud audit record (SPEC 2.3): an ``Event`` plus ``role_arn``."""
+    """An event mapped from a cloud audit record: an ``Event`` plus ``role_arn``."""
 
     role_arn: NotRequired[Arn | None]
 
 
 @with_config(_STRICT)
 class EventBatch(TypedDict):
-    """The body of ``POST /v1/events`` (SPEC 4.1): 1 to 1,000 events."""
+    """The body of ``POST /v1/events`` (docs/intake.md#routes): 1 to 1,000 events."""
 
     events: Annotated[list[Event], Field(min_length=1, max_length=MAX_EVENTS)]
 
@@ -148,7 +151,7 @@ CLOUD_EVENTS: TypeAdapter[list[CloudEvent]] = TypeAdapter(list[CloudEvent])
 
 @dataclass(frozen=True)
 class FieldError:
-    """One problem with one event (DESIGN 7 ``errors[]``).
+    """One problem with one event (an item of ``errors[]``, docs/intake.md#answers-and-errors).
 
     ``index`` is the event's position in the batch (``None`` for the request as a whole);
     ``field`` the field's path (``principal.id``, ``attributes.tags[2]``).
@@ -165,7 +168,7 @@ class FieldError:
 
 @dataclass(eq=False)
 class Problem(Exception):
-    """An RFC 9457 problem (DESIGN 7), raised by the service and answered by the app.
+    """An RFC 9457 problem (docs/intake.md), raised by the service and answered by the app.
 
     ``type`` is ``urn:svc:problem:<slug>``; ``errors`` lists every bad event of a batch;
     ``headers`` go on the response (``Retry-After``, ``WWW-Authenticate``).
@@ -273,7 +276,7 @@ _RFC3339 = re.compile(
 
 
 def parse_rfc3339(value: str) -> datetime:
-    """Parses an RFC 3339 timestamp with any offset (SPEC 2.2 ``at``).
+    """Parses an RFC 3339 timestamp with any offset (the event's ``at``, RFC 3339 section 5.6).
 
     Args:
         value: like ``2025-03-06T02:25:06.5+01:00``: ``T``, ``t`` or a space between date and
@@ -308,7 +311,7 @@ def parse_rfc3339(value: str) -> datetime:
 
 
 def format_utc(dt: datetime) -> str:
-    """``dt`` in UTC as RFC 3339 with milliseconds and ``Z`` (DESIGN 6).
+    """``dt`` in UTC as RFC 3339 with milliseconds and ``Z`` (docs/intake.md).
 
     For example ``2025-03-06T03:25:06.5+01:00`` gives ``2025-03-06T02:25:06.500Z``.
     """
@@ -387,8 +390,9 @@ def check_event(
         event: the event (after ``validate_shapes`` or ``EVENT_BATCH``); ``source_ip`` is
             replaced by its canonical form.
         index: the event's index, for the errors.
-        now: server time (the clock check, SPEC 7).
-        max_skew: how far ahead of ``now`` an event may be (SPEC 8: 5 minutes).
+        now: server time (the clock check, docs/intake.md#limits).
+        max_skew: how far ahead of ``now`` an event may be (5 minutes by default,
+            docs/intake.md#limits).
         errors: where problems go.
 
     Returns:
@@ -454,13 +458,18 @@ def check_event(
 
 
 def principal_key(event: Event) -> bytes:
-    """The broker key: the principal as ``Type::id`` (DESIGN 6, as the decision log)."""
+    """The broker key: the principal as ``Type::id``, as the decision log's.
+
+    One principal's records stay in order on one partition (docs/architecture.md#how-records-flow).
+    """
     p = event["principal"]
     return f"{p['type']}::{p['id']}".encode()
 
 
 def to_record(event: Event, at: datetime, received_at: str, ingest_id: str) -> bytes:
-    """The normalized record of one valid event for ``svc.events.v1`` (DESIGN 6), as JSON.
+    """The normalized record of one valid event for ``svc.events.v1``, as JSON.
+
+    The record is in docs/intake.md#the-record-on-svceventsv1.
 
     Args:
         event: a valid event (``Event`` or ``CloudEvent``).

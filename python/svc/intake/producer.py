@@ -1,6 +1,7 @@
 """All-or-nothing batches on ``svc.events.v1``: a small pool of transactional producers.
 
-A batch is one Kafka transaction (SPEC 4.1 "a batch is all or nothing", DESIGN 2):
+A batch is one Kafka transaction (a batch is all or nothing,
+docs/intake.md#all-or-nothing-transactions):
 ``begin_transaction``, ``produce`` every record, ``flush``, ``commit_transaction``. The intake
 answers 202 only after the commit returned, that is after the broker acknowledged every record
 (``acks=all``) and the transaction coordinator committed them. Consumers that read

@@ -1,12 +1,13 @@
-"""The intake's service layer: a decoded body in, a transaction on the broker out (SPEC 4.1).
+"""The intake's service layer: a decoded body in, a transaction on the broker out (docs/intake.md).
 
-Transport-free (STYLE "thin transports over one service layer"): ``app.py`` authenticates,
+Transport-free (one service layer under thin transports,
+docs/architecture.md#code-layout-and-conventions): ``app.py`` authenticates,
 reads and decompresses the body, calls ``ingest_events`` / ``ingest_cloud_file`` in a worker
 thread and turns a ``Problem`` into an RFC 9457 answer.
 
 Both routes do the same four steps: decode, validate every event (naming every bad one),
-normalize each into its record (DESIGN 6), and send the batch as one transaction. Nothing is
-produced unless every event is valid.
+normalize each into its record (docs/intake.md#the-record-on-svceventsv1), and send the batch as one
+transaction. Nothing is produced unless every event is valid.
 """
 
 from __future__ import annotations
@@ -142,7 +143,7 @@ def _invalid(errors: list[FieldError], total: int, what: str) -> Problem:
 
 
 class IntakeService:
-    """Validates, normalizes and sends batches (SPEC 2.2, 2.3, 4.1, 7).
+    """Validates, normalizes and sends batches (docs/intake.md).
 
     Args:
         settings: the intake's settings (clock skew, human roles, Retry-After).
@@ -162,7 +163,7 @@ class IntakeService:
     # -- POST /v1/events
 
     def ingest_events(self, body: bytes) -> dict[str, Any]:
-        """``POST /v1/events``: 1 to 1,000 events of SPEC 2.2, all or nothing.
+        """``POST /v1/events``: 1 to 1,000 events (docs/intake.md), all or nothing.
 
         Args:
             body: the decompressed request body, ``{"events": [...]}``.
@@ -234,7 +235,9 @@ class IntakeService:
     # -- POST /v1/events/cloud-audit-trail
 
     def ingest_cloud_file(self, body: bytes) -> dict[str, Any]:
-        """``POST /v1/events/cloud-audit-trail``: a CloudTrail file, all or nothing (SPEC 2.3).
+        """``POST /v1/events/cloud-audit-trail``: a CloudTrail file, all or nothing.
+
+        The mapping is in docs/intake.md#the-cloud-audit-log-file.
 
         Args:
             body: the decompressed file, ``{"Records": [...]}``.

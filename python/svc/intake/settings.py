@@ -1,8 +1,8 @@
 """Settings of the event intake (svc-intake): ``SVC_INTAKE_*`` and ``SVC_KAFKA_URL``.
 
-One settings class for the component (STYLE "Configuration"): defaults that run locally against
-``scripts/dev-kafka.sh``, and a refusal to start with a placeholder or missing intake token
-outside dev mode. docs/intake.md lists every setting.
+One settings class for the component (docs/architecture.md#code-layout-and-conventions): defaults
+that run locally against ``scripts/dev-kafka.sh``, and a refusal to start with a placeholder or
+missing intake token outside dev mode. docs/intake.md lists every setting.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ MIN_TOKEN_CHARS = 16
 
 
 class IntakeSettings(BaseSettings):
-    """Settings of svc-intake (SPEC 4.1, 5, 8; DESIGN 2).
+    """Settings of svc-intake (docs/intake.md#running-it).
 
     Read from the environment (``SVC_INTAKE_<NAME>``; the broker from ``SVC_KAFKA_URL``) or
     given as keyword arguments (tests, ``svc intake`` options).
@@ -51,14 +51,14 @@ class IntakeSettings(BaseSettings):
     host: str = "127.0.0.1"
     """Address to bind (``0.0.0.0`` in a container)."""
     port: int = Field(default=8080, ge=0, le=65535)
-    """HTTP port (SPEC 8: 8080)."""
+    """HTTP port (8080, the service port of docs/architecture.md#limits)."""
     kafka_url: str = Field(
         default="kafka://127.0.0.1:29092",
         validation_alias=AliasChoices("SVC_KAFKA_URL", "kafka_url"),
     )
     """The one broker setting (``kafka://host:port[,host:port]``); default: scripts/dev-kafka.sh."""
     topic: str = EVENTS_TOPIC
-    """Destination topic (DESIGN 6: ``svc.events.v1``)."""
+    """Destination topic (``svc.events.v1``, docs/architecture.md#versioning)."""
     token: SecretStr | None = None
     """The intake token shippers send as ``Authorization: Bearer``."""
     token_file: Path | None = None
@@ -67,7 +67,8 @@ class IntakeSettings(BaseSettings):
     """Dev mode: without a token, the placeholder ``dev-intake-token`` is accepted."""
     human_roles: Annotated[list[str], NoDecode] = Field(default_factory=list)
     """Chart setting ``intake.humanRoles``: role names, role ARNs or ``*`` patterns whose
-    sessions are people (SPEC 2.3). JSON list or comma-separated."""
+    sessions are people (docs/intake.md#the-caller-by-useridentitytype). JSON list or
+    comma-separated."""
     max_body_bytes: int = Field(default=10 * 1024 * 1024, ge=1024)
     """Largest request body, both as sent and after gzip decompression (413 above)."""
     max_json_depth: int = Field(default=64, ge=8, le=128)
@@ -85,7 +86,7 @@ class IntakeSettings(BaseSettings):
     transactional_id: str | None = None
     """Prefix of the producers' ``transactional.id``; default ``svc-intake-<host>-<pid>``."""
     max_clock_skew_secs: float = Field(default=300.0, ge=0)
-    """How far an event's ``at`` may lie ahead of server time (SPEC 8: 5 minutes)."""
+    """How far an event's ``at`` may lie ahead of server time (docs/intake.md#limits)."""
     kafka_config: dict[str, Any] = Field(default_factory=dict)
     """Extra librdkafka settings (security, for example); they win over the intake's own."""
 
@@ -156,7 +157,7 @@ class IntakeSettings(BaseSettings):
         return f"svc-intake-{socket.gethostname()}-{os.getpid()}"
 
     def is_human_role(self, role_name: str, role_arn: str) -> bool:
-        """Whether sessions of this role are people by ``intake.humanRoles`` (SPEC 2.3).
+        """Whether sessions of this role are people by ``intake.humanRoles`` (docs/intake.md).
 
         Args:
             role_name: the role's name (last segment of its ARN).

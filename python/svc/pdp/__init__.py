@@ -1,4 +1,4 @@
-"""The decision point's in-process engine (SPEC 2.4, DESIGN 3-4).
+"""The decision point's in-process engine (docs/decisions.md).
 
 `Engine` wraps the Rust decision core: a Cedar policy bundle plus an in-memory entity store
 (principals, groups, service accounts, resources, work items, containments, risk scores),
@@ -13,7 +13,7 @@ Example::
                      "resource": {"type": "Document", "id": "roadmap"}})
     # {'qid': '019...', 'verdict': 'allow', 'challenges': [], 'policies': [...], 'mode': 'enforce'}
 
-`Server` serves an engine over gRPC and HTTP on one port (SPEC 4.2); `svc.pdp.server` runs it
+`Server` serves an engine over gRPC and HTTP on one port (docs/api.md); `svc.pdp.server` runs it
 in standalone mode over one bundle directory (`svc pdp --bundle DIR`).
 
 Errors: `BundleError` (a bundle does not load; `.errors` lists every problem with file, line

@@ -1,4 +1,6 @@
-"""The decision log's shipper: records from the decision point's spool to Kafka (SPEC 1 and 6).
+"""The decision log's shipper: records from the decision point's spool to Kafka.
+
+See docs/architecture.md#how-records-flow and docs/history.md#durability-of-the-decision-log.
 
 How a record travels (docs/history.md, "Durability of the decision log"):
 

@@ -1,4 +1,4 @@
-"""The decision point service (svc-pdp, SPEC 4.2) and its standalone mode.
+"""The decision point service (svc-pdp, docs/api.md) and its standalone mode.
 
 The listener itself is Rust (``svc._pdp_core.Server``: tonic + axum on one port, its own Tokio
 runtime, the GIL never taken per request). This module is its control plane in standalone
@@ -14,8 +14,8 @@ bearer token, checked by the Rust listener against the issuer's JWKS, which this
 ``auth_jwks_refresh_secs`` for key rotation (``JwksRefresher``). With auth off, only a loopback
 bind is allowed: ``serve_bundle`` refuses any other host before anything starts.
 
-Standalone mode has no svc-challenge (SPEC 1), so challenge verdicts carry no
-``challenge_qid`` and ``POST /v1/access/challenge`` answers 503 naming the missing service. It
+Standalone mode has no svc-challenge (docs/architecture.md#components), so challenge verdicts carry
+no ``challenge_qid`` and ``POST /v1/access/challenge`` answers 503 naming the missing service. It
 has no containment feed either: the containment list is the (empty) one of the bundle, so it
 counts as loaded.
 """
@@ -199,14 +199,15 @@ class StandaloneOptions:
 
     Attributes:
         host: address to bind (``127.0.0.1``; ``0.0.0.0`` in a container).
-        port: port (SPEC 8: 8080; 0 picks a free one).
-        mode: ``enforce`` or ``monitor`` (SPEC 3), reported with every decision.
+        port: port (8080 by default, docs/architecture.md#limits; 0 picks a free one).
+        mode: ``enforce`` or ``monitor`` (docs/architecture.md#monitor-and-enforce), reported with
+            every decision.
         max_body_bytes: largest request body; larger get 413.
         workers: Tokio worker threads (0: one per core).
         public_url: base URL for AuthZEN discovery; derived from ``Host`` when ``None``.
         watch: reload the bundle when its files change.
         noop_routes: also serve the benchmark ceiling routes.
-        plan_max_age_secs: ``max_age_secs`` of query plans (SPEC 2.6).
+        plan_max_age_secs: ``max_age_secs`` of query plans (docs/plans.md).
         kafka_url: broker of the decision log (``kafka://host:port`` or a bootstrap list);
             ``None`` runs without a decision log.
         spool_dir: the decision log's spool: every record is written there before it is

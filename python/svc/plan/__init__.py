@@ -1,4 +1,4 @@
-"""Query-plan filters (SPEC 2.6, DESIGN 5): the typed filter tree, its evaluator, and SQL.
+"""Query-plan filters (docs/plans.md): the typed filter tree, its evaluator, and SQL.
 
 `svc.plan.filters` parses and validates the planner's filter JSON into node dataclasses and
 evaluates a tree over one row with SQL three-valued logic; `svc.plan.sql` compiles a tree to a

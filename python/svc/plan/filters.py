@@ -1,4 +1,4 @@
-"""Typed filter trees: parse, validate and evaluate the query-plan filter (SPEC 2.6, DESIGN 5).
+"""Typed filter trees: parse, validate and evaluate the query-plan filter (docs/plans.md).
 
 The planner answers "which rows of type T may this principal see?" with a filter tree in JSON
 (the filter contract, docs/plans.md "The filter tree"). This module turns that JSON into frozen
@@ -56,7 +56,7 @@ CMPS: tuple[Cmp, ...] = ("eq", "ne", "lt", "le", "gt", "ge")
 
 
 class FilterError(ValueError):
-    """A filter tree that breaks the contract (SPEC 2.6).
+    """A filter tree that breaks the contract (docs/plans.md#the-filter-tree).
 
     `path` is where in the tree the (first) problem is, e.g. ``args[1].cmp``; the message lists
     every problem found, each as ``path: what is wrong``. Subclasses `ValueError` (bad input).
@@ -70,7 +70,7 @@ class FilterError(ValueError):
 
 
 class NeedsRowCheck(FilterError):
-    """The filter cannot be decided here, so rows need checking one by one (SPEC 2.6).
+    """The filter cannot be decided here, so rows need checking one by one (docs/plans.md).
 
     Raised for an `unknown`/`unmappable` node or, in SQL, for something the mapping cannot
     express. Callers either fail, or ask for a superset and check the returned rows one by one
@@ -425,7 +425,7 @@ def _as_entity(raw: object) -> EntityUid | None:
 
 
 def parse_filter(obj: object) -> Node:
-    """Parse and validate a filter tree in the contract's JSON shape (SPEC 2.6).
+    """Parse and validate a filter tree in the contract's JSON shape (docs/plans.md).
 
     Takes the decoded JSON (a dict) and returns the root `Node`. Entity references are accepted
     as ``{"__entity": {...}}`` or bare ``{"type","id"}``; `and`/`or` may have any number of args.
@@ -502,7 +502,7 @@ def to_json(node: Node) -> dict[str, Any]:
 
 
 def residuals(node: Node) -> Iterator[Residual]:
-    """Yield every `unknown`/`unmappable` node of the tree (SPEC 2.6 ``needs_row_checks``)."""
+    """Yield every `unknown`/`unmappable` node of the tree (``needs_row_checks``, docs/plans.md)."""
     match node:
         case Residual():
             yield node
@@ -745,7 +745,7 @@ def evaluate(
     ancestors: AncestorsLookup | None = None,
     unknown: Literal["raise", "superset"] = "raise",
 ) -> bool:
-    """Whether the filter matches one row (its value is TRUE), per the filter contract (SPEC 2.6).
+    """Whether the filter matches one row (its value is TRUE), per the filter contract.
 
     Takes a parsed `Node` (or the contract JSON, parsed first) and a row in Cedar's entity JSON
     shape ``{"uid": {"type", "id"}, "attrs": {...}, "parents": [...]}``; entity references may be

@@ -1,4 +1,4 @@
-"""Compile a plan filter tree to a SQLAlchemy Core WHERE clause (SPEC 2.6, DESIGN 5).
+"""Compile a plan filter tree to a SQLAlchemy Core WHERE clause (docs/plans.md).
 
 The mapping object (`SqlMapping`) says where each resource attribute lives: a plain column, a
 path inside a JSON column, an array column (PostgreSQL) or a join table for a set, and how the
@@ -211,7 +211,7 @@ def compile_filter(
     dialect: str | Dialect,
     superset: bool = False,
 ) -> SqlFilter:
-    """Compile a filter tree to a SQLAlchemy Core boolean clause (SPEC 2.6, DESIGN 5).
+    """Compile a filter tree to a SQLAlchemy Core boolean clause (docs/plans.md).
 
     Takes a parsed `Node` (or the contract JSON), the `SqlMapping`, and the target dialect
     (``"postgresql"`` or ``"sqlite"``, or a SQLAlchemy `Dialect` such as ``engine.dialect``).

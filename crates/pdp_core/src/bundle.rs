@@ -10,11 +10,12 @@
 //! * optionally `linked`: template links in the Cedar CLI's format.
 //!
 //! Other files are ignored. Policies are validated strictly against the schema and every
-//! problem is reported with file, line and column (SPEC 2.4, DESIGN 3).
+//! problem is reported with file, line and column (docs/bundles.md#validation).
 //!
 //! A policy's name is its `@id("...")` annotation, else the id Cedar assigns while parsing:
 //! `policy0`, `policy1`, ... counted over all files as if they were one text in name order.
-//! `@challenge("verification" | "approval" | "justification")` marks a step-up policy (DESIGN 4).
+//! `@challenge("verification" | "approval" | "justification")` marks a step-up policy
+//! (docs/bundles.md#step-up-policies).
 
 use crate::error::{chain, BundleError, RequestError, SourceError};
 use crate::store::{FastMap, StoredEntity};
@@ -29,7 +30,7 @@ use std::path::Path;
 use std::str::FromStr;
 use std::sync::Arc;
 
-/// Step-up kinds a `@challenge` annotation may name (DESIGN 4).
+/// Step-up kinds a `@challenge` annotation may name (docs/bundles.md#step-up-policies).
 pub const CHALLENGE_KINDS: [&str; 3] = ["verification", "approval", "justification"];
 
 /// The texts a bundle is built from: `(file name, contents)` pairs.
@@ -210,7 +211,7 @@ pub struct Bundle {
     /// The schema, when the bundle has one.
     pub(crate) schema: Option<Schema>,
     /// Per action, which of the decision point's own context fields its context declares
-    /// (DESIGN 3); an action missing here takes none.
+    /// (docs/decisions.md); an action missing here takes none.
     pub(crate) injected: FastMap<EntityUid, Declared>,
     /// Action uids by bare id, for resolving `read` to `NS::Action::"read"`.
     actions_by_id: HashMap<String, Vec<EntityUid>>,
@@ -351,8 +352,9 @@ pub(crate) fn qualified_type(ns: &str, name: &str) -> Option<EntityTypeName> {
     EntityTypeName::from_str(&full).ok()
 }
 
-/// Which of the decision point's own context fields (DESIGN 3: `risk_score`, `human_present`,
-/// `assigned`, `work_item`, `agent`) an action's context declares; each is added to a check's
+/// Which of the decision point's own context fields (`risk_score`, `human_present`, `assigned`,
+/// `work_item`, `agent`; docs/decisions.md#context-the-decision-point-fills-in) an action's context
+/// declares; each is added to a check's
 /// context only where declared (without a schema, always).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Declared {
@@ -1082,7 +1084,7 @@ impl Bundle {
     }
 
     /// Whether policy `id` is a plain forbid: a `forbid` without `@challenge`, which denies
-    /// whatever else is satisfied (DESIGN 4). Unknown ids are not.
+    /// whatever else is satisfied (docs/decisions.md#one-principals-verdict). Unknown ids are not.
     pub(crate) fn is_plain_forbid(&self, id: &PolicyId) -> bool {
         self.meta
             .get(id)

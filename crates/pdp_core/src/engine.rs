@@ -1,6 +1,6 @@
 //! The decision engine: one bundle plus one entity store, swapped atomically, and `decide`.
 //!
-//! Check semantics are those of SPEC 2.4 and DESIGN 3-4 (summarised in docs/decisions.md):
+//! Check semantics (docs/decisions.md, docs/architecture.md#verdicts-challenges-and-mode):
 //!
 //! 1. A contained principal, or a `ServiceAccount` that is not registered, is denied before any
 //!    policy runs (`svc:contained`, `svc:unregistered`).
@@ -41,14 +41,15 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-/// Built-in reason: the principal is contained (SPEC 3).
+/// Built-in reason: the principal is contained (docs/architecture.md#built-in-denials).
 pub const REASON_CONTAINED: &str = "svc:contained";
-/// Built-in reason: the service account is not registered (SPEC 5 rule 6).
+/// Built-in reason: the service account is not registered (docs/architecture.md#built-in-denials).
 pub const REASON_UNREGISTERED: &str = "svc:unregistered";
 /// Built-in reason: a `verification` challenge fired but nobody is present to answer it.
 pub const REASON_HUMAN_NOT_PRESENT: &str = "svc:human_not_present";
 
-/// Context attributes the decision point fills in; callers cannot forge them (DESIGN 3).
+/// Context attributes the decision point fills in; callers cannot forge them
+/// (docs/decisions.md#context-the-decision-point-fills-in).
 pub const INJECTED_CONTEXT: [&str; 4] = ["human_present", "agent", "work_item", "assigned"];
 
 /// A verdict, ordered by strictness (`Allow < Challenge < Deny`).
@@ -73,7 +74,8 @@ impl Verdict {
     }
 }
 
-/// Enforcement mode (SPEC 3): reported with every decision, never applied by the engine.
+/// Enforcement mode (docs/architecture.md#monitor-and-enforce): reported with every decision, never
+/// applied by the engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Mode {
     /// Enforcement points allow whatever the verdict; history records would-deny/challenge.
@@ -136,7 +138,8 @@ impl Outcome {
     }
 }
 
-/// One decision: the response of a check and the record the decision log keeps (DESIGN 6).
+/// One decision: the response of a check and the record the decision log keeps
+/// (docs/history.md#schema).
 #[derive(Debug, Clone)]
 pub struct Decision {
     /// Decision id (UUIDv7).
@@ -185,14 +188,16 @@ pub(crate) fn uid_json(u: &EntityUid) -> Value {
     json!({"type": u.type_name().to_string(), "id": u.id().unescaped()})
 }
 
-/// `Type::"id"` with the id unescaped, the key form of the decision log (DESIGN 6).
+/// `Type::"id"` with the id unescaped, the key form of the decision log
+/// (docs/architecture.md#how-records-flow).
 pub fn uid_key(u: &EntityUid) -> String {
     format!("{}::{}", u.type_name(), u.id().unescaped())
 }
 
 impl Decision {
-    /// The HTTP response of `POST /v1/access/evaluation` (SPEC 2.4): `qid`, `verdict`,
-    /// `challenges`, `policies`, `on_behalf_of` (only when the request named a person), `mode`.
+    /// The HTTP response of `POST /v1/access/evaluation` (docs/api.md#http-routes): `qid`,
+    /// `verdict`, `challenges`, `policies`, `on_behalf_of` (only when the request named a person),
+    /// `mode`.
     pub fn to_response(&self) -> Value {
         let mut m = Map::new();
         m.insert("qid".into(), Value::String(self.qid.clone()));
@@ -206,7 +211,8 @@ impl Decision {
         Value::Object(m)
     }
 
-    /// The decision-log record of DESIGN 6 (`challenge_qid` is filled by the service layer).
+    /// The decision-log record (docs/history.md#schema; `challenge_qid` is filled by the service
+    /// layer).
     pub fn to_record(&self, pdp: &str) -> Value {
         json!({
             "qid": self.qid,
@@ -628,7 +634,8 @@ impl Engine {
         })
     }
 
-    /// Registers (or re-registers) service accounts from SPEC 2.7 records:
+    /// Registers (or re-registers) service accounts from their records
+    /// (docs/architecture.md#entities-and-the-base-schema):
     /// `{id, owner, ai, groups, description, app?}`. Each becomes a `ServiceAccount` entity with
     /// attributes `owner` (a `Human`), `ai`, `registered = true`, `app` (default: the id up to its
     /// first dot), `description`, and the named `Group`s as parents.
@@ -735,7 +742,8 @@ impl Engine {
     }
 
     /// Retires service accounts by id: they are removed from the store, so every later check
-    /// they make is denied with `svc:unregistered` (SPEC 3). Returns how many were present.
+    /// they make is denied with `svc:unregistered` (docs/architecture.md#built-in-denials).
+    /// Returns how many were present.
     pub fn unregister_service_accounts(&self, ids: &[String]) -> usize {
         self.update::<usize, ()>(|s| {
             let Some(sa_ty) = s.bundle.type_named("ServiceAccount") else {
@@ -952,7 +960,7 @@ impl Engine {
             .map(Self::prefetch_key)
     }
 
-    /// Decides one check (SPEC 2.4, DESIGN 3-4).
+    /// Decides one check (docs/decisions.md).
     ///
     /// # Errors
     /// [`RequestError`] when the action is unknown or ambiguous, an entity type is not declared,
@@ -1056,7 +1064,7 @@ impl Engine {
         })
     }
 
-    /// Sets how long a plan may be paged with (`max_age_secs`, SPEC 2.6; default 300) and how
+    /// Sets how long a plan may be paged with (`max_age_secs`, docs/plans.md; default 300) and how
     /// many plans are kept for paging (default 10,000; least recently used go first).
     pub fn configure_plans(&self, max_age_secs: u64, capacity: usize) {
         self.plan_max_age_secs
@@ -1085,7 +1093,7 @@ impl Engine {
         self.plan(&PlanRequest::from_value(value)?)
     }
 
-    /// Builds the query plan of SPEC 2.6 (DESIGN 5): which rows of `resource_type` the
+    /// Builds the query plan (docs/plans.md): which rows of `resource_type` the
     /// principal (and the person it acts for) may see, as a filter over the rows' attributes,
     /// from Cedar's type-aware partial evaluation with the resource unknown. A request whose
     /// `plan_qid` names a recent plan for the same question gets that plan back with `pinned`
@@ -1389,8 +1397,9 @@ impl Engine {
 }
 
 /// The context of one principal's check or plan: the caller's, with the decision point's own
-/// fields on top (DESIGN 3: the reasoner's `risk_score`, `human_present`, `assigned`,
-/// `work_item`, `agent`), each only where the schema declares it for `action`, typed against the
+/// fields on top (the reasoner's `risk_score`, `human_present`, `assigned`, `work_item`, `agent`;
+/// docs/decisions.md#context-the-decision-point-fills-in), each only where the schema declares it
+/// for `action`, typed against the
 /// schema.
 ///
 /// The typed context is memoised per bundle ([`crate::memo::ContextMemo`]).
@@ -1446,7 +1455,8 @@ fn elapsed_us(t0: Instant) -> u64 {
     u64::try_from(t0.elapsed().as_micros()).unwrap_or(u64::MAX)
 }
 
-/// `on_behalf_of` rules (SPEC 2.4): only a `ServiceAccount` acts for someone, and only for a
+/// `on_behalf_of` rules (docs/decisions.md#an-agent-acting-for-a-person): only a `ServiceAccount`
+/// acts for someone, and only for a
 /// `Human` the schema declares.
 fn check_on_behalf_of(
     b: &Bundle,
@@ -1844,7 +1854,8 @@ impl<'s> SliceList<'s> {
     }
 }
 
-/// Applies DESIGN 4's verdict rules to the satisfied policies of one principal.
+/// Applies the verdict rules (docs/decisions.md#one-principals-verdict) to the satisfied policies
+/// of one principal.
 fn classify<'a>(
     b: &Bundle,
     satisfied: impl Iterator<Item = &'a cedar_policy::PolicyId>,
@@ -1924,7 +1935,8 @@ fn classify<'a>(
     }
 }
 
-/// `human_present = false`: a challenge that needs `verification` cannot be answered (DESIGN 4).
+/// `human_present = false`: a challenge that needs `verification` cannot be answered
+/// (docs/decisions.md#an-agent-acting-for-a-person).
 fn absent_human(o: &mut Outcome) {
     if o.verdict == Verdict::Challenge && o.challenges.iter().any(|c| c == "verification") {
         o.verdict = Verdict::Deny;

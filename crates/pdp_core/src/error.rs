@@ -1,6 +1,6 @@
 //! Typed errors of the decision core.
 //!
-//! Two kinds, mirroring who is at fault (DESIGN 7):
+//! Two kinds, mirroring who is at fault (docs/decisions.md#errors):
 //!
 //! * [`BundleError`]: a policy bundle (policies, schema, entities, template links) could not be
 //!   loaded. It carries *every* problem found, each with the file, line and column it points at,

@@ -3,9 +3,9 @@
 //! * [`bundle`]: policy bundles (policies, schema, entities, template links), validated strictly.
 //! * [`store`]: the in-memory entity store (principals, resources, work items, containments,
 //!   registrations, risk scores), swapped atomically.
-//! * [`request`]: the check request of SPEC 2.4.
-//! * [`engine`]: [`Engine::decide`], the check semantics of SPEC 2.4 and DESIGN 3-4, and
-//!   [`Engine::plan`], the query plans of SPEC 2.6.
+//! * [`request`]: the check request (docs/decisions.md#request).
+//! * [`engine`]: [`Engine::decide`], the check semantics of docs/decisions.md, and
+//!   [`Engine::plan`], the query plans of docs/plans.md.
 //! * [`limits`]: bounds on inline entities and on hierarchy depth, process-wide settings.
 //! * [`decision_log`]: the queue and on-disk spool decision records wait in for the broker.
 //! * [`plan`]: partial-evaluation residuals to filter trees; [`query_plan`]: what they mean

@@ -180,8 +180,9 @@ impl MemoContext {
     }
 }
 
-/// The decision point's own context fields of one check (DESIGN 3), as [`ContextMemo`] keys
-/// them: each is `None` when the action's context does not take it (`risk_score` also when the
+/// The decision point's own context fields of one check
+/// (docs/decisions.md#context-the-decision-point-fills-in), as [`ContextMemo`] keys them: each is
+/// `None` when the action's context does not take it (`risk_score` also when the
 /// reasoner holds no score for the principal). The typed context is the caller's context
 /// without [`crate::engine::INJECTED_CONTEXT`] (nor its `risk_score` when one is injected), with
 /// these fields laid on top.
@@ -189,7 +190,7 @@ impl MemoContext {
 pub(crate) struct Injected<'a> {
     /// The reasoner's risk score, 0 to 100.
     pub(crate) risk_score: Option<i64>,
-    /// Whether a person is at the keyboard (SPEC 2.4).
+    /// Whether a person is at the keyboard (the request's `human_present`).
     pub(crate) human_present: Option<bool>,
     /// Whether the request's work item is assigned to the resource.
     pub(crate) assigned: Option<bool>,

@@ -1,4 +1,4 @@
-//! Query plans: Cedar residuals turned into row filters (SPEC 2.6, DESIGN 5).
+//! Query plans: Cedar residuals turned into row filters (docs/plans.md#building-a-plan-engineplan).
 //!
 //! [`residuals`] runs Cedar's type-aware partial evaluation (TPE) with the resource unknown and of
 //! the requested type, and turns each policy's residual into a [`Filter`]: a tree of the filter
@@ -28,7 +28,7 @@ use std::fmt;
 use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::{Arc, Mutex};
 
-/// A comparison operator of a `compare` node (SPEC 2.6).
+/// A comparison operator of a `compare` node (docs/plans.md#the-filter-tree).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Cmp {
     /// `eq`: equal (any value; entity references compare by type and id).
@@ -83,7 +83,7 @@ impl Cmp {
     }
 }
 
-/// A filter tree over the rows of one resource type (SPEC 2.6; docs/plans.md, "The filter tree").
+/// A filter tree over the rows of one resource type (docs/plans.md#the-filter-tree).
 ///
 /// `attr` fields are paths into the resource's attributes (`["meta", "level"]`); values are Cedar
 /// JSON values (entity references as `{"__entity": {"type", "id"}}`).
@@ -200,7 +200,8 @@ fn entity_value(uid: &EntityUid) -> Value {
 }
 
 impl Filter {
-    /// Returns the node in the exact JSON shape of the filter contract (SPEC 2.6): an object
+    /// Returns the node in the exact JSON shape of the filter contract
+    /// (docs/plans.md#the-filter-tree): an object
     /// with `op` and that operator's fields.
     pub fn to_json(&self) -> Value {
         let list = |args: &[Filter]| Value::Array(args.iter().map(Self::to_json).collect());
@@ -231,7 +232,7 @@ impl Filter {
         }
     }
 
-    /// Returns an equivalent, smaller filter (DESIGN 5): folds `true`/`false` through
+    /// Returns an equivalent, smaller filter (docs/plans.md): folds `true`/`false` through
     /// `and`/`or`/`not`, flattens nested `and`s and `or`s, drops repeated arguments (keeping the
     /// first), removes double negations and collapses one-argument `and`/`or`. The result has
     /// no `and`/`or` with fewer than two arguments.
@@ -375,7 +376,7 @@ impl Filter {
     }
 
     /// Returns the attribute paths the filter reads, dotted (`meta.level`), sorted and unique:
-    /// the plan's `attributes` field (SPEC 2.6).
+    /// the plan's `attributes` field (docs/plans.md).
     pub fn attributes(&self) -> Vec<String> {
         let mut out = BTreeSet::new();
         self.visit(&mut |f| match f {
@@ -393,7 +394,7 @@ impl Filter {
     }
 
     /// Returns whether the filter has an `unknown` or `unmappable` node, so matched rows must be
-    /// checked one by one: the plan's `needs_row_checks` field (SPEC 2.6).
+    /// checked one by one: the plan's `needs_row_checks` field (docs/plans.md).
     pub fn needs_row_checks(&self) -> bool {
         let mut found = false;
         self.visit(&mut |f| {
@@ -412,7 +413,7 @@ impl Filter {
     }
 }
 
-/// One policy that may apply to some rows of the planned resource type (SPEC 2.6, DESIGN 5).
+/// One policy that may apply to some rows of the planned resource type (docs/plans.md).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Residual {
     /// The policy's name in the bundle.
@@ -424,7 +425,7 @@ pub struct Residual {
     pub filter: Filter,
 }
 
-/// Why a plan could not be computed (SPEC 2.6).
+/// Why a plan could not be computed (docs/plans.md).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PlanError {
     /// The resource type is not declared in the schema.
@@ -482,7 +483,8 @@ impl fmt::Display for PlanError {
 impl std::error::Error for PlanError {}
 
 /// Computes the residual of every policy that may apply when `principal` performs `action` with
-/// `context` on an unknown resource of type `resource_type` (SPEC 2.6, DESIGN 5).
+/// `context` on an unknown resource of type `resource_type`
+/// (docs/plans.md#building-a-plan-engineplan).
 ///
 /// `entities` are the concrete entities the caller has: at least the principal and its
 /// ancestors; entities that break the schema are left out of the evaluation (what depends on
@@ -567,7 +569,7 @@ pub(crate) fn residuals_with(
     Ok(out)
 }
 
-/// Combines per-policy filters into the plan's filter (DESIGN 5):
+/// Combines per-policy filters into the plan's filter (docs/plans.md#building-a-plan-engineplan):
 /// `simplify(and(or(permits), not(or(forbids))))`. No permits gives [`Filter::False`].
 pub fn combine(permits: &[&Filter], forbids: &[&Filter]) -> Filter {
     let any = |fs: &[&Filter]| Filter::Or(fs.iter().map(|f| (*f).clone()).collect());

@@ -1,5 +1,6 @@
-//! Query plans as the decision point answers them (SPEC 2.6, DESIGN 5): the verdict rules of
-//! DESIGN 4 lifted from one row to every row, the agent/person intersection, and the bounded
+//! Query plans as the decision point answers them (docs/plans.md): the verdict rules
+//! (docs/decisions.md#one-principals-verdict) lifted from one row to every row, the agent/person
+//! intersection, and the bounded
 //! cache that lets a client page with one plan.
 //!
 //! [`crate::plan`] turns each policy's partial-evaluation residual into a filter; this module
@@ -7,7 +8,7 @@
 //! `@challenge` permits and `F`/`FC` the plain and `@challenge` forbids that may hold for some
 //! row:
 //!
-//! * `allowed = (P) and not (F or FC)`: the rows a check would `allow` (DESIGN 4: a plain permit,
+//! * `allowed = (P) and not (F or FC)`: the rows a check would `allow` (a plain permit,
 //!   no forbid of either kind);
 //! * `after_challenge = (P or PC) and not F`: the rows a check would `allow` or `challenge`,
 //!   which passing the challenges shows.
@@ -35,7 +36,7 @@ pub const DEFAULT_PLAN_MAX_AGE_SECS: u64 = 300;
 /// Default number of plans kept for paging.
 pub const DEFAULT_PLAN_CACHE_CAPACITY: usize = 10_000;
 
-/// The outcome of a plan (SPEC 2.6).
+/// The outcome of a plan (docs/plans.md#building-a-plan-engineplan).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PlanOutcome {
     /// Every row; no filter.
@@ -60,7 +61,7 @@ impl PlanOutcome {
     }
 }
 
-/// A query plan: the response of `POST /v1/access/plan` (SPEC 2.6) plus what the decision log
+/// A query plan: the response of `POST /v1/access/plan` (docs/plans.md) plus what the decision log
 /// records about it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct QueryPlan {
@@ -101,7 +102,7 @@ pub struct QueryPlan {
 }
 
 impl QueryPlan {
-    /// The HTTP response body of SPEC 2.6.
+    /// The HTTP response body of `POST /v1/access/plan` (docs/plans.md).
     pub fn to_response(&self) -> Value {
         let mut m = Map::new();
         m.insert("qid".into(), Value::from(self.qid.clone()));
@@ -159,7 +160,8 @@ impl Side {
         }
     }
 
-    /// Applies DESIGN 4's rules to the residuals of one principal.
+    /// Applies the verdict rules (docs/decisions.md#one-principals-verdict) to the residuals of one
+    /// principal.
     pub(crate) fn from_residuals(
         res: Vec<Residual>,
         meta: &crate::store::FastMap<PolicyId, PolicyMeta>,
@@ -211,7 +213,8 @@ pub(crate) struct Finished {
 }
 
 /// Combines the principal's side with the person's (when an agent acts for one): a row is
-/// shown only when both may see it, and every challenge of either is required (SPEC 2.6).
+/// shown only when both may see it, and every challenge of either is required
+/// (docs/decisions.md#an-agent-acting-for-a-person).
 pub(crate) fn finish(sides: Vec<Side>) -> Finished {
     // A side's filters are already simplified, and simplifying is idempotent, so they are not
     // simplified again (the `and` of one simplified filter simplifies to that filter).

@@ -1,12 +1,13 @@
-//! Check requests: the JSON of `POST /v1/access/evaluation` (SPEC 2.4), parsed and checked.
+//! Check requests: the JSON of `POST /v1/access/evaluation` (docs/decisions.md#request), parsed and
+//! checked.
 
 use crate::error::RequestError;
 use cedar_policy::{EntityId, EntityTypeName, EntityUid};
 use serde_json::{Map, Value};
 use std::str::FromStr;
 
-/// Fields a check request may carry (SPEC 2.4, plus `work_item_id` from the `svc_work_item_id`
-/// claim of SPEC 5).
+/// Fields a check request may carry (docs/decisions.md#request; `work_item_id` comes from the
+/// `svc_work_item_id` claim, docs/architecture.md#agent-tokens).
 pub const CHECK_FIELDS: [&str; 8] = [
     "principal",
     "action",
@@ -157,7 +158,8 @@ pub struct CheckRequest {
     pub action: String,
     /// The resource.
     pub resource: EntityUid,
-    /// Caller's context (decision-point fields are overwritten, DESIGN 3).
+    /// Caller's context (decision-point fields are overwritten,
+    /// docs/decisions.md#context-the-decision-point-fills-in).
     pub context: Map<String, Value>,
     /// The person a service account acts for.
     pub on_behalf_of: Option<EntityUid>,
@@ -380,7 +382,7 @@ fn take_context(v: Option<Value>) -> Result<Map<String, Value>, RequestError> {
     }
 }
 
-/// Fields a plan request may carry (SPEC 2.6).
+/// Fields a plan request may carry (docs/plans.md#building-a-plan-engineplan).
 pub const PLAN_FIELDS: [&str; 6] = [
     "principal",
     "on_behalf_of",
@@ -390,7 +392,7 @@ pub const PLAN_FIELDS: [&str; 6] = [
     "plan_qid",
 ];
 
-/// A plan request (`POST /v1/access/plan`, gRPC `Plan`; SPEC 2.6), syntactically valid.
+/// A plan request (`POST /v1/access/plan`, gRPC `Plan`; docs/plans.md), syntactically valid.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PlanRequest {
     /// The actor.
@@ -399,7 +401,8 @@ pub struct PlanRequest {
     pub on_behalf_of: Option<EntityUid>,
     /// Action as sent: bare id or full uid.
     pub action: String,
-    /// Caller's context (decision-point fields are overwritten, DESIGN 3).
+    /// Caller's context (decision-point fields are overwritten,
+    /// docs/decisions.md#context-the-decision-point-fills-in).
     pub context: Map<String, Value>,
     /// The type of the rows to list, as sent (`Document` or `NS::Document`).
     pub resource_type: String,

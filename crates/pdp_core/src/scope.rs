@@ -262,7 +262,7 @@ impl Scoped {
     /// authorizer reports it so (a policy whose condition errors or is not `true` is not, as
     /// with Cedar's `ErrorHandling::Skip`;
     /// `cedar_policy_core::authorizer::Authorizer::is_authorized_core`); the caller applies the
-    /// verdict rules (DESIGN 4).
+    /// verdict rules (docs/decisions.md#one-principals-verdict).
     ///
     /// Each condition is evaluated in its compiled form ([`crate::condition`]) over `env`;
     /// `cedar(condition, slots)` (Cedar's interpreter over the same request and slice: whether

@@ -1,5 +1,6 @@
 //! The in-memory entity store: principals, groups, resources, work items, containments,
-//! service-account registrations and risk scores (SPEC 1 "what the decision point keeps").
+//! service-account registrations and risk scores
+//! (docs/architecture.md#what-the-decision-point-keeps-in-memory).
 //!
 //! A writer clones the store cheaply, changes its copy and publishes it with one atomic pointer
 //! swap: checks that already started keep the snapshot they began with, and no check ever sees
@@ -646,7 +647,8 @@ impl StoredEntity {
         }
     }
 
-    /// Parses one entity in Cedar's JSON entity format (the HTTP inline-entity shape of SPEC 2.4:
+    /// Parses one entity in Cedar's JSON entity format (the HTTP inline-entity shape,
+    /// docs/decisions.md#inline-entities:
     /// `uid`, `attrs` with `__entity` / `__extn` escapes, `parents`), typed by `schema` when the
     /// schema declares its type.
     ///
@@ -676,7 +678,8 @@ impl StoredEntity {
     }
 }
 
-/// A work item from the issue-tracker connector (SPEC 5 claim `svc_work_item_id`).
+/// A work item from the issue-tracker connector (the `svc_work_item_id` claim names one;
+/// docs/decisions.md#work-items).
 #[derive(Debug, Clone)]
 pub struct WorkItem {
     /// Id in the connector's form, `<tracker>:<key>`.

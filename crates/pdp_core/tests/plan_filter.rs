@@ -1,4 +1,4 @@
-//! Query-plan filters (SPEC 2.6, DESIGN 5): the exact contract JSON for each residual form, the
+//! Query-plan filters (docs/plans.md): the exact contract JSON for each residual form, the
 //! simplifier, and, over every example application in `../shared/data/cedar-examples`, that the
 //! combined filter matches a row exactly when Cedar allows the request on it.
 #![allow(

@@ -1,4 +1,4 @@
-//! Query plans as Python objects: the response of `Engine.plan` (SPEC 2.6), built straight
+//! Query plans as Python objects: the response of `Engine.plan` (docs/plans.md), built straight
 //! from [`QueryPlan`] with the keys and order of `QueryPlan::to_response`.
 //!
 //! A memoised plan shares its filter (`Arc<Filter>`) with the side memo and the plan cache

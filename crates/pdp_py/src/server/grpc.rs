@@ -1,5 +1,6 @@
-//! The gRPC `svc.authz.v1.Authorizer` (SPEC 2.4-2.6, 4.2) on tonic, with gRPC health checking
-//! (`grpc.health.v1.Health`) and server reflection (v1 and v1alpha, for grpcurl and friends).
+//! The gRPC `svc.authz.v1.Authorizer` (docs/api.md#grpc-svcauthzv1authorizer) on tonic, with gRPC
+//! health checking (`grpc.health.v1.Health`) and server reflection (v1 and v1alpha, for grpcurl and
+//! friends).
 //!
 //! Requests are mapped to the same JSON the HTTP API takes and parsed by the engine's one
 //! request parser, so both transports validate identically and name the same fields. Errors are
@@ -108,7 +109,7 @@ pub fn json_value(v: &Value) -> prost_types::Value {
     prost_types::Value { kind: Some(kind) }
 }
 
-/// The check request's JSON (SPEC 2.4) from its protobuf form.
+/// The check request's JSON (docs/decisions.md#request) from its protobuf form.
 pub fn check_json(r: &pb::CheckRequest) -> Value {
     let mut m = Map::new();
     m.insert("principal".into(), uid_json(r.principal.as_ref()));
@@ -129,7 +130,7 @@ pub fn check_json(r: &pb::CheckRequest) -> Value {
     Value::Object(m)
 }
 
-/// The plan request's JSON (SPEC 2.6) from its protobuf form.
+/// The plan request's JSON (docs/plans.md#building-a-plan-engineplan) from its protobuf form.
 pub fn plan_json(r: &pb::PlanRequest) -> Value {
     let mut m = Map::new();
     m.insert("principal".into(), uid_json(r.principal.as_ref()));
@@ -193,7 +194,7 @@ fn strings(v: Option<&Value>) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// A filter tree node (the JSON of SPEC 2.6) as its protobuf message.
+/// A filter tree node (the JSON of docs/plans.md#the-filter-tree) as its protobuf message.
 pub fn filter_node(v: &Value) -> pb::FilterNode {
     let s = |k: &str| {
         v.get(k)

@@ -1,6 +1,7 @@
-//! HTTP routes of the decision point (SPEC 4.2, DESIGN 7), the OpenID AuthZEN Authorization
+//! HTTP routes of the decision point (docs/api.md#http-routes), the OpenID AuthZEN Authorization
 //! API 1.0 (<https://openid.net/specs/authorization-api-1_0.html>), and the four routes every
-//! component serves (SPEC 1). Every error is an RFC 9457 problem details document
+//! component serves (docs/architecture.md#what-every-component-serves). Every error is an RFC 9457
+//! problem details document
 //! (`application/problem+json`) naming what was wrong; nothing a client sends gets a 5xx.
 //! The routes and their shapes are documented in docs/api.md.
 
@@ -335,7 +336,8 @@ async fn plan(State(s): St, headers: HeaderMap, body: Body) -> Result<Response, 
     Ok(json_ok(&p.to_response()))
 }
 
-/// Validates a challenge wait (SPEC 2.5) as far as it can be without the challenge service.
+/// Validates a challenge wait (docs/architecture.md#challenge-resolution) as far as it can be
+/// without the challenge service.
 ///
 /// # Errors
 /// [`RequestError`] naming the field: missing/empty `challenge_qid`, a malformed principal, a
@@ -371,7 +373,7 @@ pub fn check_challenge_wait(v: &Value) -> Result<(), RequestError> {
             _ => {
                 return Err(RequestError::new(
                     "wait_secs",
-                    "expected an integer from 0 to 25 (SPEC 8)",
+                    "expected an integer from 0 to 25",
                 ))
             }
         }
@@ -517,7 +519,8 @@ fn authzen_decide(
 }
 
 /// AuthZEN's decision: `true` when the verdict is allow, or in monitor mode (which allows
-/// whatever the verdict says, SPEC 2.4); the verdict itself is in `context.verdict`.
+/// whatever the verdict says, docs/architecture.md#monitor-and-enforce); the verdict itself is in
+/// `context.verdict`.
 pub fn authzen_response(d: &Decision) -> Value {
     let mut ctx = Map::new();
     ctx.insert("qid".into(), d.qid.clone().into());

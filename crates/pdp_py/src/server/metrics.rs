@@ -1,5 +1,6 @@
-//! Prometheus metrics of the decision point (`GET /metrics`, SPEC 1: every component serves
-//! them). Label sets are small and fixed, so every series used on the request path is resolved
+//! Prometheus metrics of the decision point (`GET /metrics`, docs/api.md; every component serves
+//! them: docs/architecture.md#what-every-component-serves). Label sets are small and fixed, so
+//! every series used on the request path is resolved
 //! once at start and then only incremented (one atomic add; no label lookup per request).
 
 use pdp_core::decision_log::LogStats;

@@ -1,4 +1,5 @@
-//! The decision point's network front (SPEC 4.2, DESIGN 1): one TCP listener serving the gRPC
+//! The decision point's network front (docs/api.md, docs/architecture.md#rust-and-python): one TCP
+//! listener serving the gRPC
 //! `svc.authz.v1.Authorizer` (tonic, with gRPC health checking and server reflection) and the
 //! HTTP decision API, AuthZEN 1.0 and the health/version/metrics routes (axum) on the same
 //! port. HTTP/1.1 and HTTP/2 (h2c with prior knowledge, which is what gRPC clients speak on a
@@ -36,7 +37,7 @@ use tokio::sync::oneshot;
 pub struct Config {
     /// Address to bind, e.g. `127.0.0.1` or `0.0.0.0`.
     pub host: String,
-    /// Port to bind (SPEC 8: 8080); 0 picks a free one.
+    /// Port to bind (8080 by default, docs/architecture.md#limits); 0 picks a free one.
     pub port: u16,
     /// Largest request body accepted, in bytes; larger bodies get `413`.
     pub max_body_bytes: usize,
@@ -50,7 +51,7 @@ pub struct Config {
     /// Also serve the benchmark ceiling: `POST /v1/noop` and gRPC `svc.authz.v1.NoopAuthorizer`
     /// (parse the request, answer a fixed allow). Off unless asked for.
     pub noop_routes: bool,
-    /// This decision point's name in decision records (`pdp`, DESIGN 6).
+    /// This decision point's name in decision records (`pdp`, docs/history.md#schema).
     pub pdp_name: String,
     /// Most evaluations one AuthZEN `evaluations` request may carry; more is a `400` naming
     /// the limit (docs/api.md, "Limits").
@@ -68,7 +69,8 @@ pub struct Shared {
     pub metrics: metrics::Metrics,
     /// Settings.
     pub config: Config,
-    /// Where every decision's record goes (DESIGN 6); `None` logs nothing.
+    /// Where every decision's record goes (docs/architecture.md#how-records-flow); `None` logs
+    /// nothing.
     pub log: Option<Arc<DecisionLog>>,
     bundle_loaded: AtomicBool,
     containments_loaded: AtomicBool,
@@ -87,9 +89,9 @@ fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
-/// The decision-log record of a plan: DESIGN 6's fields with `call: "plan"`, the plan's
-/// `outcome` and `filter`-free summary (`needs_row_checks`, `attributes`), `verdict` null, and
-/// `resource` naming only the type.
+/// The decision-log record of a plan: the fields of docs/history.md#schema with `call: "plan"`, the
+/// plan's `outcome` and `filter`-free summary (`needs_row_checks`, `attributes`), `verdict` null,
+/// and `resource` naming only the type.
 pub fn plan_record(p: &QueryPlan, pdp: &str, transport: Transport) -> Value {
     let (needs, attrs) = p.filter.as_ref().map_or((false, Vec::new()), |f| {
         (f.needs_row_checks(), f.attributes())
@@ -188,7 +190,8 @@ impl Shared {
         )
     }
 
-    /// Counts a decision and queues its record (DESIGN 6: key = principal, `Type::id`).
+    /// Counts a decision and queues its record (key = principal, `Type::id`;
+    /// docs/architecture.md#how-records-flow).
     pub fn decided(&self, d: &Decision, t: Transport) -> Logged {
         self.metrics.decision(t, d.verdict, d.mode, d.latency_us);
         if self.log.is_none() {
@@ -218,7 +221,8 @@ impl Shared {
         )
     }
 
-    /// Whether the decision point can serve (SPEC 1): a bundle and the containment list are
+    /// Whether the decision point can serve (docs/architecture.md#what-every-component-serves): a
+    /// bundle and the containment list are
     /// loaded.
     pub fn ready(&self) -> bool {
         self.bundle_loaded.load(Ordering::Acquire)

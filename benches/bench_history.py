@@ -6,8 +6,9 @@ Realistic broker records, generated from a fixed seed: decision-log records as t
 point writes them (``Decision::to_record`` / ``plan_record``: 5,000 people and 500 service
 accounts, a third of service-account checks on behalf of a person, 100,000 resources of 4 types,
 about 80% allow / 15% deny / 5% challenge, 20% in monitor mode, 5% plans; about 560 bytes of JSON
-each) and intake events (SPEC 2.2 plus ``received_at`` / ``ingest_id``, a quarter with
-``access``/``count``, about 420 bytes), times spread over the last 7 days, in time order.
+each) and intake events (the fields of docs/intake.md plus ``received_at`` / ``ingest_id``, a
+quarter with ``access``/``count``, about 420 bytes), times spread over the last 7 days, in time
+order.
 
 (a) Insert path alone: ``svc.history.store`` on pre-made (topic, partition, offset, key, value)
     tuples, in batches of ``--batch`` records (the loader's default batch): RowBinary encoding in

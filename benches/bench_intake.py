@@ -65,7 +65,7 @@ def kafka_bootstrap(arg: str | None) -> str:
 
 
 def make_bodies(count: int, seed: int = 7) -> list[bytes]:
-    """`count` distinct bodies of 1,000 events, with every field of SPEC 2.2 in use."""
+    """`count` distinct bodies of 1,000 events, with every event field of docs/intake.md in use."""
     rng = random.Random(seed)
     bodies = []
     base = time.time() - 3600

@@ -1,7 +1,8 @@
-"""Checks a query plan (SPEC 2.6) against per-row decisions (DESIGN 4-5); shared by
+"""Checks a query plan (docs/plans.md) against per-row decisions (docs/decisions.md); shared by
 tests/test_plan.py and tests/test_plan_properties.py.
 
-The correctness bar of DESIGN 5, per outcome, for rows of the planned resource type:
+The correctness bar (docs/architecture.md#query-plans), per outcome, for rows of the planned
+resource type:
 
 * `always_allowed`: every row's check is `allow`;
 * `always_denied`: no row's check is `allow` or `challenge` (not even after a challenge);

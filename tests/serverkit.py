@@ -182,8 +182,8 @@ def check_request(req: Any) -> authz_pb2.CheckRequest:
     """The gRPC ``CheckRequest`` of an HTTP evaluation request.
 
     Raises `Unmappable` for what the typed proto cannot carry: inline ``entities`` (HTTP only,
-    SPEC 2.4), fields of the wrong JSON type, unknown fields, an absent ``id`` (proto3 strings
-    cannot be absent, only empty) and numbers beyond 2**53.
+    docs/decisions.md#inline-entities), fields of the wrong JSON type, unknown fields, an absent
+    ``id`` (proto3 strings cannot be absent, only empty) and numbers beyond 2**53.
     """
     if not isinstance(req, dict):
         raise Unmappable("a gRPC request is always a message, never another JSON value")
@@ -210,7 +210,7 @@ def check_request(req: Any) -> authz_pb2.CheckRequest:
                 raise Unmappable("work_item_id is a proto string")
             out.work_item_id = v
         elif k == "entities":
-            raise Unmappable("inline entities are HTTP only (SPEC 2.4)")
+            raise Unmappable("inline entities are HTTP only (docs/decisions.md#inline-entities)")
         else:
             raise Unmappable(f"a proto message has no unknown field `{k}`")
     return out

@@ -1,4 +1,4 @@
-"""The demo company, its bundle, its traffic and its summary (svc.demo; SPEC 1's demo-only job).
+"""The demo company, its bundle, its traffic and its summary (svc.demo; docs/demo.md).
 
 The bundle is checked with the real engine: every showcase check and plan that `drive` sends is
 decided in process and must come out as its scenario says (every verdict, every challenge kind,

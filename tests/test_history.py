@@ -118,7 +118,7 @@ def event(
     ingest_id: str | None = None,
     **extra: Any,
 ) -> dict[str, Any]:
-    """An intake record: a SPEC 2.2 event plus received_at and ingest_id."""
+    """An intake record: an event (docs/intake.md) plus received_at and ingest_id."""
     rec: dict[str, Any] = {
         "ingest_id": ingest_id or str(uuid.uuid4()),
         "at": rfc3339(at),

@@ -185,7 +185,7 @@ def now_rfc3339(delta: timedelta = timedelta(0)) -> str:
 
 
 def event(n: int = 0, **fields: Any) -> dict[str, Any]:
-    """A valid event (SPEC 2.2) with the mandatory fields; `attributes.n` tells them apart."""
+    """A valid event (docs/intake.md) with the mandatory fields; `attributes.n` tells them apart."""
     ev: dict[str, Any] = {
         "at": "2025-03-06T03:25:06.5+01:00",
         "system": "drive",
@@ -270,7 +270,8 @@ def test_batch_accepted_and_normalized(fresh_intake: Intake, kafka_bootstrap: st
     assert rec["attributes"] == {}
     assert all(rec[f] is None for f in ("outcome", "source_ip", "on_behalf_of", "access", "count"))
 
-    # The record of DESIGN 6: every field, in this order; UUIDv7 ingest ids; one received_at.
+    # The record (docs/intake.md#the-record-on-svceventsv1): every field, in this order; UUIDv7
+    # ingest ids; one received_at.
     assert list(by_n[5][1]) == [
         "at",
         "system",
@@ -625,11 +626,11 @@ def test_settings_refuse_placeholder_tokens(tmp_path: Path) -> None:
     assert IntakeSettings(dev=True, human_roles='["A", "B"]').human_roles == ["A", "B"]
 
 
-# -- cloud audit log files (SPEC 2.3)
+# -- cloud audit log files (docs/intake.md#the-cloud-audit-log-file)
 
 
 def expected_event(rec: dict[str, Any]) -> dict[str, Any]:
-    """The mapping of SPEC 2.3, restated for the kinds of records in the shared files."""
+    """The mapping of docs/intake.md, restated for the kinds of records in the shared files."""
     ui = rec["userIdentity"]
     role_arn = None
     if ui["type"] == "AssumedRole":

@@ -1,4 +1,5 @@
-"""The real broker the decision log and audit intake run against (DESIGN.md section 2).
+"""The real broker the decision log and audit intake run against
+(docs/architecture.md#embedded-defaults-and-production-parts).
 
 Proves from Python (`confluent-kafka`) what the service relies on: an idempotent producer with
 acks=all, transactions that commit or abort a whole batch, read_committed consumers, and a producer

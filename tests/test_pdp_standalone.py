@@ -1,4 +1,4 @@
-"""Standalone mode (SPEC 4.2, issue item 3): `svc pdp --bundle DIR` and `serve_bundle`.
+"""Standalone mode (docs/api.md, issue item 3): `svc pdp --bundle DIR` and `serve_bundle`.
 
 * `svc pdp` as a real process on a copy of a Cedar example app: decides over HTTP, reloads the
   bundle when its files change (a broken bundle keeps the old one serving, shown on `/readyz`

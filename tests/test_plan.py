@@ -1,4 +1,4 @@
-"""Query plans (SPEC 2.6, DESIGN 4-5): example-based tests of `Engine.plan`.
+"""Query plans (docs/plans.md): example-based tests of `Engine.plan`.
 
 Every plan with rows to hand is also checked against per-row decisions (`plancheck`): the
 filter matches a row exactly when `engine.evaluate` for that row (held in the store) says

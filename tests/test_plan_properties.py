@@ -1,4 +1,4 @@
-"""Query plans against per-row decisions (SPEC 2.6, DESIGN 4-5): a hypothesis property.
+"""Query plans against per-row decisions (docs/plans.md, docs/decisions.md): a hypothesis property.
 
 Random policy sets come from a grammar of `when` conditions that reaches every filter node kind
 (compare on strings, longs and entities, `has` with nested record paths, `contains`,

@@ -1,4 +1,4 @@
-"""Filter trees to SQL (SPEC 2.6, DESIGN 5): SQLite and a real PostgreSQL against the evaluator.
+"""Filter trees to SQL (docs/plans.md): SQLite and a real PostgreSQL against the evaluator.
 
 Every case runs the compiled clause on both databases and compares the matching rows with
 `svc.plan.evaluate` over the same rows in Cedar's entity JSON shape; hand-written cases also

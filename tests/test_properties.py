@@ -1,7 +1,8 @@
 """Property tests (hypothesis).
 
-1. Dual-principal combination (SPEC 2.4, DESIGN 4): for any pair of agent/person outcomes,
-   containment and presence, the engine's answer equals a direct model of the rules.
+1. Dual-principal combination (docs/decisions.md#an-agent-acting-for-a-person): for any pair of
+   agent/person outcomes, containment and presence, the engine's answer equals a direct model of
+   the rules.
 2. Atomic snapshot swaps: checks running while snapshots and bundles are swapped never see
    half of an update.
 3. Group hierarchy: after any sequence of upserts and removals of groups and users, `principal
@@ -56,7 +57,7 @@ ORDER = {"allow": 0, "challenge": 1, "deny": 2}
 
 
 def model(v: str, c: str, contained: bool, present: bool) -> tuple[str, list[str], list[str]]:
-    """DESIGN 4 for one principal, written out directly."""
+    """The verdict rules of docs/decisions.md for one principal, written out directly."""
     if contained:
         return "deny", [], ["svc:contained"]
     permit, pkinds = PERMITS[v]

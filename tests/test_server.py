@@ -110,7 +110,8 @@ AZ_CASES = [c for c in CASES if _mappable(authzen_request, c[2]["request"])]
 
 def test_only_cases_without_an_equivalent_are_left_out() -> None:
     """Pins the exact set of golden cases a transport cannot express, so a mapping bug cannot
-    silently shrink coverage. gRPC: inline `entities` are HTTP only (SPEC 2.4, no proto field);
+    silently shrink coverage. gRPC: inline `entities` are HTTP only (no proto field;
+    docs/decisions.md#inline-entities);
     the proto is typed, so a wrong JSON type, an unknown field, a non-object request or an absent
     (rather than empty) id cannot be sent. AuthZEN: it has no `on_behalf_of`, `human_present` or
     `work_item_id`; `properties` carry attributes but never parents."""

@@ -98,7 +98,7 @@ class Case:
         return dict(APP) if self.lst is None else {"type": "List", "id": self.lst.id}
 
     def svc_json(self) -> Json:
-        """The body of svc's ``POST /v1/access/evaluation`` (SPEC 2.4)."""
+        """The body of svc's ``POST /v1/access/evaluation`` (docs/api.md)."""
         return {
             "principal": {"type": "User", "id": self.principal.id},
             "action": self.action,

@@ -72,3 +72,19 @@ def test_check_bad_input_exits_2_with_the_reason(tmp_path: Path) -> None:
 def test_validate_lists_policies() -> None:
     out = svc("validate", "--bundle", str(CORP))
     assert out.returncode == 0 and "bob-views-roadmap" in out.stdout
+
+
+def test_python_m_svc_is_the_svc_command() -> None:
+    """`python -m svc` runs the same command as the `svc` script."""
+    r = subprocess.run(
+        [sys.executable, "-m", "svc", "validate", "--bundle", str(CORP)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "owner-full-access" in r.stdout
+    usage = subprocess.run(
+        [sys.executable, "-m", "svc", "--help"], capture_output=True, text=True, timeout=120
+    )
+    assert usage.returncode == 0 and "Usage: svc" in usage.stdout, usage.stdout

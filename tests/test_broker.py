@@ -19,7 +19,7 @@ from svc.broker import (
     is_local,
     local_path,
 )
-from svc.pdp.decision_log import bootstrap_servers
+from svc.common.topics import bootstrap_servers
 
 TOPIC = "svc.events.v1"
 

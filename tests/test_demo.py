@@ -30,11 +30,12 @@ import uvicorn
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from svc._pdp_core import DecisionLog, Server
+from svc.common.topics import bootstrap_servers
 from svc.demo.company import Company, generate, provision, write_bundle
 from svc.demo.traffic import DriveReport, TrafficError, drive, scenarios
 from svc.intake import IntakeSettings, create_app
 from svc.pdp import Engine
-from svc.pdp.decision_log import Shipper, bootstrap_servers
+from svc.pdp.decision_log import Shipper
 
 TOKEN = "demo-test-intake-token-0123456789"
 

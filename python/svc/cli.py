@@ -573,7 +573,7 @@ def history_load(
     Offsets are committed only after a batch is stored; runs until Ctrl-C or SIGTERM.
     """
     from svc import history
-    from svc.pdp.decision_log import bootstrap_servers
+    from svc.common.topics import bootstrap_servers
 
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"

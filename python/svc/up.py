@@ -61,11 +61,11 @@ from svc.common.auth import (
     PdpAuthSettings,
     write_secret,
 )
-from svc.history.loader import EVENTS_TOPIC, Loader
+from svc.common.topics import DECISIONS_TOPIC, EVENTS_TOPIC
+from svc.history.loader import Loader
 from svc.history.service import create_app as history_app
 from svc.history.service import totals
 from svc.pdp import Engine, RequestError
-from svc.pdp.decision_log import DECISIONS_TOPIC
 from svc.pdp.log_settings import LOG_COMMIT_MS, LOG_DURABILITY, LOG_FSYNC, Durability
 from svc.pdp.server import StandaloneOptions, serve_bundle
 

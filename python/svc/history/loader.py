@@ -63,6 +63,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from svc.broker import Consumer
+from svc.common.topics import DECISIONS_TOPIC, EVENTS_TOPIC
 from svc.history.store import (
     Kind,
     Record,
@@ -74,7 +75,6 @@ from svc.history.store import (
     split_by_partition,
     store,
 )
-from svc.pdp.decision_log import DECISIONS_TOPIC
 
 __all__ = [
     "DEFAULT_GROUP",
@@ -88,9 +88,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("svc.history.loader")
-
-#: The intake's topic (docs/architecture.md#how-records-flow).
-EVENTS_TOPIC = "svc.events.v1"
 
 #: Consumer group of the history loader (offsets committed there).
 DEFAULT_GROUP = "svc-history"

@@ -16,11 +16,10 @@ from typing import Annotated, Any
 from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from svc.pdp.decision_log import bootstrap_servers
+from svc.common.topics import EVENTS_TOPIC, bootstrap_servers
 
 __all__ = ["EVENTS_TOPIC", "PLACEHOLDER_TOKENS", "IntakeSettings"]
 
-EVENTS_TOPIC = "svc.events.v1"
 
 #: Tokens that are refused outside dev mode (examples, defaults, obvious stand-ins).
 PLACEHOLDER_TOKENS = frozenset(

@@ -38,39 +38,13 @@ from typing import Any
 from confluent_kafka import KafkaError, Message
 
 from svc._pdp_core import DecisionLog, LogBatch
-from svc.broker import LOCAL_SCHEME, Producer
+from svc.broker import Producer
+from svc.common.topics import DECISIONS_TOPIC
 
-__all__ = ["DECISIONS_TOPIC", "Shipper", "bootstrap_servers", "producer_config"]
+__all__ = ["Shipper", "producer_config"]
 
-DECISIONS_TOPIC = "svc.decisions.v1"
 
 log = logging.getLogger("svc.pdp.decision_log")
-
-
-def bootstrap_servers(url: str) -> str:
-    """Kafka bootstrap servers from the one broker setting (``SVC_KAFKA_URL``).
-
-    Accepts ``kafka://host:port[,host:port]`` or a plain ``host:port[,host:port]`` list and
-    returns the plain list librdkafka takes. ``local:///path/log.db``, the embedded topic log of
-    ``svc up`` (``svc.broker``), is returned as it is: ``svc.broker``'s clients read it.
-
-    Raises:
-        ValueError: the URL is empty or has another scheme.
-
-    """
-    u = url.strip()
-    if u.startswith(LOCAL_SCHEME):
-        if len(u) == len(LOCAL_SCHEME):
-            raise ValueError(f"broker URL `{url}` names no file; expected local:///path/log.db")
-        return u
-    if "://" in u:
-        scheme, _, rest = u.partition("://")
-        if scheme not in ("kafka", "plaintext"):
-            raise ValueError(f"broker URL `{url}`: expected kafka://host:port, got `{scheme}://`")
-        u = rest.rstrip("/")
-    if not u:
-        raise ValueError("broker URL is empty; expected kafka://host:port")
-    return u
 
 
 def producer_config(bootstrap: str, buffer_messages: int = 10_000) -> dict[str, Any]:

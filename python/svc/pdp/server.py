@@ -34,7 +34,8 @@ import watchfiles
 
 from svc._pdp_core import BundleError, DecisionLog, Engine, Server, set_limits
 from svc.common.auth import AuthConfigError, JwksSource, PdpAuthSettings
-from svc.pdp.decision_log import DECISIONS_TOPIC, Shipper, bootstrap_servers
+from svc.common.topics import DECISIONS_TOPIC, bootstrap_servers
+from svc.pdp.decision_log import Shipper
 from svc.pdp.log_settings import LOG_COMMIT_MS, LOG_DURABILITY, LOG_FSYNC, Durability
 
 __all__ = [

@@ -51,6 +51,8 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from svc.common.problems import Problem
+
 __all__ = [
     "ACCEPTED_ALGORITHMS",
     "LOCAL_ISSUER",
@@ -564,8 +566,6 @@ def bearer_dependency(verifier: Verifier) -> Callable[..., Caller]:
         The dependency.
 
     """
-    from svc.intake.models import Problem
-
     scheme = HTTPBearer(auto_error=False, description="A JWT of an allowed caller (docs/auth.md)")
     realm = verifier.settings.auth_audience
 

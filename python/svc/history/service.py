@@ -54,11 +54,16 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from svc import __version__, web
 from svc.common.auth import AuthSettings, Verifier, bearer_dependency
+from svc.common.problems import (
+    PROBLEM_JSON,
+    FieldError,
+    Problem,
+    http_exception_problem,
+    problem_response,
+)
 from svc.history import queries
 from svc.history.loader import Loader
 from svc.identifiers import identifier_problem
-from svc.intake.app import PROBLEM_JSON, http_exception_problem, problem_response
-from svc.intake.models import FieldError, Problem
 
 __all__ = ["create_app", "totals"]
 

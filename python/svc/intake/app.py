@@ -41,8 +41,9 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from svc import __version__, web
+from svc.common.problems import Problem, http_exception_problem, problem_response
 from svc.intake.metrics import CONTENT_TYPE, IntakeMetrics
-from svc.intake.models import EVENT_BATCH, MAX_EVENTS, Problem
+from svc.intake.models import EVENT_BATCH, MAX_EVENTS
 from svc.intake.producer import TransactionalPool
 from svc.intake.service import IntakeService
 from svc.intake.settings import IntakeSettings
@@ -51,31 +52,9 @@ __all__ = ["create_app", "inflate", "openapi_components", "serve"]
 
 log = logging.getLogger("svc.intake")
 
-PROBLEM_JSON = "application/problem+json"
 GZIP_MAGIC = b"\x1f\x8b"
 _JSON_TYPES = ("application/json", "application/gzip", "application/x-gzip")
 _CHUNK = 64 * 1024
-
-
-def problem_response(p: Problem) -> JSONResponse:
-    """A ``Problem`` as an ``application/problem+json`` answer with its headers."""
-    return JSONResponse(p.body(), status_code=p.status, headers=p.headers, media_type=PROBLEM_JSON)
-
-
-def http_exception_problem(exc: StarletteHTTPException) -> JSONResponse:
-    """Starlette's own HTTP errors (unknown route 404, wrong method 405, ...) as RFC 9457.
-
-    Used as the ``StarletteHTTPException`` handler of every Python service's app, so routing
-    errors answer in the same ``urn:svc:problem:<slug>`` shape as the services' own
-    (docs/architecture.md#identifiers-and-errors);
-    the exception's headers (``Allow`` on a 405) are kept.
-    """
-    slug = {404: "not-found", 405: "method-not-allowed"}.get(exc.status_code, "http-error")
-    title = {404: "Not found", 405: "Method not allowed"}.get(exc.status_code, "HTTP error")
-    p = Problem(exc.status_code, slug, title, str(exc.detail).lower().rstrip("."))
-    if exc.headers:
-        p.headers.update(exc.headers)
-    return problem_response(p)
 
 
 def _too_large(limit: int, what: str) -> Problem:

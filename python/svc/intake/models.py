@@ -29,7 +29,6 @@ from __future__ import annotations
 import re
 import socket
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal, NotRequired
 
@@ -37,6 +36,7 @@ from pydantic import ConfigDict, Field, StringConstraints, TypeAdapter, Validati
 from pydantic_core import to_json
 from typing_extensions import TypedDict  # pydantic needs it before Python 3.12
 
+from svc.common.problems import FieldError, Problem
 from svc.identifiers import IDENTIFIER_PATTERN, identifier_problem
 
 __all__ = [
@@ -147,55 +147,6 @@ EVENT_BATCH: TypeAdapter[EventBatch] = TypeAdapter(EventBatch)
 EVENT: TypeAdapter[Event] = TypeAdapter(Event)
 CLOUD_EVENT: TypeAdapter[CloudEvent] = TypeAdapter(CloudEvent)
 CLOUD_EVENTS: TypeAdapter[list[CloudEvent]] = TypeAdapter(list[CloudEvent])
-
-
-@dataclass(frozen=True)
-class FieldError:
-    """One problem with one event (an item of ``errors[]``, docs/intake.md#answers-and-errors).
-
-    ``index`` is the event's position in the batch (``None`` for the request as a whole);
-    ``field`` the field's path (``principal.id``, ``attributes.tags[2]``).
-    """
-
-    index: int | None
-    field: str
-    message: str
-
-    def as_json(self) -> dict[str, Any]:
-        """``{"index", "field", "message"}``."""
-        return {"index": self.index, "field": self.field, "message": self.message}
-
-
-@dataclass(eq=False)
-class Problem(Exception):
-    """An RFC 9457 problem (docs/intake.md), raised by the service and answered by the app.
-
-    ``type`` is ``urn:svc:problem:<slug>``; ``errors`` lists every bad event of a batch;
-    ``headers`` go on the response (``Retry-After``, ``WWW-Authenticate``).
-    """
-
-    status: int
-    slug: str
-    title: str
-    detail: str
-    errors: list[FieldError] = field(default_factory=list)
-    headers: dict[str, str] = field(default_factory=dict)
-
-    def __str__(self) -> str:
-        """``<status> <slug>: <detail>``."""
-        return f"{self.status} {self.slug}: {self.detail}"
-
-    def body(self) -> dict[str, Any]:
-        """The ``application/problem+json`` body."""
-        out: dict[str, Any] = {
-            "type": f"urn:svc:problem:{self.slug}",
-            "title": self.title,
-            "status": self.status,
-            "detail": self.detail,
-        }
-        if self.errors:
-            out["errors"] = [e.as_json() for e in self.errors]
-        return out
 
 
 # -- step 1: shape

@@ -1,0 +1,90 @@
+"""RFC 9457 problem details, as every svc HTTP service answers errors.
+
+``Problem`` is raised by a service layer and answered by its app (``problem_response``);
+``http_exception_problem`` answers Starlette's own routing errors (404, 405) in the same shape.
+A problem's ``type`` is ``urn:svc:problem:<slug>``; ``errors`` names every bad item of a batch
+(docs/architecture.md#identifiers-and-errors).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+__all__ = ["PROBLEM_JSON", "FieldError", "Problem", "http_exception_problem", "problem_response"]
+
+#: The media type of a problem document (RFC 9457 section 3).
+PROBLEM_JSON = "application/problem+json"
+
+
+@dataclass(frozen=True)
+class FieldError:
+    """One problem with one event (an item of ``errors[]``, docs/intake.md#answers-and-errors).
+
+    ``index`` is the event's position in the batch (``None`` for the request as a whole);
+    ``field`` the field's path (``principal.id``, ``attributes.tags[2]``).
+    """
+
+    index: int | None
+    field: str
+    message: str
+
+    def as_json(self) -> dict[str, Any]:
+        """``{"index", "field", "message"}``."""
+        return {"index": self.index, "field": self.field, "message": self.message}
+
+
+@dataclass(eq=False)
+class Problem(Exception):
+    """An RFC 9457 problem (docs/intake.md), raised by the service and answered by the app.
+
+    ``type`` is ``urn:svc:problem:<slug>``; ``errors`` lists every bad event of a batch;
+    ``headers`` go on the response (``Retry-After``, ``WWW-Authenticate``).
+    """
+
+    status: int
+    slug: str
+    title: str
+    detail: str
+    errors: list[FieldError] = field(default_factory=list)
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        """``<status> <slug>: <detail>``."""
+        return f"{self.status} {self.slug}: {self.detail}"
+
+    def body(self) -> dict[str, Any]:
+        """The ``application/problem+json`` body."""
+        out: dict[str, Any] = {
+            "type": f"urn:svc:problem:{self.slug}",
+            "title": self.title,
+            "status": self.status,
+            "detail": self.detail,
+        }
+        if self.errors:
+            out["errors"] = [e.as_json() for e in self.errors]
+        return out
+
+
+def problem_response(p: Problem) -> JSONResponse:
+    """A ``Problem`` as an ``application/problem+json`` answer with its headers."""
+    return JSONResponse(p.body(), status_code=p.status, headers=p.headers, media_type=PROBLEM_JSON)
+
+
+def http_exception_problem(exc: StarletteHTTPException) -> JSONResponse:
+    """Starlette's own HTTP errors (unknown route 404, wrong method 405, ...) as RFC 9457.
+
+    Used as the ``StarletteHTTPException`` handler of every Python service's app, so routing
+    errors answer in the same ``urn:svc:problem:<slug>`` shape as the services' own
+    (docs/architecture.md#identifiers-and-errors);
+    the exception's headers (``Allow`` on a 405) are kept.
+    """
+    slug = {404: "not-found", 405: "method-not-allowed"}.get(exc.status_code, "http-error")
+    title = {404: "Not found", 405: "Method not allowed"}.get(exc.status_code, "HTTP error")
+    p = Problem(exc.status_code, slug, title, str(exc.detail).lower().rstrip("."))
+    if exc.headers:
+        p.headers.update(exc.headers)
+    return problem_response(p)

@@ -9,14 +9,17 @@ Shapes used below (docs/architecture.md#entities-and-the-base-schema, docs/decis
 * request: the _JSON of ``POST /v1/access/evaluation``: ``principal``, ``action`` (bare id such as
   ``"read"`` or full uid ``'NS::Action::"read"'``), ``resource``, optional ``context``,
   ``on_behalf_of``, ``human_present`` (default true), ``work_item_id``, ``entities``.
-* response: ``{"qid": str (UUIDv7), "verdict": "allow"|"deny"|"challenge", "challenges": [str],
-  "policies": [str], "on_behalf_of": {"verdict", "challenges", "policies"} (only when the request
-  names a person), "mode": "monitor"|"enforce"}``.
+* response: ``svc.pdp.shapes.Decision`` (``evaluate``, ``evaluate_many``),
+  ``svc.pdp.shapes.DecisionRecord`` (``decide``) and ``svc.pdp.shapes.Plan`` (``plan``):
+  ``TypedDict``s naming every key the engine writes (docs/api.md, docs/history.md#schema,
+  docs/plans.md), re-exported by ``svc.pdp``.
 """
 
 from collections.abc import Mapping, Sequence
 from os import PathLike
 from typing import Any, Final, Literal, TypeVar, final
+
+from svc.pdp.shapes import Decision, DecisionRecord, Plan
 
 __all__ = [
     "BundleError",
@@ -31,7 +34,6 @@ __all__ = [
 
 __version__: Final[str]
 
-_JSON = dict[str, Any]
 # A request of a batch: any mapping, so that a ``list[dict[str, Any]]`` is accepted as it is
 # (``list`` is invariant, so ``list[Mapping[str, Any]]`` would refuse it).
 _Request = TypeVar("_Request", bound=Mapping[str, Any])
@@ -148,10 +150,12 @@ class Engine:
 
         """
 
-    def evaluate(self, request: Mapping[str, Any]) -> _JSON:
+    def evaluate(self, request: Mapping[str, Any]) -> Decision:
         """Decides one check; returns the ``POST /v1/access/evaluation`` response.
 
-        The GIL is released while deciding.
+        The response is a ``Decision`` (``svc.pdp.shapes``): ``qid``, ``verdict``,
+        ``challenges``, ``policies``, ``on_behalf_of`` (only when the request names a person)
+        and ``mode`` (docs/api.md#http-routes). The GIL is released while deciding.
 
         Raises:
             RequestError: unknown field, missing principal/action/resource, unknown or ambiguous
@@ -161,14 +165,15 @@ class Engine:
 
         """
 
-    def plan(self, request: Mapping[str, Any]) -> _JSON:
+    def plan(self, request: Mapping[str, Any]) -> Plan:
         """Builds a query plan; returns the ``POST /v1/access/plan`` response (docs/plans.md).
 
         ``request`` has ``principal``, optional ``on_behalf_of``, ``action``, optional
         ``context``, ``resource_type`` (full or, when unique, bare type name) and optional
-        ``plan_qid``. The response has ``qid``, ``outcome`` (``always_allowed``,
-        ``always_denied``, ``challenge``, ``conditional``), ``filter`` (for ``conditional`` and
-        ``challenge``; the filter tree of docs/plans.md), ``challenges``,
+        ``plan_qid``. The response is a ``Plan`` (``svc.pdp.shapes``): ``qid``, ``outcome``
+        (``always_allowed``, ``always_denied``, ``challenge``, ``conditional``), ``filter``
+        (for ``conditional`` and ``challenge`` only; the filter tree of docs/plans.md, a
+        ``FilterNode``), ``challenges``,
         ``challenge_could_widen``, ``needs_row_checks``, ``attributes`` (dotted paths),
         ``policies``, ``mode``, ``policy_version``, ``principals_version``, ``max_age_secs`` and
         ``pinned`` (true when ``plan_qid`` named a plan still good for this same question). The
@@ -210,22 +215,23 @@ class Engine:
     def plans_cached(self) -> int:
         """Number of plans currently kept for paging."""
 
-    def decide(self, request: Mapping[str, Any]) -> _JSON:
+    def decide(self, request: Mapping[str, Any]) -> DecisionRecord:
         """Decides one check; returns the decision-log record (docs/history.md#schema).
 
-        Fields: ``qid``, ``at``
-        (RFC 3339 UTC, ms), ``principal``, ``on_behalf_of``, ``action``, ``resource``,
-        ``verdict``, ``challenges``, ``policies``, ``on_behalf_of_outcome``, ``mode``,
-        ``challenge_qid``, ``work_item``, ``assigned``, ``risk_score``, ``policy_version``,
-        ``principals_version``, ``latency_us``, ``pdp``.
+        The record is a ``DecisionRecord`` (``svc.pdp.shapes``): ``qid``, ``at`` (RFC 3339
+        UTC, ms), ``principal``, ``on_behalf_of``, ``action``, ``resource``, ``verdict``,
+        ``challenges``, ``policies``, ``on_behalf_of_outcome``, ``mode``, ``challenge_qid``,
+        ``work_item``, ``assigned``, ``risk_score``, ``policy_version``,
+        ``principals_version``, ``latency_us``, ``not_in_directory``, ``inline_ignored`` and
+        ``pdp`` (``in-process``).
 
         Raises:
             RequestError: as ``evaluate``.
 
         """
 
-    def evaluate_many(self, requests: list[_Request]) -> list[_JSON]:
-        """Decides a batch in one call; returns the responses in request order.
+    def evaluate_many(self, requests: list[_Request]) -> list[Decision]:
+        """Decides a batch in one call; returns the responses (each a ``Decision``) in order.
 
         Decisions run with the GIL released, the only parts that hold it being reading each
         request dict and building each response dict. Batches of 64 or more are pipelined over

@@ -39,7 +39,7 @@ import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import typer
 
@@ -125,9 +125,14 @@ def _load_engine(bundle: Path) -> Engine:
     return engine
 
 
+#: What `_answer` hands back: the engine's typed answer (`svc.pdp.Decision`, `DecisionRecord`
+#: or `Plan`), unchanged.
+_Answer = TypeVar("_Answer")
+
+
 def _answer(
-    bundle: Path, request: str, mode: str, call: Callable[[Engine, Any], dict[str, Any]]
-) -> dict[str, Any]:
+    bundle: Path, request: str, mode: str, call: Callable[[Engine, Any], _Answer]
+) -> _Answer:
     """Returns `call(engine, body)` for `bundle`, `request` and `mode`.
 
     Exits with code 2, naming the problem, on a bad bundle, request file or request.

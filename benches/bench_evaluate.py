@@ -86,7 +86,7 @@ import cedarpy
 from svc._pdp_core import Engine
 
 REPO = Path(__file__).resolve().parent.parent
-DEFAULT_EXAMPLES = REPO.parent / "shared" / "data" / "cedar-examples"
+DEFAULT_EXAMPLES = REPO / "tests" / "testdata" / "cedar-examples"
 APPS = ("document_cloud", "tinytodo")
 
 # Targets of the issue item "Benchmarks".

@@ -4,7 +4,7 @@ What is measured
 ----------------
 Subjects (each one bundle, loaded into an ``svc`` engine and into ``cedarpy`` handles):
 
-* Cedar's example apps (``/work/shared/data/cedar-examples``): ``document_cloud``, ``tinytodo``,
+* Cedar's example apps (``tests/testdata/cedar-examples``): ``document_cloud``, ``tinytodo``,
   ``github_example``, ``streaming_service`` and ``tags_n_roles``, each loaded with
   ``Engine.from_bundle_dir``. Plan requests are every principal of the app's own
   ``entities.json`` (of the types the actions apply to) times every action that applies to a
@@ -86,7 +86,7 @@ from svc.plan import evaluate as filter_evaluate
 from svc.plan import parse_filter
 
 REPO = Path(__file__).resolve().parent.parent
-DEFAULT_EXAMPLES = REPO.parent / "shared" / "data" / "cedar-examples"
+DEFAULT_EXAMPLES = REPO / "tests" / "testdata" / "cedar-examples"
 
 # Targets of the issue item "Query plans".
 PLAN_P50_MAX_US = 100.0

@@ -1,5 +1,6 @@
-"""Shared fixtures: paths to the golden corpus and to ../shared/data (present in CI), and a
-real PostgreSQL (`postgres_url`)."""
+"""Shared fixtures: paths to the test data kept in the repository (`tests/testdata/`: Cedar's
+example apps, sample CloudTrail logs, each with its license and a README.md saying where it comes
+from), and a real PostgreSQL (`postgres_url`)."""
 
 from __future__ import annotations
 
@@ -15,14 +16,25 @@ sys.path.insert(0, str(Path(__file__).parent))
 from kafka_fixture import dev_kafka, kafka_bootstrap  # noqa: F401  (fixtures for all tests)
 
 REPO = Path(__file__).resolve().parent.parent
-SHARED_DATA = REPO.parent / "shared" / "data"
-CEDAR_EXAMPLES = SHARED_DATA / "cedar-examples"
+TESTDATA = REPO / "tests" / "testdata"
+CEDAR_EXAMPLES = TESTDATA / "cedar-examples"
+CLOUDTRAIL = TESTDATA / "cloudtrail" / "cloud-snitch"
 
 
 @pytest.fixture(scope="session")
 def cedar_examples() -> Path:
+    """The directory of Cedar's example apps, `tests/testdata/cedar-examples` (one bundle
+    directory per app: document_cloud, github_example, streaming_service, tags_n_roles,
+    tinytodo; see its README.md).
+
+    Fails the test (never skips) when the directory is missing: the data is part of the
+    repository, so its absence is a broken checkout.
+    """
     if not CEDAR_EXAMPLES.is_dir():
-        pytest.skip("../shared/data/cedar-examples is not present")
+        pytest.fail(
+            f"{CEDAR_EXAMPLES} is missing: Cedar's example apps are part of the repository "
+            "(tests/testdata/cedar-examples)"
+        )
     return CEDAR_EXAMPLES
 
 

@@ -34,11 +34,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import apifuzz
+from conftest import CLOUDTRAIL
 from svc.intake import IntakeSettings, create_app
 from svc.intake.cloudtrail import map_file, map_record
 from svc.intake.models import MAX_EVENTS
 
-SHARED_CLOUDTRAIL = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "cloudtrail"
 PARTITIONS = 3
 TOKEN = "test-intake-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -199,7 +199,18 @@ def event(n: int = 0, **fields: Any) -> dict[str, Any]:
 
 
 def cloudtrail_files() -> list[Path]:
-    return sorted(SHARED_CLOUDTRAIL.glob("**/*.json.gz"))
+    """The sample CloudTrail log files kept in the repository (`tests/testdata/cloudtrail/
+    cloud-snitch/*.json.gz`, gzip'd JSON with a `Records` array; see its README.md), sorted.
+
+    Fails the calling test (never skips) when there are none: the data is part of the repository.
+    """
+    files = sorted(CLOUDTRAIL.glob("*.json.gz"))
+    if not files:
+        pytest.fail(
+            f"no *.json.gz under {CLOUDTRAIL}: the sample CloudTrail logs are part of the "
+            "repository (tests/testdata/cloudtrail/cloud-snitch)"
+        )
+    return files
 
 
 # -- fixtures
@@ -661,7 +672,6 @@ def expected_event(rec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-@pytest.mark.skipif(not cloudtrail_files(), reason="../shared/data/cloudtrail is not present")
 def test_every_cloudtrail_file_accepted(fresh_intake: Intake, kafka_bootstrap: str) -> None:
     files = cloudtrail_files()
     expected: dict[str, dict[str, Any]] = {}
@@ -976,7 +986,6 @@ BAD_RECORDS: list[tuple[str, Callable[[dict[str, Any]], Any], str]] = [
 ]
 
 
-@pytest.mark.skipif(not cloudtrail_files(), reason="../shared/data/cloudtrail is not present")
 @settings(
     max_examples=25,
     deadline=None,

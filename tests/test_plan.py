@@ -5,7 +5,7 @@ filter matches a row exactly when `engine.evaluate` for that row (held in the st
 `allow` (`challenge` for the challenge outcome). Cases: each outcome kind, `challenge_could_widen`, the agent/person
 intersection, containment and unregistered service accounts, monitor mode, `principal in
 resource.readers`, paging (`plan_qid`, `pinned`, what unpins, `max_age_secs`, the bounded
-cache), request errors, and the Cedar example apps (../shared/data/cedar-examples) with
+cache), request errors, and the Cedar example apps (tests/testdata/cedar-examples) with
 snapshot goldens in tests/testdata/plans (regenerate with SVC_UPDATE_PLAN_SNAPSHOTS=1, then
 review the diff).
 """

@@ -114,7 +114,6 @@ def test_history_readyz_and_metrics_report_the_loader(corp_up: Up) -> None:
         assert f"svc_history_loader_{name}" in values
 
 
-@pytest.mark.skipif(not cloudtrail_files(), reason="../shared/data/cloudtrail is not present")
 def test_cloudtrail_files_posted_to_intake_are_found_in_history(corp_up: Up) -> None:
     files = cloudtrail_files()
     assert files

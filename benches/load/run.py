@@ -64,7 +64,7 @@ import workload
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 RESULTS = REPO / "benches" / "results"
-DEFAULT_EXAMPLES = REPO.parent / "shared" / "data" / "cedar-examples"
+DEFAULT_EXAMPLES = REPO / "tests" / "testdata" / "cedar-examples"
 DEFAULT_CERBOS = (
     Path.home() / ".cache/svc-bench/node_modules/@cerbos/cerbos-linux-x64/cerbos-linux-x64"
 )

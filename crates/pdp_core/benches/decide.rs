@@ -7,7 +7,7 @@
 //! Criterion bench of [`Engine::decide_json`] on Cedar's example apps.
 //!
 //! For `document_cloud` and `tinytodo` (bundle directories under
-//! `../../../shared/data/cedar-examples` from this crate, or `$SVC_CEDAR_EXAMPLES`) and for 10
+//! the repository's `tests/testdata/cedar-examples`, or `$SVC_CEDAR_EXAMPLES`) and for 10
 //! and 100,000 synthetic principals in the store, the bench decides a fixed mix of 64 requests
 //! cyclically (one request per iteration):
 //!
@@ -46,7 +46,7 @@ fn sizes() -> Vec<usize> {
 
 fn examples_dir() -> PathBuf {
     std::env::var_os("SVC_CEDAR_EXAMPLES").map_or_else(
-        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/cedar-examples"),
+        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/testdata/cedar-examples"),
         PathBuf::from,
     )
 }

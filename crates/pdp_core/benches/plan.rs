@@ -14,8 +14,8 @@
 //! The mix is planned cyclically, one request per iteration, without `plan_qid`, with the plan
 //! memo on (`<app>`) and off (`<app>/cold`: every call runs Cedar's partial evaluation).
 //!
-//! Run: `cargo bench -p pdp_core --bench plan` (apps under `../../../shared/data/cedar-examples`
-//! or `$SVC_CEDAR_EXAMPLES`).
+//! Run: `cargo bench -p pdp_core --bench plan` (apps under the repository's
+//! `tests/testdata/cedar-examples`, or `$SVC_CEDAR_EXAMPLES`).
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use pdp_core::{Bundle, Engine};
@@ -34,7 +34,7 @@ const APPS: [&str; 5] = [
 
 fn examples_dir() -> PathBuf {
     std::env::var_os("SVC_CEDAR_EXAMPLES").map_or_else(
-        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/cedar-examples"),
+        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/testdata/cedar-examples"),
         PathBuf::from,
     )
 }

@@ -1,4 +1,4 @@
-//! Every request in `../shared/data/cedar-examples/*/ALLOW` and `DENY` decides as its folder
+//! Every request in `tests/testdata/cedar-examples/*/ALLOW` and `DENY` decides as its folder
 //! says, and every example application loads as a bundle directory as it stands.
 #![allow(
     clippy::unwrap_used,
@@ -10,30 +10,39 @@
 use pdp_core::{Bundle, Engine, Verdict};
 use std::path::PathBuf;
 
-/// The example applications' directories, in a stable order; `None` (after saying so) when
-/// `../shared/data/cedar-examples` is not present.
-fn app_dirs() -> Option<Vec<PathBuf>> {
+/// The example applications' directories under the repository's
+/// `tests/testdata/cedar-examples` (see its README.md), in a stable order.
+///
+/// Panics, naming the path, when that directory is missing, unreadable or holds fewer than the
+/// five apps: the data is part of the repository, so its absence is a broken checkout, never a
+/// reason to skip.
+fn app_dirs() -> Vec<PathBuf> {
     let root =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/cedar-examples");
-    if !root.is_dir() {
-        eprintln!("../shared/data/cedar-examples not present; skipping");
-        return None;
-    }
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&root)
-        .unwrap()
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/testdata/cedar-examples");
+    let entries = std::fs::read_dir(&root).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e}; the Cedar example apps are part of the repository (tests/testdata/cedar-examples)",
+            root.display()
+        )
+    });
+    let mut dirs: Vec<PathBuf> = entries
         .flatten()
         .map(|e| e.path())
         .filter(|p| p.is_dir())
         .collect();
     dirs.sort();
-    Some(dirs)
+    assert!(
+        dirs.len() >= 5,
+        "{}: {} example apps, want the five (document_cloud, github_example, streaming_service, tags_n_roles, tinytodo)",
+        root.display(),
+        dirs.len()
+    );
+    dirs
 }
 
 #[test]
 fn every_example_app_loads_and_decides_as_its_folder_says() {
-    let Some(apps) = app_dirs() else {
-        return;
-    };
+    let apps = app_dirs();
     let mut checked = 0;
     for app in &apps {
         let bundle = Bundle::from_dir(app).unwrap_or_else(|e| panic!("{}: {e}", app.display()));
@@ -68,9 +77,7 @@ fn every_decision_names_what_cedars_authorizer_names() {
     use cedar_policy::{Authorizer, Context, Decision, Entities, PolicySet, Request, Schema};
     use std::collections::BTreeMap;
 
-    let Some(apps) = app_dirs() else {
-        return;
-    };
+    let apps = app_dirs();
     let mut compared = 0;
     for dir in &apps {
         // Cedar's side gets the policies, schema and entities exactly as the bundle read them

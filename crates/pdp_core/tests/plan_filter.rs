@@ -1,5 +1,5 @@
 //! Query-plan filters (docs/plans.md): the exact contract JSON for each residual form, the
-//! simplifier, and, over every example application in `../shared/data/cedar-examples`, that the
+//! simplifier, and, over every example application in `tests/testdata/cedar-examples`, that the
 //! combined filter matches a row exactly when Cedar allows the request on it.
 #![allow(
     clippy::unwrap_used,
@@ -892,10 +892,19 @@ fn fixture_filters_agree_with_cedar_on_sample_rows() {
 // ------------------------------------------------------------------------------------------
 // Every example application: the filter agrees with Cedar on every resource it has.
 
-fn examples_dir() -> Option<PathBuf> {
+/// The repository's `tests/testdata/cedar-examples` (see its README.md).
+///
+/// Panics, naming the path, when it is not a directory: the data is part of the repository, so
+/// its absence is a broken checkout, never a reason to skip.
+fn examples_dir() -> PathBuf {
     let root =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data/cedar-examples");
-    root.is_dir().then_some(root)
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/testdata/cedar-examples");
+    assert!(
+        root.is_dir(),
+        "{} is not a directory; the Cedar example apps are part of the repository (tests/testdata/cedar-examples)",
+        root.display()
+    );
+    root
 }
 
 /// Distinct contexts of the application's example requests, plus the empty one.
@@ -1034,10 +1043,7 @@ fn check_app(app: &std::path::Path, counts: &mut Counts) {
 
 #[test]
 fn example_apps_filters_agree_with_cedar_on_every_row() {
-    let Some(root) = examples_dir() else {
-        eprintln!("../shared/data/cedar-examples not present; skipping");
-        return;
-    };
+    let root = examples_dir();
     let mut counts = Counts::default();
     let mut apps = 0;
     for app in std::fs::read_dir(&root).unwrap().flatten() {

@@ -536,6 +536,35 @@ impl Bundle {
 
     /// Parses, names and validates a bundle.
     ///
+    /// ```
+    /// use pdp_core::{Bundle, BundleSources};
+    ///
+    /// let bundle = Bundle::from_sources(&BundleSources {
+    ///     policies: vec![(
+    ///         "docs.cedar".into(),
+    ///         r#"@id("owners-read") permit (principal, action == Action::"read", resource is Doc)
+    ///            when { resource.owner == principal };"#
+    ///             .into(),
+    ///     )],
+    ///     schema: Some((
+    ///         "docs.cedarschema".into(),
+    ///         "entity Human; entity Doc = { owner: Human };
+    ///          action read appliesTo { principal: [Human], resource: [Doc] };"
+    ///             .into(),
+    ///     )),
+    ///     entities: Some((
+    ///         "entities.json".into(),
+    ///         r#"[{"uid": {"type": "Human", "id": "ann"}, "attrs": {}, "parents": []},
+    ///             {"uid": {"type": "Doc", "id": "d1"},
+    ///              "attrs": {"owner": {"__entity": {"type": "Human", "id": "ann"}}}, "parents": []}]"#
+    ///             .into(),
+    ///     )),
+    ///     links: None,
+    /// })?;
+    /// assert!(bundle.policy_meta().any(|p| p.name == "owners-read"));
+    /// # Ok::<(), pdp_core::BundleError>(())
+    /// ```
+    ///
     /// # Errors
     /// [`BundleError`] listing every parse error, validation error (strict mode), bad annotation,
     /// duplicate policy name, schema error, entity error and link error, each with its position.

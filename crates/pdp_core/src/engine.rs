@@ -962,6 +962,45 @@ impl Engine {
 
     /// Decides one check (docs/decisions.md).
     ///
+    /// ```
+    /// use pdp_core::{Bundle, BundleSources};
+    ///
+    /// let bundle = Bundle::from_sources(&BundleSources {
+    ///     policies: vec![(
+    ///         "docs.cedar".into(),
+    ///         r#"@id("owners-read") permit (principal, action == Action::"read", resource is Doc)
+    ///            when { resource.owner == principal };"#
+    ///             .into(),
+    ///     )],
+    ///     schema: Some((
+    ///         "docs.cedarschema".into(),
+    ///         "entity Human; entity Doc = { owner: Human };
+    ///          action read appliesTo { principal: [Human], resource: [Doc] };"
+    ///             .into(),
+    ///     )),
+    ///     entities: Some((
+    ///         "entities.json".into(),
+    ///         r#"[{"uid": {"type": "Human", "id": "ann"}, "attrs": {}, "parents": []},
+    ///             {"uid": {"type": "Doc", "id": "d1"},
+    ///              "attrs": {"owner": {"__entity": {"type": "Human", "id": "ann"}}}, "parents": []}]"#
+    ///             .into(),
+    ///     )),
+    ///     links: None,
+    /// })?;
+    /// use pdp_core::{CheckRequest, Engine, Verdict};
+    ///
+    /// let engine = Engine::new(bundle);
+    /// let req = CheckRequest::from_value(serde_json::json!({
+    ///     "principal": {"type": "Human", "id": "ann"},
+    ///     "action": "read",
+    ///     "resource": {"type": "Doc", "id": "d1"},
+    /// }))?;
+    /// let d = engine.decide(&req)?;
+    /// assert_eq!(d.verdict, Verdict::Allow);
+    /// assert_eq!(d.principal_outcome.policies, ["owners-read"]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
     /// # Errors
     /// [`RequestError`] when the action is unknown or ambiguous, an entity type is not declared,
     /// `on_behalf_of` is used by a non-`ServiceAccount` or names a non-`Human`, an inline entity
@@ -1099,6 +1138,46 @@ impl Engine {
     /// `plan_qid` names a recent plan for the same question gets that plan back with `pinned`
     /// when it is younger than `max_age_secs`, no principal is contained, and neither the
     /// policies nor the principals changed.
+    ///
+    /// ```
+    /// use pdp_core::{Bundle, BundleSources};
+    ///
+    /// let bundle = Bundle::from_sources(&BundleSources {
+    ///     policies: vec![(
+    ///         "docs.cedar".into(),
+    ///         r#"@id("owners-read") permit (principal, action == Action::"read", resource is Doc)
+    ///            when { resource.owner == principal };"#
+    ///             .into(),
+    ///     )],
+    ///     schema: Some((
+    ///         "docs.cedarschema".into(),
+    ///         "entity Human; entity Doc = { owner: Human };
+    ///          action read appliesTo { principal: [Human], resource: [Doc] };"
+    ///             .into(),
+    ///     )),
+    ///     entities: Some((
+    ///         "entities.json".into(),
+    ///         r#"[{"uid": {"type": "Human", "id": "ann"}, "attrs": {}, "parents": []},
+    ///             {"uid": {"type": "Doc", "id": "d1"},
+    ///              "attrs": {"owner": {"__entity": {"type": "Human", "id": "ann"}}}, "parents": []}]"#
+    ///             .into(),
+    ///     )),
+    ///     links: None,
+    /// })?;
+    /// use pdp_core::{Engine, PlanOutcome, PlanRequest};
+    ///
+    /// let engine = Engine::new(bundle);
+    /// let req = PlanRequest::from_value(serde_json::json!({
+    ///     "principal": {"type": "Human", "id": "ann"},
+    ///     "action": "read",
+    ///     "resource_type": "Doc",
+    /// }))?;
+    /// let plan = engine.plan(&req)?;
+    /// // Ann may read the rows whose `owner` is Ann: a filter the app turns into SQL.
+    /// assert_eq!(plan.outcome, PlanOutcome::Conditional);
+    /// assert_eq!(plan.filter.map(|f| f.attributes()), Some(vec!["owner".to_owned()]));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     ///
     /// # Errors
     /// [`RequestError`] when the bundle has no schema (partial evaluation is type-aware), the

@@ -390,7 +390,8 @@ def time_calls(
 # Requests in the warm-up batch before a timed batch: enough that svc's ``evaluate_many`` takes
 # the path it times, which splits a batch over threads from 64 requests on (``PARALLEL_MIN`` in
 # crates/pdp_py/src/lib.rs). A smaller warm-up ran on one thread and left the second vCPU idle,
-# and the first batch after an idle spell is slower on this VM (docs/benchmarks.md, run 10).
+# and the first batch after an idle spell is slower on the VM of docs/benchmarks.md (measured on
+# document_cloud: 6.0 us per decision after 30 ms idle, 3.9 to 5.9 us back to back).
 BATCH_WARMUP = 128
 
 

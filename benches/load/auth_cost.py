@@ -20,8 +20,9 @@ median of the rounds.
 Before timing, every request of the mix is sent with the token to each authenticated server and
 must get the verdict ``off`` gives, and without a token must get 401 (gRPC UNAUTHENTICATED).
 
-Run: ``cargo install oha`` once, then ``.venv/bin/python benches/load/auth_cost.py --examples
-DIR`` (``DIR``: Cedar's example apps; ``--oha PATH`` when oha is not on ``PATH``).
+Run: ``cargo install oha`` once, then ``.venv/bin/python benches/load/auth_cost.py`` (Cedar's
+example apps from ``tests/testdata/cedar-examples``, or ``--examples DIR``; ``--oha PATH`` when
+oha is not on ``PATH``).
 """
 
 from __future__ import annotations

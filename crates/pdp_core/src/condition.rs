@@ -9,7 +9,7 @@
 //! value inside the entity, `principal`, `resource`, `action` and `context` are built once per
 //! check, and entities are found in the check's slice (a handful of entities) by a scan. On
 //! document_cloud a decision went from 40.8k to 24.5k instructions, request parsing and
-//! response included (docs/benchmarks.md, decision core run 11).
+//! response included (callgrind; docs/benchmarks.md, "Decision core", has where they go).
 //!
 //! The semantics are Cedar's, operator by operator, as `cedar_policy_core::evaluator` 4.14
 //! defines them (and the Cedar language reference): the same short-circuits, the same type

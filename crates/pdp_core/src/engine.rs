@@ -335,7 +335,7 @@ impl State {
 
 /// Starts loading into the CPU's caches what the lookups of a check will read, so that on a
 /// large store their memory waits overlap with other work instead of stalling the check
-/// ([`Prefetch`], docs/benchmarks.md, decision core run 14). Made by [`Engine::prefetcher`];
+/// ([`Prefetch`]; docs/benchmarks.md, "Decision core"). Made by [`Engine::prefetcher`];
 /// holds that moment's snapshot (cheaply, as a check does), so one serves a whole request or
 /// a batch of them without reloading it.
 ///

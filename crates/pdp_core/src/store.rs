@@ -160,14 +160,14 @@ impl Attr {
 /// Looking a principal up and asking `principal in G` are what every check does, and with
 /// 100,000 principals the principal's data is rarely in the cache. In Cedar's `Entity` they
 /// were a chain of dependent loads: the entity (five cache lines, its uid first), then its
-/// ancestor set's control bytes, then the 120-byte uid in the matching bucket (docs/
-/// benchmarks.md, decision core run 12). Here the table compares the record's own uid, and `in`
-/// scans at most a few ancestors in the same record by a 64-bit hash, reading an ancestor's
-/// uid only on a hash match, and that uid is shared with every other member of the group, so
-/// it is usually cached. Attribute values are read from the record too (no `BTreeMap` node to
-/// reach), and a small set of entities, such as document_cloud's `blocked`, has the hashes of
-/// its entities beside it, so `contains` usually answers without reaching the set. Cedar's
-/// entity is read only for tags, and handed to Cedar's interpreter when a condition needs it.
+/// ancestor set's control bytes, then the 120-byte uid in the matching bucket (callgrind's
+/// cache simulator). Here the table compares the record's own uid, and `in` scans at most a
+/// few ancestors in the same record by a 64-bit hash, reading an ancestor's uid only on a
+/// hash match, and that uid is shared with every other member of the group, so it is usually
+/// cached. Attribute values are read from the record too (no `BTreeMap` node to reach), and a
+/// small set of entities, such as document_cloud's `blocked`, has the hashes of its entities
+/// beside it, so `contains` usually answers without reaching the set. Cedar's entity is read
+/// only for tags, and handed to Cedar's interpreter when a condition needs it.
 #[derive(Debug)]
 pub(crate) struct ClosedEntity {
     /// The entity's uid (equal to `entity.uid()`).
@@ -273,9 +273,9 @@ impl ClosedEntity {
 /// dependent misses before the record. Here a slot holds the uid's 64-bit hash beside the
 /// record pointer, and the slot is found from the hash alone (open addressing, linear
 /// probing), so a lookup reads the slot's cache line and then the record, which confirms the
-/// match by its uid and which the check reads anyway (docs/benchmarks.md, decision core runs
-/// 10, 12 and 13). The table is built once from its entries and only read after that
-/// ([`FlatTable`]), so it needs no removal and no growth.
+/// match by its uid and which the check reads anyway (callgrind's cache simulator: one miss
+/// fewer per check than a `hashbrown` table). The table is built once from its entries and only
+/// read after that ([`FlatTable`]), so it needs no removal and no growth.
 #[derive(Debug, Default)]
 pub(crate) struct EntityTable {
     /// A power of two of slots (or none), at most [`Self::MAX_LOAD`] of them full.
@@ -369,8 +369,8 @@ impl EntityTable {
 /// dependent loads: the table slot (found from the uid's hash), then the record the slot points
 /// at. Each load that misses waits for memory (about 0.1 us) while the CPU has little else to
 /// do. A prefetch starts such a load early and returns at once, so the wait overlaps with work
-/// done in between, such as reading the rest of the request (docs/benchmarks.md, decision
-/// core run 14).
+/// done in between, such as reading the rest of the request (docs/benchmarks.md, "Decision
+/// core").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Prefetch {
     /// The table slot of the uid, found from its hash (the prefetch key): reads nothing.
@@ -468,10 +468,11 @@ impl FlatTable<ast::EntityUID, Arc<ClosedEntity>> for EntityTable {
 ///
 /// A persistent map alone (a hash array mapped trie) costs a check one dependent memory load
 /// per trie level; with 200,000 entities those loads miss the cache and a check grew by half
-/// (docs/benchmarks.md, decision core run 5). A lookup here costs one probe of the overlay,
-/// which stays small and hot, and one probe of the flat table. Cloning is O(1); a write costs
-/// an overlay insert, and [`Layered::settle`] (called once per published snapshot) folds the
-/// overlay into a new base when it has grown past `max(1024, base / 16)` entries.
+/// (`benches/bench_evaluate.py`, with imbl's map as the store). A lookup here costs one probe
+/// of the overlay, which stays small and hot, and one probe of the flat table. Cloning is O(1);
+/// a write costs an overlay insert, and [`Layered::settle`] (called once per published
+/// snapshot) folds the overlay into a new base when it has grown past `max(1024, base / 16)`
+/// entries.
 #[derive(Debug)]
 pub(crate) struct Layered<K: Hash + Eq + Clone, V: Clone, B: FlatTable<K, V> = FastMap<K, V>> {
     base: Arc<B>,
@@ -802,8 +803,9 @@ impl Hierarchy {
     /// Every ancestor goes into the one set of parents, leaving Cedar's separate set of indirect
     /// ancestors empty. Cedar's `in` (`Entity::is_descendant_of`) and its ancestor iteration read
     /// both sets alike, so Cedar's interpreter decides the same; and a check probes one table
-    /// where it probed two (docs/benchmarks.md, decision core run 10). A closed entity is never
-    /// written out, so the direct parents are not lost: the stored entity keeps them.
+    /// where it probed two (fewer cache misses per check in callgrind's cache simulator). A
+    /// closed entity is never written out, so the direct parents are not lost: the stored
+    /// entity keeps them.
     fn close_entity<'a>(
         &mut self,
         se: &StoredEntity,

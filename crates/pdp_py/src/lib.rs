@@ -41,8 +41,8 @@ const GENERIC_COLLECT: std::os::raw::c_long = 100_000;
 /// A collection walks every page of the thread's heap. The thread that loaded 100,000
 /// principals owns a heap of some 16,000 pages, so each collection missed the cache about 6,000
 /// times and pushed the check's own entities out of it: averaged over the checks between two
-/// collections, 4 of a check's 28 cache misses (`valgrind --tool=callgrind --cache-sim=yes`,
-/// docs/benchmarks.md, decision core run 10). Memory is still returned, only later. The value
+/// collections, 4 of a check's 28 cache misses (`valgrind --tool=callgrind --cache-sim=yes`
+/// over `benches/bench_evaluate.py`'s mix). Memory is still returned, only later. The value
 /// is left alone when it is not mimalloc's default, which is also what a `MIMALLOC_GENERIC_COLLECT`
 /// environment variable sets, or what a different mimalloc would hold at that place.
 fn tune_allocator() {

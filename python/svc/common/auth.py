@@ -52,6 +52,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from svc.common.problems import Problem
+from svc.common.settings import list_setting
 
 __all__ = [
     "ACCEPTED_ALGORITHMS",
@@ -204,12 +205,7 @@ class AuthSettings(BaseSettings):
     @classmethod
     def _split_callers(cls, v: Any) -> Any:
         """Accepts a JSON list or a comma-separated string."""
-        if isinstance(v, str):
-            s = v.strip()
-            if s.startswith("["):
-                return json.loads(s)
-            return [p.strip() for p in s.split(",") if p.strip()]
-        return v
+        return list_setting(v)
 
     @model_validator(mode="after")
     def _check(self) -> AuthSettings:

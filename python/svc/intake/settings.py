@@ -16,6 +16,7 @@ from typing import Annotated, Any
 from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from svc.common.settings import list_setting
 from svc.common.topics import EVENTS_TOPIC, bootstrap_servers
 
 __all__ = ["EVENTS_TOPIC", "PLACEHOLDER_TOKENS", "IntakeSettings"]
@@ -93,14 +94,7 @@ class IntakeSettings(BaseSettings):
     @classmethod
     def _split_roles(cls, v: Any) -> Any:
         """Accepts a JSON list or a comma-separated string."""
-        if isinstance(v, str):
-            s = v.strip()
-            if s.startswith("["):
-                import json
-
-                return json.loads(s)
-            return [p.strip() for p in s.split(",") if p.strip()]
-        return v
+        return list_setting(v)
 
     @field_validator("kafka_url")
     @classmethod

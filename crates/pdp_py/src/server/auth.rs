@@ -24,12 +24,10 @@
 //! TTL, whichever comes first, and every entry is dropped when the JWKS changes. A repeat caller
 //! pays one hash lookup.
 
-use super::http::{bounded, Problem};
+use super::http::{bounded, has_h1_body, Problem};
 use axum::extract::{Request, State};
-use axum::http::header::{
-    AUTHORIZATION, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, TRANSFER_ENCODING, WWW_AUTHENTICATE,
-};
-use axum::http::{HeaderValue, StatusCode, Version};
+use axum::http::header::{AUTHORIZATION, CONNECTION, CONTENT_TYPE, WWW_AUTHENTICATE};
+use axum::http::{HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
@@ -515,13 +513,7 @@ async fn require(State(auth): State<Arc<Authenticator>>, req: Request, next: Nex
         Ok(_) => next.run(req).await,
         Err(refusal) => {
             let mut resp = refusal.respond(is_grpc(&req), &auth.config.audience);
-            let h1_body = req.version() < Version::HTTP_2
-                && (req.headers().contains_key(TRANSFER_ENCODING)
-                    || req
-                        .headers()
-                        .get(CONTENT_LENGTH)
-                        .is_some_and(|v| v.as_bytes() != b"0"));
-            if h1_body {
+            if has_h1_body(&req) {
                 resp.headers_mut()
                     .insert(CONNECTION, HeaderValue::from_static("close"));
             }

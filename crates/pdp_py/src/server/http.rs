@@ -185,12 +185,7 @@ async fn around(State(s): St, req: Request, next: Next) -> Response {
         .filter(|v| valid_request_id(v.as_bytes()))
         .cloned()
         .or_else(|| HeaderValue::from_str(&uuid::Uuid::now_v7().to_string()).ok());
-    let h1_body = req.version() < Version::HTTP_2
-        && (req.headers().contains_key(TRANSFER_ENCODING)
-            || req
-                .headers()
-                .get(CONTENT_LENGTH)
-                .is_some_and(|v| v.as_bytes() != b"0"));
+    let h1_body = has_h1_body(&req);
     let mut resp = next.run(req).await;
     let status = resp.status();
     if status.is_client_error() || status.is_server_error() {
@@ -204,6 +199,19 @@ async fn around(State(s): St, req: Request, next: Next) -> Response {
         resp.headers_mut().insert(REQUEST_ID.clone(), v);
     }
     resp
+}
+
+/// Whether `req` is an HTTP/1 request with a body (chunked, or a non-zero `Content-Length`).
+/// An answer that does not read the body (a refusal, 404, 405, 413, 415) closes such a
+/// connection (`Connection: close`), since what is left of the body would be read as the next
+/// request.
+pub fn has_h1_body(req: &Request) -> bool {
+    req.version() < Version::HTTP_2
+        && (req.headers().contains_key(TRANSFER_ENCODING)
+            || req
+                .headers()
+                .get(CONTENT_LENGTH)
+                .is_some_and(|v| v.as_bytes() != b"0"))
 }
 
 async fn not_found(req: Request) -> Response {

@@ -464,6 +464,7 @@ def test_authzen_discovery_never_echoes_an_unchecked_host() -> None:
             b"host:99999",
             b"<x>",
             b"ev il.example",
+            b"[::1]evil.com",
         ):
             status, body = raw_get(s.port, path, bad)
             assert status == 400, (bad, body)

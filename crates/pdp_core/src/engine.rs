@@ -427,9 +427,9 @@ impl Engine {
             resources_version: 1,
             hierarchy: Hierarchy::default(),
         };
-        // A bundle loaded by `Bundle::from_sources` has no cycles (Cedar closes its entities);
-        // an engine is still built if it had, with the cycle ignored.
-        // (`Bundle::from_sources` refuses a bundle over the depth limit.)
+        // A bundle loaded by `Bundle::from_sources` has no cycles (Cedar closes its entities)
+        // and no chain over the depth limit (it refuses one); an engine is still built if it
+        // had a cycle, with the cycle ignored.
         let _ = st.rebuild_hierarchy();
         Self {
             state: ArcSwap::from_pointee(st),
@@ -1478,8 +1478,7 @@ impl Engine {
 /// The context of one principal's check or plan: the caller's, with the decision point's own
 /// fields on top (the reasoner's `risk_score`, `human_present`, `assigned`, `work_item`, `agent`;
 /// docs/decisions.md#context-the-decision-point-fills-in), each only where the schema declares it
-/// for `action`, typed against the
-/// schema.
+/// for `action`, typed against the schema.
 ///
 /// The typed context is memoised per bundle ([`crate::memo::ContextMemo`]).
 ///
@@ -1535,8 +1534,7 @@ fn elapsed_us(t0: Instant) -> u64 {
 }
 
 /// `on_behalf_of` rules (docs/decisions.md#an-agent-acting-for-a-person): only a `ServiceAccount`
-/// acts for someone, and only for a
-/// `Human` the schema declares.
+/// acts for someone, and only for a `Human` the schema declares.
 fn check_on_behalf_of(
     b: &Bundle,
     principal: &EntityUid,
@@ -1666,7 +1664,6 @@ fn inline_entities(
                 .map_err(|e| RequestError::new(format!("entities[{i}].parents"), e.to_string()))?;
         }
     }
-    drop(depth);
     Ok((inline, ignored))
 }
 

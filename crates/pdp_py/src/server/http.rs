@@ -1,8 +1,8 @@
 //! HTTP routes of the decision point (docs/api.md#http-routes), the OpenID AuthZEN Authorization
 //! API 1.0 (<https://openid.net/specs/authorization-api-1_0.html>), and the four routes every
-//! component serves (docs/architecture.md#what-every-component-serves). Every error is an RFC 9457
-//! problem details document
-//! (`application/problem+json`) naming what was wrong; nothing a client sends gets a 5xx.
+//! component serves (docs/architecture.md#what-every-component-serves). Every error is an
+//! RFC 9457 problem details document (`application/problem+json`) naming what was wrong;
+//! nothing a client sends gets a 5xx.
 //! The routes and their shapes are documented in docs/api.md.
 
 use super::metrics::Transport;
@@ -762,7 +762,12 @@ pub fn valid_host(v: &[u8]) -> Option<&str> {
     let (host, port) = if let Some(rest) = text.strip_prefix('[') {
         let (ip, after) = rest.split_once(']')?;
         ip.parse::<std::net::Ipv6Addr>().ok()?;
-        (text.get(..ip.len() + 2)?, after.strip_prefix(':'))
+        // After the literal: nothing, or `:port`; anything else is not a host.
+        let port = match after {
+            "" => None,
+            _ => Some(after.strip_prefix(':')?),
+        };
+        (text.get(..ip.len() + 2)?, port)
     } else {
         match text.split_once(':') {
             Some((h, p)) => (h, Some(p)),

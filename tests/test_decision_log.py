@@ -39,7 +39,7 @@ CORP = Path(__file__).parent / "testdata" / "bundles" / "corp"
 PARTITIONS = 3
 
 ALICE = {"type": "Human", "id": "alice"}
-DESIGN = {"type": "Document", "id": "design"}
+DESIGN_DOC = {"type": "Document", "id": "design"}
 
 
 @pytest.fixture
@@ -106,7 +106,7 @@ class Pdp:
         for _ in range(rounds):
             r = self.http.post(
                 "/v1/access/evaluation",
-                json={"principal": ALICE, "action": "view", "resource": DESIGN},
+                json={"principal": ALICE, "action": "view", "resource": DESIGN_DOC},
             )
             assert r.status_code == 200, r.text
             self.qids.append(r.json()["qid"])
@@ -114,20 +114,20 @@ class Pdp:
                 authz_pb2.CheckRequest(
                     principal=authz_pb2.EntityRef(**ALICE),
                     action="delete",
-                    resource=authz_pb2.EntityRef(**DESIGN),
+                    resource=authz_pb2.EntityRef(**DESIGN_DOC),
                 )
             )
             self.qids.append(g.decision_qid)
             a = self.http.post(
                 "/access/v1/evaluation",
-                json={"subject": ALICE, "action": {"name": "view"}, "resource": DESIGN},
+                json={"subject": ALICE, "action": {"name": "view"}, "resource": DESIGN_DOC},
             )
             self.qids.append(a.json()["context"]["qid"])
             b = self.http.post(
                 "/access/v1/evaluations",
                 json={
                     "subject": ALICE,
-                    "resource": DESIGN,
+                    "resource": DESIGN_DOC,
                     "evaluations": [{"action": {"name": "view"}}, {"action": {"name": "edit"}}],
                 },
             )
@@ -385,7 +385,7 @@ class PdpProcess:
 def _hammer(url: str, answered: list[tuple[str, float]], stop: threading.Event) -> None:
     """Sends checks one after the other until `stop` or until the server is gone; records the
     qid of every answered check with the (monotonic) time its answer arrived."""
-    body = {"principal": ALICE, "action": "view", "resource": DESIGN}
+    body = {"principal": ALICE, "action": "view", "resource": DESIGN_DOC}
     with httpx.Client(base_url=url, timeout=30) as client:
         while not stop.is_set():
             try:
@@ -487,7 +487,7 @@ def test_durable_answers_come_after_their_record_is_written(tmp_path: Path) -> N
     assert log.commit_ms == 0
     engine = Engine.from_bundle_dir(CORP)
     with serve(engine, decision_log=log) as s:
-        body = {"principal": ALICE, "action": "view", "resource": DESIGN}
+        body = {"principal": ALICE, "action": "view", "resource": DESIGN_DOC}
         for n in range(1, 4):
             r = s.post("/v1/access/evaluation", body)
             assert r.status_code == 200, r.text
@@ -496,7 +496,7 @@ def test_durable_answers_come_after_their_record_is_written(tmp_path: Path) -> N
             authz_pb2.CheckRequest(
                 principal=authz_pb2.EntityRef(**ALICE),
                 action="view",
-                resource=authz_pb2.EntityRef(**DESIGN),
+                resource=authz_pb2.EntityRef(**DESIGN_DOC),
             )
         )
         assert g.decision_qid and log.stats["spooled"] == 4
@@ -504,7 +504,7 @@ def test_durable_answers_come_after_their_record_is_written(tmp_path: Path) -> N
             "/access/v1/evaluations",
             {
                 "subject": ALICE,
-                "resource": DESIGN,
+                "resource": DESIGN_DOC,
                 "evaluations": [{"action": {"name": "view"}}] * 3,
             },
         )
@@ -528,7 +528,7 @@ def test_durable_mode_refuses_to_answer_what_it_cannot_log(tmp_path: Path) -> No
     log = DecisionLog(tmp_path / "spool", spool_max_bytes=600, commit_ms=0, durability="durable")
     engine = Engine.from_bundle_dir(CORP)
     with serve(engine, decision_log=log) as s:
-        body = {"principal": ALICE, "action": "view", "resource": DESIGN}
+        body = {"principal": ALICE, "action": "view", "resource": DESIGN_DOC}
         statuses = [s.post("/v1/access/evaluation", body).status_code for _ in range(3)]
         assert statuses[0] == 200 and statuses[-1] == 503, statuses
         r = s.post("/v1/access/evaluation", body)
@@ -541,7 +541,7 @@ def test_durable_mode_refuses_to_answer_what_it_cannot_log(tmp_path: Path) -> No
                 authz_pb2.CheckRequest(
                     principal=authz_pb2.EntityRef(**ALICE),
                     action="view",
-                    resource=authz_pb2.EntityRef(**DESIGN),
+                    resource=authz_pb2.EntityRef(**DESIGN_DOC),
                 )
             )
         assert e.value.code() == grpc.StatusCode.UNAVAILABLE
@@ -557,7 +557,7 @@ def test_window_mode_answers_at_once_and_counts_what_it_drops(tmp_path: Path) ->
     log = DecisionLog(tmp_path / "spool", spool_max_bytes=600, commit_ms=0)
     engine = Engine.from_bundle_dir(CORP)
     with serve(engine, decision_log=log) as s:
-        body = {"principal": ALICE, "action": "view", "resource": DESIGN}
+        body = {"principal": ALICE, "action": "view", "resource": DESIGN_DOC}
         assert [s.post("/v1/access/evaluation", body).status_code for _ in range(3)] == [200] * 3
         log.flush()
         assert log.stats["dropped"] >= 1

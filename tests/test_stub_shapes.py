@@ -74,7 +74,7 @@ def ref(t: str, i: str) -> dict[str, str]:
 
 ALICE, BOB, ZOE = ref("Human", "alice"), ref("Human", "bob"), ref("Human", "zoe")
 HELPER, LEGACY = ref("ServiceAccount", "docs.helper"), ref("ServiceAccount", "legacy.bot")
-DESIGN = ref("Document", "design")
+DESIGN_DOC = ref("Document", "design")
 
 
 def corp() -> Engine:
@@ -84,7 +84,7 @@ def corp() -> Engine:
     engine.register_service_accounts(
         [{"id": "docs.helper", "owner": "alice", "ai": True, "groups": [], "description": "x"}]
     )
-    engine.upsert_work_items([{"id": "T-1", "status": "open", "links": [DESIGN]}])
+    engine.upsert_work_items([{"id": "T-1", "status": "open", "links": [DESIGN_DOC]}])
     engine.set_risk_scores([{"principal": BOB, "score": 80}])
     return engine
 
@@ -92,21 +92,21 @@ def corp() -> Engine:
 # Checks covering every verdict, an agent for a person (`on_behalf_of`), a work item, a risk
 # score, and a principal the directory does not hold with an ignored inline entity.
 CHECKS: list[dict[str, Any]] = [
-    {"principal": ALICE, "action": "view", "resource": DESIGN},
-    {"principal": ALICE, "action": "delete", "resource": DESIGN},
-    {"principal": BOB, "action": "view", "resource": DESIGN},
-    {"principal": LEGACY, "on_behalf_of": ALICE, "action": "view", "resource": DESIGN},
+    {"principal": ALICE, "action": "view", "resource": DESIGN_DOC},
+    {"principal": ALICE, "action": "delete", "resource": DESIGN_DOC},
+    {"principal": BOB, "action": "view", "resource": DESIGN_DOC},
+    {"principal": LEGACY, "on_behalf_of": ALICE, "action": "view", "resource": DESIGN_DOC},
     {
         "principal": HELPER,
         "on_behalf_of": ALICE,
         "action": "edit",
-        "resource": DESIGN,
+        "resource": DESIGN_DOC,
         "work_item_id": "T-1",
     },
     {
         "principal": ZOE,
         "action": "view",
-        "resource": DESIGN,
+        "resource": DESIGN_DOC,
         "entities": [{"uid": ZOE, "attrs": {"department": "engineering"}, "parents": []}],
     },
 ]

@@ -3,9 +3,10 @@
 //!
 //! A memoised plan shares its filter (`Arc<Filter>`) with the side memo and the plan cache
 //! (`pdp_core::query_plan`), so one filter is answered many times. Building its dicts, lists
-//! and strings anew each time was most of a memoised plan (`perf`, session 7: `filter_py` and
-//! freeing its output about a third of a tinytodo plan, more on github_example whose filters
-//! list every group of the principal). [`FilterTrees`] keeps the Python tree built for each such
+//! and strings anew each time was a large part of a memoised plan (measured with `perf`:
+//! `filter_py` and freeing its output about a third of a tinytodo plan, more on
+//! github_example, whose filters list every group of the principal; docs/benchmarks.md,
+//! "Query plans"). [`FilterTrees`] keeps the Python tree built for each such
 //! filter and hands every caller its own copy of the containers: dicts and lists are copied,
 //! so a caller that edits its response changes no one else's, while the immutable leaves
 //! (str, int, float, bool, None) are shared.

@@ -18,7 +18,8 @@
 //! (docs/bundles.md#step-up-policies).
 
 use crate::error::{chain, BundleError, RequestError, SourceError};
-use crate::store::{FastMap, StoredEntity};
+use crate::maps::FastMap;
+use crate::store::StoredEntity;
 use cedar_policy::{
     Effect, Entity, EntityId, EntityTypeName, EntityUid, Policy, PolicyId, PolicySet, Schema,
     SchemaFragment, SlotId, Template, ValidationMode, Validator,

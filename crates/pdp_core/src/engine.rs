@@ -23,9 +23,9 @@ use crate::query_plan::{
 };
 use crate::request::{check_identifier, kind, parse_uid, CheckRequest, PlanRequest};
 use crate::scope::{Derefs, Follow, DEREFS_ALL, FOLLOW_ALL, FOLLOW_NONE};
+use crate::maps::FastSet;
 use crate::store::{
-    parse_uid_list, ClosedEntity, FastSet, Hierarchy, Prefetch, Store, StoredEntity, Unclosable,
-    WorkItem,
+    parse_uid_list, ClosedEntity, Hierarchy, Prefetch, Store, StoredEntity, Unclosable, WorkItem,
 };
 use arc_swap::ArcSwap;
 use cedar_policy::{
@@ -36,7 +36,7 @@ use cedar_policy_core::evaluator::Evaluator;
 use cedar_policy_core::extensions::Extensions;
 use serde_json::{json, Map, Value};
 use std::cell::OnceCell;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -240,28 +240,15 @@ impl Decision {
     }
 }
 
-/// Formats epoch milliseconds as RFC 3339 UTC with milliseconds (`2026-11-22T07:25:00.123Z`).
+/// Formats epoch milliseconds as RFC 3339 UTC with milliseconds (`2026-11-22T07:25:00.123Z`;
+/// RFC 3339 section 5.6, always three fractional digits and `Z`). Instants past what `jiff`
+/// represents (the year 9999) are written as its last millisecond.
 pub fn rfc3339_ms(ms: u64) -> String {
-    let secs = ms / 1000;
-    let days = i64::try_from(secs / 86_400).unwrap_or(0);
-    let rem = secs % 86_400;
-    // Civil-from-days (Howard Hinnant's algorithm), proleptic Gregorian calendar.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rem / 3600,
-        (rem % 3600) / 60,
-        rem % 60,
-        ms % 1000
-    )
+    let ts = i64::try_from(ms)
+        .ok()
+        .and_then(|ms| jiff::Timestamp::from_millisecond(ms).ok())
+        .unwrap_or(jiff::Timestamp::MAX);
+    format!("{ts:.3}")
 }
 
 #[derive(Clone)]
@@ -1521,7 +1508,7 @@ struct CheckCtx<'a> {
     st: &'a State,
     req: &'a CheckRequest,
     action: &'a EntityUid,
-    inline: &'a HashMap<EntityUid, Arc<StoredEntity>>,
+    inline: &'a Inline,
     work_item: Option<&'a WorkItem>,
     assigned: bool,
     /// The principal's policies for the request's action and types ([`crate::scope::Scoped`]),
@@ -1590,7 +1577,7 @@ fn request_error(e: &RequestValidationError, field: &str) -> RequestError {
 }
 
 /// A check's inline entities that are taken, by uid.
-type Inline = HashMap<EntityUid, Arc<StoredEntity>>;
+type Inline = crate::maps::Inline<StoredEntity>;
 
 /// The inline entities of a check that are taken, keyed by uid, and the uids of those that
 /// are ignored (docs/decisions.md, "Inline entities").

@@ -12,12 +12,14 @@
 
 use serde::Serialize;
 use std::fmt;
+use thiserror::Error;
 
 /// One problem found while loading a bundle.
 ///
 /// `line` and `column` are 1-based and present whenever the problem points into a text file
 /// (policy parse and validation errors, Cedar-syntax schema errors, JSON syntax errors).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Error)]
+#[error("{}", self.render())]
 pub struct SourceError {
     /// File name within the bundle (for example `policies.cedar`), or a pseudo-name such as
     /// `<policies>` when the text was passed in directly.
@@ -45,8 +47,14 @@ impl SourceError {
     }
 }
 
-impl fmt::Display for SourceError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+impl SourceError {
+    /// `file[:line[:column]][: policy `name`]: message`, the form compilers use.
+    fn render(&self) -> String {
+        let mut f = String::new();
+        self.write(&mut f).map_or_else(|_| String::new(), |()| f)
+    }
+
+    fn write(&self, f: &mut impl fmt::Write) -> fmt::Result {
         write!(f, "{}", self.file)?;
         if let Some(line) = self.line {
             write!(f, ":{line}")?;
@@ -62,7 +70,8 @@ impl fmt::Display for SourceError {
 }
 
 /// A bundle could not be loaded; `errors` lists every problem found (never empty).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("{}", self.render())]
 pub struct BundleError {
     /// Every problem found, in file order.
     pub errors: Vec<SourceError>,
@@ -75,8 +84,14 @@ impl BundleError {
     }
 }
 
-impl fmt::Display for BundleError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+impl BundleError {
+    /// `invalid bundle: N error(s)`, then each problem on its own indented line.
+    fn render(&self) -> String {
+        let mut f = String::new();
+        self.write(&mut f).map_or_else(|_| String::new(), |()| f)
+    }
+
+    fn write(&self, f: &mut impl fmt::Write) -> fmt::Result {
         let n = self.errors.len();
         write!(
             f,
@@ -90,10 +105,9 @@ impl fmt::Display for BundleError {
     }
 }
 
-impl std::error::Error for BundleError {}
-
 /// A check, plan or store update was rejected because its input is wrong.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("invalid `{field}`: {message}")]
 pub struct RequestError {
     /// Dotted path of the offending field (`principal`, `context`, `entities[3]`, ...).
     pub field: String,
@@ -111,13 +125,6 @@ impl RequestError {
     }
 }
 
-impl fmt::Display for RequestError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "invalid `{}`: {}", self.field, self.message)
-    }
-}
-
-impl std::error::Error for RequestError {}
 
 /// Renders an error and its `source()` chain on one line, as Cedar's CLI does.
 pub(crate) fn chain(err: &dyn std::error::Error) -> String {

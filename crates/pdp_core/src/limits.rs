@@ -51,22 +51,15 @@ pub fn set_max_inline_entities(n: usize) {
 }
 
 /// An entity whose parent chain is longer than the limit.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the parents of `{uid}` form a chain more than {limit} levels deep (limit `max_entity_depth` = {limit})"
+)]
 pub struct TooDeep {
     /// The entity the over-long chain starts from, as Cedar writes it (`Type::"id"`).
     pub uid: String,
     /// The limit it exceeds ([`max_entity_depth`] when the check ran).
     pub limit: usize,
-}
-
-impl std::fmt::Display for TooDeep {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "the parents of `{}` form a chain more than {} levels deep (limit `max_entity_depth` = {})",
-            self.uid, self.limit, self.limit
-        )
-    }
 }
 
 /// Measures parent chains without recursion, remembering each entity's depth so that checking

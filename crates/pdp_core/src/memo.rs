@@ -11,7 +11,7 @@
 //!   [`Lookups::types_valid`]). Failures are never memoised: they are recomputed, so every error
 //!   message stays Cedar's.
 
-use crate::store::{FastHasher, FastMap, FastSet};
+use crate::maps::{FastHasher, FastMap, FastSet};
 use cedar_policy::{Context, EntityTypeName, EntityUid, Schema};
 use hashbrown::HashTable;
 use serde_json::{Map, Value};

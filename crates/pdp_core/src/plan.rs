@@ -426,13 +426,16 @@ pub struct Residual {
 }
 
 /// Why a plan could not be computed (docs/plans.md).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PlanError {
     /// The resource type is not declared in the schema.
+    #[error("resource type `{0}` is not declared in the schema")]
     UnknownResourceType(String),
     /// The action is not declared in the schema.
+    #[error("action `{0}` is not declared in the schema")]
     UnknownAction(String),
     /// The schema does not let the action apply to resources of this type.
+    #[error("action `{action}` does not apply to resource type `{resource_type}`")]
     ActionNotForResourceType {
         /// The action.
         action: String,
@@ -440,6 +443,7 @@ pub enum PlanError {
         resource_type: String,
     },
     /// The schema does not let the action apply to principals of this type.
+    #[error("action `{action}` does not apply to principal type `{principal_type}`")]
     ActionNotForPrincipalType {
         /// The action.
         action: String,
@@ -448,39 +452,13 @@ pub enum PlanError {
     },
     /// Cedar rejected the partial request (for example the context does not match the
     /// action's context type).
+    #[error("invalid plan request: {0}")]
     InvalidRequest(String),
     /// Partial evaluation itself failed.
+    #[error("partial evaluation failed: {0}")]
     Evaluation(String),
 }
 
-impl fmt::Display for PlanError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::UnknownResourceType(t) => {
-                write!(f, "resource type `{t}` is not declared in the schema")
-            }
-            Self::UnknownAction(a) => write!(f, "action `{a}` is not declared in the schema"),
-            Self::ActionNotForResourceType {
-                action,
-                resource_type,
-            } => write!(
-                f,
-                "action `{action}` does not apply to resource type `{resource_type}`"
-            ),
-            Self::ActionNotForPrincipalType {
-                action,
-                principal_type,
-            } => write!(
-                f,
-                "action `{action}` does not apply to principal type `{principal_type}`"
-            ),
-            Self::InvalidRequest(m) => write!(f, "invalid plan request: {m}"),
-            Self::Evaluation(m) => write!(f, "partial evaluation failed: {m}"),
-        }
-    }
-}
-
-impl std::error::Error for PlanError {}
 
 /// Computes the residual of every policy that may apply when `principal` performs `action` with
 /// `context` on an unknown resource of type `resource_type`

@@ -22,7 +22,7 @@
 use crate::bundle::PolicyMeta;
 use crate::engine::Mode;
 use crate::plan::{combine_simplified, Filter, Residual};
-use crate::store::FastHasher;
+use crate::maps::FastHasher;
 use cedar_policy::{Effect, EntityTypeName, EntityUid, PolicyId};
 use cedar_policy_core::ast;
 use serde_json::{json, Map, Value};
@@ -164,7 +164,7 @@ impl Side {
     /// principal.
     pub(crate) fn from_residuals(
         res: Vec<Residual>,
-        meta: &crate::store::FastMap<PolicyId, PolicyMeta>,
+        meta: &crate::maps::FastMap<PolicyId, PolicyMeta>,
     ) -> Self {
         let mut p = Vec::new();
         let mut pc = Vec::new();

@@ -111,8 +111,8 @@ pub fn check_identifier(id: &str, field: &str) -> Result<(), RequestError> {
 const TYPE_NAME_MEMO: usize = 256;
 
 thread_local! {
-    static TYPE_NAMES: std::cell::RefCell<crate::store::FastMap<String, EntityTypeName>> =
-        std::cell::RefCell::new(crate::store::FastMap::default());
+    static TYPE_NAMES: std::cell::RefCell<crate::maps::FastMap<String, EntityTypeName>> =
+        std::cell::RefCell::new(crate::maps::FastMap::default());
 }
 
 /// Parses an entity type name, remembering valid ones per thread: Cedar's parser is the

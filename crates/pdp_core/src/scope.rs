@@ -28,7 +28,7 @@
 //! the right side of `in`) need not be present, and its absence changes nothing.
 
 use crate::condition::{Condition, Env, Outcome};
-use crate::store::FastHasher;
+use crate::maps::FastHasher;
 use cedar_policy::{
     ActionConstraint, EntityTypeName, EntityUid, Policy, PolicyId, PolicySet, PrincipalConstraint,
     ResourceConstraint,

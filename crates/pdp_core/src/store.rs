@@ -9,6 +9,7 @@
 
 use crate::error::{chain, RequestError};
 use crate::limits::{self, DepthCheck, TooDeep};
+use crate::maps::{FastHasher, FastMap, PMap, PSet};
 use crate::request::parse_uid;
 use cedar_policy::{Entities, Entity, EntityUid, EvalResult, Schema};
 use cedar_policy_core::ast;
@@ -21,19 +22,6 @@ use std::borrow::Borrow;
 use std::collections::HashSet;
 use std::hash::{BuildHasher, Hash};
 use std::sync::{Arc, LazyLock};
-
-/// The hasher of svc's own maps: foldhash, seeded at random per process. Entity uids are hashed
-/// several times per check, and SipHash (the standard hasher) was about a tenth of a check.
-pub(crate) type FastHasher = foldhash::fast::RandomState;
-/// A persistent hash map with [`FastHasher`].
-pub(crate) type PMap<K, V> =
-    imbl::GenericHashMap<K, V, FastHasher, imbl::shared_ptr::DefaultSharedPtr>;
-/// A persistent hash set with [`FastHasher`].
-pub(crate) type PSet<K> = imbl::GenericHashSet<K, FastHasher, imbl::shared_ptr::DefaultSharedPtr>;
-/// A hash map with [`FastHasher`].
-pub(crate) type FastMap<K, V> = std::collections::HashMap<K, V, FastHasher>;
-/// A hash set with [`FastHasher`].
-pub(crate) type FastSet<K> = HashSet<K, FastHasher>;
 
 /// Writes an overlay holds before [`Layered::settle`] folds it into a new base, at least.
 const OVERLAY_MIN: usize = 1024;

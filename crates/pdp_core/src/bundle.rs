@@ -229,7 +229,7 @@ pub struct Bundle {
     /// Problems that did not stop the load (entities that break the schema).
     pub warnings: Vec<SourceError>,
     /// Attribute kinds learned by query plans (with a schema only); shared by every plan.
-    pub(crate) attr_kinds: Option<Arc<crate::plan::AttrKinds>>,
+    pub(crate) attr_kinds: Option<Arc<crate::residual_filter::AttrKinds>>,
     /// The policies that can apply per (action, principal type, resource type).
     pub(crate) scopes: crate::scope::ScopeIndex,
     /// Lookups that keep checks cheap (parsed type names, actions by text, request types).
@@ -821,7 +821,7 @@ impl Bundle {
 
         let attr_kinds = schema
             .as_ref()
-            .map(|s| Arc::new(crate::plan::AttrKinds::new(s)));
+            .map(|s| Arc::new(crate::residual_filter::AttrKinds::new(s)));
         let scopes = crate::scope::ScopeIndex::new(action_ancestors(
             schema.is_some(),
             &action_entities,

@@ -13,17 +13,21 @@
 //! 5. The mode is reported, never applied.
 
 use crate::bundle::{Bundle, Declared, TemplateLink};
+pub use crate::decision::{
+    rfc3339_ms, uid_key, Decision, Mode, Outcome, PlanOutcome, QueryPlan, Verdict,
+};
 use crate::error::{chain, BundleError, RequestError, SourceError};
 use crate::limits::{self, DepthCheck, TooDeep};
+use crate::maps::FastSet;
 use crate::memo::{Injected, MemoContext};
-use crate::plan::{partial_entities, residuals_with, PlanError};
-use crate::query_plan::{
-    finish, PlanCache, PlanKey, PrincipalState, QueryPlan, Side, DEFAULT_PLAN_CACHE_CAPACITY,
+use crate::plan_outcome::{
+    finish, PlanCache, PlanKey, PrincipalState, Side, DEFAULT_PLAN_CACHE_CAPACITY,
     DEFAULT_PLAN_MAX_AGE_SECS,
 };
+pub use crate::request::INJECTED_CONTEXT;
 use crate::request::{check_identifier, kind, parse_uid, CheckRequest, PlanRequest};
+use crate::residual_filter::{partial_entities, residuals_with, PlanError};
 use crate::scope::{Derefs, Follow, DEREFS_ALL, FOLLOW_ALL, FOLLOW_NONE};
-use crate::maps::FastSet;
 use crate::store::{
     parse_uid_list, ClosedEntity, Hierarchy, Prefetch, Store, StoredEntity, Unclosable, WorkItem,
 };
@@ -47,209 +51,6 @@ pub const REASON_CONTAINED: &str = "svc:contained";
 pub const REASON_UNREGISTERED: &str = "svc:unregistered";
 /// Built-in reason: a `verification` challenge fired but nobody is present to answer it.
 pub const REASON_HUMAN_NOT_PRESENT: &str = "svc:human_not_present";
-
-/// Context attributes the decision point fills in; callers cannot forge them
-/// (docs/decisions.md#context-the-decision-point-fills-in).
-pub const INJECTED_CONTEXT: [&str; 4] = ["human_present", "agent", "work_item", "assigned"];
-
-/// A verdict, ordered by strictness (`Allow < Challenge < Deny`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Verdict {
-    /// The action may proceed.
-    Allow,
-    /// The action may proceed once every listed challenge is passed.
-    Challenge,
-    /// The action must not proceed.
-    Deny,
-}
-
-impl Verdict {
-    /// Lowercase wire name (`allow`, `challenge`, `deny`).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Allow => "allow",
-            Self::Challenge => "challenge",
-            Self::Deny => "deny",
-        }
-    }
-}
-
-/// Enforcement mode (docs/architecture.md#monitor-and-enforce): reported with every decision, never
-/// applied by the engine.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Mode {
-    /// Enforcement points allow whatever the verdict; history records would-deny/challenge.
-    Monitor,
-    /// Enforcement points apply the verdict.
-    Enforce,
-}
-
-impl Mode {
-    /// Lowercase wire name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Monitor => "monitor",
-            Self::Enforce => "enforce",
-        }
-    }
-
-    /// Parses `monitor` / `enforce` (case-insensitive).
-    ///
-    /// # Errors
-    /// [`RequestError`] on `mode` for any other value.
-    pub fn parse(s: &str) -> Result<Self, RequestError> {
-        match s.to_ascii_lowercase().as_str() {
-            "monitor" => Ok(Self::Monitor),
-            "enforce" => Ok(Self::Enforce),
-            _ => Err(RequestError::new(
-                "mode",
-                format!("unknown mode `{s}`: expected `monitor` or `enforce`"),
-            )),
-        }
-    }
-}
-
-/// The verdict of one principal.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Outcome {
-    /// Verdict.
-    pub verdict: Verdict,
-    /// Challenge kinds that must be passed (empty unless the verdict is `challenge`).
-    pub challenges: Vec<String>,
-    /// Names of the policies (or built-in reasons) that decided it, sorted.
-    pub policies: Vec<String>,
-}
-
-impl Outcome {
-    fn builtin(reason: &str) -> Self {
-        Self {
-            verdict: Verdict::Deny,
-            challenges: Vec::new(),
-            policies: vec![reason.to_owned()],
-        }
-    }
-
-    fn to_json(&self) -> Value {
-        json!({
-            "verdict": self.verdict.as_str(),
-            "challenges": self.challenges,
-            "policies": self.policies,
-        })
-    }
-}
-
-/// One decision: the response of a check and the record the decision log keeps
-/// (docs/history.md#schema).
-#[derive(Debug, Clone)]
-pub struct Decision {
-    /// Decision id (UUIDv7).
-    pub qid: String,
-    /// When it was decided, milliseconds since the Unix epoch.
-    pub at_ms: u64,
-    /// The actor.
-    pub principal: EntityUid,
-    /// The person the actor acted for.
-    pub on_behalf_of: Option<EntityUid>,
-    /// Resolved action.
-    pub action: EntityUid,
-    /// The resource.
-    pub resource: EntityUid,
-    /// Combined verdict (the one enforcement points apply).
-    pub verdict: Verdict,
-    /// Every challenge that must be passed (both principals' when the verdict is `challenge`).
-    pub challenges: Vec<String>,
-    /// The principal's own outcome.
-    pub principal_outcome: Outcome,
-    /// The person's own outcome, when the request names one.
-    pub on_behalf_of_outcome: Option<Outcome>,
-    /// Mode at decision time.
-    pub mode: Mode,
-    /// The work item the request named, if any.
-    pub work_item: Option<String>,
-    /// Whether that work item is open and links the resource.
-    pub assigned: bool,
-    /// The principal's reasoner risk score, if one was used.
-    pub risk_score: Option<i64>,
-    /// Version of the bundle that decided.
-    pub policy_version: u64,
-    /// Version of the principals snapshot that decided.
-    pub principals_version: u64,
-    /// Time spent deciding, microseconds.
-    pub latency_us: u64,
-    /// The principal and the person it acted for, whichever the directory (store or bundle)
-    /// does not hold: decided with no attributes and no parents.
-    pub not_in_directory: Vec<EntityUid>,
-    /// Inline entities the check ignored: of a directory type, or held by the store or bundle
-    /// ([`Engine::decide`]).
-    pub inline_ignored: Vec<EntityUid>,
-}
-
-pub(crate) fn uid_json(u: &EntityUid) -> Value {
-    json!({"type": u.type_name().to_string(), "id": u.id().unescaped()})
-}
-
-/// `Type::"id"` with the id unescaped, the key form of the decision log
-/// (docs/architecture.md#how-records-flow).
-pub fn uid_key(u: &EntityUid) -> String {
-    format!("{}::{}", u.type_name(), u.id().unescaped())
-}
-
-impl Decision {
-    /// The HTTP response of `POST /v1/access/evaluation` (docs/api.md#http-routes): `qid`,
-    /// `verdict`, `challenges`, `policies`, `on_behalf_of` (only when the request named a person),
-    /// `mode`.
-    pub fn to_response(&self) -> Value {
-        let mut m = Map::new();
-        m.insert("qid".into(), Value::String(self.qid.clone()));
-        m.insert("verdict".into(), self.verdict.as_str().into());
-        m.insert("challenges".into(), json!(self.challenges));
-        m.insert("policies".into(), json!(self.principal_outcome.policies));
-        if let Some(o) = &self.on_behalf_of_outcome {
-            m.insert("on_behalf_of".into(), o.to_json());
-        }
-        m.insert("mode".into(), self.mode.as_str().into());
-        Value::Object(m)
-    }
-
-    /// The decision-log record (docs/history.md#schema; `challenge_qid` is filled by the service
-    /// layer).
-    pub fn to_record(&self, pdp: &str) -> Value {
-        json!({
-            "qid": self.qid,
-            "at": rfc3339_ms(self.at_ms),
-            "principal": uid_json(&self.principal),
-            "on_behalf_of": self.on_behalf_of.as_ref().map(uid_json),
-            "action": self.action.id().unescaped(),
-            "resource": uid_json(&self.resource),
-            "verdict": self.verdict.as_str(),
-            "challenges": self.challenges,
-            "policies": self.principal_outcome.policies,
-            "on_behalf_of_outcome": self.on_behalf_of_outcome.as_ref().map(Outcome::to_json),
-            "mode": self.mode.as_str(),
-            "challenge_qid": Value::Null,
-            "work_item": self.work_item,
-            "assigned": self.assigned,
-            "risk_score": self.risk_score,
-            "policy_version": self.policy_version,
-            "principals_version": self.principals_version,
-            "latency_us": self.latency_us,
-            "not_in_directory": self.not_in_directory.iter().map(uid_json).collect::<Vec<_>>(),
-            "inline_ignored": self.inline_ignored.iter().map(uid_json).collect::<Vec<_>>(),
-            "pdp": pdp,
-        })
-    }
-}
-
-/// Formats epoch milliseconds as RFC 3339 UTC with milliseconds (`2026-11-22T07:25:00.123Z`;
-/// RFC 3339 section 5.6, always three fractional digits and `Z`). Instants past what `jiff`
-/// represents (the year 9999) are written as its last millisecond.
-pub fn rfc3339_ms(ms: u64) -> String {
-    let ts = i64::try_from(ms)
-        .ok()
-        .and_then(|ms| jiff::Timestamp::from_millisecond(ms).ok())
-        .unwrap_or(jiff::Timestamp::MAX);
-    format!("{ts:.3}")
-}
 
 #[derive(Clone)]
 struct State {
@@ -1259,7 +1060,7 @@ impl Engine {
         Ok(plan)
     }
 
-    /// The filters of one principal of a plan (see [`crate::query_plan`]).
+    /// The filters of one principal of a plan (see [`crate::plan_outcome`]).
     #[allow(clippy::too_many_arguments)]
     fn plan_side(
         &self,
@@ -1270,7 +1071,7 @@ impl Engine {
         field: &str,
         action: &EntityUid,
         resource_type: &cedar_policy::EntityTypeName,
-        (schema, kinds): (&cedar_policy::Schema, &crate::plan::AttrKinds),
+        (schema, kinds): (&cedar_policy::Schema, &crate::residual_filter::AttrKinds),
     ) -> Result<Side, RequestError> {
         let b = &*st.bundle;
         if st.store.is_contained(subject) {

@@ -125,7 +125,6 @@ impl RequestError {
     }
 }
 
-
 /// Renders an error and its `source()` chain on one line, as Cedar's CLI does.
 pub(crate) fn chain(err: &dyn std::error::Error) -> String {
     let mut out = err.to_string();

@@ -8,13 +8,14 @@
 //!   [`Engine::plan`], the query plans of docs/plans.md.
 //! * [`limits`]: bounds on inline entities and on hierarchy depth, process-wide settings.
 //! * [`decision_log`]: the queue and on-disk spool decision records wait in for the broker.
-//! * [`plan`]: partial-evaluation residuals to filter trees; [`query_plan`]: what they mean
-//!   together (outcomes, challenges, agent and person), and the plan cache.
+//! * [`residual_filter`]: partial-evaluation residuals to filter trees; [`plan_outcome`]: what
+//!   they mean together (outcomes, challenges, agent and person), and the plan cache.
 //!
 //! The crate knows nothing of Python; `crates/pdp_py` wraps it as `svc._pdp_core`.
 
 pub mod bundle;
 mod condition;
+pub mod decision;
 pub mod decision_log;
 pub mod engine;
 pub mod error;
@@ -22,17 +23,17 @@ mod intern;
 pub mod limits;
 mod maps;
 mod memo;
-pub mod plan;
-pub mod query_plan;
+pub mod plan_outcome;
 pub mod request;
+pub mod residual_filter;
 mod scope;
 pub mod store;
 
 pub use bundle::{Bundle, BundleSources, PolicyMeta, TemplateLink, CHALLENGE_KINDS};
 pub use cedar_policy::EntityUid;
-pub use engine::{Decision, Engine, Mode, Outcome, Prefetcher, Verdict, Versions};
+pub use decision::{Decision, Mode, Outcome, PlanOutcome, QueryPlan, Verdict};
+pub use engine::{Engine, Prefetcher, Versions};
 pub use error::{BundleError, RequestError, SourceError};
-pub use plan::{Cmp, Filter, PlanError, Residual};
-pub use query_plan::{PlanOutcome, QueryPlan};
 pub use request::{CheckRequest, PlanRequest};
+pub use residual_filter::{Cmp, Filter, PlanError, Residual};
 pub use store::{Prefetch, Store, StoredEntity, WorkItem};

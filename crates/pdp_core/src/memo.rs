@@ -184,7 +184,7 @@ impl MemoContext {
 /// (docs/decisions.md#context-the-decision-point-fills-in), as [`ContextMemo`] keys them: each is
 /// `None` when the action's context does not take it (`risk_score` also when the
 /// reasoner holds no score for the principal). The typed context is the caller's context
-/// without [`crate::engine::INJECTED_CONTEXT`] (nor its `risk_score` when one is injected), with
+/// without [`crate::request::INJECTED_CONTEXT`] (nor its `risk_score` when one is injected), with
 /// these fields laid on top.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct Injected<'a> {
@@ -204,7 +204,7 @@ impl<'a> Injected<'a> {
     /// Whether the caller's context entry `key` gives way to (or is never taken from) the
     /// decision point.
     fn overrides(&self, key: &str) -> bool {
-        crate::engine::INJECTED_CONTEXT.contains(&key)
+        crate::request::INJECTED_CONTEXT.contains(&key)
             || (key == "risk_score" && self.risk_score.is_some())
     }
 
@@ -239,7 +239,7 @@ impl<'a> Injected<'a> {
 
 /// `{"__entity": {"type": .., "id": ..}}`, Cedar's JSON form of an entity reference.
 fn entity_ref(u: &EntityUid) -> Value {
-    serde_json::json!({ "__entity": crate::engine::uid_json(u) })
+    serde_json::json!({ "__entity": {"type": u.type_name().to_string(), "id": u.id().unescaped()} })
 }
 
 /// One memoised context: what it was typed from, and the result.
@@ -418,7 +418,7 @@ pub(crate) struct PlanEntities {
     _entities: Vec<Arc<cedar_policy_core::ast::Entity>>,
     /// The slice as Cedar entities.
     pub(crate) entities: cedar_policy::Entities,
-    /// The slice as TPE's partial entities (the conforming part; see `plan::partial_entities`).
+    /// The slice as TPE's partial entities (the conforming part; see `residual_filter::partial_entities`).
     pub(crate) partial: cedar_policy::PartialEntities,
 }
 
@@ -485,7 +485,7 @@ pub(crate) type StoreVersions = (u64, u64);
 struct SideEntry {
     _entities: Arc<PlanEntities>,
     _context: Arc<MemoContext>,
-    side: crate::query_plan::Side,
+    side: crate::plan_outcome::Side,
 }
 
 /// The recent level: sides computed under one pair of store versions.
@@ -543,8 +543,8 @@ impl SideMemo {
         &self,
         q: &SideQuestion<'_>,
         slice: impl FnOnce() -> Result<Arc<PlanEntities>, E>,
-        compute: impl FnOnce(&PlanEntities) -> Result<crate::query_plan::Side, E>,
-    ) -> Result<crate::query_plan::Side, E> {
+        compute: impl FnOnce(&PlanEntities) -> Result<crate::plan_outcome::Side, E>,
+    ) -> Result<crate::plan_outcome::Side, E> {
         let recent_key: RecentKey = (
             Arc::as_ptr(q.context) as usize,
             q.principal.clone(),

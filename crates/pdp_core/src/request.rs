@@ -19,6 +19,10 @@ pub const CHECK_FIELDS: [&str; 8] = [
     "entities",
 ];
 
+/// Context attributes the decision point fills in; callers cannot forge them
+/// (docs/decisions.md#context-the-decision-point-fills-in).
+pub const INJECTED_CONTEXT: [&str; 4] = ["human_present", "agent", "work_item", "assigned"];
+
 /// Parses an entity reference: `{"type": T, "id": I}`, `{"__entity": {"type": T, "id": I}}`
 /// or Cedar's literal form `T::"I"`.
 ///

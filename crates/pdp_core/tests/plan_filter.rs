@@ -12,7 +12,7 @@ use cedar_policy::{
     Authorizer, Context, Decision, Effect, Entities, Entity, EntityTypeName, EntityUid, PolicySet,
     Request, Schema, ValidationMode, Validator,
 };
-use pdp_core::plan::{combine, residuals, AttrKinds, Cmp, Filter, PlanError, Residual};
+use pdp_core::residual_filter::{combine, residuals, AttrKinds, Cmp, Filter, PlanError, Residual};
 use pdp_core::Bundle;
 use serde_json::{json, Value};
 use std::path::PathBuf;

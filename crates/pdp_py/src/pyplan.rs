@@ -2,7 +2,7 @@
 //! from [`QueryPlan`] with the keys and order of `QueryPlan::to_response`.
 //!
 //! A memoised plan shares its filter (`Arc<Filter>`) with the side memo and the plan cache
-//! (`pdp_core::query_plan`), so one filter is answered many times. Building its dicts, lists
+//! (`pdp_core::plan_outcome`), so one filter is answered many times. Building its dicts, lists
 //! and strings anew each time was a large part of a memoised plan (measured with `perf`:
 //! `filter_py` and freeing its output about a third of a tinytodo plan, more on
 //! github_example, whose filters list every group of the principal; docs/benchmarks.md,
@@ -261,8 +261,8 @@ fn outcome_name(py: Python<'_>, o: pdp_core::PlanOutcome) -> &Bound<'_, PyString
 }
 
 /// The wire name of a comparison, interned.
-fn cmp_name(py: Python<'_>, cmp: pdp_core::plan::Cmp) -> &Bound<'_, PyString> {
-    use pdp_core::plan::Cmp;
+fn cmp_name(py: Python<'_>, cmp: pdp_core::residual_filter::Cmp) -> &Bound<'_, PyString> {
+    use pdp_core::residual_filter::Cmp;
     match cmp {
         Cmp::Eq => intern!(py, "eq"),
         Cmp::Ne => intern!(py, "ne"),

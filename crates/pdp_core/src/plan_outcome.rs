@@ -3,7 +3,7 @@
 //! intersection, and the bounded
 //! cache that lets a client page with one plan.
 //!
-//! [`crate::plan`] turns each policy's partial-evaluation residual into a filter; this module
+//! [`crate::residual_filter`] turns each policy's partial-evaluation residual into a filter; this module
 //! decides what those filters mean together. For one principal, with `P`/`PC` the plain and
 //! `@challenge` permits and `F`/`FC` the plain and `@challenge` forbids that may hold for some
 //! row:
@@ -20,12 +20,12 @@
 //! rows the filter hides.
 
 use crate::bundle::PolicyMeta;
-use crate::engine::Mode;
-use crate::plan::{combine_simplified, Filter, Residual};
+use crate::decision::{PlanOutcome, QueryPlan};
 use crate::maps::FastHasher;
+use crate::residual_filter::{combine_simplified, Filter, Residual};
 use cedar_policy::{Effect, EntityTypeName, EntityUid, PolicyId};
 use cedar_policy_core::ast;
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 use std::collections::BTreeSet;
 use std::num::NonZeroUsize;
 use std::sync::{Arc, Mutex};
@@ -35,104 +35,6 @@ use std::time::{Duration, Instant};
 pub const DEFAULT_PLAN_MAX_AGE_SECS: u64 = 300;
 /// Default number of plans kept for paging.
 pub const DEFAULT_PLAN_CACHE_CAPACITY: usize = 10_000;
-
-/// The outcome of a plan (docs/plans.md#building-a-plan-engineplan).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PlanOutcome {
-    /// Every row; no filter.
-    AlwaysAllowed,
-    /// No row; skip the query.
-    AlwaysDenied,
-    /// Every row needs the challenges passed first; then the filter applies.
-    Challenge,
-    /// The rows the filter matches.
-    Conditional,
-}
-
-impl PlanOutcome {
-    /// Wire name (`always_allowed`, `always_denied`, `challenge`, `conditional`).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::AlwaysAllowed => "always_allowed",
-            Self::AlwaysDenied => "always_denied",
-            Self::Challenge => "challenge",
-            Self::Conditional => "conditional",
-        }
-    }
-}
-
-/// A query plan: the response of `POST /v1/access/plan` (docs/plans.md) plus what the decision log
-/// records about it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct QueryPlan {
-    /// Plan id; a later request with `plan_qid` set to it pages with the same plan.
-    pub qid: String,
-    /// Outcome.
-    pub outcome: PlanOutcome,
-    /// The filter tree; present for `conditional` and `challenge`. Shared (`Arc`) with the
-    /// plan cache and the side memo, so a cached or memoised plan is not copied.
-    pub filter: Option<Arc<Filter>>,
-    /// Challenge kinds: the ones to pass first (`challenge`), or the ones that could show more
-    /// rows (`conditional` with `challenge_could_widen`). Sorted, unique.
-    pub challenges: Vec<String>,
-    /// A challenge hides some rows that passing it would show.
-    pub challenge_could_widen: bool,
-    /// Names of the policies (or built-in reasons) the plan was built from, sorted.
-    pub policies: Vec<String>,
-    /// Mode in force (reported, never applied: monitor mode still gets the real filter).
-    pub mode: Mode,
-    /// Version of the policies the plan was built with.
-    pub policy_version: u64,
-    /// Version of the principals when the plan was built.
-    pub principals_version: u64,
-    /// Seconds the plan is good for.
-    pub max_age_secs: u64,
-    /// True when an earlier plan was returned again for paging.
-    pub pinned: bool,
-    /// The principal (for the decision log).
-    pub principal: EntityUid,
-    /// The person the principal acted for.
-    pub on_behalf_of: Option<EntityUid>,
-    /// The resolved action.
-    pub action: EntityUid,
-    /// The resolved resource type.
-    pub resource_type: EntityTypeName,
-    /// Microseconds spent building (or finding) the plan.
-    pub latency_us: u64,
-}
-
-impl QueryPlan {
-    /// The HTTP response body of `POST /v1/access/plan` (docs/plans.md).
-    pub fn to_response(&self) -> Value {
-        let mut m = Map::new();
-        m.insert("qid".into(), Value::from(self.qid.clone()));
-        m.insert("outcome".into(), Value::from(self.outcome.as_str()));
-        if let Some(f) = &self.filter {
-            m.insert("filter".into(), f.to_json());
-        }
-        m.insert("challenges".into(), json!(self.challenges));
-        m.insert(
-            "challenge_could_widen".into(),
-            Value::Bool(self.challenge_could_widen),
-        );
-        let (needs, attrs) = match &self.filter {
-            Some(f) => (f.needs_row_checks(), f.attributes()),
-            None => (false, Vec::new()),
-        };
-        m.insert("needs_row_checks".into(), Value::Bool(needs));
-        m.insert("attributes".into(), json!(attrs));
-        m.insert("policies".into(), json!(self.policies));
-        m.insert("mode".into(), Value::from(self.mode.as_str()));
-        m.insert("policy_version".into(), Value::from(self.policy_version));
-        m.insert(
-            "principals_version".into(),
-            Value::from(self.principals_version),
-        );
-        m.insert("max_age_secs".into(), Value::from(self.max_age_secs));
-        m.insert("pinned".into(), Value::Bool(self.pinned));
-        Value::Object(m)
-    }
-}
 
 /// The filters of one principal (see the module docs).
 #[derive(Debug, Clone)]
@@ -188,7 +90,7 @@ impl Side {
             challenges.extend(kinds.iter().cloned());
         }
         // allowed: P and not (F or FC); after_challenge: (P or PC) and not F. The residuals'
-        // filters are simplified (crate::plan::residuals).
+        // filters are simplified (crate::residual_filter::residuals).
         let all_forbids: Vec<Filter> = f.iter().cloned().chain(fc).collect();
         let allowed = combine_simplified(p.clone(), all_forbids);
         let all_permits: Vec<Filter> = p.into_iter().chain(pc).collect();

@@ -199,6 +199,14 @@ fn entity_value(uid: &EntityUid) -> Value {
     json!({"__entity": uid_json(uid)})
 }
 
+/// Serialised as [`Filter::to_json`] writes it (docs/plans.md#the-filter-tree), so a plan's
+/// response can carry the filter as one of its fields (`crate::decision::PlanResponse`).
+impl serde::Serialize for Filter {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.to_json().serialize(s)
+    }
+}
+
 impl Filter {
     /// Returns the node in the exact JSON shape of the filter contract
     /// (docs/plans.md#the-filter-tree): an object
@@ -458,7 +466,6 @@ pub enum PlanError {
     #[error("partial evaluation failed: {0}")]
     Evaluation(String),
 }
-
 
 /// Computes the residual of every policy that may apply when `principal` performs `action` with
 /// `context` on an unknown resource of type `resource_type`

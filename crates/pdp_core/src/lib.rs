@@ -7,16 +7,15 @@
 //! * [`engine`]: [`Engine::decide`], the check semantics of docs/decisions.md, and
 //!   [`Engine::plan`], the query plans of docs/plans.md.
 //! * [`limits`]: bounds on inline entities and on hierarchy depth, process-wide settings.
-//! * [`decision_log`]: the queue and on-disk spool decision records wait in for the broker.
 //! * [`residual_filter`]: partial-evaluation residuals to filter trees; [`plan_outcome`]: what
 //!   they mean together (outcomes, challenges, agent and person), and the plan cache.
 //!
-//! The crate knows nothing of Python; `crates/pdp_py` wraps it as `svc._pdp_core`.
+//! The crate knows nothing of Python or of the network; `crates/pdp_server` serves it over gRPC
+//! and HTTP, and `crates/pdp_py` wraps it as `svc._pdp_core`.
 
 pub mod bundle;
 mod condition;
 pub mod decision;
-pub mod decision_log;
 pub mod engine;
 pub mod error;
 mod intern;

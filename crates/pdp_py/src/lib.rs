@@ -19,7 +19,6 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 mod pylog;
 mod pyplan;
 mod pyserver;
-pub mod server;
 
 /// The extension's Rust heap: mimalloc (docs/dependencies.md). A check allocates and frees
 /// many small objects (Cedar values, slices, responses); glibc's allocator was 7% of one, and

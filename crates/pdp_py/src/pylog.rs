@@ -1,9 +1,9 @@
 //! `svc._pdp_core.DecisionLog`: the decision log's spool and group-commit writer (see
-//! `pdp_core::decision_log` and docs/history.md, "Durability of the decision log") for the
+//! `pdp_server::decision_log` and docs/history.md, "Durability of the decision log") for the
 //! Python shipper. Records cross to Python in batches: one `read` call, one GIL acquisition,
 //! up to `max` records. Every call that waits releases the GIL.
 
-use pdp_core::decision_log::{DecisionLog as CoreLog, Durability, LogConfig, Record, SpoolBatch};
+use pdp_server::decision_log::{DecisionLog as CoreLog, Durability, LogConfig, Record, SpoolBatch};
 use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};

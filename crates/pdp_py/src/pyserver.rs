@@ -1,9 +1,9 @@
 //! `svc._pdp_core.Server`: starts and stops the decision point's listener (see
-//! [`crate::server`]) from Python, and takes the control plane's readiness and reload signals.
+//! [`pdp_server`]) from Python, and takes the control plane's readiness and reload signals.
 //! Every method that waits releases the GIL; requests never take it.
 
-use crate::server::auth::{AuthConfig, Authenticator};
-use crate::server::{self, Config, Running};
+use pdp_server::auth::{AuthConfig, Authenticator};
+use pdp_server::{Config, Running};
 use pyo3::exceptions::{PyOSError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use std::sync::{Arc, Mutex};
@@ -13,7 +13,7 @@ use std::time::Duration;
 #[pyclass(frozen, module = "svc._pdp_core")]
 pub struct Server {
     engine: Arc<pdp_core::Engine>,
-    log: Option<Arc<pdp_core::decision_log::DecisionLog>>,
+    log: Option<Arc<pdp_server::decision_log::DecisionLog>>,
     config: Config,
     running: Mutex<Option<Running>>,
 }
@@ -129,7 +129,7 @@ impl Server {
         let config = self.config.clone();
         let log = self.log.clone();
         let running = py
-            .detach(|| server::start(engine, config, log))
+            .detach(|| pdp_server::start(engine, config, log))
             .map_err(|e| {
                 PyOSError::new_err((
                     e.raw_os_error().unwrap_or(0),

@@ -14,14 +14,16 @@
 //! * [`grpc`]: the tonic service and the proto <-> JSON mapping.
 //! * [`metrics`]: Prometheus metrics.
 //! * [`auth`]: bearer-token authentication of callers (docs/auth.md).
+//! * [`decision_log`]: the queue and on-disk spool decision records wait in for the broker.
 
 pub mod auth;
+pub mod decision_log;
 pub mod grpc;
 pub mod http;
 pub mod metrics;
 
+use decision_log::{DecisionLog, Durability, NotWritten, Record, Ticket};
 use metrics::Transport;
-use pdp_core::decision_log::{DecisionLog, Durability, NotWritten, Record, Ticket};
 use pdp_core::engine::{rfc3339_ms, uid_key};
 use pdp_core::{Decision, Engine, QueryPlan};
 use serde_json::{json, Value};

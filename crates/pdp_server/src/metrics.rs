@@ -3,7 +3,7 @@
 //! every series used on the request path is resolved
 //! once at start and then only incremented (one atomic add; no label lookup per request).
 
-use pdp_core::decision_log::LogStats;
+use crate::decision_log::LogStats;
 use pdp_core::{Mode, Verdict};
 use prometheus::{
     Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,

@@ -18,6 +18,7 @@
 //! (docs/bundles.md#step-up-policies).
 
 use crate::error::{chain, BundleError, RequestError, SourceError};
+use crate::lookups::Lookups;
 use crate::maps::FastMap;
 use crate::store::StoredEntity;
 use cedar_policy::{
@@ -228,19 +229,15 @@ pub struct Bundle {
     pub(crate) links: Vec<TemplateLink>,
     /// Problems that did not stop the load (entities that break the schema).
     pub warnings: Vec<SourceError>,
-    /// Attribute kinds learned by query plans (with a schema only); shared by every plan.
-    pub(crate) attr_kinds: Option<Arc<crate::residual_filter::AttrKinds>>,
-    /// The policies that can apply per (action, principal type, resource type).
-    pub(crate) scopes: crate::scope::ScopeIndex,
+    /// Every schema action with its transitive ancestors, when the schema fixes the action
+    /// hierarchy (what the engine's scope index narrows `action in` scopes with).
+    pub(crate) action_ancestors: Option<Arc<ActionAncestors>>,
     /// Lookups that keep checks cheap (parsed type names, actions by text, request types).
-    pub(crate) lookups: crate::memo::Lookups,
-    /// Typed contexts by (action, context JSON).
-    pub(crate) contexts: crate::memo::ContextMemo,
-    /// Plan entity slices, converted for partial evaluation.
-    pub(crate) plan_entities: crate::memo::SliceMemo,
-    /// Plan sides (one principal's filters) by everything they are computed from.
-    pub(crate) plan_sides: crate::memo::SideMemo,
+    pub(crate) lookups: Lookups,
 }
+
+/// Each action's transitive ancestors (action groups), by action uid.
+pub(crate) type ActionAncestors = HashMap<EntityUid, HashSet<EntityUid>>;
 
 fn json_err_pos(file: &str, e: &serde_json::Error) -> SourceError {
     SourceError {
@@ -819,26 +816,16 @@ impl Bundle {
             .map(|(a, attrs)| (a, Declared::of(attrs.as_ref())))
             .collect();
 
-        let attr_kinds = schema
-            .as_ref()
-            .map(|s| Arc::new(crate::residual_filter::AttrKinds::new(s)));
-        let scopes = crate::scope::ScopeIndex::new(action_ancestors(
-            schema.is_some(),
-            &action_entities,
-            &entity_types,
-        ));
-        let mut lookups = crate::memo::Lookups::new(schema.as_ref(), schema_json.as_ref());
+        let action_ancestors =
+            action_ancestors(schema.is_some(), &action_entities, &entity_types).map(Arc::new);
+        let mut lookups = Lookups::new(schema.as_ref(), schema_json.as_ref());
         // Only actions with an entity resolve by their text, so a hit needs no second lookup.
         lookups
             .actions_by_text
             .retain(|_, a| action_entities.contains_key(a));
         let mut bundle = Self {
-            attr_kinds,
-            scopes,
+            action_ancestors,
             lookups,
-            contexts: crate::memo::ContextMemo::default(),
-            plan_entities: crate::memo::SliceMemo::default(),
-            plan_sides: crate::memo::SideMemo::default(),
             policies,
             meta,
             template_meta,
@@ -947,12 +934,8 @@ impl Bundle {
             principal_types: self.principal_types.clone(),
             links: self.links.clone(),
             warnings: self.warnings.clone(),
-            attr_kinds: self.attr_kinds.clone(),
-            scopes: self.scopes.emptied(),
+            action_ancestors: self.action_ancestors.clone(),
             lookups: self.lookups.clone(),
-            contexts: crate::memo::ContextMemo::default(),
-            plan_entities: crate::memo::SliceMemo::default(),
-            plan_sides: crate::memo::SideMemo::default(),
         }
     }
 
@@ -1119,26 +1102,6 @@ impl Bundle {
         self.meta
             .get(id)
             .is_some_and(|m| m.effect == Effect::Forbid && m.challenges.is_empty())
-    }
-
-    /// The policies that can apply when a principal of type `principal` performs `action` on
-    /// a resource of type `resource`, compiled for checks, with whether the schema lets the
-    /// action take those types ([`crate::scope::Scoped`]); built on first use and cached for
-    /// checks and plans alike ([`crate::scope::ScopeIndex::get`]).
-    pub(crate) fn scoped(
-        &self,
-        action: &EntityUid,
-        principal: &EntityTypeName,
-        resource: &EntityTypeName,
-    ) -> Arc<crate::scope::Scoped> {
-        self.scopes.get(
-            &self.policies,
-            |id| self.is_plain_forbid(id),
-            || self.lookups.types_valid(action, principal, resource),
-            action,
-            principal,
-            resource,
-        )
     }
 
     /// Whether entities of type `ty` count as principals (for `principals_version`).

@@ -20,6 +20,7 @@ pub mod engine;
 pub mod error;
 mod intern;
 pub mod limits;
+mod lookups;
 mod maps;
 mod memo;
 pub mod plan_outcome;

@@ -331,24 +331,22 @@ impl hashbrown::Equivalent<EnvKey> for EnvRef<'_> {
 /// Lazily built [`Scoped`] subsets of one bundle, safe to share between threads.
 #[derive(Debug, Default)]
 pub(crate) struct ScopeIndex {
-    /// Every action's transitive ancestors, when the schema fixes the action hierarchy.
-    action_ancestors: Option<HashMap<EntityUid, HashSet<EntityUid>>>,
+    /// Every action's transitive ancestors, when the schema fixes the action hierarchy
+    /// (shared with the bundle, which computes them).
+    action_ancestors: Option<Arc<HashMap<EntityUid, HashSet<EntityUid>>>>,
     cache: RwLock<hashbrown::HashMap<EnvKey, Arc<Scoped>, FastHasher>>,
 }
 
 impl ScopeIndex {
     /// An empty index. `action_ancestors` are the schema's actions with all their ancestors,
     /// or `None` when the action hierarchy is not fixed by a schema.
-    pub(crate) fn new(action_ancestors: Option<HashMap<EntityUid, HashSet<EntityUid>>>) -> Self {
+    pub(crate) fn new(
+        action_ancestors: Option<Arc<HashMap<EntityUid, HashSet<EntityUid>>>>,
+    ) -> Self {
         Self {
             action_ancestors,
             cache: RwLock::new(hashbrown::HashMap::default()),
         }
-    }
-
-    /// The same index with nothing cached (for a bundle whose policies change).
-    pub(crate) fn emptied(&self) -> Self {
-        Self::new(self.action_ancestors.clone())
     }
 
     /// The [`Scoped`] subset of `action` on a principal of type `principal` and a resource of

@@ -7,10 +7,11 @@
 //! docs/history.md#schema). Each view borrows from its decision and derives
 //! `serde::Serialize`, so a response or record is one serialisation, not a hand-built map.
 //!
-//! Every view lists its fields in key order (sorted): responses and records have always been
-//! written with their keys sorted (serde_json's map), so serialising a view directly writes the
-//! same bytes as serialising the map did. Optional fields that a view leaves out when unset say
-//! so (`skip_serializing_if`); the others are written as `null`.
+//! Every view lists its fields in the order the responses and records have always been written
+//! in (serde_json keeps a map's insertion order here: Cedar turns on its `preserve_order`), so
+//! serialising a view writes the bytes the hand-built JSON did; the tests below pin that.
+//! Optional fields that a view leaves out when unset say so (`skip_serializing_if`); the others
+//! are written as `null`.
 
 use crate::error::RequestError;
 use crate::residual_filter::Filter;
@@ -79,15 +80,15 @@ impl Mode {
     }
 }
 
-/// The verdict of one principal; serialised as `{challenges, policies, verdict}`.
+/// The verdict of one principal; serialised as `{verdict, challenges, policies}`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Outcome {
+    /// Verdict.
+    pub verdict: Verdict,
     /// Challenge kinds that must be passed (empty unless the verdict is `challenge`).
     pub challenges: Vec<String>,
     /// Names of the policies (or built-in reasons) that decided it, sorted.
     pub policies: Vec<String>,
-    /// Verdict.
-    pub verdict: Verdict,
 }
 
 impl Outcome {
@@ -157,7 +158,7 @@ pub struct Decision {
     pub inline_ignored: Vec<EntityUid>,
 }
 
-/// An entity uid as records write it: `{"id": id, "type": type}`, the id unescaped
+/// An entity uid as records write it: `{"type": type, "id": id}`, the id unescaped
 /// (docs/history.md#schema).
 #[derive(Debug, Clone, Copy)]
 pub struct Uid<'a>(pub &'a EntityUid);
@@ -165,8 +166,8 @@ pub struct Uid<'a>(pub &'a EntityUid);
 impl Serialize for Uid<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let mut m = s.serialize_map(Some(2))?;
-        m.serialize_entry("id", self.0.id().unescaped())?;
         m.serialize_entry("type", &self.0.type_name().to_string())?;
+        m.serialize_entry("id", self.0.id().unescaped())?;
         m.end()
     }
 }
@@ -181,15 +182,15 @@ impl Serialize for Uids<'_> {
     }
 }
 
-/// The resource of a plan's record: `{"id": null, "type": T}` (a plan names only the type).
+/// The resource of a plan's record: `{"type": T, "id": null}` (a plan names only the type).
 #[derive(Debug, Clone, Copy)]
 pub struct TypeOnly<'a>(pub &'a EntityTypeName);
 
 impl Serialize for TypeOnly<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let mut m = s.serialize_map(Some(2))?;
-        m.serialize_entry("id", &())?;
         m.serialize_entry("type", &self.0.to_string())?;
+        m.serialize_entry("id", &())?;
         m.end()
     }
 }
@@ -216,19 +217,19 @@ pub fn rfc3339_ms(ms: u64) -> String {
 /// only when the request named a person), `mode`. Made by [`Decision::response`].
 #[derive(Debug, Clone, Serialize)]
 pub struct CheckResponse<'a> {
-    /// Every challenge that must be passed.
-    pub challenges: &'a [String],
-    /// The mode in force.
-    pub mode: Mode,
-    /// The person's outcome; left out when the request named none.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub on_behalf_of: Option<&'a Outcome>,
-    /// The principal's deciding policies.
-    pub policies: &'a [String],
     /// The decision id.
     pub qid: &'a str,
     /// The combined verdict.
     pub verdict: Verdict,
+    /// Every challenge that must be passed.
+    pub challenges: &'a [String],
+    /// The principal's deciding policies.
+    pub policies: &'a [String],
+    /// The person's outcome; left out when the request named none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub on_behalf_of: Option<&'a Outcome>,
+    /// The mode in force.
+    pub mode: Mode,
 }
 
 /// A check's decision-log record (docs/history.md#schema). Made by [`Decision::record`];
@@ -237,66 +238,66 @@ pub struct CheckResponse<'a> {
 /// it in).
 #[derive(Debug, Clone, Serialize)]
 pub struct DecisionRecord<'a> {
-    /// The resolved action's id.
-    pub action: &'a str,
-    /// Whether the work item is open and links the resource.
-    pub assigned: bool,
+    /// The decision id.
+    pub qid: &'a str,
     /// RFC 3339 time of the decision ([`rfc3339_ms`]).
     pub at: String,
+    /// The principal.
+    pub principal: Uid<'a>,
+    /// The person the principal acted for, or `null`.
+    pub on_behalf_of: Option<Uid<'a>>,
+    /// The resolved action's id.
+    pub action: &'a str,
+    /// The resource.
+    pub resource: Uid<'a>,
+    /// The combined verdict.
+    pub verdict: Verdict,
+    /// Every challenge that must be passed.
+    pub challenges: &'a [String],
+    /// The principal's deciding policies.
+    pub policies: &'a [String],
+    /// The person's outcome, or `null`.
+    pub on_behalf_of_outcome: Option<&'a Outcome>,
+    /// The mode in force.
+    pub mode: Mode,
+    /// The challenge this decision answers: `null`.
+    pub challenge_qid: Option<&'a str>,
+    /// The work item named, or `null`.
+    pub work_item: Option<&'a str>,
+    /// Whether the work item is open and links the resource.
+    pub assigned: bool,
+    /// The reasoner's risk score, or `null`.
+    pub risk_score: Option<i64>,
+    /// The bundle version.
+    pub policy_version: u64,
+    /// The principals snapshot version.
+    pub principals_version: u64,
+    /// Time spent deciding, microseconds.
+    pub latency_us: u64,
+    /// Principals the directory does not hold.
+    pub not_in_directory: Uids<'a>,
+    /// Inline entities the check ignored.
+    pub inline_ignored: Uids<'a>,
+    /// The decision point's name.
+    pub pdp: &'a str,
     /// `check`; left out when unset.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub call: Option<Call>,
-    /// The challenge this decision answers: `null`.
-    pub challenge_qid: Option<&'a str>,
-    /// Every challenge that must be passed.
-    pub challenges: &'a [String],
-    /// Inline entities the check ignored.
-    pub inline_ignored: Uids<'a>,
-    /// Time spent deciding, microseconds.
-    pub latency_us: u64,
-    /// The mode in force.
-    pub mode: Mode,
-    /// Principals the directory does not hold.
-    pub not_in_directory: Uids<'a>,
-    /// The person the principal acted for, or `null`.
-    pub on_behalf_of: Option<Uid<'a>>,
-    /// The person's outcome, or `null`.
-    pub on_behalf_of_outcome: Option<&'a Outcome>,
-    /// The decision point's name.
-    pub pdp: &'a str,
-    /// The principal's deciding policies.
-    pub policies: &'a [String],
-    /// The bundle version.
-    pub policy_version: u64,
-    /// The principal.
-    pub principal: Uid<'a>,
-    /// The principals snapshot version.
-    pub principals_version: u64,
-    /// The decision id.
-    pub qid: &'a str,
-    /// The resource.
-    pub resource: Uid<'a>,
-    /// The reasoner's risk score, or `null`.
-    pub risk_score: Option<i64>,
     /// The transport the check came by (`http`, `grpc`, `authzen`); left out when unset.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub transport: Option<&'a str>,
-    /// The combined verdict.
-    pub verdict: Verdict,
-    /// The work item named, or `null`.
-    pub work_item: Option<&'a str>,
 }
 
 impl Decision {
     /// The check response view ([`CheckResponse`]).
     pub fn response(&self) -> CheckResponse<'_> {
         CheckResponse {
-            challenges: &self.challenges,
-            mode: self.mode,
-            on_behalf_of: self.on_behalf_of_outcome.as_ref(),
-            policies: &self.principal_outcome.policies,
             qid: &self.qid,
             verdict: self.verdict,
+            challenges: &self.challenges,
+            policies: &self.principal_outcome.policies,
+            on_behalf_of: self.on_behalf_of_outcome.as_ref(),
+            mode: self.mode,
         }
     }
 
@@ -304,29 +305,29 @@ impl Decision {
     /// no `call` nor `transport` (set them on the view where they are known).
     pub fn record<'a>(&'a self, pdp: &'a str) -> DecisionRecord<'a> {
         DecisionRecord {
-            action: self.action.id().unescaped(),
-            assigned: self.assigned,
-            at: rfc3339_ms(self.at_ms),
-            call: None,
-            challenge_qid: None,
-            challenges: &self.challenges,
-            inline_ignored: Uids(&self.inline_ignored),
-            latency_us: self.latency_us,
-            mode: self.mode,
-            not_in_directory: Uids(&self.not_in_directory),
-            on_behalf_of: self.on_behalf_of.as_ref().map(Uid),
-            on_behalf_of_outcome: self.on_behalf_of_outcome.as_ref(),
-            pdp,
-            policies: &self.principal_outcome.policies,
-            policy_version: self.policy_version,
-            principal: Uid(&self.principal),
-            principals_version: self.principals_version,
             qid: &self.qid,
+            at: rfc3339_ms(self.at_ms),
+            principal: Uid(&self.principal),
+            on_behalf_of: self.on_behalf_of.as_ref().map(Uid),
+            action: self.action.id().unescaped(),
             resource: Uid(&self.resource),
-            risk_score: self.risk_score,
-            transport: None,
             verdict: self.verdict,
+            challenges: &self.challenges,
+            policies: &self.principal_outcome.policies,
+            on_behalf_of_outcome: self.on_behalf_of_outcome.as_ref(),
+            mode: self.mode,
+            challenge_qid: None,
             work_item: self.work_item.as_deref(),
+            assigned: self.assigned,
+            risk_score: self.risk_score,
+            policy_version: self.policy_version,
+            principals_version: self.principals_version,
+            latency_us: self.latency_us,
+            not_in_directory: Uids(&self.not_in_directory),
+            inline_ignored: Uids(&self.inline_ignored),
+            pdp,
+            call: None,
+            transport: None,
         }
     }
 
@@ -420,33 +421,33 @@ pub struct QueryPlan {
 /// `attributes`). Made by [`QueryPlan::response`].
 #[derive(Debug, Clone, Serialize)]
 pub struct PlanResponse<'a> {
-    /// Attributes the filter reads, sorted.
-    pub attributes: Vec<String>,
-    /// Whether passing a challenge would show more rows.
-    pub challenge_could_widen: bool,
-    /// Challenge kinds.
-    pub challenges: &'a [String],
+    /// The plan id.
+    pub qid: &'a str,
+    /// The outcome.
+    pub outcome: PlanOutcome,
     /// The filter tree (docs/plans.md#the-filter-tree); left out when there is none.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub filter: Option<&'a Filter>,
-    /// Seconds the plan is good for.
-    pub max_age_secs: u64,
-    /// The mode in force.
-    pub mode: Mode,
+    /// Challenge kinds.
+    pub challenges: &'a [String],
+    /// Whether passing a challenge would show more rows.
+    pub challenge_could_widen: bool,
     /// Whether some rows need a check of their own.
     pub needs_row_checks: bool,
-    /// The outcome.
-    pub outcome: PlanOutcome,
-    /// Whether an earlier plan was returned again.
-    pub pinned: bool,
+    /// Attributes the filter reads, sorted.
+    pub attributes: Vec<String>,
     /// The policies the plan was built from.
     pub policies: &'a [String],
+    /// The mode in force.
+    pub mode: Mode,
     /// The bundle version.
     pub policy_version: u64,
     /// The principals snapshot version.
     pub principals_version: u64,
-    /// The plan id.
-    pub qid: &'a str,
+    /// Seconds the plan is good for.
+    pub max_age_secs: u64,
+    /// Whether an earlier plan was returned again.
+    pub pinned: bool,
 }
 
 /// A plan's decision-log record (docs/history.md#schema): `call` `plan`, the plan's `outcome`
@@ -454,48 +455,48 @@ pub struct PlanResponse<'a> {
 /// `resource` naming only the type. Made by [`QueryPlan::record`].
 #[derive(Debug, Clone, Serialize)]
 pub struct PlanRecord<'a> {
-    /// The resolved action's id.
-    pub action: &'a str,
-    /// RFC 3339 time the record was made ([`rfc3339_ms`]).
-    pub at: String,
-    /// Attributes the filter reads, sorted.
-    pub attributes: Vec<String>,
-    /// `plan`.
-    pub call: Call,
-    /// The challenge this plan answers: `null`.
-    pub challenge_qid: Option<&'a str>,
-    /// Challenge kinds.
-    pub challenges: &'a [String],
-    /// Microseconds spent building (or finding) the plan.
-    pub latency_us: u64,
-    /// The mode in force.
-    pub mode: Mode,
-    /// Whether some rows need a check of their own.
-    pub needs_row_checks: bool,
-    /// The person the principal acted for, or `null`.
-    pub on_behalf_of: Option<Uid<'a>>,
-    /// The outcome.
-    pub outcome: PlanOutcome,
-    /// The decision point's name.
-    pub pdp: &'a str,
-    /// Whether an earlier plan was returned again.
-    pub pinned: bool,
-    /// The policies the plan was built from.
-    pub policies: &'a [String],
-    /// The bundle version.
-    pub policy_version: u64,
-    /// The principal.
-    pub principal: Uid<'a>,
-    /// The principals snapshot version.
-    pub principals_version: u64,
     /// The plan id.
     pub qid: &'a str,
-    /// The resource type, as `{"id": null, "type": T}`.
-    pub resource: TypeOnly<'a>,
+    /// RFC 3339 time the record was made ([`rfc3339_ms`]).
+    pub at: String,
+    /// `plan`.
+    pub call: Call,
     /// The transport the plan came by (`http`, `grpc`).
     pub transport: &'a str,
+    /// The principal.
+    pub principal: Uid<'a>,
+    /// The person the principal acted for, or `null`.
+    pub on_behalf_of: Option<Uid<'a>>,
+    /// The resolved action's id.
+    pub action: &'a str,
+    /// The resource type, as `{"type": T, "id": null}`.
+    pub resource: TypeOnly<'a>,
     /// Always `null` for a plan.
     pub verdict: Option<Verdict>,
+    /// The outcome.
+    pub outcome: PlanOutcome,
+    /// Challenge kinds.
+    pub challenges: &'a [String],
+    /// The policies the plan was built from.
+    pub policies: &'a [String],
+    /// The mode in force.
+    pub mode: Mode,
+    /// The challenge this plan answers: `null`.
+    pub challenge_qid: Option<&'a str>,
+    /// Whether an earlier plan was returned again.
+    pub pinned: bool,
+    /// Whether some rows need a check of their own.
+    pub needs_row_checks: bool,
+    /// Attributes the filter reads, sorted.
+    pub attributes: Vec<String>,
+    /// The bundle version.
+    pub policy_version: u64,
+    /// The principals snapshot version.
+    pub principals_version: u64,
+    /// Microseconds spent building (or finding) the plan.
+    pub latency_us: u64,
+    /// The decision point's name.
+    pub pdp: &'a str,
 }
 
 impl QueryPlan {
@@ -510,19 +511,19 @@ impl QueryPlan {
     pub fn response(&self) -> PlanResponse<'_> {
         let (needs_row_checks, attributes) = self.summary();
         PlanResponse {
-            attributes,
-            challenge_could_widen: self.challenge_could_widen,
-            challenges: &self.challenges,
-            filter: self.filter.as_deref(),
-            max_age_secs: self.max_age_secs,
-            mode: self.mode,
-            needs_row_checks,
+            qid: &self.qid,
             outcome: self.outcome,
-            pinned: self.pinned,
+            filter: self.filter.as_deref(),
+            challenges: &self.challenges,
+            challenge_could_widen: self.challenge_could_widen,
+            needs_row_checks,
+            attributes,
             policies: &self.policies,
+            mode: self.mode,
             policy_version: self.policy_version,
             principals_version: self.principals_version,
-            qid: &self.qid,
+            max_age_secs: self.max_age_secs,
+            pinned: self.pinned,
         }
     }
 
@@ -531,27 +532,27 @@ impl QueryPlan {
     pub fn record<'a>(&'a self, pdp: &'a str, transport: &'a str, at_ms: u64) -> PlanRecord<'a> {
         let (needs_row_checks, attributes) = self.summary();
         PlanRecord {
-            action: self.action.id().unescaped(),
-            at: rfc3339_ms(at_ms),
-            attributes,
-            call: Call::Plan,
-            challenge_qid: None,
-            challenges: &self.challenges,
-            latency_us: self.latency_us,
-            mode: self.mode,
-            needs_row_checks,
-            on_behalf_of: self.on_behalf_of.as_ref().map(Uid),
-            outcome: self.outcome,
-            pdp,
-            pinned: self.pinned,
-            policies: &self.policies,
-            policy_version: self.policy_version,
-            principal: Uid(&self.principal),
-            principals_version: self.principals_version,
             qid: &self.qid,
-            resource: TypeOnly(&self.resource_type),
+            at: rfc3339_ms(at_ms),
+            call: Call::Plan,
             transport,
+            principal: Uid(&self.principal),
+            on_behalf_of: self.on_behalf_of.as_ref().map(Uid),
+            action: self.action.id().unescaped(),
+            resource: TypeOnly(&self.resource_type),
             verdict: None,
+            outcome: self.outcome,
+            challenges: &self.challenges,
+            policies: &self.policies,
+            mode: self.mode,
+            challenge_qid: None,
+            pinned: self.pinned,
+            needs_row_checks,
+            attributes,
+            policy_version: self.policy_version,
+            principals_version: self.principals_version,
+            latency_us: self.latency_us,
+            pdp,
         }
     }
 
@@ -610,40 +611,134 @@ mod tests {
     }
 
     #[test]
-    fn views_write_sorted_keys_like_a_json_map() {
+    fn check_views_write_what_the_json_builders_wrote() {
+        use serde_json::json;
         let uid = |t: &str, i: &str| -> EntityUid { format!("{t}::\"{i}\"").parse().unwrap() };
+        let obo = Outcome {
+            verdict: Verdict::Challenge,
+            challenges: vec!["mfa".into()],
+            policies: vec!["q".into()],
+        };
         let d = Decision {
-            qid: "q".into(),
-            at_ms: 0,
-            principal: uid("Human", "ann"),
-            on_behalf_of: None,
+            qid: "q1".into(),
+            at_ms: 1_795_332_300_123,
+            principal: uid("ServiceAccount", "bot"),
+            on_behalf_of: Some(uid("Human", "ann")),
             action: uid("Action", "read"),
             resource: uid("Doc", "d1"),
-            verdict: Verdict::Allow,
-            challenges: vec![],
+            verdict: Verdict::Challenge,
+            challenges: vec!["mfa".into()],
             principal_outcome: Outcome {
+                verdict: Verdict::Allow,
                 challenges: vec![],
                 policies: vec!["p".into()],
-                verdict: Verdict::Allow,
             },
-            on_behalf_of_outcome: None,
+            on_behalf_of_outcome: Some(obo),
             mode: Mode::Enforce,
-            work_item: None,
-            assigned: false,
-            risk_score: None,
+            work_item: Some("w1".into()),
+            assigned: true,
+            risk_score: Some(40),
             policy_version: 1,
             principals_version: 2,
             latency_us: 3,
             not_in_directory: vec![uid("Human", "ann")],
-            inline_ignored: vec![],
+            inline_ignored: vec![uid("Doc", "d2")],
         };
-        let direct = serde_json::to_string(&d.record("pdp")).unwrap();
-        let via_map = serde_json::to_string(&d.to_record("pdp")).unwrap();
-        assert_eq!(direct, via_map);
-        let direct = serde_json::to_string(&d.response()).unwrap();
-        assert_eq!(
-            direct,
-            r#"{"challenges":[],"mode":"enforce","policies":["p"],"qid":"q","verdict":"allow"}"#
-        );
+        let outcome = json!({"verdict": "challenge", "challenges": ["mfa"], "policies": ["q"]});
+        // The response and record as the hand-written builders made them (the network front
+        // appended `call` and `transport` to the record).
+        let response = json!({
+            "qid": "q1", "verdict": "challenge", "challenges": ["mfa"], "policies": ["p"],
+            "on_behalf_of": outcome, "mode": "enforce",
+        });
+        let record = json!({
+            "qid": "q1", "at": "2026-11-22T07:25:00.123Z",
+            "principal": {"type": "ServiceAccount", "id": "bot"},
+            "on_behalf_of": {"type": "Human", "id": "ann"}, "action": "read",
+            "resource": {"type": "Doc", "id": "d1"}, "verdict": "challenge",
+            "challenges": ["mfa"], "policies": ["p"], "on_behalf_of_outcome": outcome,
+            "mode": "enforce", "challenge_qid": null, "work_item": "w1", "assigned": true,
+            "risk_score": 40, "policy_version": 1, "principals_version": 2, "latency_us": 3,
+            "not_in_directory": [{"type": "Human", "id": "ann"}],
+            "inline_ignored": [{"type": "Doc", "id": "d2"}], "pdp": "pdp-1",
+            "call": "check", "transport": "http",
+        });
+        let s = |v: &dyn erased::Ser| v.json();
+        assert_eq!(s(&d.response()), s(&response));
+        let mut rec = d.record("pdp-1");
+        rec.call = Some(Call::Check);
+        rec.transport = Some("http");
+        assert_eq!(s(&rec), s(&record));
+        // Without a person, `on_behalf_of` is left out of the response and null in the record.
+        let lone = Decision {
+            on_behalf_of: None,
+            on_behalf_of_outcome: None,
+            ..d
+        };
+        assert!(!s(&lone.response()).contains("on_behalf_of"));
+        assert!(s(&lone.record("p")).contains(r#""on_behalf_of":null,"#));
+        assert!(!s(&lone.record("p")).contains("transport"));
+    }
+
+    #[test]
+    fn plan_views_write_what_the_json_builders_wrote() {
+        use serde_json::json;
+        let uid = |t: &str, i: &str| -> EntityUid { format!("{t}::\"{i}\"").parse().unwrap() };
+        let filter = Filter::Compare {
+            attr: vec!["owner".into()],
+            cmp: crate::residual_filter::Cmp::Eq,
+            value: json!({"__entity": {"type": "Human", "id": "ann"}}),
+        };
+        let p = QueryPlan {
+            qid: "q".into(),
+            outcome: PlanOutcome::Conditional,
+            filter: Some(Arc::new(filter)),
+            challenges: vec!["mfa".into()],
+            challenge_could_widen: true,
+            policies: vec!["p1".into(), "p2".into()],
+            mode: Mode::Monitor,
+            policy_version: 3,
+            principals_version: 4,
+            max_age_secs: 300,
+            pinned: false,
+            principal: uid("ServiceAccount", "bot"),
+            on_behalf_of: Some(uid("Human", "ann")),
+            action: uid("Action", "read"),
+            resource_type: "Doc".parse().unwrap(),
+            latency_us: 7,
+        };
+        let f = p.filter.as_deref().unwrap();
+        // The response and record as the hand-written builders made them.
+        let response = json!({
+            "qid": "q", "outcome": "conditional", "filter": f.to_json(), "challenges": ["mfa"],
+            "challenge_could_widen": true, "needs_row_checks": f.needs_row_checks(),
+            "attributes": f.attributes(), "policies": ["p1", "p2"], "mode": "monitor",
+            "policy_version": 3, "principals_version": 4, "max_age_secs": 300, "pinned": false,
+        });
+        let record = json!({
+            "qid": "q", "at": rfc3339_ms(5), "call": "plan", "transport": "grpc",
+            "principal": {"type": "ServiceAccount", "id": "bot"},
+            "on_behalf_of": {"type": "Human", "id": "ann"}, "action": "read",
+            "resource": {"type": "Doc", "id": null}, "verdict": null, "outcome": "conditional",
+            "challenges": ["mfa"], "policies": ["p1", "p2"], "mode": "monitor",
+            "challenge_qid": null, "pinned": false, "needs_row_checks": f.needs_row_checks(),
+            "attributes": f.attributes(), "policy_version": 3, "principals_version": 4,
+            "latency_us": 7, "pdp": "pdp-1",
+        });
+        let s = |v: &dyn erased::Ser| v.json();
+        assert_eq!(s(&p.response()), s(&response));
+        assert_eq!(s(&p.record("pdp-1", "grpc", 5)), s(&record));
+    }
+
+    /// Serialising either a view or a JSON value, to compare their bytes.
+    mod erased {
+        pub(super) trait Ser {
+            fn json(&self) -> String;
+        }
+        impl<T: serde::Serialize> Ser for T {
+            fn json(&self) -> String {
+                serde_json::to_string(self).unwrap()
+            }
+        }
     }
 }

@@ -3,9 +3,12 @@
 //! * [`bundle`]: policy bundles (policies, schema, entities, template links), validated strictly.
 //! * [`store`]: the in-memory entity store (principals, resources, work items, containments,
 //!   registrations, risk scores), swapped atomically.
-//! * [`request`]: the check request (docs/decisions.md#request).
+//! * [`request`]: the check and plan requests (docs/decisions.md#request).
+//! * [`decision`]: the decision model ([`Decision`], [`QueryPlan`], [`Verdict`], [`Mode`]) and
+//!   the serialisable views responses and decision-log records are written from.
 //! * [`engine`]: [`Engine::decide`], the check semantics of docs/decisions.md, and
-//!   [`Engine::plan`], the query plans of docs/plans.md.
+//!   [`Engine::plan`], the query plans of docs/plans.md; the engine's state holds each
+//!   bundle's memos beside it.
 //! * [`limits`]: bounds on inline entities and on hierarchy depth, process-wide settings.
 //! * [`residual_filter`]: partial-evaluation residuals to filter trees; [`plan_outcome`]: what
 //!   they mean together (outcomes, challenges, agent and person), and the plan cache.

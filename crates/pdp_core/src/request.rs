@@ -353,6 +353,37 @@ fn take_action(v: Option<Value>) -> Result<String, RequestError> {
     }
 }
 
+/// The `action` of a request given as text (gRPC's `action` field), checked as the same text
+/// in a JSON request is: a non-empty string without control characters.
+///
+/// # Errors
+/// [`RequestError`] on `action` when `s` is empty or holds a control character.
+pub fn action_text(s: String) -> Result<String, RequestError> {
+    take_action(Some(Value::String(s)))
+}
+
+/// The `resource_type` of a plan request given as text (gRPC's `resource_type` field), checked
+/// as the same text in a JSON request is: a non-empty string.
+///
+/// # Errors
+/// [`RequestError`] on `resource_type` when `s` is empty.
+pub fn resource_type_text(s: String) -> Result<String, RequestError> {
+    take_resource_type(Some(Value::String(s)))
+}
+
+/// The `resource_type` field of a plan request: a non-empty string (absent or null: "is
+/// required").
+fn take_resource_type(v: Option<Value>) -> Result<String, RequestError> {
+    match v {
+        Some(Value::String(s)) if !s.is_empty() => Ok(s),
+        None | Some(Value::Null) => Err(RequestError::new("resource_type", "is required")),
+        Some(other) => Err(RequestError::new(
+            "resource_type",
+            format!("expected a non-empty string, got {}", kind(&other)),
+        )),
+    }
+}
+
 /// A required entity reference: `given` when the caller already parsed it, else read from
 /// the field's value `v` (absent: "is required").
 fn given_or_read(
@@ -462,18 +493,7 @@ impl PlanRequest {
         let action = take_action(f.action)?;
         let context = take_context(f.context)?;
         let on_behalf_of = optional_uid(f.on_behalf_of.as_ref(), "on_behalf_of")?;
-        let resource_type = match f.resource_type {
-            Some(Value::String(s)) if !s.is_empty() => s,
-            None | Some(Value::Null) => {
-                return Err(RequestError::new("resource_type", "is required"))
-            }
-            Some(other) => {
-                return Err(RequestError::new(
-                    "resource_type",
-                    format!("expected a non-empty string, got {}", kind(&other)),
-                ))
-            }
-        };
+        let resource_type = take_resource_type(f.resource_type)?;
         let plan_qid = match f.plan_qid {
             None | Some(Value::Null) => None,
             Some(Value::String(s)) if s.is_empty() => None,

@@ -2,15 +2,21 @@
 //! health checking (`grpc.health.v1.Health`) and server reflection (v1 and v1alpha, for grpcurl and
 //! friends).
 //!
-//! Requests are mapped to the same JSON the HTTP API takes and parsed by the engine's one
-//! request parser, so both transports validate identically and name the same fields. Errors are
+//! Requests are mapped from their typed messages straight to the engine's request types, each
+//! field checked by the same functions the JSON parser uses (`pdp_core::request`), so both
+//! transports validate identically and name the same fields; responses are built from the
+//! decision model (`pdp_core::decision`). Errors are
 //! `INVALID_ARGUMENT` with the same text as the HTTP problem's `detail`, plus a
 //! `google.rpc.BadRequest` detail naming the field (tonic-types' rich error model).
 
 use super::http::{bounded, check_challenge_wait, NO_CHALLENGE_SERVICE};
 use super::metrics::Transport;
 use super::Shared;
-use pdp_core::{Decision, Mode, Outcome, RequestError, Verdict};
+use pdp_core::request::{action_text, check_identifier, resource_type_text, uid_from_parts};
+use pdp_core::{
+    CheckRequest, Decision, EntityUid, Mode, Outcome, PlanOutcome, PlanRequest, QueryPlan,
+    RequestError, Verdict,
+};
 use serde_json::{Map, Number, Value};
 use std::sync::Arc;
 use tonic::{Code, Request, Response, Status};
@@ -61,12 +67,7 @@ fn uid_json(r: Option<&pb::EntityRef>) -> Value {
 /// A protobuf `Struct` as a JSON object. Whole numbers within `i64` become integers (Cedar's
 /// `Long`); other numbers stay floats, which the schema check then names.
 pub fn struct_json(s: &prost_types::Struct) -> Value {
-    Value::Object(
-        s.fields
-            .iter()
-            .map(|(k, v)| (k.clone(), value_json(v)))
-            .collect(),
-    )
+    Value::Object(struct_map(s))
 }
 
 #[allow(clippy::cast_possible_truncation, clippy::cast_precision_loss)]
@@ -109,43 +110,77 @@ pub fn json_value(v: &Value) -> prost_types::Value {
     prost_types::Value { kind: Some(kind) }
 }
 
-/// The check request's JSON (docs/decisions.md#request) from its protobuf form.
-pub fn check_json(r: &pb::CheckRequest) -> Value {
-    let mut m = Map::new();
-    m.insert("principal".into(), uid_json(r.principal.as_ref()));
-    m.insert("action".into(), r.action.clone().into());
-    m.insert("resource".into(), uid_json(r.resource.as_ref()));
-    if let Some(c) = &r.context {
-        m.insert("context".into(), struct_json(c));
-    }
-    if r.on_behalf_of.is_some() {
-        m.insert("on_behalf_of".into(), uid_json(r.on_behalf_of.as_ref()));
-    }
-    if let Some(h) = r.human_present {
-        m.insert("human_present".into(), h.into());
-    }
-    if !r.work_item_id.is_empty() {
-        m.insert("work_item_id".into(), r.work_item_id.clone().into());
-    }
-    Value::Object(m)
+/// A protobuf `Struct` as a JSON object's map ([`struct_json`]).
+fn struct_map(s: &prost_types::Struct) -> Map<String, Value> {
+    s.fields
+        .iter()
+        .map(|(k, v)| (k.clone(), value_json(v)))
+        .collect()
 }
 
-/// The plan request's JSON (docs/plans.md#building-a-plan-engineplan) from its protobuf form.
-pub fn plan_json(r: &pb::PlanRequest) -> Value {
-    let mut m = Map::new();
-    m.insert("principal".into(), uid_json(r.principal.as_ref()));
-    m.insert("action".into(), r.action.clone().into());
-    m.insert("resource_type".into(), r.resource_type.clone().into());
-    if let Some(c) = &r.context {
-        m.insert("context".into(), struct_json(c));
-    }
-    if r.on_behalf_of.is_some() {
-        m.insert("on_behalf_of".into(), uid_json(r.on_behalf_of.as_ref()));
-    }
-    if !r.plan_qid.is_empty() {
-        m.insert("plan_qid".into(), r.plan_qid.clone().into());
-    }
-    Value::Object(m)
+/// An entity reference field of a message (`None` when it is not set), checked as
+/// `pdp_core::request::parse_uid` checks `{type, id}`.
+fn uid_of(r: Option<&pb::EntityRef>, field: &str) -> Result<Option<EntityUid>, RequestError> {
+    r.map(|r| uid_from_parts(&r.r#type, &r.id, field))
+        .transpose()
+}
+
+/// A required entity reference field ("is required" when it is not set).
+fn required_uid(r: Option<&pb::EntityRef>, field: &str) -> Result<EntityUid, RequestError> {
+    uid_of(r, field)?.ok_or_else(|| RequestError::new(field, "is required"))
+}
+
+/// The check request (docs/decisions.md#request) of its protobuf form, its fields checked in
+/// the order and with the errors of `CheckRequest::from_value`: `principal`, `resource`,
+/// `action`, `on_behalf_of`, `work_item_id` (an empty `work_item_id` is none; a message has no
+/// inline entities).
+///
+/// # Errors
+/// [`RequestError`] naming the first field at fault.
+pub fn check_request(r: pb::CheckRequest) -> Result<CheckRequest, RequestError> {
+    let principal = required_uid(r.principal.as_ref(), "principal")?;
+    let resource = required_uid(r.resource.as_ref(), "resource")?;
+    let action = action_text(r.action)?;
+    let context = r.context.as_ref().map(struct_map).unwrap_or_default();
+    let on_behalf_of = uid_of(r.on_behalf_of.as_ref(), "on_behalf_of")?;
+    let work_item_id = if r.work_item_id.is_empty() {
+        None
+    } else {
+        check_identifier(&r.work_item_id, "work_item_id")?;
+        Some(r.work_item_id)
+    };
+    Ok(CheckRequest {
+        principal,
+        action,
+        resource,
+        context,
+        on_behalf_of,
+        human_present: r.human_present.unwrap_or(true),
+        work_item_id,
+        entities: Vec::new(),
+    })
+}
+
+/// The plan request (docs/plans.md#building-a-plan-engineplan) of its protobuf form, its fields
+/// checked in the order and with the errors of `PlanRequest::from_value` (an empty `plan_qid`
+/// is none).
+///
+/// # Errors
+/// [`RequestError`] naming the first field at fault.
+pub fn plan_request(r: pb::PlanRequest) -> Result<PlanRequest, RequestError> {
+    let principal = required_uid(r.principal.as_ref(), "principal")?;
+    let action = action_text(r.action)?;
+    let context = r.context.as_ref().map(struct_map).unwrap_or_default();
+    let on_behalf_of = uid_of(r.on_behalf_of.as_ref(), "on_behalf_of")?;
+    let resource_type = resource_type_text(r.resource_type)?;
+    Ok(PlanRequest {
+        principal,
+        on_behalf_of,
+        action,
+        context,
+        resource_type,
+        plan_qid: (!r.plan_qid.is_empty()).then_some(r.plan_qid),
+    })
 }
 
 fn verdict(v: Verdict) -> i32 {
@@ -235,39 +270,30 @@ pub fn filter_node(v: &Value) -> pb::FilterNode {
     }
 }
 
-/// The gRPC response of a plan, from the plan's HTTP JSON (one rendering of the filter).
-pub fn plan_response(v: &Value) -> pb::PlanResponse {
-    let outcome = match v.get("outcome").and_then(Value::as_str) {
-        Some("always_allowed") => pb::PlanOutcome::AlwaysAllowed,
-        Some("always_denied") => pb::PlanOutcome::AlwaysDenied,
-        Some("challenge") => pb::PlanOutcome::Challenge,
-        Some("conditional") => pb::PlanOutcome::Conditional,
-        _ => pb::PlanOutcome::Unspecified,
+/// The gRPC response of a plan, from its response view ([`QueryPlan::response`]); the filter
+/// through its JSON form (docs/plans.md#the-filter-tree), the one rendering of a filter.
+pub fn plan_response(p: &QueryPlan) -> pb::PlanResponse {
+    let v = p.response();
+    let outcome = match v.outcome {
+        PlanOutcome::AlwaysAllowed => pb::PlanOutcome::AlwaysAllowed,
+        PlanOutcome::AlwaysDenied => pb::PlanOutcome::AlwaysDenied,
+        PlanOutcome::Challenge => pb::PlanOutcome::Challenge,
+        PlanOutcome::Conditional => pb::PlanOutcome::Conditional,
     };
-    let u = |k: &str| v.get(k).and_then(Value::as_u64).unwrap_or(0);
-    let b = |k: &str| v.get(k).and_then(Value::as_bool).unwrap_or(false);
     pb::PlanResponse {
-        qid: v
-            .get("qid")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_owned(),
+        qid: v.qid.to_owned(),
         outcome: outcome as i32,
-        filter: v.get("filter").map(filter_node),
-        challenges: strings(v.get("challenges")),
-        challenge_could_widen: b("challenge_could_widen"),
-        needs_row_checks: b("needs_row_checks"),
-        attributes: strings(v.get("attributes")),
-        policies: strings(v.get("policies")),
-        mode: if v.get("mode").and_then(Value::as_str) == Some("monitor") {
-            pb::Mode::Monitor as i32
-        } else {
-            pb::Mode::Enforce as i32
-        },
-        policy_version: u("policy_version"),
-        principals_version: u("principals_version"),
-        max_age_secs: u("max_age_secs"),
-        pinned: b("pinned"),
+        filter: v.filter.map(|f| filter_node(&f.to_json())),
+        challenges: v.challenges.to_vec(),
+        challenge_could_widen: v.challenge_could_widen,
+        needs_row_checks: v.needs_row_checks,
+        attributes: v.attributes,
+        policies: v.policies.to_vec(),
+        mode: mode(v.mode),
+        policy_version: v.policy_version,
+        principals_version: v.principals_version,
+        max_age_secs: v.max_age_secs,
+        pinned: v.pinned,
     }
 }
 
@@ -284,10 +310,8 @@ impl Authorizer for AuthorizerService {
         request: Request<pb::CheckRequest>,
     ) -> Result<Response<pb::CheckResponse>, Status> {
         let s = &self.shared;
-        let d = s
-            .engine
-            .decide_value(check_json(request.get_ref()))
-            .map_err(|e| invalid(&e))?;
+        let req = check_request(request.into_inner()).map_err(|e| invalid(&e))?;
+        let d = s.engine.decide(&req).map_err(|e| invalid(&e))?;
         s.decided(&d, Transport::Grpc).written().await?;
         Ok(Response::new(check_response(&d)))
     }
@@ -314,12 +338,10 @@ impl Authorizer for AuthorizerService {
         request: Request<pb::PlanRequest>,
     ) -> Result<Response<pb::PlanResponse>, Status> {
         let s = &self.shared;
-        let p = s
-            .engine
-            .plan_value(plan_json(request.get_ref()))
-            .map_err(|e| invalid(&e))?;
+        let req = plan_request(request.into_inner()).map_err(|e| invalid(&e))?;
+        let p = s.engine.plan(&req).map_err(|e| invalid(&e))?;
         s.planned(&p, Transport::Grpc).written().await?;
-        Ok(Response::new(plan_response(&p.to_response())))
+        Ok(Response::new(plan_response(&p)))
     }
 }
 

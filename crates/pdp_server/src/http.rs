@@ -132,8 +132,9 @@ pub fn bounded(text: String) -> String {
     format!("{}... ({} bytes in all)", &text[..end], text.len())
 }
 
-/// A `200` JSON response.
-fn json_ok(v: &Value) -> Response {
+/// A `200` JSON response of `v` (a JSON value or one of the decision model's views, whose
+/// serialisation cannot fail: every map key is a string).
+fn json_ok(v: &impl serde::Serialize) -> Response {
     let body = serde_json::to_vec(v).unwrap_or_default();
     (
         StatusCode::OK,
@@ -334,14 +335,14 @@ async fn evaluation(State(s): St, headers: HeaderMap, body: Body) -> Result<Resp
     let v = read_json(&s, &headers, body).await?;
     let d = s.engine.decide_value(v).map_err(|e| Problem::request(&e))?;
     s.decided(&d, Transport::Http).written().await?;
-    Ok(json_ok(&d.to_response()))
+    Ok(json_ok(&d.response()))
 }
 
 async fn plan(State(s): St, headers: HeaderMap, body: Body) -> Result<Response, Problem> {
     let v = read_json(&s, &headers, body).await?;
     let p = s.engine.plan_value(v).map_err(|e| Problem::request(&e))?;
     s.planned(&p, Transport::Http).written().await?;
-    Ok(json_ok(&p.to_response()))
+    Ok(json_ok(&p.response()))
 }
 
 /// Validates a challenge wait (docs/architecture.md#challenge-resolution) as far as it can be
@@ -526,20 +527,46 @@ fn authzen_decide(
         .map_err(|e| RequestError::new(authzen_field(&e.field, &entity_fields), e.message))
 }
 
+/// An AuthZEN evaluation's answer (AuthZEN 1.0 section 6.2), a view of a [`Decision`]: the
+/// `decision` and, in `context`, the check response without `on_behalf_of`. Fields in the
+/// order the JSON it replaces was written in.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct AuthzenResponse<'a> {
+    /// Whether the caller may proceed (see [`authzen_response`]).
+    pub decision: bool,
+    /// The check's `qid`, `verdict`, `challenges`, `policies` and `mode`.
+    pub context: AuthzenContext<'a>,
+}
+
+/// The `context` of an [`AuthzenResponse`].
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct AuthzenContext<'a> {
+    /// The decision id.
+    pub qid: &'a str,
+    /// The combined verdict.
+    pub verdict: Verdict,
+    /// Every challenge that must be passed.
+    pub challenges: &'a [String],
+    /// The principal's deciding policies.
+    pub policies: &'a [String],
+    /// The mode in force.
+    pub mode: Mode,
+}
+
 /// AuthZEN's decision: `true` when the verdict is allow, or in monitor mode (which allows
 /// whatever the verdict says, docs/architecture.md#monitor-and-enforce); the verdict itself is in
 /// `context.verdict`.
-pub fn authzen_response(d: &Decision) -> Value {
-    let mut ctx = Map::new();
-    ctx.insert("qid".into(), d.qid.clone().into());
-    ctx.insert("verdict".into(), d.verdict.as_str().into());
-    ctx.insert("challenges".into(), json!(d.challenges));
-    ctx.insert("policies".into(), json!(d.principal_outcome.policies));
-    ctx.insert("mode".into(), d.mode.as_str().into());
-    json!({
-        "decision": d.verdict == Verdict::Allow || d.mode == Mode::Monitor,
-        "context": Value::Object(ctx),
-    })
+pub fn authzen_response(d: &Decision) -> AuthzenResponse<'_> {
+    AuthzenResponse {
+        decision: d.verdict == Verdict::Allow || d.mode == Mode::Monitor,
+        context: AuthzenContext {
+            qid: &d.qid,
+            verdict: d.verdict,
+            challenges: &d.challenges,
+            policies: &d.principal_outcome.policies,
+            mode: d.mode,
+        },
+    }
 }
 
 /// Refuses a member an AuthZEN evaluation does not have (a misspelt `context` must not be
@@ -692,8 +719,8 @@ async fn authzen_evaluations(
             Ok(d) => {
                 logged.push(s.decided(&d, Transport::Authzen));
                 let r = authzen_response(&d);
-                let allowed = r.get("decision") == Some(&Value::Bool(true));
-                (r, allowed)
+                // A view of the decision model cannot fail to serialise (string keys only).
+                (serde_json::to_value(&r).unwrap_or_default(), r.decision)
             }
             // One bad evaluation does not fail the batch (AuthZEN 1.0 section 7.2): it is a
             // deny carrying the error.

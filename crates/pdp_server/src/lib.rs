@@ -24,9 +24,8 @@ pub mod metrics;
 
 use decision_log::{DecisionLog, Durability, NotWritten, Record, Ticket};
 use metrics::Transport;
-use pdp_core::engine::{rfc3339_ms, uid_key};
-use pdp_core::{Decision, Engine, QueryPlan};
-use serde_json::{json, Value};
+use pdp_core::decision::{uid_key, Call};
+use pdp_core::{Decision, Engine, EntityUid, QueryPlan};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
@@ -80,47 +79,11 @@ pub struct Shared {
     health: tonic_health::server::HealthReporter,
 }
 
-fn uid_json(u: &cedar_policy::EntityUid) -> Value {
-    json!({"type": u.type_name().to_string(), "id": u.id().unescaped()})
-}
-
 fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
         .unwrap_or(0)
-}
-
-/// The decision-log record of a plan: the fields of docs/history.md#schema with `call: "plan"`, the
-/// plan's `outcome` and `filter`-free summary (`needs_row_checks`, `attributes`), `verdict` null,
-/// and `resource` naming only the type.
-pub fn plan_record(p: &QueryPlan, pdp: &str, transport: Transport) -> Value {
-    let (needs, attrs) = p.filter.as_ref().map_or((false, Vec::new()), |f| {
-        (f.needs_row_checks(), f.attributes())
-    });
-    json!({
-        "qid": p.qid,
-        "at": rfc3339_ms(now_ms()),
-        "call": "plan",
-        "transport": transport.as_str(),
-        "principal": uid_json(&p.principal),
-        "on_behalf_of": p.on_behalf_of.as_ref().map(uid_json),
-        "action": p.action.id().unescaped(),
-        "resource": {"type": p.resource_type.to_string(), "id": Value::Null},
-        "verdict": Value::Null,
-        "outcome": p.outcome.as_str(),
-        "challenges": p.challenges,
-        "policies": p.policies,
-        "mode": p.mode.as_str(),
-        "challenge_qid": Value::Null,
-        "pinned": p.pinned,
-        "needs_row_checks": needs,
-        "attributes": attrs,
-        "policy_version": p.policy_version,
-        "principals_version": p.principals_version,
-        "latency_us": p.latency_us,
-        "pdp": pdp,
-    })
 }
 
 /// A decision's record on its way to the decision log, from [`Shared::decided`] /
@@ -199,15 +162,24 @@ impl Shared {
         if self.log.is_none() {
             return Logged(None);
         }
-        let mut rec = d.to_record(&self.config.pdp_name);
-        if let Some(m) = rec.as_object_mut() {
-            m.insert("call".into(), "check".into());
-            m.insert("transport".into(), t.as_str().into());
+        let mut rec = d.record(&self.config.pdp_name);
+        rec.call = Some(Call::Check);
+        rec.transport = Some(t.as_str());
+        self.log_view(&d.principal, &d.qid, &rec)
+    }
+
+    /// Queues the record `view` of decision `qid` under `principal`'s key. A record that does
+    /// not serialise is not written (never as an empty record): it is counted in
+    /// `svc_pdp_record_errors_total` and reported on standard error.
+    fn log_view(&self, principal: &EntityUid, qid: &str, view: &impl serde::Serialize) -> Logged {
+        match serde_json::to_vec(view) {
+            Ok(value) => self.log_record(uid_key(principal).into_bytes(), value),
+            Err(e) => {
+                self.metrics.record_error();
+                eprintln!("svc pdp: the decision record of `{qid}` is not written: {e}");
+                Logged(None)
+            }
         }
-        self.log_record(
-            uid_key(&d.principal).into_bytes(),
-            serde_json::to_vec(&rec).unwrap_or_default(),
-        )
     }
 
     /// Counts a plan and queues its record.
@@ -217,10 +189,8 @@ impl Shared {
         if self.log.is_none() {
             return Logged(None);
         }
-        self.log_record(
-            uid_key(&p.principal).into_bytes(),
-            serde_json::to_vec(&plan_record(p, &self.config.pdp_name, t)).unwrap_or_default(),
-        )
+        let rec = p.record(&self.config.pdp_name, t.as_str(), now_ms());
+        self.log_view(&p.principal, &p.qid, &rec)
     }
 
     /// Whether the decision point can serve (docs/architecture.md#what-every-component-serves): a

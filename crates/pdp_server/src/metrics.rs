@@ -93,6 +93,8 @@ pub struct Metrics {
     principals_version: IntGauge,
     ready: IntGauge,
     challenge_unavailable: IntCounter,
+    /// `svc_pdp_record_errors_total`: decision records that did not serialise (not written).
+    record_errors: IntCounter,
     log_records: IntCounterVec,
     log_queued: IntGauge,
     log_spool_pending: IntGauge,
@@ -246,6 +248,11 @@ impl Metrics {
                 "svc_pdp_challenge_unavailable_total",
                 "Challenge waits refused because no challenge service is connected.",
             ),
+            record_errors: counter(
+                &registry,
+                "svc_pdp_record_errors_total",
+                "Decision records that could not be serialised, and so were not written.",
+            ),
             log_records: counter_vec(
                 &registry,
                 "svc_pdp_decision_log_records_total",
@@ -357,6 +364,11 @@ impl Metrics {
     /// Counts a challenge wait refused for want of a challenge service.
     pub fn challenge_unavailable(&self) {
         self.challenge_unavailable.inc();
+    }
+
+    /// Counts a decision record that could not be serialised (and was not written).
+    pub fn record_error(&self) {
+        self.record_errors.inc();
     }
 
     /// Records the result of a bundle reload.

@@ -4,12 +4,12 @@
 //!
 //! * [`ContextMemo`]: the schema-typed `Context` of an action's context JSON. Parsing and typing
 //!   a context is a pure function of (schema, action, JSON), and a bundle never changes its
-//!   schema, so the memo lives with the bundle. An entry also records whether Cedar's full
-//!   request validation already accepted that context for that action (context validation
-//!   depends on nothing else), so a later request with the same context and types that the
-//!   action is known to take skips the second validation (see
-//!   `crate::lookups::Lookups::types_valid`). Failures are never memoised: they are recomputed, so every error
-//!   message stays Cedar's.
+//!   schema, so the memo lives as long as the bundle (beside it, in the engine state). An
+//!   entry also records whether Cedar's full request validation already accepted that context
+//!   for that action (context validation depends on nothing else), so a later request with the
+//!   same context and types that the action is known to take skips the second validation
+//!   (see `crate::lookups::Lookups::types_valid`). Failures are never memoised: they are
+//!   recomputed, so every error message stays Cedar's.
 
 use crate::maps::{FastHasher, FastMap};
 use cedar_policy::{Context, EntityTypeName, EntityUid};

@@ -250,7 +250,7 @@ pub(crate) struct Scoped {
     pub(crate) policies: Option<PolicySet>,
     /// Whether the schema lets the action take principals and resources of these types, so
     /// that Cedar's scope checks of request validation cannot fail
-    /// (`crate::memo::Lookups::types_valid`); kept here so a check finds it in the same
+    /// (`crate::lookups::Lookups::types_valid`); kept here so a check finds it in the same
     /// lookup as its policies.
     pub(crate) types_valid: bool,
 }

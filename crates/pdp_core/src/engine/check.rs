@@ -355,6 +355,7 @@ impl Engine {
 /// # Errors
 /// [`RequestError`] on `context` when the result does not match the action's context type.
 #[allow(clippy::too_many_arguments)]
+#[inline]
 pub(super) fn context_for(
     st: &State,
     action: &EntityUid,
@@ -387,12 +388,14 @@ pub(super) fn context_for(
     })
 }
 
+#[inline]
 pub(super) fn elapsed_us(t0: Instant) -> u64 {
     u64::try_from(t0.elapsed().as_micros()).unwrap_or(u64::MAX)
 }
 
 /// `on_behalf_of` rules (docs/decisions.md#an-agent-acting-for-a-person): only a `ServiceAccount`
 /// acts for someone, and only for a `Human` the schema declares.
+#[inline]
 pub(super) fn check_on_behalf_of(
     b: &Bundle,
     principal: &EntityUid,
@@ -508,6 +511,7 @@ pub(super) fn inline_entities(
     Ok((inline, ignored))
 }
 
+#[inline]
 pub(super) fn is_registered(st: &State, uid: &EntityUid) -> bool {
     let e = st
         .store
@@ -525,6 +529,7 @@ pub(super) fn is_registered(st: &State, uid: &EntityUid) -> bool {
 
 /// Applies the verdict rules (docs/decisions.md#one-principals-verdict) to the satisfied policies
 /// of one principal.
+#[inline]
 fn classify<'a>(
     b: &Bundle,
     satisfied: impl Iterator<Item = &'a cedar_policy::PolicyId>,
@@ -606,6 +611,7 @@ fn classify<'a>(
 
 /// `human_present = false`: a challenge that needs `verification` cannot be answered
 /// (docs/decisions.md#an-agent-acting-for-a-person).
+#[inline]
 fn absent_human(o: &mut Outcome) {
     if o.verdict == Verdict::Challenge && o.challenges.iter().any(|c| c == "verification") {
         o.verdict = Verdict::Deny;

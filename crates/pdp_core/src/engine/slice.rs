@@ -30,6 +30,7 @@ pub(super) struct CheckCtx<'a> {
     pub(super) scoped: Option<Arc<crate::scope::Scoped>>,
 }
 
+#[inline]
 fn lookup<'a>(cx: &'a CheckCtx<'_>, uid: &EntityUid) -> Option<&'a StoredEntity> {
     if let Some(e) = cx.inline.get(uid) {
         return Some(e);
@@ -59,6 +60,7 @@ fn lookup<'a>(cx: &'a CheckCtx<'_>, uid: &EntityUid) -> Option<&'a StoredEntity>
 ///
 /// # Errors
 /// [`RequestError`] on `entities` when Cedar refuses the inline entities with the stored ones.
+#[inline]
 pub(super) fn gather<'s>(
     cx: &CheckCtx<'s>,
     subject: &EntityUid,
@@ -127,6 +129,7 @@ pub(super) enum Slice<'s> {
 
 impl Slice<'_> {
     /// The slice as compiled conditions read it ([`crate::condition`]).
+    #[inline]
     pub(super) fn view(&self) -> crate::condition::Entities<'_> {
         match self {
             Self::Closed(list) => crate::condition::Entities::List(list),
@@ -137,6 +140,7 @@ impl Slice<'_> {
 
 /// [`gather`] without inline entities: the same slice, taken from the snapshot's pre-closed
 /// entities ([`Hierarchy`]), borrowed, so nothing is copied and Cedar computes no closure.
+#[inline]
 fn gather_closed<'s>(
     cx: &CheckCtx<'s>,
     subject: &EntityUid,
@@ -166,6 +170,7 @@ fn gather_closed<'s>(
 /// `work_item_follow`), each with its ancestors when `ancestors` (see [`Derefs::ancestors`]),
 /// in a stable order (roots first, each followed by its ancestors and then by what its
 /// attributes reference).
+#[inline]
 pub(super) fn closed_list<'s>(
     st: &'s State,
     roots: &[(&EntityUid, &Follow)],
@@ -219,6 +224,7 @@ pub(super) fn closed_list<'s>(
 }
 
 /// Cedar's entities of a slice of closed entities, in the same order.
+#[inline]
 pub(super) fn entities_of(list: &[&ClosedEntity]) -> Vec<Arc<cedar_policy_core::ast::Entity>> {
     list.iter().map(|c| Arc::clone(c.entity())).collect()
 }
@@ -238,11 +244,13 @@ impl<'s> SliceList<'s> {
 
     /// Whether an entity with this uid is listed (a scan: for the rare entity that is not the
     /// hierarchy's own).
+    #[inline]
     fn has_uid(&self, uid: &cedar_policy_core::ast::EntityUID) -> bool {
         self.list.iter().any(|x| x.uid() == uid)
     }
 
     /// Adds `e` unless it is already listed; whether it was added.
+    #[inline]
     fn push(&mut self, e: &'s ClosedEntity) -> bool {
         let addr = std::ptr::from_ref(e) as usize;
         let fresh = match &mut self.index {

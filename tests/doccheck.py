@@ -11,9 +11,10 @@ says ``<!-- readme-check -->``), optionally with options: ``<!-- doc-check: exit
   in `` &`` with ``--port 808N`` is a server the rest of its block talks to: it is started on a
   free port (``808N`` in that block's commands is replaced by it), must accept connections before
   the next command runs, and is stopped (SIGTERM, exit code 0) when the block ends.
-  ``$ make TARGET`` is followed by make's output: the build is not run (a release build takes
-  minutes); the recipe's last command, the ``.venv/bin/svc ...`` line make printed, is run and
-  the lines after it are its output.
+  A command's exit code is its last pipeline's, as in a terminal. ``$ make TARGET`` is
+  followed by make's output: the build is not run (a release build takes minutes); the
+  recipe's last command, the ``.venv/bin/svc ...`` line make printed, is run and the lines
+  after it are its output.
 * ```` ```python ```` blocks: run with this interpreter; the ```` ```text ```` block right after
   is the output.
 * Options: ``exit=N``: the commands exit with N (default 0). ``fresh``: they run on a new, empty
@@ -408,7 +409,9 @@ class Page:
             argv = [sys.executable, "-c", code]
         else:
             keep = "".join(f"; declare -p {v} >> {state}" for v in _ASSIGNED.findall(code))
-            script = f"set -o pipefail; [ -f {state} ] && source {state}\n{code}"
+            # As a terminal runs it: a pipeline's status is its last command's (`| head` may
+            # cut the one before it short).
+            script = f"[ -f {state} ] && source {state}\n{code}"
             argv = ["bash", "-c", f"{script}\n__rc=$?{keep}; exit $__rc"]
         for _ in range(20):
             r = subprocess.run(

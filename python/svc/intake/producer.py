@@ -161,6 +161,7 @@ class TransactionalPool:
         self._topic_error: str | None = None
         self._wake = threading.Event()
         self._stop = threading.Event()
+        self._became_ready = threading.Event()  # set with ``ready``; ``wait_ready`` waits on it
         self._keeper = threading.Thread(target=self._keep, name="svc-intake-keeper", daemon=True)
 
     # -- state
@@ -169,6 +170,16 @@ class TransactionalPool:
     def ready(self) -> bool:
         """True once a producer initialised transactions and the topic exists."""
         return self._initialised and self._topic_error is None
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Waits until ``ready`` or until `timeout` seconds passed (the keeper signals it).
+
+        Returns:
+            ``ready`` at return: False after `timeout` (``not_ready_reason`` says why).
+
+        """
+        self._became_ready.wait(timeout)
+        return self.ready
 
     @property
     def available(self) -> bool:
@@ -281,6 +292,7 @@ class TransactionalPool:
                 slot.producer.init_transactions(timeout)
                 self._check_topic(slot.producer, timeout)
                 self._initialised = True
+                self._became_ready.set()
                 log.info("intake: producer %s ready", slot.transactional_id)
             elif slot.state is _State.ABORT:
                 assert slot.producer is not None
@@ -307,6 +319,7 @@ class TransactionalPool:
             return False
         except _TopicMissing as e:
             self._topic_error = str(e)
+            self._became_ready.clear()
             log.error("intake: %s", e)
             return False
         slot.state = _State.READY

@@ -645,7 +645,7 @@ impl Engine {
     }
 
     fn build_dir(py: Python<'_>, path: PathBuf) -> PyResult<Bundle> {
-        py.detach(|| Bundle::from_dir(&path))
+        py.detach(|| pdp_server::bundle_dir::load(&path))
             .map_err(|e| bundle_err(py, &e))
     }
 }

@@ -17,6 +17,7 @@
 //! * [`decision_log`]: the queue and on-disk spool decision records wait in for the broker.
 
 pub mod auth;
+pub mod bundle_dir;
 pub mod decision_log;
 pub mod grpc;
 pub mod http;

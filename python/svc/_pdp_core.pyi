@@ -1,4 +1,5 @@
-"""Type stubs for `svc._pdp_core`, the Rust decision core (crates/pdp_py over crates/pdp_core).
+"""Type stubs for `svc._pdp_core`, the Rust decision core (crates/pdp_py over crates/pdp_core
+and crates/pdp_server).
 
 Shapes used below (docs/architecture.md#entities-and-the-base-schema, docs/decisions.md#request):
 

@@ -20,7 +20,7 @@ This module holds what the Python side of every component shares:
 * ``LocalIssuer``: the issuer ``svc up`` runs, an ES256 key kept in ``<data dir>/issuer/`` with
   its JWKS beside it, which mints caller tokens.
 
-The decision point's listener is Rust and verifies tokens itself (``crates/pdp_py/src/server/
+The decision point's listener is Rust and verifies tokens itself (``crates/pdp_server/src/
 auth.rs``), with the same rules and texts; ``svc.pdp.server`` loads its JWKS through
 ``JwksSource`` and hands it over. Tokens are never logged.
 """

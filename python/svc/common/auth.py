@@ -40,7 +40,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import unquote, urlparse
 
 import jwt
@@ -49,10 +49,10 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from fastapi import Depends
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import Field, field_validator, model_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic_settings import NoDecode
 
 from svc.common.problems import Problem
-from svc.common.settings import list_setting
+from svc.common.settings import ComponentSettings, list_setting
 
 __all__ = [
     "ACCEPTED_ALGORITHMS",
@@ -161,12 +161,15 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-class AuthSettings(BaseSettings):
+class AuthSettings(ComponentSettings):
     """Bearer-token settings of one component (docs/auth.md lists them per component).
 
-    Each component's subclass fixes the environment prefix and the audience
-    (``PdpAuthSettings``: ``SVC_PDP_AUTH*``, ``svc-pdp``; ``HistoryAuthSettings``:
-    ``SVC_HISTORY_AUTH*``, ``svc-history``).
+    A group of settings every component that checks callers has, not a component of its own:
+    each component's subclass names the component (``ComponentSettings``' ``component``
+    keyword, so the prefix is the component's) and fixes the audience (``PdpAuthSettings``:
+    ``SVC_PDP_AUTH*``, ``svc-pdp``; ``HistoryAuthSettings``: ``SVC_HISTORY_AUTH*``,
+    ``svc-history``). The component's command line takes them as ``--auth-*`` options
+    (``svc.common.cli``).
 
     Raises:
         pydantic.ValidationError: with ``auth = "jwt"`` (the default once an issuer is set),
@@ -174,11 +177,6 @@ class AuthSettings(BaseSettings):
             ``https://`` URL nor a ``file://`` path.
 
     """
-
-    model_config = SettingsConfigDict(extra="forbid")
-
-    #: The component's name in messages (``svc-pdp``).
-    component: ClassVar[str] = "svc"
 
     auth: Literal["jwt", "none"] | None = None
     """``jwt`` checks bearer tokens; ``none`` serves everyone (loopback binds only). Default:
@@ -237,11 +235,6 @@ class AuthSettings(BaseSettings):
             )
         return self
 
-    @classmethod
-    def env_name(cls, field: str) -> str:
-        """The environment variable of a setting (``auth_callers`` -> ``SVC_PDP_AUTH_CALLERS``)."""
-        return f"{cls.model_config.get('env_prefix', '')}{field}".upper()
-
     @property
     def enabled(self) -> bool:
         """Whether bearer tokens are checked."""
@@ -268,14 +261,11 @@ class AuthSettings(BaseSettings):
         )
 
 
-class PdpAuthSettings(AuthSettings):
+class PdpAuthSettings(AuthSettings, component="pdp"):
     """The decision point's bearer-token settings: ``SVC_PDP_AUTH*``, audience ``svc-pdp``.
 
     Adds the verified-token cache of the Rust listener (docs/auth.md, "Cost").
     """
-
-    model_config = SettingsConfigDict(env_prefix="SVC_PDP_", extra="forbid")
-    component: ClassVar[str] = "svc-pdp"
 
     auth_audience: str = "svc-pdp"
     """The ``aud`` a token must name."""
@@ -285,11 +275,8 @@ class PdpAuthSettings(AuthSettings):
     """Longest time a cached verification is trusted (the token's ``exp`` may end it sooner)."""
 
 
-class HistoryAuthSettings(AuthSettings):
+class HistoryAuthSettings(AuthSettings, component="history"):
     """The history's bearer-token settings: ``SVC_HISTORY_AUTH*``, audience ``svc-history``."""
-
-    model_config = SettingsConfigDict(env_prefix="SVC_HISTORY_", extra="forbid")
-    component: ClassVar[str] = "svc-history"
 
     auth_audience: str = "svc-history"
     """The ``aud`` a token must name."""

@@ -48,17 +48,16 @@ from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import ClickHouseError
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
-from starlette.exceptions import HTTPException as StarletteHTTPException
+from fastapi.responses import JSONResponse
+from prometheus_client import CollectorRegistry, Gauge
 
 from svc import __version__, web
 from svc.common.auth import AuthSettings, Verifier, bearer_dependency
+from svc.common.health import Readiness, probe_router
 from svc.common.problems import (
-    PROBLEM_JSON,
     FieldError,
     Problem,
-    http_exception_problem,
+    install_problem_handlers,
     problem_response,
 )
 from svc.history import queries
@@ -286,16 +285,10 @@ def create_app(
     web.install(app)
     web.add_components(app, {})
 
-    @app.exception_handler(Problem)
-    async def on_problem(_: Request, p: Problem) -> Response:
-        return problem_response(p)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException) -> Response:
-        return http_exception_problem(exc)
+    install_problem_handlers(app)
 
     @app.exception_handler(RequestValidationError)
-    async def invalid_parameter(_: Request, exc: RequestValidationError) -> Response:
+    async def invalid_parameter(_: Request, exc: RequestValidationError) -> JSONResponse:
         return problem_response(_validation_problem(exc))
 
     def run(fn: Callable[[], Any]) -> Any:
@@ -316,62 +309,42 @@ def create_app(
 
     unavailable: dict[int | str, dict[str, Any]] = {503: web.PROBLEM_RESPONSE}
 
-    @app.get("/healthz")
-    def healthz() -> dict[str, str]:
-        """The process is up."""
-        return {"status": "ok"}
-
-    @app.get(
-        "/readyz",
-        responses={
-            200: {"content": {"application/json": {"schema": {"type": "object"}}}},
-            **unavailable,
-        },
-    )
-    def readyz() -> Response:
-        """Ready when the loader runs, is neither failing nor behind, and the store answers."""
+    def readiness() -> Readiness:
         if ready is not None and not ready():
-            return problem_response(
-                Problem(503, "not-ready", "Not ready", "the loader is not running")
-            )
+            return Readiness(("the loader is not running",))
         health = loader.health() if loader is not None else None
         if health is not None and not health.ready:
-            p = Problem(503, "not-ready", "Not ready", "; ".join(health.reasons))
-            return JSONResponse(
-                {**p.body(), "loader": health.as_json()},
-                status_code=503,
-                media_type=PROBLEM_JSON,
-            )
-        t = run(lambda: totals(client))
-        body: dict[str, Any] = {"ready": True, **t}
+            return Readiness(health.reasons, {"loader": health.as_json()})
+        details: dict[str, Any] = dict(run(lambda: totals(client)))
         if health is not None:
-            body["loader"] = health.as_json()
-        return JSONResponse(body)
+            details["loader"] = health.as_json()
+        return Readiness((), details)
 
-    @app.get("/version")
-    def version() -> dict[str, str]:
-        """The release (docs/architecture.md#versioning)."""
-        return {"component": "svc-history", "version": __version__}
+    def refresh() -> None:
+        if loader is None:
+            return
+        for name, g in gauges.items():
+            g.set(getattr(loader.stats, name))
+        h = loader.health()
+        health_gauges["ready"].set(1 if h.ready else 0)
+        health_gauges["consecutive_failures"].set(h.consecutive_failures)
+        health_gauges["last_success_timestamp_seconds"].set(
+            0 if h.last_success is None else h.last_success.timestamp()
+        )
+        health_gauges["oldest_unstored_age_seconds"].set(h.oldest_unstored_age or 0)
+        health_gauges["lag_records"].set(h.lag or 0)
 
-    @app.get(
-        "/metrics",
-        response_class=Response,
-        responses={200: {"content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}}}},
+    app.include_router(
+        probe_router(
+            "svc-history",
+            __version__,
+            readiness,
+            registry,
+            refresh=refresh,
+            ready_description="Ready when the loader runs, is neither failing nor behind, and "
+            "the store answers.",
+        )
     )
-    def metrics() -> Response:
-        """Prometheus text format: the loader's counters and health."""
-        if loader is not None:
-            for name, g in gauges.items():
-                g.set(getattr(loader.stats, name))
-            h = loader.health()
-            health_gauges["ready"].set(1 if h.ready else 0)
-            health_gauges["consecutive_failures"].set(h.consecutive_failures)
-            health_gauges["last_success_timestamp_seconds"].set(
-                0 if h.last_success is None else h.last_success.timestamp()
-            )
-            health_gauges["oldest_unstored_age_seconds"].set(h.oldest_unstored_age or 0)
-            health_gauges["lag_records"].set(h.lag or 0)
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/history/totals", responses=unavailable, dependencies=guard)
     def get_totals() -> dict[str, int]:

@@ -38,10 +38,10 @@ from typing import Any
 import anyio.to_thread
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from svc import __version__, web
-from svc.common.problems import Problem, http_exception_problem, problem_response
+from svc.common.health import Readiness, probe_router
+from svc.common.problems import Problem, install_problem_handlers, problem_response
 from svc.intake.metrics import CONTENT_TYPE, IntakeMetrics
 from svc.intake.models import EVENT_BATCH, MAX_EVENTS
 from svc.intake.producer import TransactionalPool
@@ -404,50 +404,27 @@ def create_app(settings: IntakeSettings | None = None) -> FastAPI:
         """A cloud audit log file ``{"Records": [...]}`` (docs/intake.md#routes)."""
         return await ingest(request, "cloud", service.ingest_cloud_file)
 
-    @app.get("/healthz")
-    async def healthz() -> dict[str, str]:
-        """The process is up."""
-        return {"status": "ok"}
-
-    @app.get(
-        "/readyz",
-        responses={
-            200: {"content": {"application/json": {"schema": {"type": "object"}}}},
-            503: web.PROBLEM_RESPONSE,
-        },
-    )
-    async def readyz() -> Response:
-        """Ready once a transactional producer is initialised and the topic exists."""
+    def readiness() -> Readiness:
         metrics.ready.set(1 if pool.ready else 0)
         if not pool.ready:
-            return problem_response(Problem(503, "not-ready", "Not ready", pool.not_ready_reason))
-        return JSONResponse(
-            {
-                "ready": True,
-                "broker": "available" if pool.available else "unavailable",
-                "topic": settings.topic,
-            }
+            return Readiness((pool.not_ready_reason,))
+        broker = "available" if pool.available else "unavailable"
+        return Readiness(details={"broker": broker, "topic": settings.topic})
+
+    app.include_router(
+        probe_router(
+            "svc-intake",
+            __version__,
+            readiness,
+            metrics.registry,
+            refresh=lambda: metrics.ready.set(1 if pool.ready else 0),
+            ready_description="Ready once a transactional producer is initialised and the "
+            "topic exists.",
+            metrics_content_type=CONTENT_TYPE,
         )
-
-    @app.get("/version")
-    async def version() -> dict[str, str]:
-        """The release (docs/architecture.md#versioning)."""
-        return {"component": "svc-intake", "version": __version__}
-
-    @app.get(
-        "/metrics",
-        response_class=Response,
-        responses={200: {"content": {CONTENT_TYPE: {"schema": {"type": "string"}}}}},
     )
-    async def metrics_route() -> Response:
-        """Prometheus text format."""
-        metrics.ready.set(1 if pool.ready else 0)
-        return Response(metrics.render(), media_type=CONTENT_TYPE)
 
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException) -> Response:
-        return http_exception_problem(exc)
-
+    install_problem_handlers(app)
     web.add_components(app, openapi_components())
     return app
 

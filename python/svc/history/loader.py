@@ -59,10 +59,10 @@ from typing import Any
 import confluent_kafka
 from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import ClickHouseError
-from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from pydantic import AliasChoices, Field
 
-from svc.broker import Consumer
+from svc.broker import Consumer, ConsumerLike, MessageLike
 from svc.common.settings import ComponentSettings, kafka_url_field
 from svc.common.topics import DECISIONS_TOPIC, EVENTS_TOPIC
 from svc.history.store import (
@@ -300,7 +300,7 @@ class Batch:
         return sum(len(r) for r in self.records.values())
 
 
-def _note_time(batch: Batch, m: Message) -> None:
+def _note_time(batch: Batch, m: MessageLike) -> None:
     """Lowers ``batch.oldest_ms`` to `m`'s broker timestamp (or now, when it has none)."""
     kind, ms = m.timestamp()
     t = float(ms) if kind != confluent_kafka.TIMESTAMP_NOT_AVAILABLE and ms > 0 else None
@@ -417,18 +417,14 @@ class Loader:
         else:
             log.warning("history loader: consumer error: %s", err)
 
-    def _on_revoke(
-        self, consumer: confluent_kafka.Consumer, partitions: list[TopicPartition]
-    ) -> None:
+    def _on_revoke(self, consumer: ConsumerLike, partitions: list[TopicPartition]) -> None:
         """Stores and commits what was read before the partitions go to another member."""
         try:
             self._flush()
         except _Stopped:
             self._drop()
 
-    def _on_lost(
-        self, consumer: confluent_kafka.Consumer, partitions: list[TopicPartition]
-    ) -> None:
+    def _on_lost(self, consumer: ConsumerLike, partitions: list[TopicPartition]) -> None:
         """Partitions lost without a clean revoke: their offsets can no longer be committed.
 
         The batch being stored is finished (its commit may fail; the records are then read
@@ -494,7 +490,7 @@ class Loader:
                 next_offsets[tp] = offset + 1
         return len(self._batch)
 
-    def _error(self, m: Message) -> None:
+    def _error(self, m: MessageLike) -> None:
         err = m.error()
         if err is None:
             return

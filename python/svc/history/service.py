@@ -38,6 +38,7 @@ before the parameters. The four probes take no token.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -50,6 +51,7 @@ from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from prometheus_client import CollectorRegistry, Gauge
+from pydantic import AwareDatetime, BeforeValidator
 
 from svc import __version__, web
 from svc.common.auth import AuthSettings, Verifier, bearer_dependency
@@ -129,16 +131,23 @@ _EARLIEST = datetime(1900, 1, 1, tzinfo=UTC)
 _LATEST = datetime(2300, 1, 1, tzinfo=UTC)
 
 
-def _time(raw: str | None, name: str, default: datetime) -> datetime:
-    """An RFC 3339 time with an offset, in UTC, within the store's range (400 otherwise)."""
-    if raw is None:
+def _not_a_number(raw: object) -> object:
+    """Refuses a bare number, which pydantic would read as a Unix time (RFC 3339 only)."""
+    if isinstance(raw, str) and re.fullmatch(r"\s*[+-]?\d+(\.\d*)?\s*", raw):
+        raise ValueError(f"`{raw}` is not an RFC 3339 time")
+    return raw
+
+
+def _time(t: datetime | None, name: str, default: datetime) -> datetime:
+    """`t` (validated by pydantic as an ``AwareDatetime``) in UTC, within the store's range.
+
+    Raises:
+        Problem: 400 naming `name` when `t` lies outside the years 1900 to 2299.
+
+    """
+    if t is None:
         return default
-    try:
-        t = datetime.fromisoformat(raw.replace("Z", "+00:00"))
-    except ValueError:
-        raise _bad(name, f"`{raw}` is not an RFC 3339 time") from None
-    if t.tzinfo is None:
-        raise _bad(name, f"`{raw}` has no UTC offset (RFC 3339 requires one)")
+    raw = t.isoformat()
     try:
         t = t.astimezone(UTC)
     except OverflowError:  # 0001-01-01T00:00+01:00 is before year 1 in UTC
@@ -148,7 +157,9 @@ def _time(raw: str | None, name: str, default: datetime) -> datetime:
     return t
 
 
-def _range(since: str | None, until: str | None, now: datetime) -> tuple[datetime, datetime]:
+def _range(
+    since: datetime | None, until: datetime | None, now: datetime
+) -> tuple[datetime, datetime]:
     end = _time(until, "until", now + timedelta(minutes=5))
     start = _time(since, "since", max(end - timedelta(days=1), _EARLIEST))
     if start >= end:
@@ -195,11 +206,11 @@ _REF_PATTERN = {"pattern": r"^[^\x00-\x1f\x7f-\x9f:]+::[^\x00-\x1f\x7f-\x9f]*$"}
 _Ref = Annotated[str | None, Query(description=_REF_DOC, json_schema_extra=_REF_PATTERN)]
 _RequiredRef = Annotated[str, Query(description=_REF_DOC, json_schema_extra=_REF_PATTERN)]
 _Time = Annotated[
-    str | None,
+    AwareDatetime | None,
+    BeforeValidator(_not_a_number),
     Query(
         description="RFC 3339 with an offset; `until` defaults to now + 5 minutes, `since` to "
         "24 hours before `until`",
-        json_schema_extra={"format": "date-time"},
     ),
 ]
 _Limit = Annotated[int, Query(ge=1, le=_MAX_LIMIT, description="rows at most")]

@@ -33,11 +33,12 @@ import time
 import zlib
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Annotated, Any
 
 import anyio.to_thread
-from fastapi import FastAPI, Request, Response
+from fastapi import Depends, FastAPI, Request, Response
 from fastapi.responses import JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from svc import __version__, web
 from svc.common.health import Readiness, probe_router
@@ -154,6 +155,13 @@ _SECURITY_SCHEME = {
     "description": "the intake token (`SVC_INTAKE_TOKEN`; docs/intake.md, Routes)",
 }
 
+#: The bearer token of the two POST routes as FastAPI reads it (RFC 6750 section 2.1); never
+#: refuses by itself, so the route answers a missing or wrong token as docs/intake.md says.
+_BEARER = HTTPBearer(
+    auto_error=False, scheme_name="intakeToken", description=str(_SECURITY_SCHEME["description"])
+)
+_Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)]
+
 _STRING = {"type": "string"}
 
 #: What the intake reads of a CloudTrail record (docs/intake.md, "The cloud audit log file");
@@ -246,7 +254,10 @@ _ACCEPTED: dict[str, Any] = {
 
 
 def _post_docs(body_schema: str, description: str) -> dict[str, Any]:
-    """``openapi_extra`` of a POST route: its JSON body, bearer auth, answers (docs/intake.md)."""
+    """``openapi_extra`` of a POST route: its JSON body and answers (docs/intake.md).
+
+    The bearer scheme comes from the route's ``HTTPBearer`` dependency.
+    """
     problem = web.PROBLEM_RESPONSE
     return {
         "requestBody": {
@@ -256,7 +267,6 @@ def _post_docs(body_schema: str, description: str) -> dict[str, Any]:
                 "application/json": {"schema": {"$ref": f"#/components/schemas/{body_schema}"}}
             },
         },
-        "security": [{"intakeToken": []}],
         "responses": {
             "202": {
                 "description": "the broker committed the whole batch",
@@ -337,17 +347,19 @@ def create_app(settings: IntakeSettings | None = None) -> FastAPI:
     app.state.pool = pool
     app.state.metrics = metrics
 
-    def authenticate(request: Request) -> None:
+    def authenticate(credentials: HTTPAuthorizationCredentials | None) -> None:
         """Checks ``Authorization: Bearer <intake token>`` (docs/intake.md#routes) in constant time.
+
+        Args:
+            credentials: what FastAPI's ``HTTPBearer`` read of the header (None: no bearer
+                token).
 
         Raises:
             Problem: 401 without a bearer token, 403 with a wrong one.
 
         """
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        token = token.strip()
-        if scheme.lower() != "bearer" or not token:
+        token = credentials.credentials.strip() if credentials is not None else ""
+        if not token:
             raise Problem(
                 401,
                 "unauthenticated",
@@ -360,11 +372,14 @@ def create_app(settings: IntakeSettings | None = None) -> FastAPI:
             raise Problem(403, "forbidden", "Forbidden", "the bearer token is not the intake token")
 
     async def ingest(
-        request: Request, route: str, work: Callable[[bytes], dict[str, Any]]
+        request: Request,
+        credentials: HTTPAuthorizationCredentials | None,
+        route: str,
+        work: Callable[[bytes], dict[str, Any]],
     ) -> Response:
         started = time.perf_counter()
         try:
-            authenticate(request)
+            authenticate(credentials)
             body, compressed = await _read_body(request, settings.max_body_bytes)
 
             def run() -> dict[str, Any]:
@@ -391,18 +406,18 @@ def create_app(settings: IntakeSettings | None = None) -> FastAPI:
         status_code=202,
         openapi_extra=_post_docs("EventBatch", "1 to 1,000 events; gzip allowed"),
     )
-    async def post_events(request: Request) -> Response:
+    async def post_events(request: Request, credentials: _Credentials) -> Response:
         """``{"events": [...]}``: 1 to 1,000 events (docs/intake.md#routes)."""
-        return await ingest(request, "events", service.ingest_events)
+        return await ingest(request, credentials, "events", service.ingest_events)
 
     @app.post(
         "/v1/events/cloud-audit-trail",
         status_code=202,
         openapi_extra=_post_docs("CloudTrailFile", "a CloudTrail log file; gzip allowed"),
     )
-    async def post_cloud_file(request: Request) -> Response:
+    async def post_cloud_file(request: Request, credentials: _Credentials) -> Response:
         """A cloud audit log file ``{"Records": [...]}`` (docs/intake.md#routes)."""
-        return await ingest(request, "cloud", service.ingest_cloud_file)
+        return await ingest(request, credentials, "cloud", service.ingest_cloud_file)
 
     def readiness() -> Readiness:
         metrics.ready.set(1 if pool.ready else 0)

@@ -44,7 +44,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 from svc import __version__
-from svc.common.auth import PdpAuthSettings
+from svc.common.auth_settings import PdpAuthSettings
 from svc.common.cli import Options, settings_command
 from svc.history.loader import LoaderSettings
 from svc.intake.settings import IntakeSettings

@@ -14,7 +14,7 @@ from svc.cli import app as svc_app
 from svc.common.auth import HistoryAuthSettings, PdpAuthSettings
 from svc.common.cli import Options, settings_command
 from svc.common.settings import ComponentSettings, ServiceSettings, kafka_url_field
-from svc.history.loader import LoaderHealthSettings, LoaderSettings
+from svc.history.loader import HistoryStoreSettings, LoaderHealthSettings, LoaderSettings
 from svc.intake.settings import IntakeSettings
 from svc.pdp.log_settings import DecisionLogSettings, Durability
 from svc.pdp.server import StandaloneOptions
@@ -62,6 +62,7 @@ def test_every_settings_class_derives_from_the_base() -> None:
         (HistoryAuthSettings, "SVC_HISTORY_"),
         (LoaderHealthSettings, "SVC_HISTORY_"),
         (LoaderSettings, "SVC_HISTORY_"),
+        (HistoryStoreSettings, "SVC_HISTORY_"),
     ):
         assert issubclass(cls, ComponentSettings), cls
         assert cls.model_config.get("env_prefix") == prefix, cls
@@ -203,6 +204,8 @@ def test_svc_commands_offer_their_settings_as_options(tmp_path: Path) -> None:
     assert "--dev" in intake and "--no-dev" not in intake and "SVC_INTAKE_PORT" in intake
     load = runner.invoke(svc_app, ["history", "load", "--help"], env=env).output
     assert "SVC_ANALYTICS_RETENTION_DAYS" in load and "--kafka" in load and "--dsn" in load
+    migrate = runner.invoke(svc_app, ["history", "migrate", "--help"], env=env).output
+    assert "--dsn" in migrate and "SVC_HISTORY_DSN" in migrate
     up = runner.invoke(svc_app, ["up", "--help"], env=env).output
     assert "--log-durability" in up and "SVC_PDP_LOG_DURABILITY" in up
     bad = runner.invoke(

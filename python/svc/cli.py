@@ -46,7 +46,7 @@ import typer
 from svc import __version__
 from svc.common.auth_settings import PdpAuthSettings
 from svc.common.cli import Options, settings_command
-from svc.history.loader import LoaderSettings
+from svc.history.loader import HistoryStoreSettings, LoaderSettings
 from svc.intake.settings import IntakeSettings
 from svc.pdp import BundleError, Engine, RequestError
 from svc.pdp.log_settings import DecisionLogSettings
@@ -349,15 +349,6 @@ history_app = typer.Typer(
 )
 app.add_typer(history_app, name="history")
 
-HistoryDsnOpt = Annotated[
-    str,
-    typer.Option(
-        "--dsn",
-        envvar="SVC_HISTORY_DSN",
-        help="chdb:///DIR (embedded; ?database=NAME optional) or http(s)://HOST:8123/DATABASE.",
-    ),
-]
-
 
 def _history_client(dsn: str, create_database: bool = False) -> Any:
     """`svc.history.connect(dsn)`, or exits with the problem (code 2)."""
@@ -370,11 +361,14 @@ def _history_client(dsn: str, create_database: bool = False) -> Any:
 
 
 @history_app.command("migrate")
-def history_migrate(dsn: HistoryDsnOpt) -> None:
+@settings_command(
+    "svc history migrate", store=Options(HistoryStoreSettings, names={"dsn": "--dsn"})
+)
+def history_migrate(store: HistoryStoreSettings) -> None:
     """Apply the history schema (the per-release schema job; idempotent, docs/history.md#schema)."""
     from svc import history
 
-    applied = history.migrate(_history_client(dsn, create_database=True))
+    applied = history.migrate(_history_client(store.dsn, create_database=True))
     typer.echo(f"applied versions {applied}" if applied else "history schema is up to date")
 
 

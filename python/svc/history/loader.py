@@ -81,6 +81,7 @@ __all__ = [
     "DEFAULT_GROUP",
     "EVENTS_TOPIC",
     "Batch",
+    "HistoryStoreSettings",
     "Loader",
     "LoaderHealth",
     "LoaderHealthSettings",
@@ -177,12 +178,24 @@ class LoaderHealthSettings(ComponentSettings, component="history"):
     (unread plus read but not stored); ``0`` turns this check off."""
 
 
-class LoaderSettings(LoaderHealthSettings):
+class HistoryStoreSettings(ComponentSettings, component="history"):
+    """Where the history is stored: ``SVC_HISTORY_DSN`` (``svc history migrate`` and ``load``).
+
+    Raises:
+        pydantic.ValidationError: the DSN is not set.
+
+    """
+
+    dsn: str
+    """chdb:///DIR (embedded; ?database=NAME optional) or http(s)://HOST:8123/DATABASE."""
+
+
+class LoaderSettings(HistoryStoreSettings, LoaderHealthSettings):
     """Settings of ``svc history load`` (docs/history.md#loader): ``SVC_HISTORY_<NAME>``.
 
-    The health settings it derives from, and what the loader reads and where it stores it. The
-    broker comes from ``SVC_KAFKA_URL`` and the retention from ``SVC_ANALYTICS_RETENTION_*``
-    (the chart's ``analytics.retentionDays``).
+    The store and the health settings it derives from, and what the loader reads. The broker
+    comes from ``SVC_KAFKA_URL`` and the retention from ``SVC_ANALYTICS_RETENTION_*`` (the
+    chart's ``analytics.retentionDays``).
 
     Raises:
         pydantic.ValidationError: the store or the broker is not set, the broker URL does
@@ -190,8 +203,6 @@ class LoaderSettings(LoaderHealthSettings):
 
     """
 
-    dsn: str
-    """chdb:///DIR (embedded; ?database=NAME optional) or http(s)://HOST:8123/DATABASE."""
     kafka_url: str = kafka_url_field(...)
     """Broker: kafka://host:port or host:port."""
     retention_days: int = Field(

@@ -25,6 +25,11 @@ Commands:
   the history and stops (``--serve`` keeps it running).
 * ``svc version``: print the release.
 
+The options of ``svc pdp``, ``svc intake``, ``svc history`` and the ``--log-*`` ones of ``svc up``
+are made from the components' settings classes (``svc.common.cli.settings_command``): each
+option's environment variable, default and help are its field's, and a given option wins over
+the environment, which wins over the default.
+
 Exit codes: 0 decision printed (whatever the verdict, unless ``--exit-code``), 1 with
 ``--exit-code`` when the verdict is not ``allow``, 2 bad input (bundle or request), with the
 problem on standard error.

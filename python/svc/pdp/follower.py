@@ -7,7 +7,8 @@ the engine's bundle (``Engine.load_bundle``, atomic) and sets the engine's mode
 (``Engine.set_mode``). A bundle whose signature does not verify, or that does not load, is never
 served: the last verified bundle keeps serving, and ``status`` (and, when a ``Server`` is given,
 ``/readyz`` and the ``svc_pdp_bundle_error`` metric through ``Server.bundle_reloaded``) says
-why. When the stream drops, the follower keeps serving what it has and reconnects with
+why. The first verified bundle marks the listener's bundle as loaded (``Server.set_ready``);
+the containment list's readiness is its own feed's to set. When the stream drops, the follower keeps serving what it has and reconnects with
 exponential backoff (``backoff_secs`` doubling up to ``max_backoff_secs``); the first message of
 a new stream is the active state, so it catches up at once.
 """
@@ -146,7 +147,11 @@ class Follower:
             self.on_change(self.status)
 
     def _report(self, error: str | None) -> None:
+        """Tells the listener: a verified swap marks the bundle loaded (``/readyz``); an error
+        shows in ``/readyz`` and ``svc_pdp_bundle_error`` until the next good swap."""
         if self.server is not None and self.server.running:
+            if error is None:
+                self.server.set_ready(bundle=True)
             self.server.bundle_reloaded(error)
 
     def _apply(self, state: pb.ActiveState) -> None:

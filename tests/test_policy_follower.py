@@ -1,0 +1,114 @@
+"""The decision-point follower (svc.pdp.follower) against a real policy service and a real
+in-process Engine served by a real decision-point listener."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+from sqlalchemy import Engine as SqlEngine
+from sqlalchemy import text
+from test_policy import (  # noqa: F401  (fixtures)
+    CLOSED_ONLY,
+    ENTITIES,
+    PUBLIC_ONLY,
+    SCHEMA,
+    admin_key,
+    pg,
+    server,
+)
+
+from svc.pdp import Engine, Server
+from svc.pdp.follower import Follower, bundle_sources
+from svc.policy import signing
+from svc.policy.app import PolicyServer
+from svc.policy.settings import PolicySettings
+
+
+def verdict(engine: Engine, doc: str) -> str:
+    return engine.evaluate(
+        {
+            "principal": {"type": "User", "id": "alice"},
+            "action": "view",
+            "resource": {"type": "Doc", "id": doc},
+        }
+    )["verdict"]
+
+
+def test_bundle_sources_split_a_bundle_as_a_directory_would() -> None:
+    policies, schema, entities, links = bundle_sources(
+        {**PUBLIC_ONLY, "README.md": "ignored", "linked": "[]"}
+    )
+    assert policies == {"p.cedar": PUBLIC_ONLY["p.cedar"]}
+    assert (schema, entities, links) == (SCHEMA, ENTITIES, "[]")
+
+
+def test_follower_swaps_on_publish_keeps_old_bundle_on_bad_signature_and_catches_up(
+    server: PolicyServer, pg: SqlEngine, tmp_path: Path
+) -> None:
+    service = server.service
+    engine = Engine("forbid (principal, action, resource);", SCHEMA, ENTITIES)
+    pdp = Server(engine, port=0, workers=1)
+    pdp.start()
+    pdp.set_ready(containments=True)  # no containment feed here: only the bundle is awaited
+    follower = Follower(engine, server.target, service.public_key, server=pdp).start()
+    try:
+        follower.wait_for(lambda s: s.connected and s.mode == "enforce")
+        assert verdict(engine, "open") == "deny"
+        assert httpx.get(f"http://127.0.0.1:{pdp.port}/readyz").status_code == 503
+
+        # A publish is verified and swapped in.
+        v1 = service.create_draft(PUBLIC_ONLY, "ana").version
+        service.publish(v1, "ana")
+        follower.wait_for(lambda s: s.version == v1)
+        assert (verdict(engine, "open"), verdict(engine, "closed")) == ("allow", "deny")
+        assert httpx.get(f"http://127.0.0.1:{pdp.port}/readyz").json()["ready"] is True
+
+        # A bundle whose stored signature was made by another key is refused; v1 keeps serving.
+        v2 = service.create_draft(CLOSED_ONLY, "ana").version
+        forger = signing.generate_keypair(tmp_path / "forger")
+        assert forger != service.public_key
+        forged = signing.sign_bundle(
+            signing.load_private_key(tmp_path / "forger"), v2, CLOSED_ONLY
+        )
+        with pg.begin() as c:
+            c.execute(
+                text("UPDATE bundles SET signature = :s WHERE version = :v"),
+                {"s": forged, "v": v2},
+            )
+        service.publish(v2, "ana")
+        status = follower.wait_for(lambda s: s.refused == 1)
+        assert status.version == v1 and "does not verify" in status.error
+        assert (verdict(engine, "open"), verdict(engine, "closed")) == ("allow", "deny")
+        ready = httpx.get(f"http://127.0.0.1:{pdp.port}/readyz").json()
+        assert "does not verify" in ready["bundle_error"]
+        metrics = httpx.get(f"http://127.0.0.1:{pdp.port}/metrics").text
+        assert "svc_pdp_bundle_error 1" in metrics
+
+        # The mode follows SetEnforcement.
+        service.set_enforcement("install", "monitor", "ana")
+        follower.wait_for(lambda s: s.mode == "monitor")
+        assert engine.mode == "monitor"
+
+        # The stream drops; the follower keeps serving, reconnects and catches up.
+        port = server.port
+        server.stop()
+        follower.wait_for(lambda s: not s.connected)
+        assert verdict(engine, "open") == "allow"
+        v3 = service.create_draft(CLOSED_ONLY, "ana", comment="fixed").version
+        service.publish(v3, "ana")
+        again = PolicyServer(
+            PolicySettings(port=port, data_dir=server.settings.data_dir), service
+        ).start()
+        try:
+            status = follower.wait_for(lambda s: s.version == v3)
+            assert status.reconnects >= 1 and status.error == ""
+            assert (verdict(engine, "open"), verdict(engine, "closed")) == ("deny", "allow")
+            ready = httpx.get(f"http://127.0.0.1:{pdp.port}/readyz").json()
+            assert "bundle_error" not in ready
+        finally:
+            follower.stop()
+            again.stop()
+    finally:
+        follower.stop()
+        pdp.stop()

@@ -304,9 +304,7 @@ def test_enforcement_changes_are_recorded(stub: pb_grpc.PolicyServiceStub) -> No
     )
     assert not again.HasField("change")
     stub.SetEnforcement(
-        pb.SetEnforcementRequest(
-            scope=pb.MODE_SCOPE_CONTAINMENT, mode=pb.MODE_MONITOR, author="bo"
-        )
+        pb.SetEnforcementRequest(scope=pb.MODE_SCOPE_CONTAINMENT, mode=pb.MODE_MONITOR, author="bo")
     )
     changes = stub.ListEnforcementChanges(pb.ListEnforcementChangesRequest()).changes
     assert [(c.author, c.scope, c.to_mode) for c in changes] == [
@@ -442,7 +440,14 @@ server.stop()
 def test_dry_run_counts_verdict_changes_of_recorded_decisions(tmp_path: Path) -> None:
     # Its own process: chDB opens one directory per process, and other tests hold theirs.
     child = subprocess.run(
-        [sys.executable, "-c", DRY_RUN, str(tmp_path), json.dumps(PUBLIC_ONLY), json.dumps(CLOSED_ONLY)],
+        [
+            sys.executable,
+            "-c",
+            DRY_RUN,
+            str(tmp_path),
+            json.dumps(PUBLIC_ONLY),
+            json.dumps(CLOSED_ONLY),
+        ],
         capture_output=True,
         text=True,
         check=False,

@@ -8,21 +8,13 @@ from pathlib import Path
 import httpx
 from sqlalchemy import Engine as SqlEngine
 from sqlalchemy import text
-from test_policy import (  # noqa: F401  (fixtures)
-    CLOSED_ONLY,
-    ENTITIES,
-    PUBLIC_ONLY,
-    SCHEMA,
-    admin_key,
-    pg,
-    server,
-)
 
 from svc.pdp import Engine, Server
 from svc.pdp.follower import Follower, bundle_sources
 from svc.policy import signing
 from svc.policy.app import PolicyServer
 from svc.policy.settings import PolicySettings
+from test_policy import CLOSED_ONLY, ENTITIES, PUBLIC_ONLY, SCHEMA, admin_key, pg, server  # noqa: F401  (fixtures used by name)
 
 
 def verdict(engine: Engine, doc: str) -> str:
@@ -44,7 +36,9 @@ def test_bundle_sources_split_a_bundle_as_a_directory_would() -> None:
 
 
 def test_follower_swaps_on_publish_keeps_old_bundle_on_bad_signature_and_catches_up(
-    server: PolicyServer, pg: SqlEngine, tmp_path: Path
+    server: PolicyServer,  # noqa: F811
+    pg: SqlEngine,  # noqa: F811
+    tmp_path: Path,
 ) -> None:
     service = server.service
     engine = Engine("forbid (principal, action, resource);", SCHEMA, ENTITIES)
@@ -68,9 +62,7 @@ def test_follower_swaps_on_publish_keeps_old_bundle_on_bad_signature_and_catches
         v2 = service.create_draft(CLOSED_ONLY, "ana").version
         forger = signing.generate_keypair(tmp_path / "forger")
         assert forger != service.public_key
-        forged = signing.sign_bundle(
-            signing.load_private_key(tmp_path / "forger"), v2, CLOSED_ONLY
-        )
+        forged = signing.sign_bundle(signing.load_private_key(tmp_path / "forger"), v2, CLOSED_ONLY)
         with pg.begin() as c:
             c.execute(
                 text("UPDATE bundles SET signature = :s WHERE version = :v"),

@@ -8,9 +8,10 @@ the engine's bundle (``Engine.load_bundle``, atomic) and sets the engine's mode
 served: the last verified bundle keeps serving, and ``status`` (and, when a ``Server`` is given,
 ``/readyz`` and the ``svc_pdp_bundle_error`` metric through ``Server.bundle_reloaded``) says
 why. The first verified bundle marks the listener's bundle as loaded (``Server.set_ready``);
-the containment list's readiness is its own feed's to set. When the stream drops, the follower keeps serving what it has and reconnects with
-exponential backoff (``backoff_secs`` doubling up to ``max_backoff_secs``); the first message of
-a new stream is the active state, so it catches up at once.
+the containment list's readiness is its own feed's to set. When the stream drops, the follower
+keeps serving what it has and reconnects with exponential backoff (``backoff_secs`` doubling
+up to ``max_backoff_secs``); the first message of a new stream is the active state, so it
+catches up at once.
 """
 
 from __future__ import annotations
@@ -132,9 +133,11 @@ class Follower:
         self._thread.join()
 
     def wait_for(self, predicate: Callable[[FollowerStatus], bool]) -> FollowerStatus:
-        """Blocks until ``predicate(status)`` holds (checked after every change); returns the
-        status. There is no time limit: callers decide how long to wait for their test or
-        start-up by what they wait for."""
+        """Blocks until ``predicate(status)`` holds (checked after every change).
+
+        Returns the status. There is no time limit: callers decide how long to wait for their
+        test or start-up by what they wait for.
+        """
         with self._cond:
             self._cond.wait_for(lambda: predicate(self.status) or self._stop.is_set())
             return self.status
@@ -147,8 +150,11 @@ class Follower:
             self.on_change(self.status)
 
     def _report(self, error: str | None) -> None:
-        """Tells the listener: a verified swap marks the bundle loaded (``/readyz``); an error
-        shows in ``/readyz`` and ``svc_pdp_bundle_error`` until the next good swap."""
+        """Tells the listener about a swap (``None``) or a refusal (its text).
+
+        A verified swap marks the bundle loaded (``/readyz``); an error shows in ``/readyz``
+        and ``svc_pdp_bundle_error`` until the next good swap.
+        """
         if self.server is not None and self.server.running:
             if error is None:
                 self.server.set_ready(bundle=True)
@@ -167,7 +173,9 @@ class Follower:
                 except (signing.SignatureError, BundleError) as e:
                     self.status.refused += 1
                     self.status.error = f"bundle version {b.version} refused: {e}"
-                    log.error("%s; version %d keeps serving", self.status.error, self.status.version)
+                    log.error(
+                        "%s; version %d keeps serving", self.status.error, self.status.version
+                    )
                     self._report(self.status.error)
                     self._changed(f"refused {b.version}")
                 else:
@@ -192,7 +200,7 @@ class Follower:
         delay = self.backoff_secs
         while not self._stop.is_set():
             channel = grpc.insecure_channel(self.target)
-            stub = pb_grpc.PolicyServiceStub(channel)
+            stub = pb_grpc.PolicyServiceStub(channel)  # type: ignore[no-untyped-call]
             try:
                 call = stub.WatchActive(pb.WatchActiveRequest())
                 with self._cond:

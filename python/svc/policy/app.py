@@ -53,10 +53,10 @@ def health_app(service: PolicyService, metrics: PolicyMetrics) -> FastAPI:
     """
     app = FastAPI(title="svc-policy", version=__version__, docs_url=None, redoc_url=None)
     web.install(app)
-    app.add_exception_handler(Problem, lambda _r, e: problem_response(e))  # type: ignore[arg-type,return-value]
+    app.add_exception_handler(Problem, lambda _r, e: problem_response(e))
     app.add_exception_handler(
         StarletteHTTPException,
-        lambda _r, e: http_exception_problem(e),  # type: ignore[arg-type]
+        lambda _r, e: http_exception_problem(e),
     )
 
     @app.get("/healthz")
@@ -113,7 +113,7 @@ def create_app(service: PolicyService) -> Callable[[Scope, Receive, Send], Any]:
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"].startswith(prefix):
-            await grpc_app(scope, receive, send)  # type: ignore[arg-type]
+            await grpc_app(scope, receive, send)
         else:
             await http_app(scope, receive, send)
 

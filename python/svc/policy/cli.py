@@ -66,7 +66,9 @@ def parse_since(text: str, now: datetime | None = None) -> datetime:
     m = _DURATION.match(text.strip())
     if m:
         n, unit = int(m.group(1)), m.group(2)
-        return now - timedelta(**{{"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}[unit]: n})
+        return now - timedelta(
+            **{{"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}[unit]: n}
+        )
     try:
         t = datetime.fromisoformat(text)
     except ValueError:
@@ -77,7 +79,7 @@ def parse_since(text: str, now: datetime | None = None) -> datetime:
 
 
 def _stub(url: str) -> pb_grpc.PolicyServiceStub:
-    return pb_grpc.PolicyServiceStub(grpc.insecure_channel(target(url)))
+    return pb_grpc.PolicyServiceStub(grpc.insecure_channel(target(url)))  # type: ignore[no-untyped-call]
 
 
 def _call(fn: Any, request: Any) -> Any:
@@ -147,7 +149,7 @@ def serve(
     from svc.policy.app import serve as run
     from svc.policy.settings import PolicySettings
 
-    given = {
+    given: dict[str, Any] = {
         "host": host,
         "port": port,
         "database_url": database_url,

@@ -74,9 +74,12 @@ _MAX_LIST = 1000
 
 @dataclass(frozen=True)
 class Violation:
-    """One problem of a refused request: ``field`` is ``file:line:column`` for a bundle problem
+    """One problem of a refused request.
+
+    ``field`` is ``file:line:column`` for a bundle problem
     (``file`` alone when Cedar gives no position), else the request field; ``description`` the
-    message (with ``policy `name`:`` in front when the problem belongs to a policy)."""
+    message (with ``policy `name`:`` in front when the problem belongs to a policy).
+    """
 
     field: str
     description: str
@@ -84,9 +87,12 @@ class Violation:
 
 @dataclass(eq=False)
 class PolicyError(Exception):
-    """A refused operation. ``code`` is the gRPC status the transport answers
+    """A refused operation.
+
+    ``code`` is the gRPC status the transport answers
     (https://grpc.io/docs/guides/status-codes/); ``violations`` names every bad field or bundle
-    problem (a ``google.rpc.BadRequest`` on the wire)."""
+    problem (a ``google.rpc.BadRequest`` on the wire).
+    """
 
     code: Code
     message: str
@@ -99,9 +105,12 @@ class PolicyError(Exception):
 
 @dataclass(frozen=True)
 class BundleInfo:
-    """A stored bundle. ``state`` is ``draft``, ``active`` or ``superseded``; ``files`` maps
+    """A stored bundle.
+
+    ``state`` is ``draft``, ``active`` or ``superseded``; ``files`` maps
     name to text (empty in listings); ``digest`` is hex SHA-256 of the canonical form;
-    ``signature`` is empty until the first publish."""
+    ``signature`` is empty until the first publish.
+    """
 
     version: int
     state: str
@@ -151,8 +160,10 @@ class OutageFallback:
 
 @dataclass(frozen=True)
 class ChangedDecision:
-    """A recorded decision the draft decides differently (or cannot decide: ``draft`` is
-    ``error`` and ``error`` says why)."""
+    """A recorded decision the draft decides differently.
+
+    Or cannot decide: ``draft`` is ``error`` and ``error`` says why.
+    """
 
     qid: str
     at: datetime
@@ -218,8 +229,9 @@ def _fallback(row: OutageFallbackRow) -> OutageFallback:
 
 
 def bundle_engine(files: Mapping[str, str]) -> Engine:
-    """A decision engine loaded from a bundle's files, exactly as ``svc pdp --bundle DIR`` would
-    load them (docs/bundles.md): the files are written to a temporary directory and read with
+    """A decision engine loaded from a bundle's files, as ``svc pdp --bundle DIR`` loads them.
+
+    The files (docs/bundles.md) are written to a temporary directory and read with
     ``Engine.from_bundle_dir``, so problems name the files as the author wrote them.
 
     Raises:
@@ -290,13 +302,9 @@ class PolicyService:
         self.clock = clock
         if db is None:
             connect_args = (
-                {"check_same_thread": False}
-                if settings.database_url.startswith("sqlite")
-                else {}
+                {"check_same_thread": False} if settings.database_url.startswith("sqlite") else {}
             )
-            db = create_engine(
-                settings.database_url, connect_args=connect_args, pool_pre_ping=True
-            )
+            db = create_engine(settings.database_url, connect_args=connect_args, pool_pre_ping=True)
         self.db = db
         self.revision = migrate(db)
         path = settings.signing_key_path
@@ -317,8 +325,10 @@ class PolicyService:
     # -- subscribers
 
     def subscribe(self, callback: Callable[[], None]) -> Callable[[], None]:
-        """Calls ``callback()`` (from the changing thread) after every change of the active
-        bundle or a mode; returns the function that unsubscribes it."""
+        """Calls ``callback()`` after every change of the active bundle or a mode.
+
+        The callback runs in the changing thread; returns the function that unsubscribes it.
+        """
         with self._lock:
             self._subscribers.append(callback)
 
@@ -340,9 +350,7 @@ class PolicyService:
 
     # -- bundles
 
-    def create_draft(
-        self, files: Mapping[str, str], author: str, comment: str = ""
-    ) -> BundleInfo:
+    def create_draft(self, files: Mapping[str, str], author: str, comment: str = "") -> BundleInfo:
         """Validates a bundle and stores it as a draft with the next version.
 
         Args:
@@ -573,8 +581,10 @@ class PolicyService:
     # -- outage fallbacks
 
     def get_outage_fallback(self, tool: str = "") -> list[OutageFallback]:
-        """The tier for one tool (its own entry, else ``<upstream>/*``, else ``*``, else the
-        built-in ``fail_closed``), or every entry sorted by pattern when ``tool`` is empty.
+        """The outage tier of one tool, or every entry when ``tool`` is empty.
+
+        For a tool: its own entry, else ``<upstream>/*``, else ``*``, else the built-in
+        ``fail_closed``. Every entry: sorted by pattern.
 
         Raises:
             PolicyError: ``invalid_argument`` for a tool that is not ``<upstream>/<tool>``.
@@ -608,7 +618,9 @@ class PolicyService:
         """
         bad = []
         if not _TOOL.match(tool):
-            bad.append(Violation("tool", f"`{tool}`: expected <upstream>/<tool>, <upstream>/* or *"))
+            bad.append(
+                Violation("tool", f"`{tool}`: expected <upstream>/<tool>, <upstream>/* or *")
+            )
         if tier not in TIERS:
             bad.append(Violation("tier", f"`{tier}`: expected one of {', '.join(TIERS)}"))
         if not author.strip():
@@ -830,4 +842,3 @@ def _limit(limit: int) -> int:
             "invalid_argument", f"limit {limit}", [Violation("limit", "0 to 1000 (0 means 100)")]
         )
     return limit or 100
-

@@ -1,4 +1,4 @@
-"""Bundle signatures and break-glass signatures: Ed25519 (RFC 8032) with ``cryptography``.
+r"""Bundle signatures and break-glass signatures: Ed25519 (RFC 8032) with ``cryptography``.
 
 What is signed (docs/bundles.md#signed-bundles): the SHA-256 digest of a bundle's canonical
 form, which is the text ::
@@ -9,7 +9,7 @@ form, which is the text ::
     <sha256 hex of file 2's UTF-8 bytes>  <file 2's name>
     ...
 
-one line each, ``\\n``-terminated, files sorted by the UTF-8 bytes of their names. Names are
+one line each, ``\n``-terminated, files sorted by the UTF-8 bytes of their names. Names are
 flat (no ``/``), hold no control characters, and are unique, so the form is unambiguous. The
 policy service signs on publish (``sign_bundle``); a decision point checks with ``verify``
 before it serves a bundle (``svc.pdp.follower``).
@@ -68,8 +68,9 @@ class SignatureError(ValueError):
 
 
 def check_file_name(name: str) -> None:
-    """Checks a bundle file name: 1 to 255 characters, no ``/`` or ``\\``, no control
-    characters, not ``.`` or ``..``.
+    r"""Checks a bundle file name.
+
+    1 to 255 characters, no ``/`` or ``\``, no control characters, not ``.`` or ``..``.
 
     Raises:
         ValueError: naming what is wrong.

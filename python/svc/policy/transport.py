@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -57,14 +57,17 @@ _CODES: dict[str, Code] = {
     "permission_denied": Code.PERMISSION_DENIED,
     "unavailable": Code.UNAVAILABLE,
 }
-_STATES = {
+_STATES: dict[str, Any] = {
     "draft": pb.BUNDLE_STATE_DRAFT,
     "active": pb.BUNDLE_STATE_ACTIVE,
     "superseded": pb.BUNDLE_STATE_SUPERSEDED,
 }
-_MODES = {"enforce": pb.MODE_ENFORCE, "monitor": pb.MODE_MONITOR}
-_SCOPES = {"install": pb.MODE_SCOPE_INSTALL, "containment": pb.MODE_SCOPE_CONTAINMENT}
-_TIERS = {
+_MODES: dict[str, Any] = {"enforce": pb.MODE_ENFORCE, "monitor": pb.MODE_MONITOR}
+_SCOPES: dict[str, Any] = {
+    "install": pb.MODE_SCOPE_INSTALL,
+    "containment": pb.MODE_SCOPE_CONTAINMENT,
+}
+_TIERS: dict[str, Any] = {
     "fail_closed": pb.OUTAGE_TIER_FAIL_CLOSED,
     "cached": pb.OUTAGE_TIER_CACHED,
     "fail_open": pb.OUTAGE_TIER_FAIL_OPEN,
@@ -80,7 +83,7 @@ def timestamp(t: datetime | None) -> Timestamp | None:
     return ts
 
 
-def mode_value(mode: str) -> int:
+def mode_value(mode: str) -> Any:
     """``enforce``/``monitor`` as the ``Mode`` enum value."""
     return _MODES.get(mode, pb.MODE_UNSPECIFIED)
 
@@ -90,7 +93,7 @@ def mode_name(value: int) -> str:
     return {v: k for k, v in _MODES.items()}.get(value, "")
 
 
-def _name(table: dict[str, int], value: int) -> str:
+def _name(table: Mapping[str, Any], value: int) -> str:
     return {v: k for k, v in table.items()}.get(value, "")
 
 
@@ -332,12 +335,18 @@ class _Handlers:
             ],
         )
 
-    async def WatchActive(self, req: pb.WatchActiveRequest) -> AsyncIterator[pb.WatchActiveResponse]:
+    async def WatchActive(
+        self, req: pb.WatchActiveRequest
+    ) -> AsyncIterator[pb.WatchActiveResponse]:
         """The active state now, then on every change, with heartbeats (docs/policy.md)."""
         loop = asyncio.get_running_loop()
         changed = asyncio.Event()
         settings = self.service.settings
-        unsubscribe = self.service.subscribe(lambda: loop.call_soon_threadsafe(changed.set))
+
+        def wake() -> None:
+            loop.call_soon_threadsafe(changed.set)
+
+        unsubscribe = self.service.subscribe(wake)
         self.metrics.watchers.inc()
         self.metrics.calls.labels("WatchActive", "ok").inc()
         try:
@@ -373,10 +382,10 @@ class _Handlers:
             self.metrics.watchers.dec()
 
 
-def _endpoints(handlers: _Handlers) -> dict[str, Endpoint[Any, Any]]:
+def _endpoints(handlers: _Handlers) -> dict[str, Any]:
     """One connectrpc endpoint per method of the proto's service, from its descriptor."""
     desc = pb.DESCRIPTOR.services_by_name["PolicyService"]
-    out: dict[str, Endpoint[Any, Any]] = {}
+    out: dict[str, Any] = {}
     for m in desc.methods:
         fn = getattr(handlers, m.name, None)
         if fn is None:

@@ -1,5 +1,8 @@
-"""Alembic environment of the policy service: runs on the connection ``svc.policy.migrate``
-passes in ``config.attributes["connection"]`` (online mode only)."""
+"""Alembic environment of the policy service.
+
+Runs on the connection ``svc.policy.migrate`` passes in ``config.attributes["connection"]``
+(online mode only).
+"""
 
 from __future__ import annotations
 

@@ -334,6 +334,14 @@ def test_outage_fallback_most_specific_pattern_wins(stub: pb_grpc.PolicyServiceS
     assert {f for f, _ in violations(err.value)} == {"tool", "tier"}
 
 
+def test_one_connection_carries_more_calls_than_hypercorns_default_limit(
+    stub: pb_grpc.PolicyServiceStub,
+) -> None:
+    # Hypercorn's default closes a connection after 1,000 requests and fails the call in flight.
+    for _ in range(1500):
+        assert stub.GetEnforcement(pb.GetEnforcementRequest()).enforcement.mode == pb.MODE_ENFORCE
+
+
 # --------------------------------------------------------------------------------- migrations
 
 

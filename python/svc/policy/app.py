@@ -124,6 +124,12 @@ def _config(sock: socket.socket) -> Config:
     cfg = Config()
     cfg.bind = [f"fd://{sock.fileno()}"]
     cfg.graceful_timeout = 1.0  # WatchActive streams never end on their own
+    # Hypercorn closes a connection after 1,000 requests by default, and on HTTP/2 its GOAWAY
+    # fails the call in flight (grpcio reports UNAVAILABLE): gRPC clients keep one connection
+    # for everything, so there is no per-connection request limit here.
+    cfg.keep_alive_max_requests = 2**62
+    # Idle HTTP/2 connections (no stream open) close after this; clients reconnect on use.
+    cfg.keep_alive_timeout = 75.0
     cfg.accesslog = None
     cfg.errorlog = logging.getLogger("svc.policy.http")
     return cfg

@@ -120,9 +120,9 @@ def create_app(service: PolicyService) -> Callable[[Scope, Receive, Send], Any]:
     return app
 
 
-def _config(sock: socket.socket) -> Config:
+def _config(fd: int) -> Config:
     cfg = Config()
-    cfg.bind = [f"fd://{sock.fileno()}"]
+    cfg.bind = [f"fd://{fd}"]
     cfg.graceful_timeout = 1.0  # WatchActive streams never end on their own
     # Hypercorn closes a connection after 1,000 requests by default, and on HTTP/2 its GOAWAY
     # fails the call in flight (grpcio reports UNAVAILABLE): gRPC clients keep one connection
@@ -168,7 +168,8 @@ def serve(
     app = create_app(service)
     sock = _listen(settings.host, settings.port)
     port = int(sock.getsockname()[1])
-    cfg = _config(sock)
+    # Hypercorn takes the descriptor over (its socket closes it at shutdown).
+    cfg = _config(sock.detach())
     log.info("svc-policy listening on %s:%d", settings.host, port)
     if ready is not None:
         ready(port)
@@ -186,10 +187,7 @@ def serve(
             trigger = done.wait
         await hypercorn_serve(app, cfg, shutdown_trigger=trigger)  # type: ignore[arg-type]
 
-    try:
-        asyncio.run(main())
-    finally:
-        sock.close()
+    asyncio.run(main())
 
 
 class PolicyServer:

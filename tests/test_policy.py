@@ -234,6 +234,21 @@ def test_verify_refuses_tampered_bundles(tmp_path: Path) -> None:
     ]
 
 
+def test_a_new_signing_key_signs_again_what_it_serves(pg: SqlEngine, tmp_path: Path) -> None:
+    first = PolicyService(PolicySettings(data_dir=tmp_path / "a"), db=pg)
+    v1 = first.create_draft(PUBLIC_ONLY, "ana").version
+    v2 = first.create_draft(CLOSED_ONLY, "ana").version
+    first.publish(v1, "ana")
+    first.publish(v2, "ana")
+    rotated = PolicyService(PolicySettings(data_dir=tmp_path / "b"), db=pg)
+    assert rotated.key_id != first.key_id
+    active = rotated.get_active()
+    assert active is not None and active.key_id == rotated.key_id
+    signing.verify(rotated.public_key, active.version, active.files, active.signature)
+    again = rotated.publish(v1, "ana")  # signed by the old key: signed again on publish
+    signing.verify(rotated.public_key, again.version, again.files, again.signature)
+
+
 # -------------------------------------------------------------------------------- break glass
 
 

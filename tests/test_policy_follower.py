@@ -3,6 +3,7 @@ in-process Engine served by a real decision-point listener."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import httpx
@@ -11,7 +12,6 @@ from sqlalchemy import text
 
 from svc.pdp import Engine, Server
 from svc.pdp.follower import Follower, bundle_sources
-from svc.policy import signing
 from svc.policy.app import PolicyServer
 from svc.policy.settings import PolicySettings
 from test_policy import CLOSED_ONLY, ENTITIES, PUBLIC_ONLY, SCHEMA, admin_key, pg, server  # noqa: F401  (fixtures used by name)
@@ -58,15 +58,20 @@ def test_follower_swaps_on_publish_keeps_old_bundle_on_bad_signature_and_catches
         assert (verdict(engine, "open"), verdict(engine, "closed")) == ("allow", "deny")
         assert httpx.get(f"http://127.0.0.1:{pdp.port}/readyz").json()["ready"] is True
 
-        # A bundle whose stored signature was made by another key is refused; v1 keeps serving.
+        # v2 is published and served, then v1 again.
         v2 = service.create_draft(CLOSED_ONLY, "ana").version
-        forger = signing.generate_keypair(tmp_path / "forger")
-        assert forger != service.public_key
-        forged = signing.sign_bundle(signing.load_private_key(tmp_path / "forger"), v2, CLOSED_ONLY)
+        service.publish(v2, "ana")
+        follower.wait_for(lambda s: s.version == v2)
+        service.publish(v1, "ana")
+        follower.wait_for(lambda s: s.version == v1 and s.swaps == 3)
+
+        # Someone alters v2's stored files after it was signed; publishing it again sends the
+        # altered files with the old signature. Refused: v1 keeps serving.
+        tampered = {**CLOSED_ONLY, "p.cedar": "permit (principal, action, resource);"}
         with pg.begin() as c:
             c.execute(
-                text("UPDATE bundles SET signature = :s WHERE version = :v"),
-                {"s": forged, "v": v2},
+                text("UPDATE bundles SET files = :f WHERE version = :v"),
+                {"f": json.dumps(tampered), "v": v2},
             )
         service.publish(v2, "ana")
         status = follower.wait_for(lambda s: s.refused == 1)

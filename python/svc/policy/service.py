@@ -284,7 +284,8 @@ class PolicyService:
         clock: Unix time in seconds (tests of the break-glass window).
 
     On construction the database is migrated (``svc.policy.migrate``) and the signing key is
-    read, or made at ``settings.signing_key_path`` when that file does not exist.
+    read, or made at ``settings.signing_key_path`` when that file does not exist; an active
+    bundle signed by another key (a rotation) is signed again with this one.
 
     Raises:
         sqlalchemy.exc.SQLAlchemyError: the database cannot be reached or migrated.
@@ -321,6 +322,24 @@ class PolicyService:
         self._subscribers: list[Callable[[], None]] = []
         self._write = threading.Lock()
         self.break_glass_refused = 0
+        self._resign_active()
+
+    def _resign_active(self) -> None:
+        """Signs the active bundle again when another key signed it (a key rotation).
+
+        Decision points given the new public key can then verify what they are sent.
+        """
+        with self._write, Session(self.db) as s:
+            row = s.exec(select(BundleRow).where(BundleRow.state == "active")).first()
+            if row is None or row.key_id == self.key_id:
+                return
+            row.signature = signing.sign_bundle(self._key, row.version, dict(row.files))
+            row.key_id = self.key_id
+            s.add(row)
+            s.commit()
+            log.warning(
+                "the active bundle %d is signed again with key %s", row.version, self.key_id
+            )
 
     # -- subscribers
 
@@ -423,10 +442,11 @@ class PolicyService:
         raise PolicyError("unavailable", "could not assign a version; try again")
 
     def publish(self, version: int, author: str) -> BundleInfo:
-        """Signs bundle ``version`` (on its first publish) and makes it the active bundle.
+        """Signs bundle ``version`` and makes it the active bundle.
 
-        The bundle active before becomes ``superseded``. Publishing the active version again
-        changes nothing. Watchers are told.
+        A bundle is signed on its first publish, and again when the service's key changed since
+        (key rotation); otherwise its stored signature is kept. The bundle active before becomes
+        ``superseded``. Publishing the active version again changes nothing. Watchers are told.
 
         Raises:
             PolicyError: ``invalid_argument`` without an author; ``not_found`` for an unknown
@@ -452,7 +472,7 @@ class PolicyService:
                     f"bundle version {version} is a {row.state}; only "
                     f"{' or '.join(expect)} versions can be made active this way",
                 )
-            if not row.signature:
+            if not row.signature or row.key_id != self.key_id:  # first publish, or a new key
                 files = dict(row.files)
                 row.signature = signing.sign_bundle(self._key, version, files)
                 row.digest = signing.bundle_digest(version, files).hex()

@@ -381,6 +381,7 @@ def test_migrations_applied_twice_change_nothing(pg: SqlEngine) -> None:
     }
     assert migrate(pg) == HEAD
     assert shape() == before
+    assert "ux_bundles_one_active" in {i["name"] for i in inspect(pg).get_indexes("bundles")}
     with pg.connect() as c:
         assert c.execute(text("SELECT version_num FROM alembic_version")).all() == [(HEAD,)]
 

@@ -480,10 +480,16 @@ class PolicyService:
             for old in s.exec(select(BundleRow).where(BundleRow.state == "active")).all():
                 old.state = "superseded"
                 s.add(old)
+            s.flush()  # the old one leaves `active` first (one active bundle, a unique index)
             row.state = "active"
             row.published_at = _now()
             s.add(row)
-            s.commit()
+            try:
+                s.commit()
+            except IntegrityError:  # another replica made a bundle active meanwhile
+                raise PolicyError(
+                    "unavailable", "another publish happened at the same time; try again"
+                ) from None
             s.refresh(row)
             info = _bundle_info(row)
         self._notify()

@@ -15,6 +15,8 @@ from typing import Annotated, Any
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from svc.policy.signing import load_public_key
+
 __all__ = ["PolicySettings"]
 
 
@@ -84,8 +86,6 @@ class PolicySettings(BaseSettings):
     @classmethod
     def _check_keys(cls, v: dict[str, str]) -> dict[str, str]:
         """Every key parses as an Ed25519 public key."""
-        from svc.policy.signing import load_public_key
-
         for name, key in v.items():
             try:
                 load_public_key(key)

@@ -34,6 +34,16 @@ def upgrade() -> None:
         sa.Column("key_id", sa.String(64), nullable=False),
     )
     op.create_index("ix_bundles_state", "bundles", ["state"])
+    # At most one active bundle, even when replicas of the service publish at the same time.
+    active = sa.text("state = 'active'")
+    op.create_index(
+        "ux_bundles_one_active",
+        "bundles",
+        ["state"],
+        unique=True,
+        postgresql_where=active,
+        sqlite_where=active,
+    )
     op.create_table(
         "enforcement_changes",
         sa.Column("id", sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True),

@@ -13,6 +13,7 @@ from sqlalchemy import text
 from svc.pdp import Engine, Server
 from svc.pdp.follower import Follower, bundle_sources
 from svc.policy.app import PolicyServer
+from svc.policy.service import PolicyService
 from svc.policy.settings import PolicySettings
 from test_policy import CLOSED_ONLY, ENTITIES, PUBLIC_ONLY, SCHEMA, admin_key, pg, server  # noqa: F401  (fixtures used by name)
 
@@ -109,3 +110,23 @@ def test_follower_swaps_on_publish_keeps_old_bundle_on_bad_signature_and_catches
     finally:
         follower.stop()
         pdp.stop()
+
+
+def test_a_silent_stream_counts_as_lost_and_is_opened_again(
+    pg: SqlEngine,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    # Heartbeats far apart: after its first message the stream stays silent.
+    settings = PolicySettings(port=0, data_dir=tmp_path, heartbeat_secs=300, watch_poll_secs=60)
+    quiet = PolicyServer(settings, PolicyService(settings, db=pg)).start()
+    engine = Engine("forbid (principal, action, resource);", SCHEMA, ENTITIES)
+    follower = Follower(
+        engine, quiet.target, quiet.service.public_key, backoff_secs=0.05, stale_secs=0.3
+    ).start()
+    try:
+        status = follower.wait_for(lambda s: s.stale >= 2 and s.connected)
+        assert status.reconnects >= 2 and status.mode == "enforce"
+    finally:
+        follower.stop()
+        quiet.stop()
+        quiet.service.close()

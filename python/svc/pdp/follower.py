@@ -11,7 +11,9 @@ why. The first verified bundle marks the listener's bundle as loaded (``Server.s
 the containment list's readiness is its own feed's to set. When the stream drops, the follower
 keeps serving what it has and reconnects with exponential backoff (``backoff_secs`` doubling
 up to ``max_backoff_secs``); the first message of a new stream is the active state, so it
-catches up at once.
+catches up at once. A stream that stays silent longer than ``stale_secs`` (the service sends a
+heartbeat every few seconds) counts as lost too: a connection that died without closing is
+noticed.
 """
 
 from __future__ import annotations
@@ -73,6 +75,7 @@ class FollowerStatus:
     swaps: int = 0
     refused: int = 0
     reconnects: int = 0
+    stale: int = 0
     heartbeats: int = 0
     connected: bool = False
     error: str = ""
@@ -88,6 +91,8 @@ class Follower:
         public_key: the policy service's signing public key.
         server: the running decision point, whose ``/readyz`` and metrics report refusals.
         backoff_secs: first reconnect delay; doubles per failure up to ``max_backoff_secs``.
+        stale_secs: a stream without any message (state or heartbeat) for this long is taken
+            as lost and opened again; keep it a few times the service's ``heartbeat_secs``.
         on_change: called (from the follower's thread) after every swap, mode change or
             refusal, with the status (tests, logs).
 
@@ -101,6 +106,7 @@ class Follower:
         server: Server | None = None,
         backoff_secs: float = 0.2,
         max_backoff_secs: float = 10.0,
+        stale_secs: float = 15.0,
         on_change: Callable[[FollowerStatus], None] | None = None,
     ) -> None:
         self.engine = engine
@@ -109,6 +115,7 @@ class Follower:
         self.server = server
         self.backoff_secs = backoff_secs
         self.max_backoff_secs = max_backoff_secs
+        self.stale_secs = stale_secs
         self.on_change = on_change
         self.status = FollowerStatus()
         self._cond = threading.Condition()
@@ -196,9 +203,27 @@ class Follower:
             log.info("mode now %s", mode)
             self._changed(f"mode {mode}")
 
+    def _watch(self, call: grpc.Future) -> threading.Timer:
+        """A timer that cancels ``call`` when it stays silent for ``stale_secs``.
+
+        The service sends a heartbeat while nothing changes, so silence means a connection that
+        died without closing (a host gone, a partition): the stream counts as lost.
+        """
+
+        def expire() -> None:
+            log.warning("no message from the policy service for %.1f s", self.stale_secs)
+            self.status.stale += 1
+            call.cancel()
+
+        timer = threading.Timer(self.stale_secs, expire)
+        timer.daemon = True
+        timer.start()
+        return timer
+
     def _run(self) -> None:
         delay = self.backoff_secs
         while not self._stop.is_set():
+            watchdog: threading.Timer | None = None
             channel = grpc.insecure_channel(self.target)
             stub = pb_grpc.PolicyServiceStub(channel)  # type: ignore[no-untyped-call]
             try:
@@ -207,7 +232,10 @@ class Follower:
                     self._call = call
                     if self._stop.is_set():
                         call.cancel()
+                watchdog = self._watch(call)
                 for msg in call:
+                    watchdog.cancel()
+                    watchdog = self._watch(call)
                     if not self.status.connected:
                         self.status.connected = True
                         delay = self.backoff_secs
@@ -223,6 +251,8 @@ class Follower:
                 code = e.code() if isinstance(e, grpc.Call) else None
                 log.warning("policy stream lost (%s); reconnecting in %.1f s", code, delay)
             finally:
+                if watchdog is not None:
+                    watchdog.cancel()
                 channel.close()
             if self._stop.is_set():
                 break

@@ -489,3 +489,26 @@ def test_dry_run_counts_verdict_changes_of_recorded_decisions(tmp_path: Path) ->
         [got["qids"][0], "User::alice", "Doc::open", "allow", "deny"],
         [got["qids"][1], "User::alice", "Doc::open", "allow", "deny"],
     ]
+
+
+# ---------------------------------------------------------------------------------- settings
+
+
+def test_settings_refuse_what_the_service_cannot_run_safely(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="not a loopback address"):
+        PolicySettings(host="0.0.0.0")
+    assert PolicySettings(host="::1").host == "::1"
+    with pytest.raises(ValidationError, match="break-glass key of `ana`"):
+        PolicySettings(break_glass_keys={"ana": "bm90IGEga2V5"})
+    pub = signing.generate_keypair(tmp_path / "k")
+    monkeypatch.setenv(
+        "SVC_POLICY_BREAK_GLASS_KEYS", json.dumps({"ana": signing.public_key_text(pub)})
+    )
+    monkeypatch.setenv("SVC_POLICY_PORT", "9099")
+    s = PolicySettings()
+    assert s.port == 9099 and list(s.break_glass_keys) == ["ana"]
+    assert s.signing_key_path == Path("policy-signing.key")

@@ -130,3 +130,24 @@ def test_a_silent_stream_counts_as_lost_and_is_opened_again(
         follower.stop()
         quiet.stop()
         quiet.service.close()
+
+
+def test_a_bundle_over_grpcs_default_message_limit_reaches_the_follower(
+    server: PolicyServer,  # noqa: F811
+) -> None:
+    # entities.json of about 5 MiB: over grpcio's default 4 MiB receive limit.
+    people = [
+        {"uid": {"type": "User", "id": f"user-{i:06d}-{'x' * 80}"}, "attrs": {}, "parents": []}
+        for i in range(45_000)
+    ]
+    big = {**PUBLIC_ONLY, "entities.json": json.dumps(json.loads(ENTITIES) + people)}
+    assert len(big["entities.json"]) > 5 * 1024 * 1024
+    v = server.service.create_draft(big, "ana").version
+    server.service.publish(v, "ana")
+    engine = Engine("forbid (principal, action, resource);", SCHEMA, ENTITIES)
+    follower = Follower(engine, server.target, server.service.public_key).start()
+    try:
+        follower.wait_for(lambda s: s.version == v)
+        assert verdict(engine, "open") == "allow"
+    finally:
+        follower.stop()

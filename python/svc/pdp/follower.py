@@ -32,7 +32,11 @@ from svc.policy.transport import mode_name
 from svc.policy.v1 import policy_pb2 as pb
 from svc.policy.v1 import policy_pb2_grpc as pb_grpc
 
-__all__ = ["Follower", "FollowerStatus", "bundle_sources"]
+__all__ = ["CHANNEL_OPTIONS", "Follower", "FollowerStatus", "bundle_sources"]
+
+#: grpcio refuses messages over 4 MiB by default; a bundle may be larger (the service's
+#: ``max_bundle_bytes``, 8 MiB by default, plus framing).
+CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 256 * 1024 * 1024)]
 
 log = logging.getLogger("svc.pdp.follower")
 
@@ -66,8 +70,9 @@ class FollowerStatus:
     """What the follower has done: the version and mode served, counts, and the last error.
 
     ``version`` is the bundle version serving (0 before the first verified bundle);
-    ``error`` is the last refusal (bad signature, bundle that does not load) or stream failure,
-    empty once a later bundle was verified and swapped.
+    ``error`` is the last refusal (bad signature, bundle that does not load), empty once a
+    later bundle was verified and swapped, or the last stream failure (``policy stream lost:
+    ...``), empty once a stream is open again.
     """
 
     version: int = 0
@@ -224,7 +229,7 @@ class Follower:
         delay = self.backoff_secs
         while not self._stop.is_set():
             watchdog: threading.Timer | None = None
-            channel = grpc.insecure_channel(self.target)
+            channel = grpc.insecure_channel(self.target, options=CHANNEL_OPTIONS)
             stub = pb_grpc.PolicyServiceStub(channel)  # type: ignore[no-untyped-call]
             try:
                 call = stub.WatchActive(pb.WatchActiveRequest())
@@ -238,6 +243,8 @@ class Follower:
                     watchdog = self._watch(call)
                     if not self.status.connected:
                         self.status.connected = True
+                        if self.status.error.startswith("policy stream lost"):
+                            self.status.error = ""
                         delay = self.backoff_secs
                         self._changed("connected")
                     if msg.HasField("active"):
@@ -249,7 +256,9 @@ class Follower:
                 if self._stop.is_set():
                     break
                 code = e.code() if isinstance(e, grpc.Call) else None
-                log.warning("policy stream lost (%s); reconnecting in %.1f s", code, delay)
+                details = e.details() if isinstance(e, grpc.Call) else str(e)
+                self.status.error = f"policy stream lost: {code}: {details}"
+                log.warning("%s; reconnecting in %.1f s", self.status.error, delay)
             finally:
                 if watchdog is not None:
                     watchdog.cancel()

@@ -29,6 +29,7 @@ import typer
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
+from svc.pdp.follower import CHANNEL_OPTIONS
 from svc.policy import signing
 from svc.policy.v1 import policy_pb2 as pb
 from svc.policy.v1 import policy_pb2_grpc as pb_grpc
@@ -79,7 +80,8 @@ def parse_since(text: str, now: datetime | None = None) -> datetime:
 
 
 def _stub(url: str) -> pb_grpc.PolicyServiceStub:
-    return pb_grpc.PolicyServiceStub(grpc.insecure_channel(target(url)))  # type: ignore[no-untyped-call]
+    channel = grpc.insecure_channel(target(url), options=CHANNEL_OPTIONS)
+    return pb_grpc.PolicyServiceStub(channel)  # type: ignore[no-untyped-call]
 
 
 def _call(fn: Any, request: Any) -> Any:

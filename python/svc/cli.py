@@ -353,6 +353,7 @@ history_app = typer.Typer(
     no_args_is_help=True,
 )
 app.add_typer(history_app, name="history")
+app.add_typer(__import__("svc.policy.cli").policy.cli.app, name="policy")
 
 
 def _history_client(dsn: str, create_database: bool = False) -> Any:

@@ -56,6 +56,7 @@ from svc.intake.settings import IntakeSettings
 from svc.pdp import BundleError, Engine, RequestError
 from svc.pdp.log_settings import DecisionLogSettings
 from svc.pdp.settings import PdpSettings
+from svc.policy.cli import app as policy_app
 
 app = typer.Typer(
     name="svc",
@@ -353,7 +354,7 @@ history_app = typer.Typer(
     no_args_is_help=True,
 )
 app.add_typer(history_app, name="history")
-app.add_typer(__import__("svc.policy.cli").policy.cli.app, name="policy")
+app.add_typer(policy_app, name="policy")
 
 
 def _history_client(dsn: str, create_database: bool = False) -> Any:

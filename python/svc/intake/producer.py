@@ -42,10 +42,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import confluent_kafka
 from confluent_kafka import KafkaError, KafkaException
 
-from svc.broker import Producer
+from svc.broker import Producer, ProducerLike
 from svc.intake.metrics import IntakeMetrics
 
 __all__ = ["BrokerUnavailable", "TransactionalPool", "producer_config"]
@@ -114,7 +113,7 @@ class _Slot:
 
     def __init__(self, transactional_id: str) -> None:
         self.transactional_id = transactional_id
-        self.producer: confluent_kafka.Producer | None = None
+        self.producer: ProducerLike | None = None
         self.state = _State.NEW
 
 
@@ -325,7 +324,7 @@ class TransactionalPool:
         slot.state = _State.READY
         return True
 
-    def _check_topic(self, producer: confluent_kafka.Producer, timeout: float) -> None:
+    def _check_topic(self, producer: ProducerLike, timeout: float) -> None:
         """Raises ``_TopicMissing`` when the topic does not exist (topics are not auto-created)."""
         md = producer.list_topics(self.topic, timeout=timeout)
         t = md.topics.get(self.topic)

@@ -24,6 +24,7 @@ lookups identity providers make before a create) are answered by an index.
 from __future__ import annotations
 
 import hmac
+import json
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -49,6 +50,7 @@ from scim2_models import (
     ResourceType,
     ResponseParameters,
     ScimFilter,
+    ScimPolicy,
     ScimProvider,
     SearchRequest,
     ServiceProviderConfig,
@@ -110,7 +112,55 @@ def provider(max_results: int = 200) -> ScimProvider:
             ResourceType.from_resource(Group),
         ],
         config=config,
+        # Microsoft Entra ID removes members by a value array, and replaces entries a path
+        # filter does not match yet (docs/context.md#identity-providers).
+        policy=ScimPolicy(
+            remove_value_as_filter=ScimPolicy.RemoveValue.apply,
+            unmatched_path_filter=ScimPolicy.UnmatchedPathFilter.create,
+        ),
     )
+
+
+_ENTERPRISE = "urn:ietf:params:scim:schemas:extension:enterprise:2.0:User"
+_MANAGER_PATH = f"{_ENTERPRISE}:manager".casefold()
+
+
+def _manager(value: Any, base_url: str) -> Any:
+    """A manager value with its ``$ref`` filled in from its ``value``.
+
+    Okta and Entra send the manager as ``{"value": id}``, and Entra's PATCH by path as the bare
+    id; RFC 7643 section 4.3's schema requires ``$ref``, which scim2-models enforces.
+    """
+    if isinstance(value, str) and value:
+        value = {"value": value}
+    if isinstance(value, dict) and value.get("value") and not value.get("$ref"):
+        return {**value, "$ref": f"{base_url}/Users/{value['value']}"}
+    return value
+
+
+def _with_manager_refs(body: Any, method: str, base_url: str) -> Any:
+    """A SCIM request body whose enterprise ``manager`` values all carry ``$ref``."""
+    if not isinstance(body, dict):
+        return body
+    if method in ("POST", "PUT"):
+        ext = body.get(_ENTERPRISE)
+        if isinstance(ext, dict) and "manager" in ext:
+            body[_ENTERPRISE] = {**ext, "manager": _manager(ext["manager"], base_url)}
+        return body
+    for op in body.get("Operations") or []:
+        if not isinstance(op, dict):
+            continue
+        path = str(op.get("path") or "").casefold()
+        if path == _MANAGER_PATH:
+            op["value"] = _manager(op.get("value"), base_url)
+        elif not path and isinstance(op.get("value"), dict):
+            value = op["value"]
+            for key in list(value):
+                if key.casefold() == _MANAGER_PATH:
+                    value[key] = _manager(value[key], base_url)
+                elif key == _ENTERPRISE and isinstance(value[key], dict) and "manager" in value[key]:
+                    value[key] = {**value[key], "manager": _manager(value[key]["manager"], base_url)}
+    return body
 
 
 def _meta(row: ScimUserRow | ScimGroupRow, resource_type: str) -> Meta:
@@ -606,6 +656,19 @@ class ScimApp(ASGIApplication):
         prov = provider(max_results)
         super().__init__(AsyncSqlStorage(SqlStorage(service)), prov, ScimService(prov))
         self._token = token
+
+    async def dispatch_request(self, request: ScimRequest) -> Any:
+        """Fills in the ``$ref`` of enterprise managers, then serves the request as scim2-server
+        does (``_with_manager_refs``); a body that is not JSON is left to scim2-server."""
+        if request.body and request.method.upper() in ("POST", "PUT", "PATCH"):
+            try:
+                body = json.loads(request.body)
+            except ValueError:
+                body = None
+            if isinstance(body, dict):
+                fixed = _with_manager_refs(body, request.method.upper(), request.base_url)
+                request.body = json.dumps(fixed).encode()
+        return await super().dispatch_request(request)
 
     def check_auth(self, request: ScimRequest) -> None:
         """Refuses a request without ``Authorization: Bearer <the token>`` (RFC 6750).

@@ -32,6 +32,14 @@ from svc.context.settings import ContextAuthSettings, ContextSettings
 
 __all__ = ["Watcher", "create_app"]
 
+# The query parameters of the watch and the change feeds.
+After = Annotated[int, Query(ge=0, description="the version (cursor) to read after")]
+Wait = Annotated[
+    float,
+    Query(ge=0, le=300, description="seconds to wait for a change (long poll); 0: answer now"),
+]
+Limit = Annotated[int | None, Query(ge=1, le=100_000, description="most changes")]
+
 
 class Watcher:
     """Wakes the long-polling watches of one event loop when the service commits a change.
@@ -163,13 +171,6 @@ def create_app(
                 await asyncio.wait_for(event.wait(), min(remaining, settings.poll_secs))
             except TimeoutError:
                 pass
-
-    After = Annotated[int, Query(ge=0, description="the version (cursor) to read after")]
-    Wait = Annotated[
-        float,
-        Query(ge=0, le=300, description="seconds to wait for a change (long poll); 0: answer now"),
-    ]
-    Limit = Annotated[int | None, Query(ge=1, le=100_000, description="most changes")]
 
     @app.get("/v1/principals", dependencies=guard, tags=["principals"])
     async def principals() -> dict[str, Any]:

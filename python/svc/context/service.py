@@ -10,9 +10,10 @@ resources, work items, trusted apps and investigations in its relational databas
 * ``resources``: resources as Cedar entities;
 * ``work_items``: work items ``{id, status, links, attrs}``.
 
-Every write runs in one transaction that ends by numbering its changes from the ``changes``
-counter row; the row's lock is held until the commit, so transactions commit in ``seq``
-order and a reader that has seen ``seq`` N has seen every change before it
+Every write runs in one transaction that starts by locking the ``changes`` counter row and
+ends by numbering its changes from it; the lock is held until the commit, so writes run one at
+a time, commit in ``seq`` order, and a reader that has seen ``seq`` N has seen every change
+before it
 (docs/context.md#versions-and-feeds). After each commit the service calls its listeners
 (``add_listener``), which wake the waiting watches.
 
@@ -78,6 +79,9 @@ FEEDS: tuple[Feed, ...] = ("principals", "resources", "work_items")
 
 _WORK_ITEM_ID = re.compile(r"^[A-Za-z0-9._-]+:\S+$")
 _APP_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+
+
+_LOCK_COUNTER = text("UPDATE counters SET value = value WHERE name = 'changes'")
 
 
 def _now() -> datetime:
@@ -279,6 +283,10 @@ class ContextService:
 
         """
         with Session(self.engine, expire_on_commit=False) as session:
+            # Writers take the counter row first: they run one at a time, so two of them
+            # never wait on each other's rows (no deadlock), and on SQLite the write lock is
+            # taken up front instead of being upgraded from a read lock.
+            session.connection().execute(_LOCK_COUNTER)
             tx = _Tx(session)
             yield tx
             changed = tx.flush_changes()
@@ -325,10 +333,10 @@ class ContextService:
                 .limit(limit + 1)
             ).all()
             current = self._feed_version(s, feed)
+            changes = [
+                Change(r.seq, r.feed, r.kind, r.key, r.value, r.removed) for r in rows[:limit]
+            ]
         more = len(rows) > limit
-        changes = [
-            Change(r.seq, r.feed, r.kind, r.key, r.value, r.removed) for r in rows[:limit]
-        ]
         version = changes[-1].seq if changes else max(after, current)
         return changes, version, more
 

@@ -183,7 +183,11 @@ def test_probes_and_scim_token(live: Live) -> None:
     spc = live.http.get("/scim/v2/ServiceProviderConfig")
     assert spc.status_code == 200
     assert spc.json()["authenticationSchemes"][0]["type"] == "oauthbearertoken"
-    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {SCIM_TOKEN}"}):
+    for headers in (
+        {},
+        {"Authorization": "Bearer wrong"},
+        {"Authorization": f"Basic {SCIM_TOKEN}"},
+    ):
         r = live.http.get("/scim/v2/Users", headers=headers)
         assert r.status_code == 401, r.text
         assert r.headers["www-authenticate"].startswith("Bearer")
@@ -239,8 +243,12 @@ def test_resources_all_or_nothing_and_change_feed(live: Live) -> None:
     named = sorted({(e["index"], e["field"]) for e in problem["errors"]})
     assert named == [(1, "colour"), (2, "id"), (3, "id"), (4, "parents.0.id")], problem
     # Nothing of the batch was stored.
-    got = live.http.post("/v1/resources/get", json={"resources": [{"type": "Document", "id": "d1"}]})
-    assert got.json()["resources"] == [] and got.json()["missing"] == [{"type": "Document", "id": "d1"}]
+    got = live.http.post(
+        "/v1/resources/get", json={"resources": [{"type": "Document", "id": "d1"}]}
+    )
+    assert got.json()["resources"] == [] and got.json()["missing"] == [
+        {"type": "Document", "id": "d1"}
+    ]
     feed = live.http.get("/v1/resources/changes", params={"after": 0}).json()
     assert feed["changes"] == [] and feed["version"] == 0
 
@@ -291,10 +299,16 @@ def test_work_items_all_or_nothing(live: Live) -> None:
     ]
     ok = live.http.post(
         "/v1/work-items",
-        json={"work_items": [{"id": "jira:SEC-1", "status": "open", "links": [{"type": "Document", "id": "d1"}]}]},
+        json={
+            "work_items": [
+                {"id": "jira:SEC-1", "status": "open", "links": [{"type": "Document", "id": "d1"}]}
+            ]
+        },
     )
     assert ok.status_code == 200, ok.text
-    live.http.post("/v1/work-items", json={"work_items": [{"id": "jira:SEC-1", "status": "closed"}]})
+    live.http.post(
+        "/v1/work-items", json={"work_items": [{"id": "jira:SEC-1", "status": "closed"}]}
+    )
     got = live.http.post("/v1/work-items/get", json={"ids": ["jira:SEC-1"]}).json()
     assert got["work_items"] == [{"id": "jira:SEC-1", "status": "closed", "links": [], "attrs": {}}]
     feed = live.http.get("/v1/work-items/changes", params={"after": 0}).json()
@@ -327,7 +341,11 @@ def test_service_accounts_risk_and_directory(live: Live) -> None:
     assert sorted({(e["index"], e["field"]) for e in r.json()["errors"]}) == [(1, "id"), (2, "ai")]
     r = live.http.post(
         "/v1/service-accounts",
-        json={"service_accounts": [{"id": "copilot.assistant", "owner": "alice", "ai": True, "groups": ["staff"]}]},
+        json={
+            "service_accounts": [
+                {"id": "copilot.assistant", "owner": "alice", "ai": True, "groups": ["staff"]}
+            ]
+        },
     )
     assert r.status_code == 200, r.text
     v = r.json()["principals_version"]
@@ -335,25 +353,45 @@ def test_service_accounts_risk_and_directory(live: Live) -> None:
     assert sa is not None and sa["value"]["app"] == "copilot" and sa["value"]["owner"] == "alice"
     # A rescore raises principals_version, even to the same score.
     for _ in range(2):
-        r = live.http.post("/v1/risk", json={"scores": [{"principal": {"type": "Human", "id": "alice"}, "score": 70}]})
+        r = live.http.post(
+            "/v1/risk",
+            json={"scores": [{"principal": {"type": "Human", "id": "alice"}, "score": 70}]},
+        )
         assert r.status_code == 200 and r.json()["principals_version"] > v, r.text
         v = r.json()["principals_version"]
-    bad = live.http.post("/v1/risk", json={"scores": [{"principal": {"type": "Human", "id": "alice"}, "score": 101}]})
+    bad = live.http.post(
+        "/v1/risk", json={"scores": [{"principal": {"type": "Human", "id": "alice"}, "score": 101}]}
+    )
     assert bad.status_code == 400 and bad.json()["errors"][0]["field"] == "score"
     score = principal(snapshot(live), "RiskScore", 'Human::"alice"')
-    assert score is not None and score["value"] == {"principal": {"type": "Human", "id": "alice"}, "score": 70}
+    assert score is not None and score["value"] == {
+        "principal": {"type": "Human", "id": "alice"},
+        "score": 70,
+    }
     # The directory pages.
     people = live.http.get("/v1/directory/people").json()["people"]
-    assert [(p["user_name"], p["title"], p["groups"]) for p in people] == [("alice", "CTO", ["staff"])]
-    assert live.http.get("/v1/directory/groups/staff").json()["members"] == {"people": ["alice"], "groups": []}
-    assert [s["id"] for s in live.http.get("/v1/directory/service-accounts").json()["service_accounts"]] == [
-        "copilot.assistant"
+    assert [(p["user_name"], p["title"], p["groups"]) for p in people] == [
+        ("alice", "CTO", ["staff"])
     ]
-    app = {"name": "copilot", "iss": "https://copilot.example", "jwks_url": "https://copilot.example/jwks", "aud": "svc"}
+    assert live.http.get("/v1/directory/groups/staff").json()["members"] == {
+        "people": ["alice"],
+        "groups": [],
+    }
+    assert [
+        s["id"] for s in live.http.get("/v1/directory/service-accounts").json()["service_accounts"]
+    ] == ["copilot.assistant"]
+    app = {
+        "name": "copilot",
+        "iss": "https://copilot.example",
+        "jwks_url": "https://copilot.example/jwks",
+        "aud": "svc",
+    }
     assert live.http.post("/v1/directory/trusted-apps", json=app).status_code == 200
     bad = live.http.post("/v1/directory/trusted-apps", json={**app, "jwks_url": "http://plain"})
     assert bad.status_code == 400 and bad.json()["errors"][0]["field"] == "jwks_url"
-    assert [a["name"] for a in live.http.get("/v1/directory/trusted-apps").json()["trusted_apps"]] == ["copilot"]
+    assert [
+        a["name"] for a in live.http.get("/v1/directory/trusted-apps").json()["trusted_apps"]
+    ] == ["copilot"]
     assert live.http.delete("/v1/directory/trusted-apps/copilot").status_code == 204
     assert live.http.get("/v1/directory/trusted-apps").json()["trusted_apps"] == []
     # Unregistering removes the record from the snapshot.
@@ -365,18 +403,27 @@ def test_service_accounts_risk_and_directory(live: Live) -> None:
 def test_investigations(live: Live) -> None:
     r = live.http.post(
         "/v1/investigations",
-        json={"principal": {"type": "Human", "id": "bob"}, "reason": "bulk export", "opened_by": "reasoner"},
+        json={
+            "principal": {"type": "Human", "id": "bob"},
+            "reason": "bulk export",
+            "opened_by": "reasoner",
+        },
     )
     assert r.status_code == 201, r.text
     inv = r.json()
     assert inv["status"] == "open" and inv["principal"] == 'Human::"bob"'
     listed = live.http.get("/v1/investigations", params={"status": "open"}).json()["investigations"]
     assert [i["id"] for i in listed] == [inv["id"]]
-    closed = live.http.post(f"/v1/investigations/{inv['id']}/close", json={"closed_by": "sec", "resolution": "benign"})
+    closed = live.http.post(
+        f"/v1/investigations/{inv['id']}/close", json={"closed_by": "sec", "resolution": "benign"}
+    )
     assert closed.status_code == 200 and closed.json()["status"] == "closed"
     again = live.http.post(f"/v1/investigations/{inv['id']}/close", json={"closed_by": "sec"})
     assert again.status_code == 409
-    assert live.http.get("/v1/investigations", params={"status": "open"}).json()["investigations"] == []
+    assert (
+        live.http.get("/v1/investigations", params={"status": "open"}).json()["investigations"]
+        == []
+    )
 
 
 # -- restarts ------------------------------------------------------------------------------------
@@ -398,7 +445,12 @@ def test_removed_person_stays_removed_across_restart(database_url: str) -> None:
         assert carol is not None and carol["removed"] is True
         assert carol["value"]["attrs"]["active"] is False
         assert second.scim.get(f"/Users/{uid}").status_code == 404
-        assert second.scim.get("/Users", params={"filter": 'userName eq "carol"'}).json()["totalResults"] == 0
+        assert (
+            second.scim.get("/Users", params={"filter": 'userName eq "carol"'}).json()[
+                "totalResults"
+            ]
+            == 0
+        )
         person = second.http.get("/v1/directory/people/carol").json()
         assert person["removed"] is True and person["removed_at"]
         # The user name may be provisioned again; the new person is present, not removed.
@@ -406,3 +458,22 @@ def test_removed_person_stays_removed_across_restart(database_url: str) -> None:
         assert principal(snapshot(second), "Human", "carol")["removed"] is False
     finally:
         second.stop()
+
+
+# -- the command line ----------------------------------------------------------------------------
+
+
+def test_cli_migrate_and_unsafe_bind(tmp_path: Any) -> None:
+    from typer.testing import CliRunner
+
+    from svc.cli import app
+
+    url = f"sqlite:///{tmp_path / 'context.db'}"
+    runner = CliRunner()
+    for _ in range(2):
+        r = runner.invoke(app, ["context", "migrate", "--database-url", url])
+        assert r.exit_code == 0, r.output
+        assert r.output.strip() == f"context schema at revision {HEAD}"
+    r = runner.invoke(app, ["context", "serve", "--host", "0.0.0.0", "--database-url", url])
+    assert r.exit_code == 2
+    assert "refusing to listen on 0.0.0.0 without authentication" in r.output

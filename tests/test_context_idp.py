@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
 from test_context import (
     ENTERPRISE,
     GROUP,
@@ -17,7 +18,6 @@ from test_context import (
     scim_user,
     snapshot,
 )
-
 
 __all__ = ["database_url"]  # the fixture, shared with tests/test_context.py
 
@@ -53,7 +53,9 @@ def test_okta_sequence(idp: Live) -> None:
     # Create.
     created = live.scim.post(
         "/Users",
-        json=scim_user("dana@example.com", displayName="Dana", externalId="00u1okta", title="Engineer"),
+        json=scim_user(
+            "dana@example.com", displayName="Dana", externalId="00u1okta", title="Engineer"
+        ),
     )
     assert created.status_code == 201, created.text
     uid = created.json()["id"]
@@ -78,24 +80,40 @@ def test_okta_sequence(idp: Live) -> None:
     # Groups: create with a member (value and display only), rename, add and remove members.
     g = live.scim.post(
         "/Groups",
-        json={"schemas": [GROUP], "displayName": "eng", "members": [{"value": uid, "display": "Dana"}]},
+        json={
+            "schemas": [GROUP],
+            "displayName": "eng",
+            "members": [{"value": uid, "display": "Dana"}],
+        },
     )
     assert g.status_code == 201, g.text
     gid = g.json()["id"]
     assert human(live, "dana@example.com")["value"]["parents"] == [{"type": "Group", "id": "eng"}]
-    patch(live, f"/Groups/{gid}", {"op": "replace", "value": {"id": gid, "displayName": "engineering"}})
+    patch(
+        live,
+        f"/Groups/{gid}",
+        {"op": "replace", "value": {"id": gid, "displayName": "engineering"}},
+    )
     snap = snapshot(live)
     assert principal(snap, "Group", "eng") is None
     assert principal(snap, "Group", "engineering") is not None
     assert principal(snap, "Human", "dana@example.com")["value"]["parents"] == [
         {"type": "Group", "id": "engineering"}
     ]
-    patch(live, f"/Groups/{gid}", {"op": "add", "path": "members", "value": [{"value": boss, "display": "Boss"}]})
-    assert human(live, "boss@example.com")["value"]["parents"] == [{"type": "Group", "id": "engineering"}]
+    patch(
+        live,
+        f"/Groups/{gid}",
+        {"op": "add", "path": "members", "value": [{"value": boss, "display": "Boss"}]},
+    )
+    assert human(live, "boss@example.com")["value"]["parents"] == [
+        {"type": "Group", "id": "engineering"}
+    ]
     patch(live, f"/Groups/{gid}", {"op": "remove", "path": f'members[value eq "{uid}"]'})
     assert human(live, "dana@example.com")["value"]["parents"] == []
     # Okta lists groups without their members.
-    r = live.scim.get("/Groups", params={"excludedAttributes": "members", "startIndex": 1, "count": 100})
+    r = live.scim.get(
+        "/Groups", params={"excludedAttributes": "members", "startIndex": 1, "count": 100}
+    )
     assert r.status_code == 200
     assert [x["displayName"] for x in r.json()["Resources"]] == ["engineering"]
     assert "members" not in r.json()["Resources"][0]
@@ -149,14 +167,22 @@ def test_entra_sequence(idp: Live) -> None:
         "/Groups", params={"filter": 'displayName eq "Sales"', "excludedAttributes": "members"}
     )
     assert r.json()["totalResults"] == 0
-    gid = live.scim.post("/Groups", json={"schemas": [GROUP], "displayName": "Sales", "externalId": "g1"}).json()["id"]
-    patch(live, f"/Groups/{gid}", {"op": "Add", "path": "members", "value": [{"value": uid}, {"value": mgr}]})
+    gid = live.scim.post(
+        "/Groups", json={"schemas": [GROUP], "displayName": "Sales", "externalId": "g1"}
+    ).json()["id"]
+    patch(
+        live,
+        f"/Groups/{gid}",
+        {"op": "Add", "path": "members", "value": [{"value": uid}, {"value": mgr}]},
+    )
     assert human(live, "max@contoso.com")["value"]["parents"] == [{"type": "Group", "id": "Sales"}]
     patch(live, f"/Groups/{gid}", {"op": "Remove", "path": "members", "value": [{"value": mgr}]})
     assert human(live, "max@contoso.com")["value"]["parents"] == []
     assert human(live, "lee@contoso.com")["value"]["parents"] == [{"type": "Group", "id": "Sales"}]
     # userName change: the person's principal record moves to the new name; reports follow.
-    patch(live, f"/Users/{mgr}", {"op": "Replace", "path": "userName", "value": "maxine@contoso.com"})
+    patch(
+        live, f"/Users/{mgr}", {"op": "Replace", "path": "userName", "value": "maxine@contoso.com"}
+    )
     snap = snapshot(live)
     assert principal(snap, "Human", "max@contoso.com") is None
     assert principal(snap, "Human", "maxine@contoso.com") is not None
@@ -172,10 +198,16 @@ def test_entra_sequence(idp: Live) -> None:
     assert live.scim.delete(f"/Users/{uid}").status_code == 204
     assert live.scim.get(f"/Users/{uid}").status_code == 404
     p = human(live, "lee@contoso.com")
-    assert p["removed"] is True and p["value"]["attrs"]["active"] is False and p["value"]["parents"] == []
+    assert (
+        p["removed"] is True
+        and p["value"]["attrs"]["active"] is False
+        and p["value"]["parents"] == []
+    )
     g = live.scim.get(f"/Groups/{gid}").json()
     assert "members" not in g or g["members"] == []
-    people = live.http.get("/v1/directory/people", params={"include_removed": "true"}).json()["people"]
+    people = live.http.get("/v1/directory/people", params={"include_removed": "true"}).json()[
+        "people"
+    ]
     assert [(p["user_name"], p["removed"]) for p in people] == [
         ("lee@contoso.com", True),
         ("maxine@contoso.com", False),

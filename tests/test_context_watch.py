@@ -17,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import create_engine, text
+
 from test_context import GROUP, PATCH, Live, database_url, scim_user
 
 __all__ = ["database_url"]  # the fixture, shared with tests/test_context.py
@@ -131,9 +132,7 @@ def test_watch_follows_every_change_in_order(shared: Live, writers: list[list[An
         try:
             with httpx.Client(base_url=live.url, timeout=120) as c:
                 while not (done.is_set() and version >= target["v"]):
-                    r = c.get(
-                        "/v1/principals/watch", params={"after": version, "wait_secs": 2}
-                    )
+                    r = c.get("/v1/principals/watch", params={"after": version, "wait_secs": 2})
                     assert r.status_code == 200, r.text
                     body = r.json()
                     for ch in body["changes"]:

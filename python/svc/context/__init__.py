@@ -1,6 +1,7 @@
-"""The context service (svc-context): SCIM 2.0 directory, principals snapshot and watch,
-resources, work items, service accounts, trusted apps, risk scores and investigations
-(docs/context.md).
+"""The context service (svc-context), docs/context.md.
+
+A SCIM 2.0 directory, the principals snapshot and its watch, resources, work items, service
+accounts, trusted apps, risk scores and investigations.
 
 ``serve(settings, auth)`` runs it with uvicorn until SIGINT/SIGTERM; ``ContextService`` is the
 service layer and ``create_app`` its FastAPI app.
@@ -13,7 +14,9 @@ from svc.context.settings import ContextAuthSettings, ContextSettings
 __all__ = ["ContextAuthSettings", "ContextSettings", "serve"]
 
 
-def serve(settings: ContextSettings, auth: ContextAuthSettings, *, access_log: bool = False) -> None:
+def serve(
+    settings: ContextSettings, auth: ContextAuthSettings, *, access_log: bool = False
+) -> None:
     """Migrates the database and serves the context service until SIGINT or SIGTERM.
 
     Args:

@@ -27,7 +27,7 @@ from svc.common.auth import Verifier, bearer_dependency
 from svc.common.health import Readiness, probe_router
 from svc.common.problems import Problem, install_problem_handlers
 from svc.context.scim import ScimApp
-from svc.context.service import ContextService, Feed, Ref
+from svc.context.service import FEEDS, ContextService, Feed, Ref
 from svc.context.settings import ContextAuthSettings, ContextSettings
 
 __all__ = ["Watcher", "create_app"]
@@ -112,21 +112,22 @@ def create_app(
     app = FastAPI(
         title="svc-context",
         version=__version__,
-        description="People, groups, service accounts, resources and work items "
-        "(docs/context.md).",
+        description="People, groups, service accounts, resources and work items (docs/context.md).",
         lifespan=lifespan,
     )
     install_problem_handlers(app)
 
     registry = CollectorRegistry(auto_describe=True)
     rows = Gauge("svc_context_rows", "Rows per kind", ["kind"], registry=registry)
-    versions = Gauge("svc_context_feed_version", "Latest change per feed", ["feed"], registry=registry)
+    versions = Gauge(
+        "svc_context_feed_version", "Latest change per feed", ["feed"], registry=registry
+    )
 
     def refresh() -> None:
         for kind, n in service.counts().items():
             rows.labels(kind).set(n)
-        for feed in ("principals", "resources", "work_items"):
-            versions.labels(feed).set(service.changes_after(feed, 0, 1)[1])  # type: ignore[arg-type]
+        for feed in FEEDS:
+            versions.labels(feed).set(service.changes_after(feed, 0, 1)[1])
 
     def readiness() -> Readiness:
         try:
@@ -149,7 +150,9 @@ def create_app(
     def token() -> str | None:
         return settings.scim_token.get_secret_value() if settings.scim_token else None
 
-    app.mount("/scim", ScimApp(service, token, settings.scim_max_results))
+    # scim2-server's ASGI application types its scope as a dict, Starlette as a mapping.
+    scim: Any = ScimApp(service, token, settings.scim_max_results)
+    app.mount("/scim", scim)
 
     run = anyio.to_thread.run_sync
 
@@ -245,7 +248,10 @@ def create_app(
         return await run(service.service_account, sa_id)
 
     @app.delete(
-        "/v1/service-accounts/{sa_id}", dependencies=guard, status_code=204, tags=["service accounts"]
+        "/v1/service-accounts/{sa_id}",
+        dependencies=guard,
+        status_code=204,
+        tags=["service accounts"],
     )
     async def delete_service_account(sa_id: str) -> None:
         """Unregisters a service account."""
@@ -316,11 +322,7 @@ def create_app(
         principal_id: str | None = None,
     ) -> Any:
         """Investigations, newest first (of one status, of one principal)."""
-        ref = (
-            Ref(type=principal_type, id=principal_id)
-            if principal_type and principal_id
-            else None
-        )
+        ref = Ref(type=principal_type, id=principal_id) if principal_type and principal_id else None
         return {"investigations": await run(service.investigations, status, ref)}
 
     @app.post("/v1/investigations/{inv_id}/close", dependencies=guard, tags=["investigations"])

@@ -158,8 +158,13 @@ def _with_manager_refs(body: Any, method: str, base_url: str) -> Any:
             for key in list(value):
                 if key.casefold() == _MANAGER_PATH:
                     value[key] = _manager(value[key], base_url)
-                elif key == _ENTERPRISE and isinstance(value[key], dict) and "manager" in value[key]:
-                    value[key] = {**value[key], "manager": _manager(value[key]["manager"], base_url)}
+                elif (
+                    key == _ENTERPRISE and isinstance(value[key], dict) and "manager" in value[key]
+                ):
+                    value[key] = {
+                        **value[key],
+                        "manager": _manager(value[key]["manager"], base_url),
+                    }
     return body
 
 
@@ -395,12 +400,16 @@ class SqlStorage(ScimStorage):
             grow = s.get(ScimGroupRow, resource_id, with_for_update=True)
             if grow is None:
                 raise NotFoundException(detail=f"Group {resource_id!r} not found")
-            members = [m.member_id for m in s.exec(
-                select(MemberRow).where(MemberRow.group_id == resource_id)
-            ).all()]
+            members = [
+                m.member_id
+                for m in s.exec(select(MemberRow).where(MemberRow.group_id == resource_id)).all()
+            ]
             for m in s.exec(
                 select(MemberRow).where(
-                    or_(MemberRow.group_id == resource_id, MemberRow.member_id == resource_id)
+                    or_(
+                        col(MemberRow.group_id) == resource_id,
+                        col(MemberRow.member_id) == resource_id,
+                    )
                 )
             ).all():
                 s.delete(m)
@@ -469,8 +478,14 @@ class SqlStorage(ScimStorage):
             refresh_human(tx, r.user_name)
 
     def _members(self, s: Session, doc: dict[str, Any]) -> list[tuple[str, str]]:
-        """``(member id, "User"|"Group")`` of a group document; the type is looked up when
-        missing (Okta sends only ``value`` and ``display``)."""
+        """``(member id, "User"|"Group")`` of each member of a group document.
+
+        The type is looked up, since Okta sends only ``value`` and ``display``.
+
+        Raises:
+            InvalidValueException: a member names no present user and no group.
+
+        """
         out: dict[str, str] = {}
         for m in doc.get("members") or []:
             mid = str(m.get("value") or "")
@@ -610,9 +625,7 @@ class AsyncSqlStorage(AsyncScimStorage):
         position: Any = None,
     ) -> SearchPage:
         """See ``SqlStorage.search``."""
-        return await anyio.to_thread.run_sync(
-            self.storage.search, resource_types, search_request
-        )
+        return await anyio.to_thread.run_sync(self.storage.search, resource_types, search_request)
 
     async def create(self, resource_type: ResourceType, resource: Resource[Any]) -> Resource[Any]:
         """See ``SqlStorage.create``."""
@@ -658,8 +671,10 @@ class ScimApp(ASGIApplication):
         self._token = token
 
     async def dispatch_request(self, request: ScimRequest) -> Any:
-        """Fills in the ``$ref`` of enterprise managers, then serves the request as scim2-server
-        does (``_with_manager_refs``); a body that is not JSON is left to scim2-server."""
+        """Serves a request as scim2-server does, enterprise managers given their ``$ref``.
+
+        ``_with_manager_refs`` fills them in; a body that is not JSON is left to scim2-server.
+        """
         if request.body and request.method.upper() in ("POST", "PUT", "PATCH"):
             try:
                 body = json.loads(request.body)

@@ -98,7 +98,7 @@ class _Strict(BaseModel):
 
 
 class Ref(_Strict):
-    """An entity reference ``{"type", "id"}`` (docs/architecture.md#entities-and-the-base-schema)."""
+    """An entity reference ``{"type", "id"}`` (docs/architecture.md, entities)."""
 
     type: str = Field(min_length=1, max_length=256)
     id: str = Field(min_length=1, max_length=512)
@@ -197,8 +197,7 @@ def _bad_batch(what: str, errors: list[FieldError]) -> Problem:
         400,
         "invalid-batch",
         f"Invalid {what}",
-        f"{len(errors)} problem{'s' if len(errors) != 1 else ''} in the batch; nothing was "
-        "stored",
+        f"{len(errors)} problem{'s' if len(errors) != 1 else ''} in the batch; nothing was stored",
         errors,
     )
 
@@ -213,7 +212,6 @@ def _validate(model: type[_M], raw: Any, index: int | None, errors: list[FieldEr
             msg = str(err.get("msg", "invalid"))
             errors.append(FieldError(index, loc, msg[:1].lower() + msg[1:]))
         return None
-
 
 
 def _check_ident(text_: str, index: int | None, field: str, errors: list[FieldError]) -> None:
@@ -416,9 +414,7 @@ class ContextService:
             _check_ident(item.type, i, "type", errors)
             _check_ident(item.id, i, "id", errors)
             if (item.type, item.id) in seen:
-                errors.append(
-                    FieldError(i, "id", f"repeats item {seen[(item.type, item.id)]}")
-                )
+                errors.append(FieldError(i, "id", f"repeats item {seen[(item.type, item.id)]}"))
             seen[(item.type, item.id)] = i
             items.append(item)
         if errors:
@@ -647,9 +643,7 @@ class ContextService:
         with self.write() as tx:
             row = tx.session.get(ServiceAccountRow, sa_id)
             if row is None:
-                raise Problem(
-                    404, "not-found", "Not found", f"no service account `{sa_id}`"
-                )
+                raise Problem(404, "not-found", "Not found", f"no service account `{sa_id}`")
             tx.session.delete(row)
             tx.set_principal("ServiceAccount", sa_id, None)
 
@@ -860,8 +854,11 @@ class ContextService:
     # -- Directory --------------------------------------------------------------
 
     def people(self, include_removed: bool = False) -> list[dict[str, Any]]:
-        """The directory's people: ``{user_name, scim_id, active, removed, department, title,
-        manager, groups}``, by user name; removed people only with ``include_removed``."""
+        """The directory's people, by user name; removed people only with ``include_removed``.
+
+        Each is ``{user_name, scim_id, display_name, active, removed, removed_at, department,
+        title, manager, groups}``.
+        """
         with self.read() as s:
             q = select(ScimUserRow)
             if not include_removed:
@@ -910,14 +907,14 @@ class ContextService:
 
             return {
                 "people": n(
-                    select(func.count()).select_from(ScimUserRow).where(
-                        col(ScimUserRow.removed_at).is_(None)
-                    )
+                    select(func.count())
+                    .select_from(ScimUserRow)
+                    .where(col(ScimUserRow.removed_at).is_(None))
                 ),
                 "removed_people": n(
-                    select(func.count()).select_from(ScimUserRow).where(
-                        col(ScimUserRow.removed_at).is_not(None)
-                    )
+                    select(func.count())
+                    .select_from(ScimUserRow)
+                    .where(col(ScimUserRow.removed_at).is_not(None))
                 ),
                 "groups": n(select(func.count()).select_from(ScimGroupRow)),
                 "service_accounts": n(select(func.count()).select_from(ServiceAccountRow)),
@@ -1018,10 +1015,16 @@ class _Tx:
             return False
         self.session.flush()
         n = len(self._pending)
-        top = self.session.connection().execute(
-            text("UPDATE counters SET value = value + :n WHERE name = 'changes' RETURNING value"),
-            {"n": n},
-        ).scalar_one()
+        top = (
+            self.session.connection()
+            .execute(
+                text(
+                    "UPDATE counters SET value = value + :n WHERE name = 'changes' RETURNING value"
+                ),
+                {"n": n},
+            )
+            .scalar_one()
+        )
         first = int(top) - n + 1
         now = _now()
         for i, (feed, kind, key, value, removed) in enumerate(self._pending):
@@ -1088,14 +1091,15 @@ def human_entity(s: Session, row: ScimUserRow) -> dict[str, Any]:
         if mgr is not None and mgr.removed_at is None:
             attrs["manager"] = {"__entity": {"type": "Human", "id": mgr.user_name}}
     parents = (
-        [] if row.removed_at is not None else [{"type": "Group", "id": g} for g in _group_names(s, row.id)]
+        []
+        if row.removed_at is not None
+        else [{"type": "Group", "id": g} for g in _group_names(s, row.id)]
     )
     return {"uid": {"type": "Human", "id": row.user_name}, "attrs": attrs, "parents": parents}
 
 
 def group_entity(s: Session, row: ScimGroupRow) -> dict[str, Any]:
-    """The Cedar entity of a SCIM group: ``Group::"<displayName>"``, its enclosing groups as
-    parents."""
+    """The Cedar entity of a SCIM group: ``Group::"<displayName>"``, enclosing groups as parents."""
     return {
         "uid": {"type": "Group", "id": row.display_name},
         "attrs": {},
@@ -1168,4 +1172,3 @@ def _group_json(s: Session, row: ScimGroupRow) -> dict[str, Any]:
         "members": {"people": sorted(people), "groups": sorted(groups)},
         "parents": _group_names(s, row.id),
     }
-

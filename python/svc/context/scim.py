@@ -64,7 +64,6 @@ from scim2_server.applications.asgi import ASGIApplication
 from scim2_server.requests import ScimRequest
 from scim2_server.service import ScimService
 from scim2_server.storage import AsyncScimStorage, ScimStorage, SearchPage
-from sqlalchemy import or_
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
@@ -404,16 +403,9 @@ class SqlStorage(ScimStorage):
                 m.member_id
                 for m in s.exec(select(MemberRow).where(MemberRow.group_id == resource_id)).all()
             ]
-            for m in s.exec(
-                select(MemberRow).where(
-                    or_(
-                        col(MemberRow.group_id) == resource_id,
-                        col(MemberRow.member_id) == resource_id,
-                    )
-                )
-            ).all():
+            for m in s.exec(select(MemberRow).where(MemberRow.group_id == resource_id)).all():
                 s.delete(m)
-            self._drop_from_group_docs(tx, resource_id, now)
+            self._leave_groups(tx, resource_id, now)
             s.delete(grow)
             s.flush()
             refresh_group(tx, grow.display_name)
@@ -563,15 +555,20 @@ class SqlStorage(ScimStorage):
 
     def _leave_groups(self, tx: _Tx, member_id: str, now: datetime) -> None:
         s = tx.session
-        for m in s.exec(select(MemberRow).where(MemberRow.member_id == member_id)).all():
+        rows = s.exec(select(MemberRow).where(MemberRow.member_id == member_id)).all()
+        groups = [m.group_id for m in rows]
+        for m in rows:
             s.delete(m)
-        self._drop_from_group_docs(tx, member_id, now)
+        self._drop_from_group_docs(tx, member_id, groups, now)
 
     @staticmethod
-    def _drop_from_group_docs(tx: _Tx, member_id: str, now: datetime) -> None:
-        """Removes ``member_id`` from the ``members`` of every group document holding it."""
+    def _drop_from_group_docs(tx: _Tx, member_id: str, group_ids: list[str], now: datetime) -> None:
+        """Removes ``member_id`` from the ``members`` of the documents of these groups."""
         s = tx.session
-        for g in s.exec(select(ScimGroupRow)).all():
+        for gid in group_ids:
+            g = s.get(ScimGroupRow, gid)
+            if g is None:
+                continue
             members = g.doc.get("members") or []
             kept = [m for m in members if str(m.get("value")) != member_id]
             if len(kept) != len(members):

@@ -443,5 +443,7 @@ def history_load(
     typer.echo(json.dumps(stats.__dict__))
 
 
+app.add_typer(__import__("svc.context.cli").context.cli.app, name="context")
+
 if __name__ == "__main__":  # pragma: no cover
     app()

@@ -51,6 +51,7 @@ import typer
 from svc import __version__
 from svc.common.auth_settings import PdpAuthSettings
 from svc.common.cli import Options, settings_command
+from svc.context.cli import app as context_app
 from svc.history.loader import HistoryStoreSettings, LoaderSettings
 from svc.intake.settings import IntakeSettings
 from svc.pdp import BundleError, Engine, RequestError
@@ -443,7 +444,7 @@ def history_load(
     typer.echo(json.dumps(stats.__dict__))
 
 
-app.add_typer(__import__("svc.context.cli").context.cli.app, name="context")
+app.add_typer(context_app, name="context")
 
 if __name__ == "__main__":  # pragma: no cover
     app()

@@ -1421,6 +1421,14 @@ def test_bad_parameters_are_named(routes: TestClient) -> None:
     )
     assert_names(routes.get("/v1/history/counts?principal=alice"), "principal")
     assert_names(routes.get("/v1/history/counts?principal=Human::a&since=yesterday"), "since")
+    # Times are pydantic's AwareDatetime: an offset is required, and a bare number (which
+    # pydantic would read as a Unix time) is not RFC 3339.
+    no_offset = routes.get("/v1/history/counts?principal=Human::a&since=2026-11-21T00:00:00")
+    assert_names(no_offset, "since")
+    assert "timezone" in no_offset.json()["detail"]
+    number = routes.get("/v1/history/events?principal=Human::a&until=1700000000")
+    assert_names(number, "until")
+    assert "not an RFC 3339 time" in number.json()["detail"]
 
 
 @pytest.mark.parametrize(

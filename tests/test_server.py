@@ -1,4 +1,4 @@
-"""The decision point's listener (crates/pdp_py/src/server) over real sockets on 127.0.0.1.
+"""The decision point's listener (crates/pdp_server) over real sockets on 127.0.0.1.
 
 * the golden corpus of the decision core through every transport: HTTP, gRPC, AuthZEN single
   and batch (each `evaluations_semantic`), all agreeing with `Engine.evaluate`;

@@ -10,6 +10,7 @@ import json
 import signal
 import socket
 import subprocess
+import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -237,3 +238,67 @@ def test_ctrl_c_interrupts_the_demo_and_stops_cleanly(tmp_path: Path) -> None:
     err = "".join(seen) + rest
     assert proc.returncode == 130, err
     assert "demo: interrupted" in err and "stopped; data kept in" in err
+
+
+# A child process (chDB allows one engine per process, so not this one) that starts a `Stack`
+# and takes the history's port the moment the decision point and the intake have started:
+# the start fails half-way. It prints what it saw as JSON.
+HALF_WAY = """
+import json, socket, sys, threading
+from pathlib import Path
+from svc.up import PortTaken, Stack, UpOptions, check_ports
+
+data_dir, port, bundle = Path(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
+options = UpOptions(data_dir=data_dir, port=port, bundle=bundle)
+before = set(threading.enumerate())
+holder = socket.socket()
+phases = []
+
+def progress(phase):
+    phases.append(phase)
+    if phase == "starting the intake and the history routes":
+        holder.bind(("127.0.0.1", port + 2))
+        holder.listen()
+
+out = {}
+stack = Stack(options, progress)
+try:
+    stack.start()
+except PortTaken as e:
+    out["error"] = str(e)
+out["threads_left"] = [t.name for t in threading.enumerate() if t not in before]
+out["phases"] = phases
+holder.close()
+check_ports("127.0.0.1", {"decision point": port, "intake": port + 1})  # PortTaken if held
+stack.stop()  # again: nothing left to stop
+# What the failed start held is free again: the same data directory and ports start anew.
+again = Stack(options)
+again.start()
+out["started_again"] = [t.name for t in threading.enumerate() if t not in before]
+again.stop()
+again.stop()
+out["threads_after_stops"] = [t.name for t in threading.enumerate() if t not in before]
+print(json.dumps(out))
+"""
+
+
+def test_a_failure_half_way_stops_what_started_and_stop_is_idempotent(tmp_path: Path) -> None:
+    port = free_base_port()
+    r = subprocess.run(
+        [sys.executable, "-c", HALF_WAY, str(tmp_path), str(port), str(CORP)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.splitlines()[-1])
+    assert f"port {port + 2}" in out["error"] and "(the history)" in out["error"]
+    # The decision point and the intake had started (and waited for the producers).
+    assert out["phases"][-2:] == [
+        "starting the intake and the history routes",
+        "waiting for the intake's producers",
+    ]
+    assert out["threads_left"] == []
+    # The second start ran every component again (their threads), and its stops ended them.
+    assert {"svc-up-intake", "svc-up-history", "svc-history-loader"} <= set(out["started_again"])
+    assert out["threads_after_stops"] == []

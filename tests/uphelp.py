@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,7 @@ class Up:
     port: int
     data_dir: Path
     stdout: list[str]
+    stopped: tuple[int, str, str] | None = field(default=None, repr=False)
 
     @property
     def pdp(self) -> str:
@@ -85,11 +86,14 @@ class Up:
             time.sleep(0.2)
 
     def stop(self, sig: int = signal.SIGINT) -> tuple[int, str, str]:
-        """Sends `sig`, waits; returns (exit code, rest of stdout, stderr)."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        out, err = self.proc.communicate(timeout=90)
-        return self.proc.returncode, "".join(self.stdout) + out, err
+        """Sends `sig`, waits; returns (exit code, all of stdout, stderr). Again after the
+        first: the same answer."""
+        if self.stopped is None:
+            if self.proc.poll() is None:
+                self.proc.send_signal(sig)
+            out, err = self.proc.communicate(timeout=90)
+            self.stopped = self.proc.returncode, "".join(self.stdout) + out, err
+        return self.stopped
 
 
 def start_up(data_dir: Path, *args: str, port: int | None = None, ready_timeout: float = 180) -> Up:

@@ -1,8 +1,8 @@
 """svc: an access-decision and audit-intake service.
 
-The decision core is Rust (`svc._pdp_core`, built from `crates/pdp_py`); everything else is
-Python. Public entry points: `svc.pdp` (the in-process decision engine) and the `svc` command
-line (`svc.cli`).
+The decision core is Rust (`svc._pdp_core`, built from `crates/pdp_py`, which binds
+`crates/pdp_core` and `crates/pdp_server`); everything else is Python. Public entry points:
+`svc.pdp` (the in-process decision engine) and the `svc` command line (`svc.cli`).
 """
 
 from importlib.metadata import PackageNotFoundError, version

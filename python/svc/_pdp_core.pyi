@@ -1,4 +1,7 @@
-"""Type stubs for `svc._pdp_core`, the Rust decision core (crates/pdp_py over crates/pdp_core).
+"""Type stubs for `svc._pdp_core`, the Rust decision core (crates/pdp_py over two crates).
+
+The binding (crates/pdp_py) wraps the engine (crates/pdp_core) and its I/O: the listener, the
+decision log, reading bundle directories (crates/pdp_server).
 
 Shapes used below (docs/architecture.md#entities-and-the-base-schema, docs/decisions.md#request):
 

@@ -7,7 +7,10 @@ The decision log's shipper, the intake's transactional producers and the history
 their clients with ``Producer(conf)`` / ``Consumer(conf)`` from here, with the librdkafka
 configuration they always used. When ``bootstrap.servers`` is a ``local://`` URL they get a
 ``LocalProducer`` / ``LocalConsumer`` on a ``LocalLog`` instead of a librdkafka handle; every
-other value goes to ``confluent_kafka`` unchanged.
+other value goes to ``confluent_kafka`` unchanged. Both kinds are typed as ``ProducerLike`` /
+``ConsumerLike``: ``Protocol``s (PEP 544) of exactly the ``confluent_kafka`` calls svc makes,
+which ``confluent_kafka.Producer`` / ``Consumer`` (their type stubs) and the local clients
+both satisfy, as mypy checks.
 
 The local log is one SQLite file (WAL) in the data directory, so it keeps records across
 restarts like a broker does, and several processes may share it (SQLite's file locking). What it
@@ -40,7 +43,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar, Literal, Protocol
 
 import confluent_kafka
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
@@ -48,11 +51,14 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 __all__ = [
     "LOCAL_SCHEME",
     "Consumer",
+    "ConsumerLike",
     "LocalConsumer",
     "LocalLog",
     "LocalMessage",
     "LocalProducer",
+    "MessageLike",
     "Producer",
+    "ProducerLike",
     "is_local",
     "local_path",
 ]
@@ -67,6 +73,146 @@ OFFSET_INVALID = -1001
 DEFAULT_RETENTION_MS = 7 * 24 * 3600 * 1000
 
 DeliveryCallback = Callable[[KafkaError | None, Any], None]
+
+
+class MessageLike(Protocol):
+    """The accessors of ``confluent_kafka.Message`` svc reads (``LocalMessage`` has them too)."""
+
+    def topic(self) -> str | None:
+        """The record's topic."""
+        ...
+
+    def partition(self) -> int | None:
+        """The record's partition."""
+        ...
+
+    def offset(self) -> int | None:
+        """The record's offset."""
+        ...
+
+    def key(self) -> bytes | None:
+        """The record's key."""
+        ...
+
+    def value(self) -> bytes | None:
+        """The record's value."""
+        ...
+
+    def timestamp(self) -> tuple[int, int]:
+        """(timestamp type, epoch milliseconds)."""
+        ...
+
+    def error(self) -> KafkaError | None:
+        """The error of an error event, None for a record."""
+        ...
+
+
+class ProducerLike(Protocol):
+    """The ``confluent_kafka.Producer`` calls svc makes.
+
+    The decision log's shipper produces and polls; the intake's producers also use the
+    transactional calls (confluent-kafka's API reference:
+    https://docs.confluent.io/platform/current/clients/confluent-kafka-python/html/index.html).
+    ``Producer(conf)`` returns one.
+    """
+
+    def __len__(self) -> int:
+        """Records queued and not delivered yet (with callbacks not served yet)."""
+        ...
+
+    def produce(
+        self,
+        topic: str,
+        value: bytes | str | None = ...,
+        key: bytes | str | None = ...,
+        *,
+        on_delivery: DeliveryCallback | None = ...,
+    ) -> None:
+        """Queues one record; `on_delivery` is served by ``poll``/``flush``."""
+        ...
+
+    def poll(self, timeout: float) -> int:
+        """Serves delivery callbacks, waiting up to `timeout` s; returns how many."""
+        ...
+
+    def flush(self, timeout: float) -> int:
+        """Waits up to `timeout` s for every queued record; returns how many are left."""
+        ...
+
+    def purge(self, in_queue: bool = ..., in_flight: bool = ..., blocking: bool = ...) -> None:
+        """Drops queued (and in-flight) records; their callbacks report a purge."""
+        ...
+
+    def list_topics(self, topic: str | None = ..., timeout: float = ...) -> Any:
+        """Cluster metadata (``.topics``: name -> metadata with ``.error``)."""
+        ...
+
+    def init_transactions(self, timeout: float) -> None:
+        """Registers the ``transactional.id`` (fencing an older producer with it)."""
+        ...
+
+    def begin_transaction(self) -> None:
+        """Starts a transaction."""
+        ...
+
+    def commit_transaction(self, timeout: float) -> None:
+        """Commits the transaction, waiting up to `timeout` s."""
+        ...
+
+    def abort_transaction(self, timeout: float) -> None:
+        """Aborts the transaction, waiting up to `timeout` s."""
+        ...
+
+
+class ConsumerLike(Protocol):
+    """The ``confluent_kafka.Consumer`` calls svc makes (the history loader's).
+
+    ``Consumer(conf)`` returns one.
+    """
+
+    def subscribe(
+        self,
+        topics: list[str],
+        on_assign: Callable[[Any, list[TopicPartition]], None] | None = ...,
+        on_revoke: Callable[[Any, list[TopicPartition]], None] | None = ...,
+        on_lost: Callable[[Any, list[TopicPartition]], None] | None = ...,
+    ) -> None:
+        """Joins the group for `topics`; the callbacks run inside ``consume``."""
+        ...
+
+    def consume(self, num_messages: int = ..., timeout: float = ...) -> Sequence[MessageLike]:
+        """Up to `num_messages` records (or error events), waiting up to `timeout` s."""
+        ...
+
+    def commit(
+        self, *, offsets: list[TopicPartition], asynchronous: Literal[False]
+    ) -> list[TopicPartition] | None:
+        """Commits `offsets` synchronously."""
+        ...
+
+    def assignment(self) -> list[TopicPartition]:
+        """The partitions assigned to this member."""
+        ...
+
+    def position(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
+        """The next offset to read per partition."""
+        ...
+
+    def committed(
+        self, partitions: list[TopicPartition], timeout: float = ...
+    ) -> list[TopicPartition]:
+        """The group's committed offsets of `partitions`."""
+        ...
+
+    def get_watermark_offsets(
+        self, partition: TopicPartition, timeout: float = ..., cached: bool = ...
+    ) -> tuple[int, int]:
+        """(low, high) offsets of `partition`."""
+        ...
+
+    def close(self) -> None:
+        """Leaves the group and closes the consumer."""
+        ...
 
 
 def is_local(bootstrap: str) -> bool:
@@ -95,7 +241,7 @@ def local_path(bootstrap: str) -> Path:
     return Path(rest)
 
 
-def Producer(conf: dict[str, Any]) -> confluent_kafka.Producer:
+def Producer(conf: dict[str, Any]) -> ProducerLike:
     """A producer for ``conf``: ``LocalProducer`` for ``local://``, else ``confluent_kafka``'s.
 
     Args:
@@ -107,11 +253,11 @@ def Producer(conf: dict[str, Any]) -> confluent_kafka.Producer:
 
     """
     if is_local(str(conf.get("bootstrap.servers", ""))):
-        return cast(confluent_kafka.Producer, LocalProducer(conf))
+        return LocalProducer(conf)
     return confluent_kafka.Producer(conf)
 
 
-def Consumer(conf: dict[str, Any]) -> confluent_kafka.Consumer:
+def Consumer(conf: dict[str, Any]) -> ConsumerLike:
     """A consumer for ``conf``: ``LocalConsumer`` for ``local://``, else ``confluent_kafka``'s.
 
     Args:
@@ -124,7 +270,7 @@ def Consumer(conf: dict[str, Any]) -> confluent_kafka.Consumer:
 
     """
     if is_local(str(conf.get("bootstrap.servers", ""))):
-        return cast(confluent_kafka.Consumer, LocalConsumer(conf))
+        return LocalConsumer(conf)
     return confluent_kafka.Consumer(conf)
 
 

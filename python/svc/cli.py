@@ -25,6 +25,11 @@ Commands:
   the history and stops (``--serve`` keeps it running).
 * ``svc version``: print the release.
 
+The options of ``svc pdp``, ``svc intake``, ``svc history`` and the ``--log-*`` ones of ``svc up``
+are made from the components' settings classes (``svc.common.cli.settings_command``): each
+option's environment variable, default and help are its field's, and a given option wins over
+the environment, which wins over the default.
+
 Exit codes: 0 decision printed (whatever the verdict, unless ``--exit-code``), 1 with
 ``--exit-code`` when the verdict is not ``allow``, 2 bad input (bundle or request), with the
 problem on standard error.
@@ -44,14 +49,15 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 from svc import __version__
+from svc.common.auth_settings import PdpAuthSettings
+from svc.common.cli import Options, settings_command
+from svc.context.cli import app as context_app
+from svc.history.loader import HistoryStoreSettings, LoaderSettings
+from svc.intake.settings import IntakeSettings
 from svc.pdp import BundleError, Engine, RequestError
-from svc.pdp.log_settings import (
-    LOG_COMMIT_MS,
-    LOG_COMMIT_MS_MAX,
-    LOG_DURABILITY,
-    LOG_FSYNC,
-    Durability,
-)
+from svc.pdp.log_settings import DecisionLogSettings
+from svc.pdp.settings import PdpSettings
+from svc.policy.cli import app as policy_app
 
 app = typer.Typer(
     name="svc",
@@ -60,32 +66,9 @@ app = typer.Typer(
     add_completion=False,
 )
 
-# The decision log's durability (docs/history.md, "Durability of the decision log"), shared by
-# `svc pdp` and `svc up`.
-LogCommitMsOpt = Annotated[
-    int,
-    typer.Option(
-        envvar="SVC_PDP_LOG_COMMIT_MS",
-        min=0,
-        max=LOG_COMMIT_MS_MAX,
-        help="Decision-log group-commit window (ms; 0: write each record at once). "
-        "A kill -9 loses at most the records of the last window. Window mode only.",
-    ),
-]
-LogDurabilityOpt = Annotated[
-    Durability,
-    typer.Option(
-        envvar="SVC_PDP_LOG_DURABILITY",
-        help="window: answer at once; durable: answer once the decision's record is written.",
-    ),
-]
-LogFsyncOpt = Annotated[
-    bool,
-    typer.Option(
-        envvar="SVC_PDP_LOG_FSYNC",
-        help="fsync the decision log after every group commit (covers power loss).",
-    ),
-]
+# The options of a component come from its settings class (svc.common.cli): name, help,
+# environment variable, default and bounds are the field's.
+_LOG_OPTIONS = Options(DecisionLogSettings)
 
 BundleOpt = Annotated[
     Path,
@@ -105,13 +88,6 @@ def _fail(message: str) -> typer.Exit:
     """Prints `message` on standard error and returns the exit for bad input (code 2)."""
     typer.echo(message, err=True)
     return typer.Exit(code=2)
-
-
-def _problems(e: Any) -> str:
-    """A pydantic ``ValidationError`` as one line: ``field: message; ...``."""
-    return "; ".join(
-        f"{'.'.join(map(str, err['loc'])) or 'settings'}: {err['msg']}" for err in e.errors()
-    )
 
 
 def _load_engine(bundle: Path) -> Engine:
@@ -197,165 +173,50 @@ def plan(
 
 
 @app.command()
-def pdp(
-    bundle: BundleOpt,
-    host: Annotated[
-        str, typer.Option(envvar="SVC_PDP_HOST", help="Address to bind (0.0.0.0 in a container).")
-    ] = "127.0.0.1",
-    port: Annotated[
-        int, typer.Option(envvar="SVC_PDP_PORT", min=0, max=65535, help="Port (0: any free).")
-    ] = 8080,
-    mode: Annotated[
-        str,
-        typer.Option(envvar="SVC_PDP_MODE", help="monitor or enforce, reported with decisions."),
-    ] = "enforce",
-    max_body_bytes: Annotated[
-        int, typer.Option(envvar="SVC_PDP_MAX_BODY_BYTES", min=1, help="Largest request body.")
-    ] = 1_048_576,
-    workers: Annotated[
-        int, typer.Option(envvar="SVC_PDP_WORKERS", min=0, help="Worker threads (0: per core).")
-    ] = 0,
-    public_url: Annotated[
-        str | None,
-        typer.Option(envvar="SVC_PDP_PUBLIC_URL", help="Base URL for AuthZEN discovery."),
-    ] = None,
-    watch: Annotated[bool, typer.Option(help="Reload the bundle when its files change.")] = True,
-    noop_routes: Annotated[
-        bool,
-        typer.Option(help="Also serve the benchmark ceiling (POST /v1/noop, NoopAuthorizer)."),
-    ] = False,
-    plan_max_age_secs: Annotated[
-        int, typer.Option(envvar="SVC_PDP_PLAN_MAX_AGE_SECS", min=0, help="Plan max_age_secs.")
-    ] = 300,
-    kafka: Annotated[
-        str | None,
-        typer.Option(
-            envvar="SVC_KAFKA_URL",
-            help="Broker for the decision log (kafka://host:port); none: no decision log.",
+@settings_command(
+    "svc pdp",
+    settings=Options(
+        PdpSettings,
+        # The order of docs/api.md's table.
+        only=(
+            "host",
+            "port",
+            "mode",
+            "max_body_bytes",
+            "workers",
+            "public_url",
+            "watch",
+            "noop_routes",
+            "plan_max_age_secs",
+            "kafka_url",
+            "spool_dir",
+            "log_queue_bound",
+            "spool_max_bytes",
+            "log_commit_ms",
+            "log_durability",
+            "log_fsync",
+            "decisions_topic",
+            "max_batch_items",
+            "max_inline_entities",
+            "max_entity_depth",
         ),
-    ] = None,
-    spool_dir: Annotated[
-        Path,
-        typer.Option(envvar="SVC_PDP_SPOOL_DIR", help="Decision-log spool (broker outages)."),
-    ] = Path(".svc/pdp-spool"),
-    log_queue_bound: Annotated[
-        int, typer.Option(envvar="SVC_PDP_LOG_QUEUE_BOUND", min=1, help="Records in memory.")
-    ] = 100_000,
-    spool_max_bytes: Annotated[
-        int, typer.Option(envvar="SVC_PDP_SPOOL_MAX_BYTES", min=1, help="Largest spool.")
-    ] = 1 << 30,
-    log_commit_ms: LogCommitMsOpt = LOG_COMMIT_MS,
-    log_durability: LogDurabilityOpt = LOG_DURABILITY,
-    log_fsync: LogFsyncOpt = LOG_FSYNC,
-    decisions_topic: Annotated[
-        str, typer.Option(envvar="SVC_PDP_DECISIONS_TOPIC", help="Decision-log topic.")
-    ] = "svc.decisions.v1",
-    max_batch_items: Annotated[
-        int,
-        typer.Option(
-            envvar="SVC_PDP_MAX_BATCH_ITEMS", min=1, help="Most evaluations per AuthZEN batch."
-        ),
-    ] = 1_000,
-    max_inline_entities: Annotated[
-        int,
-        typer.Option(
-            envvar="SVC_PDP_MAX_INLINE_ENTITIES", min=0, help="Most inline entities per check."
-        ),
-    ] = 1_000,
-    max_entity_depth: Annotated[
-        int,
-        typer.Option(
-            envvar="SVC_PDP_MAX_ENTITY_DEPTH", min=1, help="Longest parent chain of an entity."
-        ),
-    ] = 64,
-    auth: Annotated[
-        str | None,
-        typer.Option(help="jwt or none (SVC_PDP_AUTH; default jwt once an issuer is set)."),
-    ] = None,
-    auth_issuer: Annotated[
-        str | None, typer.Option(help="The accepted token issuer, iss (SVC_PDP_AUTH_ISSUER).")
-    ] = None,
-    auth_jwks: Annotated[
-        str | None,
-        typer.Option(help="The issuer's keys: https:// URL or file:// path (SVC_PDP_AUTH_JWKS)."),
-    ] = None,
-    auth_jwks_ca_file: Annotated[
-        Path | None, typer.Option(help="CA of the JWKS server (SVC_PDP_AUTH_JWKS_CA_FILE).")
-    ] = None,
-    auth_audience: Annotated[
-        str | None, typer.Option(help="The aud tokens must name (SVC_PDP_AUTH_AUDIENCE; svc-pdp).")
-    ] = None,
-    auth_callers: Annotated[
-        str | None,
-        typer.Option(help="Allowed callers' sub values, comma-separated (SVC_PDP_AUTH_CALLERS)."),
-    ] = None,
-    auth_jwks_refresh_secs: Annotated[
-        float | None, typer.Option(help="JWKS reload interval (SVC_PDP_AUTH_JWKS_REFRESH_SECS).")
-    ] = None,
-    auth_leeway_secs: Annotated[
-        int | None, typer.Option(help="Clock skew allowed on exp/nbf (SVC_PDP_AUTH_LEEWAY_SECS).")
-    ] = None,
-    auth_cache_entries: Annotated[
-        int | None,
-        typer.Option(help="Verified tokens cached; 0: none (SVC_PDP_AUTH_CACHE_ENTRIES)."),
-    ] = None,
-    auth_cache_ttl_secs: Annotated[
-        int | None,
-        typer.Option(help="Longest trust in a cached token (SVC_PDP_AUTH_CACHE_TTL_SECS)."),
-    ] = None,
-) -> None:
+        names={"kafka_url": "--kafka"},
+    ),
+    auth=Options(PdpAuthSettings),
+)
+def pdp(bundle: BundleOpt, settings: PdpSettings, auth: PdpAuthSettings) -> None:
     """Run the decision point (gRPC + HTTP on one port) over one bundle directory.
 
     Bearer-token settings (--auth-*, SVC_PDP_AUTH_*): docs/auth.md. Without them the decision
     point serves anyone and may only bind a loopback address.
     """
-    from pydantic import ValidationError
-
-    from svc.common.auth import AuthConfigError, PdpAuthSettings
+    from svc.common.auth import AuthConfigError
     from svc.pdp.server import StandaloneOptions, run_standalone
 
-    overrides: dict[str, Any] = {
-        "auth": auth,
-        "auth_issuer": auth_issuer,
-        "auth_jwks": auth_jwks,
-        "auth_jwks_ca_file": auth_jwks_ca_file,
-        "auth_audience": auth_audience,
-        "auth_callers": auth_callers,
-        "auth_jwks_refresh_secs": auth_jwks_refresh_secs,
-        "auth_leeway_secs": auth_leeway_secs,
-        "auth_cache_entries": auth_cache_entries,
-        "auth_cache_ttl_secs": auth_cache_ttl_secs,
-    }
-    try:
-        auth_settings = PdpAuthSettings(**{k: v for k, v in overrides.items() if v is not None})
-    except ValidationError as e:
-        raise _fail(f"svc pdp: bad settings: {_problems(e)}") from e
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    opts = StandaloneOptions(
-        host=host,
-        port=port,
-        mode=mode,
-        max_body_bytes=max_body_bytes,
-        workers=workers,
-        public_url=public_url,
-        watch=watch,
-        noop_routes=noop_routes,
-        plan_max_age_secs=plan_max_age_secs,
-        kafka_url=kafka,
-        spool_dir=spool_dir,
-        log_queue_bound=log_queue_bound,
-        spool_max_bytes=spool_max_bytes,
-        log_commit_ms=log_commit_ms,
-        log_durability=log_durability,
-        log_fsync=log_fsync,
-        decisions_topic=decisions_topic,
-        max_batch_items=max_batch_items,
-        max_inline_entities=max_inline_entities,
-        max_entity_depth=max_entity_depth,
-        auth=auth_settings,
-    )
+    opts = StandaloneOptions(**dict(settings), auth=auth)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -380,31 +241,17 @@ def validate(bundle: BundleOpt) -> None:
 
 
 @app.command()
+@settings_command(
+    "svc intake",
+    settings=Options(IntakeSettings, only=("host", "port", "dev"), names={"dev": "--dev"}),
+)
 def intake(
-    host: Annotated[
-        str | None,
-        typer.Option(help="Address to bind (SVC_INTAKE_HOST; default 127.0.0.1)."),
-    ] = None,
-    port: Annotated[
-        int | None,
-        typer.Option(min=0, max=65535, help="Port (SVC_INTAKE_PORT; default 8080)."),
-    ] = None,
-    dev: Annotated[
-        bool,
-        typer.Option("--dev", help="Dev mode: accept the placeholder token (SVC_INTAKE_DEV)."),
-    ] = False,
+    settings: IntakeSettings,
     access_log: Annotated[bool, typer.Option(help="Log one line per request.")] = False,
 ) -> None:
     """Run the event intake (HTTP on port 8080); other settings: SVC_INTAKE_*, SVC_KAFKA_URL."""
-    from pydantic import ValidationError
+    from svc.intake import serve
 
-    from svc.intake import IntakeSettings, serve
-
-    overrides: dict[str, Any] = {"host": host, "port": port, "dev": True if dev else None}
-    try:
-        settings = IntakeSettings(**{k: v for k, v in overrides.items() if v is not None})
-    except ValidationError as e:
-        raise _fail(f"svc intake: bad settings: {_problems(e)}") from e
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -430,6 +277,7 @@ UpHostOpt = Annotated[str, typer.Option(help="Address every component binds.")]
 
 
 @app.command()
+@settings_command("svc up", log=_LOG_OPTIONS)
 def up(
     data_dir: DataDirOpt = None,
     host: UpHostOpt = "127.0.0.1",
@@ -453,9 +301,8 @@ def up(
     retention_days: Annotated[
         int, typer.Option(min=0, help="History retention in days (0 keeps everything).")
     ] = 0,
-    log_commit_ms: LogCommitMsOpt = LOG_COMMIT_MS,
-    log_durability: LogDurabilityOpt = LOG_DURABILITY,
-    log_fsync: LogFsyncOpt = LOG_FSYNC,
+    *,
+    log: DecisionLogSettings,
 ) -> None:
     """Run the decision point, intake and history loader on this machine (embedded defaults).
 
@@ -472,9 +319,9 @@ def up(
         bundle=bundle,
         mode=mode,
         retention_days=retention_days,
-        log_commit_ms=log_commit_ms,
-        log_durability=log_durability,
-        log_fsync=log_fsync,
+        log_commit_ms=log.log_commit_ms,
+        log_durability=log.log_durability,
+        log_fsync=log.log_fsync,
     )
     raise typer.Exit(run(opts, demo_checks=2000 if demo else 0, keep_serving=True))
 
@@ -508,15 +355,7 @@ history_app = typer.Typer(
     no_args_is_help=True,
 )
 app.add_typer(history_app, name="history")
-
-HistoryDsnOpt = Annotated[
-    str,
-    typer.Option(
-        "--dsn",
-        envvar="SVC_HISTORY_DSN",
-        help="chdb:///DIR (embedded; ?database=NAME optional) or http(s)://HOST:8123/DATABASE.",
-    ),
-]
+app.add_typer(policy_app, name="policy")
 
 
 def _history_client(dsn: str, create_database: bool = False) -> Any:
@@ -530,44 +369,39 @@ def _history_client(dsn: str, create_database: bool = False) -> Any:
 
 
 @history_app.command("migrate")
-def history_migrate(dsn: HistoryDsnOpt) -> None:
+@settings_command(
+    "svc history migrate", store=Options(HistoryStoreSettings, names={"dsn": "--dsn"})
+)
+def history_migrate(store: HistoryStoreSettings) -> None:
     """Apply the history schema (the per-release schema job; idempotent, docs/history.md#schema)."""
     from svc import history
 
-    applied = history.migrate(_history_client(dsn, create_database=True))
+    applied = history.migrate(_history_client(store.dsn, create_database=True))
     typer.echo(f"applied versions {applied}" if applied else "history schema is up to date")
 
 
 @history_app.command("load")
+@settings_command(
+    "svc history load",
+    settings=Options(
+        LoaderSettings,
+        only=(
+            "dsn",
+            "kafka_url",
+            "retention_days",
+            "retention_file",
+            "retention_interval",
+            "group",
+            "decisions_topic",
+            "events_topic",
+            "batch_records",
+            "batch_ms",
+        ),
+        names={"dsn": "--dsn", "kafka_url": "--kafka"},
+    ),
+)
 def history_load(
-    dsn: HistoryDsnOpt,
-    kafka: Annotated[
-        str, typer.Option(envvar="SVC_KAFKA_URL", help="Broker: kafka://host:port or host:port.")
-    ],
-    retention_days: Annotated[
-        int,
-        typer.Option(
-            envvar="SVC_ANALYTICS_RETENTION_DAYS",
-            min=0,
-            help="analytics.retentionDays: drop whole days older than this (0 keeps all).",
-        ),
-    ] = 0,
-    retention_file: Annotated[
-        Path | None,
-        typer.Option(
-            envvar="SVC_ANALYTICS_RETENTION_FILE",
-            help="File holding the retention days, re-read at each pass (a mounted setting); "
-            "wins over --retention-days while readable.",
-        ),
-    ] = None,
-    retention_interval: Annotated[
-        float, typer.Option(min=1, help="Seconds between retention passes.")
-    ] = 3600,
-    group: Annotated[str, typer.Option(help="Consumer group.")] = "svc-history",
-    decisions_topic: Annotated[str, typer.Option(help="Decision topic.")] = "svc.decisions.v1",
-    events_topic: Annotated[str, typer.Option(help="Event topic.")] = "svc.events.v1",
-    batch_records: Annotated[int, typer.Option(min=1, help="Most records per batch.")] = 50_000,
-    batch_ms: Annotated[int, typer.Option(min=1, help="Longest batch wait, in ms.")] = 1000,
+    settings: LoaderSettings,
     migrate: Annotated[bool, typer.Option(help="Apply the schema first.")] = False,
     until_caught_up: Annotated[
         bool, typer.Option(help="Exit once every partition is loaded and committed.")
@@ -575,7 +409,8 @@ def history_load(
 ) -> None:
     """Load svc.decisions.v1 and svc.events.v1 into the history (at least once, deduplicated).
 
-    Offsets are committed only after a batch is stored; runs until Ctrl-C or SIGTERM.
+    Offsets are committed only after a batch is stored; runs until Ctrl-C or SIGTERM. The
+    loader's health settings (SVC_HISTORY_FAILING_AFTER, ...) come from the environment.
     """
     from svc import history
     from svc.common.topics import bootstrap_servers
@@ -583,37 +418,21 @@ def history_load(
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    try:
-        bootstrap = bootstrap_servers(kafka)
-    except ValueError as e:
-        raise _fail(str(e)) from e
-    client = _history_client(dsn, create_database=migrate)
+    bootstrap = bootstrap_servers(settings.kafka_url)
+    client = _history_client(settings.dsn, create_database=migrate)
     if migrate:
         history.migrate(client)
-
-    def current_retention() -> int:
-        if retention_file is not None:
-            try:
-                return int(retention_file.read_text().strip() or "0")
-            except (OSError, ValueError) as e:
-                logging.getLogger("svc.history").warning(
-                    "retention file %s unreadable (%s); using %d days",
-                    retention_file,
-                    e,
-                    retention_days,
-                )
-        return retention_days
-
     loader = history.Loader(
         client,
         bootstrap,
-        decisions_topic=decisions_topic or None,
-        events_topic=events_topic or None,
-        group_id=group,
-        batch_records=batch_records,
-        batch_ms=batch_ms,
-        retention_days=current_retention,
-        retention_interval=retention_interval,
+        decisions_topic=settings.decisions_topic or None,
+        events_topic=settings.events_topic or None,
+        group_id=settings.group,
+        batch_records=settings.batch_records,
+        batch_ms=settings.batch_ms,
+        retention_days=settings.current_retention,
+        retention_interval=settings.retention_interval,
+        health=settings,
     )
     stop_on = (signal.SIGINT, signal.SIGTERM)
     previous = {sig: signal.signal(sig, lambda *_: loader.stop()) for sig in stop_on}
@@ -624,6 +443,8 @@ def history_load(
             signal.signal(sig, handler)
     typer.echo(json.dumps(stats.__dict__))
 
+
+app.add_typer(context_app, name="context")
 
 if __name__ == "__main__":  # pragma: no cover
     app()

@@ -26,6 +26,14 @@ and reloaded whenever its files change.
 
 Refusals happen before anything starts: a port in use, or another ``svc up`` on the same data
 directory (an exclusive ``flock`` on ``<data_dir>/svc-up.lock``).
+
+``Stack`` is the supervisor: one context manager per component (the data directory's lock, the
+topic log, the history store and its loader, the caller tokens of the local issuer, the decision
+point, the intake, the history routes), entered in that order on one ``ExitStack``. Each returns
+once its component is ready, waiting on an event the component sets (uvicorn's startup, the
+intake's producer pool), so ``stop``, or a failure half-way through the start, stops what
+started in reverse order. Background loops (the topic log's trim, the caller token's renewal)
+wait on a stop event between runs.
 """
 
 from __future__ import annotations
@@ -40,14 +48,15 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Callable
-from contextlib import ExitStack
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 from clickhouse_connect.driver.client import Client
+from fastapi import FastAPI
 from pydantic import SecretStr
 from rich.console import Console
 from rich.status import Status
@@ -65,6 +74,8 @@ from svc.common.topics import DECISIONS_TOPIC, EVENTS_TOPIC
 from svc.history.loader import Loader
 from svc.history.service import create_app as history_app
 from svc.history.service import totals
+from svc.intake.producer import TransactionalPool
+from svc.intake.settings import IntakeSettings
 from svc.pdp import Engine, RequestError
 from svc.pdp.log_settings import LOG_COMMIT_MS, LOG_DURABILITY, LOG_FSYNC, Durability
 from svc.pdp.server import StandaloneOptions, serve_bundle
@@ -94,6 +105,15 @@ DEMO_CALLER = "svc-demo"
 #: Lifetime of a caller token (a working day and then some), in seconds; ``svc up`` writes a
 #: new one every half of it.
 CALLER_TOKEN_LIFETIME_SECS = 24 * 3600
+
+#: Longest wait, in seconds, for an HTTP app to listen and for the intake's producers.
+START_TIMEOUT = 60.0
+
+#: Longest wait, in seconds, for an HTTP app to finish its requests and stop.
+HTTP_STOP_TIMEOUT = 30.0
+
+#: Longest wait, in seconds, for the history loader to store what it read and stop.
+LOADER_STOP_TIMEOUT = 60.0
 
 
 def default_data_dir() -> Path:
@@ -156,6 +176,31 @@ class Urls:
     history: str
 
 
+def _bind(host: str, port: int, name: str) -> socket.socket:
+    """A TCP socket bound to (`host`, `port`) with ``SO_REUSEADDR``, not listening yet.
+
+    Raises:
+        PortTaken: the port is in use or not allowed (the message names it and `name`, the
+            component).
+        OSError: another bind error (an address not on this machine, for example).
+
+    """
+    s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((host, port))
+    except OSError as e:
+        s.close()
+        if e.errno in (errno.EADDRINUSE, errno.EACCES):
+            why = "in use" if e.errno == errno.EADDRINUSE else "not allowed"
+            raise PortTaken(
+                f"port {port} on {host} (the {name}) is {why}; stop whatever holds it "
+                "or start on other ports with --port N (svc up uses N, N+1 and N+2)"
+            ) from None
+        raise
+    return s
+
+
 def check_ports(host: str, ports: dict[str, int]) -> None:
     """Binds each port for a moment to see that it is free.
 
@@ -165,21 +210,11 @@ def check_ports(host: str, ports: dict[str, int]) -> None:
 
     Raises:
         PortTaken: a port is in use (the message names it and the component).
+        OSError: another bind error.
 
     """
     for name, port in ports.items():
-        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                s.bind((host, port))
-            except OSError as e:
-                if e.errno in (errno.EADDRINUSE, errno.EACCES):
-                    why = "in use" if e.errno == errno.EADDRINUSE else "not allowed"
-                    raise PortTaken(
-                        f"port {port} on {host} (the {name}) is {why}; stop whatever holds it "
-                        "or start on other ports with --port N (svc up uses N, N+1 and N+2)"
-                    ) from None
-                raise
+        _bind(host, port, name).close()
 
 
 def _token(path: Path) -> str:
@@ -193,44 +228,287 @@ def _token(path: Path) -> str:
     return token
 
 
-class _Servers:
-    """The Python apps (intake, history) under uvicorn on one asyncio loop in one thread."""
+def _write_caller_token(issuer: LocalIssuer, path: Path) -> None:
+    """Writes a new caller token of `issuer` to `path` (mode 0600; see ``Stack``)."""
+    token = issuer.mint(LOCAL_CALLER, ["svc-pdp", "svc-history"], CALLER_TOKEN_LIFETIME_SECS)
+    write_secret(path, token)
 
-    def __init__(self, configs: list[uvicorn.Config]) -> None:
-        self.servers = [uvicorn.Server(c) for c in configs]
-        self.error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="svc-up-http", daemon=True)
 
-    def _run(self) -> None:
-        async def main() -> None:
-            await asyncio.gather(*(s.serve() for s in self.servers))
+# -- the components
+#
+# Each is a context manager: it starts its part, returns once that part is ready (waiting on an
+# event the part sets, never a sleep loop), and stops it when the block ends, also when it fails
+# half-way through its own start. ``Stack`` enters them in order on one ``ExitStack``.
 
+
+@contextmanager
+def _every(interval: float, work: Callable[[], None], name: str) -> Iterator[None]:
+    """Runs `work` every `interval` seconds in a daemon thread `name` while the block runs.
+
+    The thread waits on a stop event between runs, so the block's end stops it at once (after
+    a run under way). `work` logs its own errors; an exception it lets out ends the thread.
+    """
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.wait(interval):
+            work()
+
+    thread = threading.Thread(target=loop, name=name, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+@contextmanager
+def _data_dir_lock(data_dir: Path) -> Iterator[None]:
+    """Holds an exclusive ``flock`` on ``<data_dir>/svc-up.lock`` (which names our pid).
+
+    Raises:
+        DataDirBusy: another process holds it (the message names its pid).
+        OSError: the directory or the lock file cannot be made.
+
+    """
+    data_dir.mkdir(parents=True, exist_ok=True)
+    with (data_dir / "svc-up.lock").open("a+", encoding="utf-8") as f:
         try:
-            asyncio.run(main())
-        except BaseException as e:  # reported to start(); the thread must end
-            self.error = e
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            f.seek(0)
+            holder = f.read().strip() or "?"
+            raise DataDirBusy(
+                f"another svc up (pid {holder}) is using {data_dir}; stop it first, or pass "
+                "--data-dir for a second install"
+            ) from None
+        f.seek(0)
+        f.truncate()
+        f.write(str(os.getpid()))
+        f.flush()
+        yield  # closing the file releases the lock
 
-    def start(self, timeout: float = 60.0) -> None:
-        """Starts the servers and waits until all listen.
 
-        Raises:
-            OSError: a server did not start (its port, usually).
+@contextmanager
+def _topic_log(path: Path, retention_ms: int) -> Iterator[LocalLog]:
+    """The embedded topic log (``svc.broker``) with both topics, trimmed now and hourly.
 
-        """
-        self._thread.start()
-        deadline = time.monotonic() + timeout
-        while not all(s.started for s in self.servers):
-            if self.error is not None or not self._thread.is_alive():
-                raise OSError(f"an HTTP server did not start: {self.error!r}")
-            if time.monotonic() > deadline:
-                raise OSError("the HTTP servers did not start in time")
-            time.sleep(0.02)
+    Args:
+        path: the SQLite file (``<data_dir>/broker.db``).
+        retention_ms: records older than this are dropped (Kafka's ``retention.ms``).
 
-    def stop(self) -> None:
-        """Asks every server to finish its requests and stop; waits for them."""
-        for s in self.servers:
-            s.should_exit = True
-        self._thread.join(timeout=30)
+    Raises:
+        sqlite3.Error: the file cannot be opened.
+
+    """
+    topic_log = LocalLog.open(path)
+    try:
+        topic_log.create_topics([DECISIONS_TOPIC, EVENTS_TOPIC])
+        topic_log.trim(retention_ms)
+
+        def trim() -> None:
+            try:
+                removed = topic_log.trim(retention_ms)
+            except Exception:
+                log.exception("topic log: trim failed")
+                return
+            if removed:
+                log.info("topic log: %d records past retention removed", removed)
+
+        with _every(TRIM_INTERVAL, trim, "svc-up-trim"):
+            yield topic_log
+    finally:
+        topic_log.close()
+
+
+class _Stored:
+    """Counts the batches the history loader stored; wakes whoever waits for the next one.
+
+    The loader calls it after each stored batch (its ``after_store`` hook);
+    ``Stack.wait_for_history`` waits on it.
+    """
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self.batches = 0
+
+    def __call__(self, _batch: object) -> None:
+        """Called by the loader's thread after each stored batch."""
+        with self._changed:
+            self.batches += 1
+            self._changed.notify_all()
+
+    def wait_past(self, seen: int, timeout: float) -> None:
+        """Returns once more than `seen` batches are stored, or after `timeout` seconds."""
+        with self._changed:
+            self._changed.wait_for(lambda: self.batches > seen, timeout)
+
+
+@dataclass(frozen=True)
+class _History:
+    """The running history store: the chDB client, the loader, whether its thread runs."""
+
+    client: Client
+    loader: Loader
+    running: Callable[[], bool]
+
+
+@contextmanager
+def _history_store(
+    directory: Path, broker_url: str, retention_days: int, stored: _Stored
+) -> Iterator[_History]:
+    """The history store: chDB in `directory`, its schema applied, the loader reading the log.
+
+    The loader runs in its own thread; at the end it is asked to stop, stores and commits what
+    it read, and the thread is joined (records it did not read are loaded on the next start).
+
+    Raises:
+        clickhouse_connect.driver.exceptions.ClickHouseError: chDB or the schema failed.
+
+    """
+    client = history.connect(f"chdb://{directory.resolve()}")
+    history.migrate(client)
+    loader = Loader(
+        client, broker_url, batch_ms=200, retention_days=retention_days, after_store=stored
+    )
+
+    def load() -> None:
+        try:
+            loader.run()
+        except Exception:
+            log.exception("history loader stopped on an error")
+
+    thread = threading.Thread(target=load, name="svc-history-loader", daemon=True)
+    thread.start()
+    try:
+        yield _History(client, loader, thread.is_alive)
+    finally:
+        loader.stop()
+        thread.join(timeout=LOADER_STOP_TIMEOUT)
+        if thread.is_alive():
+            log.warning("the history loader did not stop in %g s", LOADER_STOP_TIMEOUT)
+
+
+def _write_demo_bundle(company: Company, bundle_dir: Path) -> None:
+    """Writes the demo company's bundle to `bundle_dir` (through ``<name>.new``, renamed)."""
+    from svc.demo.company import write_bundle
+
+    tmp = bundle_dir.with_name(bundle_dir.name + ".new")
+    tmp.mkdir(parents=True, exist_ok=True)
+    write_bundle(company, tmp)
+    tmp.rename(bundle_dir)
+
+
+@contextmanager
+def _caller_tokens(issuer: LocalIssuer, path: Path) -> Iterator[None]:
+    """Writes a caller token to `path` now and every half of its lifetime while the block runs.
+
+    Raises:
+        OSError: the first token cannot be written (a later failure is only logged).
+
+    """
+    _write_caller_token(issuer, path)
+
+    def renew() -> None:
+        try:
+            _write_caller_token(issuer, path)
+        except OSError:
+            log.exception("could not renew %s", path)
+
+    with _every(CALLER_TOKEN_LIFETIME_SECS / 2, renew, "svc-up-caller-token"):
+        yield
+
+
+class _Uvicorn(uvicorn.Server):
+    """A uvicorn server that sets `settled` once its startup (lifespan, then listener) is done."""
+
+    def __init__(self, config: uvicorn.Config, settled: threading.Event) -> None:
+        super().__init__(config)
+        self.settled = settled
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        """Runs uvicorn's startup, then sets `settled` (a failed startup raises SystemExit)."""
+        await super().startup(sockets=sockets)
+        self.settled.set()
+
+
+@contextmanager
+def _serve_http(app: FastAPI, host: str, port: int, name: str) -> Iterator[None]:
+    """Serves `app` under uvicorn, on an asyncio loop in its own thread, while the block runs.
+
+    The port is bound here (a port taken since ``check_ports`` fails here, in the caller's
+    thread). Ready once uvicorn's startup finished: its ``startup`` sets an event this waits on;
+    the thread's end sets it too, so a failed startup is reported at once. At the end uvicorn
+    finishes the requests under way and stops (``should_exit``), and the thread is joined.
+
+    Raises:
+        PortTaken: the port is in use.
+        OSError: the server did not start (its lifespan failed, or it took over
+            ``START_TIMEOUT`` seconds).
+
+    """
+    sock = _bind(host, port, name)
+    settled = threading.Event()
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        lifespan="on",
+        log_level="warning",
+        access_log=False,
+        server_header=False,
+    )
+    server = _Uvicorn(config, settled)
+    failure: list[BaseException] = []
+
+    def serve() -> None:
+        try:
+            asyncio.run(server.serve(sockets=[sock]))
+        except BaseException as e:  # SystemExit from a failed startup; reported below
+            failure.append(e)
+        finally:
+            settled.set()
+
+    thread = threading.Thread(target=serve, name=f"svc-up-{name}", daemon=True)
+    thread.start()
+    try:
+        if not settled.wait(START_TIMEOUT):
+            raise OSError(f"the {name} did not start in {START_TIMEOUT:g} s")
+        if not server.started:
+            why = repr(failure[0]) if failure else "it stopped while starting"
+            raise OSError(f"the {name} did not start: {why}")
+        yield
+    finally:
+        server.should_exit = True
+        thread.join(timeout=HTTP_STOP_TIMEOUT)
+        sock.close()
+
+
+@contextmanager
+def _intake(settings: IntakeSettings, progress: Callable[[str], None]) -> Iterator[None]:
+    """The intake (``svc.intake``), served until the block ends.
+
+    Ready once its transactional producers are (the pool signals it:
+    ``TransactionalPool.wait_ready``).
+
+    Raises:
+        PortTaken, OSError: as ``_serve_http``; OSError also when the producers are not ready
+            in ``START_TIMEOUT`` seconds (the message says why).
+
+    """
+    from svc.intake.app import create_app
+
+    app = create_app(settings)
+    with _serve_http(app, settings.host, settings.port, "intake"):
+        progress("waiting for the intake's producers")
+        pool: TransactionalPool = app.state.pool
+        if not pool.wait_ready(START_TIMEOUT):
+            raise OSError(f"the intake did not get ready: {pool.not_ready_reason}")
+        yield
+
+
+# -- the supervisor
 
 
 class Stack:
@@ -267,41 +545,7 @@ class Stack:
         self.loader: Loader | None = None
         self.log: LocalLog | None = None
         self._exit = ExitStack()
-        self._lock_file: IO[str] | None = None
-        self._loader_thread: threading.Thread | None = None
-        self._trim_stop = threading.Event()
-
-    # -- start
-
-    def _lock(self) -> None:
-        d = self.options.data_dir
-        d.mkdir(parents=True, exist_ok=True)
-        f = (d / "svc-up.lock").open("a+", encoding="utf-8")
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            f.seek(0)
-            holder = f.read().strip() or "?"
-            f.close()
-            raise DataDirBusy(
-                f"another svc up (pid {holder}) is using {d}; stop it first, or pass "
-                "--data-dir for a second install"
-            ) from None
-        f.seek(0)
-        f.truncate()
-        f.write(str(os.getpid()))
-        f.flush()
-        self._lock_file = f
-
-    def _provision_bundle(self) -> None:
-        if self.options.bundle is not None or self.bundle_dir.exists():
-            return
-        from svc.demo import company
-
-        tmp = self.bundle_dir.with_name(self.bundle_dir.name + ".new")
-        tmp.mkdir(parents=True, exist_ok=True)
-        company.write_bundle(self.demo_company, tmp)
-        tmp.rename(self.bundle_dir)
+        self._stored = _Stored()
 
     @functools.cached_property
     def demo_company(self) -> Company:
@@ -325,13 +569,16 @@ class Stack:
             log.warning("the bundle is not the demo company's; not provisioned: %s", e)
 
     def start(self) -> None:
-        """Starts every component; on failure stops what started and re-raises.
+        """Starts every component in order; on failure stops what started and re-raises.
+
+        Each component is entered on one ``ExitStack`` once it is ready, so ``stop`` (and a
+        failure half-way) stops them newest first.
 
         Raises:
-            PortTaken: a port is in use (nothing started).
+            PortTaken: a port is in use (nothing started, or a port taken while starting).
             DataDirBusy: another ``svc up`` holds the data directory (nothing started).
             BundleError: the bundle does not load.
-            OSError: a listener or a file could not be opened.
+            OSError: a listener or a file could not be opened, or a component did not start.
             AuthConfigError: the local issuer's JWKS could not be loaded.
 
         """
@@ -344,36 +591,29 @@ class Stack:
     def _start(self) -> None:
         o = self.options
         d = o.data_dir
+        enter = self._exit.enter_context
+
         self.progress("checking the data directory and ports")
-        self._lock()
+        enter(_data_dir_lock(d))
         check_ports(o.host, {"decision point": o.port, "intake": o.port + 1, "history": o.port + 2})
 
         self.progress("opening the topic log")
-        self.log = LocalLog.open(d / "broker.db")
-        self.log.create_topics([DECISIONS_TOPIC, EVENTS_TOPIC])
-        self.log.trim(o.log_retention_ms)
-        threading.Thread(target=self._trim, name="svc-up-trim", daemon=True).start()
+        self.log = enter(_topic_log(d / "broker.db", o.log_retention_ms))
 
         self.progress("opening the history store (chDB) and applying its schema")
-        self.history = history.connect(f"chdb://{(d / 'history').resolve()}")
-        history.migrate(self.history)
-        self.loader = Loader(
-            self.history, self.broker_url, batch_ms=200, retention_days=o.retention_days
+        store = enter(
+            _history_store(d / "history", self.broker_url, o.retention_days, self._stored)
         )
-        self._loader_thread = threading.Thread(
-            target=self._load, name="svc-history-loader", daemon=True
-        )
-        self._loader_thread.start()
+        self.history, self.loader = store.client, store.loader
 
-        if not self.bundle_dir.exists():
+        if o.bundle is None and not self.bundle_dir.exists():
             self.progress("writing the demo company's bundle")
-        self._provision_bundle()
+            _write_demo_bundle(self.demo_company, self.bundle_dir)
         self.intake_token = _token(d / "intake.token")
 
         self.progress("starting the local token issuer")
         self.issuer = LocalIssuer(d / "issuer")
-        self.write_caller_token()
-        threading.Thread(target=self._renew, name="svc-up-caller-token", daemon=True).start()
+        enter(_caller_tokens(self.issuer, self.caller_token_path))
         common_auth: dict[str, Any] = {
             "auth": "jwt",
             "auth_issuer": self.issuer.issuer,
@@ -393,94 +633,41 @@ class Stack:
             log_fsync=o.log_fsync,
         )
         prepare = self._provision_engine if o.bundle is None else None
-        self._exit.enter_context(serve_bundle(self.bundle_dir, pdp_opts, prepare))
+        enter(serve_bundle(self.bundle_dir, pdp_opts, prepare))
 
         self.progress("starting the intake and the history routes")
-        from svc.intake.app import create_app as intake_app
-        from svc.intake.settings import IntakeSettings
-
-        settings = IntakeSettings(
+        intake = IntakeSettings(
             host=o.host,
             port=o.port + 1,
             kafka_url=self.broker_url,
             token=SecretStr(self.intake_token),
         )
-        intake = intake_app(settings)
-        loader_thread = self._loader_thread
-        hist = history_app(
-            self.history,
-            self.loader,
+        enter(_intake(intake, self.progress))
+        routes = history_app(
+            store.client,
+            store.loader,
             auth=HistoryAuthSettings(**common_auth, auth_callers=[LOCAL_CALLER]),
-            ready=loader_thread.is_alive,
+            ready=store.running,
         )
-        common: dict[str, Any] = {
-            "host": o.host,
-            "log_level": "warning",
-            "access_log": False,
-            "server_header": False,
-        }
-        servers = _Servers(
-            [
-                uvicorn.Config(intake, port=o.port + 1, **common),
-                uvicorn.Config(hist, port=o.port + 2, **common),
-            ]
-        )
-        servers.start()
-        self._exit.callback(servers.stop)
-
-        self.progress("waiting for the intake's producers")
-        pool = intake.state.pool
-        deadline = time.monotonic() + 30
-        while not pool.ready:
-            if time.monotonic() > deadline:
-                raise OSError(f"the intake did not get ready: {pool.not_ready_reason}")
-            time.sleep(0.05)
+        enter(_serve_http(routes, o.host, o.port + 2, "history"))
 
     def write_caller_token(self) -> None:
         """Writes a new caller token to ``caller_token_path`` (mode 0600).
 
         The token: ``sub`` ``LOCAL_CALLER``, audience ``svc-pdp`` and ``svc-history``, valid
-        ``CALLER_TOKEN_LIFETIME_SECS``.
+        ``CALLER_TOKEN_LIFETIME_SECS``; ``start`` writes one and renews it every half of that.
 
         Raises:
             OSError: the file cannot be written.
 
         """
         assert self.issuer is not None
-        token = self.issuer.mint(
-            LOCAL_CALLER, ["svc-pdp", "svc-history"], CALLER_TOKEN_LIFETIME_SECS
-        )
-        write_secret(self.caller_token_path, token)
+        _write_caller_token(self.issuer, self.caller_token_path)
 
     def demo_token(self) -> str:
         """A token for the demo traffic (``DEMO_CALLER``, audience ``svc-pdp``, valid an hour)."""
         assert self.issuer is not None
         return self.issuer.mint(DEMO_CALLER, "svc-pdp", 3600)
-
-    def _renew(self) -> None:
-        while not self._trim_stop.wait(CALLER_TOKEN_LIFETIME_SECS / 2):
-            try:
-                self.write_caller_token()
-            except OSError:
-                log.exception("could not renew %s", self.caller_token_path)
-
-    def _load(self) -> None:
-        assert self.loader is not None
-        try:
-            self.loader.run()
-        except Exception:
-            log.exception("history loader stopped on an error")
-
-    def _trim(self) -> None:
-        while not self._trim_stop.wait(TRIM_INTERVAL):
-            if self.log is not None:
-                try:
-                    removed = self.log.trim(self.options.log_retention_ms)
-                except Exception:
-                    log.exception("topic log: trim failed")
-                    continue
-                if removed:
-                    log.info("topic log: %d records past retention removed", removed)
 
     # -- running
 
@@ -497,6 +684,8 @@ class Stack:
         timeout: float = 120.0,
     ) -> tuple[int, int]:
         """Waits until the history holds at least this many decision and event rows.
+
+        The counts are read again each time the loader stored a batch (it signals each one).
 
         Args:
             decisions: decision rows to wait for.
@@ -517,33 +706,28 @@ class Stack:
         read = counts or whole
         deadline = time.monotonic() + timeout
         while True:
+            seen = self._stored.batches  # before reading: a batch stored meanwhile wakes us
             d, e = read()
-            if (d >= decisions and e >= events) or time.monotonic() > deadline:
+            left = deadline - time.monotonic()
+            if (d >= decisions and e >= events) or left <= 0:
                 return d, e
-            time.sleep(0.2)
+            self._stored.wait_past(seen, left)
 
     # -- stop
 
     def stop(self) -> None:
-        """Stops every component, newest first; the loader stores what it read. Idempotent.
+        """Stops every component that started, newest first. Idempotent.
 
-        The decision point stops before the loader so the shipper's last records are in the
-        topic log; records the loader has not read by then are loaded on the next start.
+        The order is the reverse of ``start``: the history routes, the intake, the decision
+        point (its shipper's last records reach the topic log), the caller-token renewal, the
+        loader (it stores what it read; the rest is loaded on the next start), the topic log,
+        and the data directory's lock.
         """
-        self._exit.close()
-        self._trim_stop.set()
-        if self.loader is not None:
-            self.loader.stop()
-        if self._loader_thread is not None:
-            self._loader_thread.join(timeout=60)
-            self._loader_thread = None
-        self.loader = None
-        if self.log is not None:
-            self.log.close()
+        try:
+            self._exit.close()
+        finally:
+            self.loader = None
             self.log = None
-        if self._lock_file is not None:
-            self._lock_file.close()
-            self._lock_file = None
 
 
 # -- the command

@@ -22,7 +22,8 @@
 //! Run: `cargo bench -p pdp_core --bench decide`.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use pdp_core::{Bundle, Engine};
+use pdp_core::Engine;
+use pdp_server::bundle_dir;
 use serde_json::{json, Value};
 use std::hint::black_box;
 use std::path::PathBuf;
@@ -216,7 +217,7 @@ fn bench_decide(c: &mut Criterion) {
             continue;
         }
         for n in sizes() {
-            let bundle = match Bundle::from_dir(&dir) {
+            let bundle = match bundle_dir::load(&dir) {
                 Ok(b) => b,
                 Err(e) => {
                     eprintln!("decide bench: {app} does not load, skipping: {e:?}");

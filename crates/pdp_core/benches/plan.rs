@@ -18,7 +18,8 @@
 //! `tests/testdata/cedar-examples`, or `$SVC_CEDAR_EXAMPLES`).
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use pdp_core::{Bundle, Engine};
+use pdp_core::Engine;
+use pdp_server::bundle_dir;
 use serde_json::{json, Value};
 use std::hint::black_box;
 use std::path::{Path, PathBuf};
@@ -88,7 +89,7 @@ fn bench_plan(c: &mut Criterion) {
         .measurement_time(Duration::from_secs(2));
     for app in APPS {
         let dir = root.join(app);
-        let Ok(bundle) = Bundle::from_dir(&dir) else {
+        let Ok(bundle) = bundle_dir::load(&dir) else {
             eprintln!("plan bench: {} does not load, skipping", dir.display());
             continue;
         };

@@ -1,19 +1,20 @@
 //! Policy bundles: a policy set, a schema, base entities and template links, validated together.
 //!
-//! A bundle directory holds (docs/bundles.md):
+//! A bundle is built from texts in memory, [`BundleSources`] (docs/bundles.md):
 //!
-//! * one or more `*.cedar` policy files, read in file-name order;
-//! * at most one schema file, `*.cedarschema` (Cedar syntax) or `schema.json` /
-//!   `*.cedarschema.json` (JSON syntax);
-//! * optionally `entities.json`: Cedar's entity JSON (an array), or an entity map keyed by UID
+//! * one or more policy files, numbered in the order given;
+//! * at most one schema, in Cedar syntax or JSON syntax;
+//! * optionally entities: Cedar's entity JSON (an array), or an entity map keyed by UID
 //!   (the format of Cedar's TinyTodo example);
-//! * optionally `linked`: template links in the Cedar CLI's format.
+//! * optionally template links in the Cedar CLI's format.
 //!
-//! Other files are ignored. Policies are validated strictly against the schema and every
-//! problem is reported with file, line and column (docs/bundles.md#validation).
+//! This crate reads no files: `pdp_server::bundle_dir` reads a bundle directory into
+//! [`BundleSources`]. Policies are validated strictly against the schema and every problem is
+//! reported with file, line and column (docs/bundles.md#validation).
 //!
 //! A policy's name is its `@id("...")` annotation, else the id Cedar assigns while parsing:
-//! `policy0`, `policy1`, ... counted over all files as if they were one text in name order.
+//! `policy0`, `policy1`, ... counted over all files as if they were one text in the order given
+//! (file-name order for a bundle directory).
 //! `@challenge("verification" | "approval" | "justification")` marks a step-up policy
 //! (docs/bundles.md#step-up-policies).
 
@@ -28,7 +29,6 @@ use cedar_policy::{
 use miette::Diagnostic;
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::path::Path;
 use std::str::FromStr;
 use std::sync::Arc;
 
@@ -47,83 +47,6 @@ pub struct BundleSources {
     pub entities: Option<(String, String)>,
     /// The template-links file, if any.
     pub links: Option<(String, String)>,
-}
-
-impl BundleSources {
-    /// Reads a bundle directory (layout in the module docs).
-    ///
-    /// # Errors
-    /// [`BundleError`] when the directory cannot be read, holds no policy file, holds more than
-    /// one schema file, or a file is not UTF-8.
-    pub fn from_dir(dir: &Path) -> Result<Self, BundleError> {
-        let dir_name = dir.display().to_string();
-        let read_dir = std::fs::read_dir(dir).map_err(|e| {
-            BundleError::one(SourceError::file(
-                &dir_name,
-                format!("cannot read bundle directory: {e}"),
-            ))
-        })?;
-        let mut names: Vec<String> = Vec::new();
-        for entry in read_dir.flatten() {
-            if entry.path().is_file() {
-                names.push(entry.file_name().to_string_lossy().into_owned());
-            }
-        }
-        names.sort();
-        let mut errors = Vec::new();
-        let mut out = Self::default();
-        let mut schemas = Vec::new();
-        for name in names {
-            let kind = if name.ends_with(".cedar") {
-                1
-            } else if name.ends_with(".cedarschema")
-                || name.ends_with(".cedarschema.json")
-                || name == "schema.json"
-            {
-                2
-            } else if name == "entities.json" {
-                3
-            } else if name == "linked" {
-                4
-            } else {
-                continue;
-            };
-            let text = match std::fs::read_to_string(dir.join(&name)) {
-                Ok(t) => t,
-                Err(e) => {
-                    errors.push(SourceError::file(&name, format!("cannot read file: {e}")));
-                    continue;
-                }
-            };
-            match kind {
-                1 => out.policies.push((name, text)),
-                2 => schemas.push((name, text)),
-                3 => out.entities = Some((name, text)),
-                _ => out.links = Some((name, text)),
-            }
-        }
-        if out.policies.is_empty() {
-            errors.push(SourceError::file(
-                &dir_name,
-                "bundle directory holds no `*.cedar` policy file",
-            ));
-        }
-        if schemas.len() > 1 {
-            let list: Vec<String> = schemas.iter().map(|(n, _)| format!("`{n}`")).collect();
-            errors.push(SourceError::file(
-                &dir_name,
-                format!(
-                    "bundle directory holds more than one schema file: {}",
-                    list.join(", ")
-                ),
-            ));
-        }
-        if !errors.is_empty() {
-            return Err(BundleError { errors });
-        }
-        out.schema = schemas.pop();
-        Ok(out)
-    }
 }
 
 /// What the decision core knows about one policy (static or template-linked).
@@ -524,14 +447,6 @@ fn map_entity(
 }
 
 impl Bundle {
-    /// Loads a bundle directory; see [`BundleSources::from_dir`] and [`Bundle::from_sources`].
-    ///
-    /// # Errors
-    /// [`BundleError`] with every problem found.
-    pub fn from_dir(dir: &Path) -> Result<Self, BundleError> {
-        Self::from_sources(&BundleSources::from_dir(dir)?)
-    }
-
     /// Parses, names and validates a bundle.
     ///
     /// ```

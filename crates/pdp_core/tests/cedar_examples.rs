@@ -7,7 +7,8 @@
     clippy::panic
 )]
 
-use pdp_core::{Bundle, Engine, Verdict};
+use pdp_core::{Engine, Verdict};
+use pdp_server::bundle_dir;
 use std::path::PathBuf;
 
 /// The example applications' directories under the repository's
@@ -45,7 +46,7 @@ fn every_example_app_loads_and_decides_as_its_folder_says() {
     let apps = app_dirs();
     let mut checked = 0;
     for app in &apps {
-        let bundle = Bundle::from_dir(app).unwrap_or_else(|e| panic!("{}: {e}", app.display()));
+        let bundle = bundle_dir::load(app).unwrap_or_else(|e| panic!("{}: {e}", app.display()));
         let engine = Engine::new(bundle);
         for (folder, want) in [("ALLOW", Verdict::Allow), ("DENY", Verdict::Deny)] {
             let dir = app.join(folder);
@@ -83,7 +84,7 @@ fn every_decision_names_what_cedars_authorizer_names() {
         // Cedar's side gets the policies, schema and entities exactly as the bundle read them
         // (policies renamed by `@id`, TinyTodo's entity map converted), with Cedar's closure,
         // and the schema's action entities (their hierarchy is what `action in` reads).
-        let bundle = Bundle::from_dir(dir).unwrap();
+        let bundle = bundle_dir::load(dir).unwrap();
         let schema: Schema = bundle.schema().unwrap().clone();
         let policies: PolicySet = bundle.policy_set().clone();
         let entities = Entities::from_entities(bundle.entities().cloned(), None)

@@ -7,7 +7,8 @@
     clippy::panic
 )]
 
-use pdp_core::{Bundle, Engine, Mode};
+use pdp_core::{Engine, Mode};
+use pdp_server::bundle_dir;
 use serde_json::Value;
 use std::path::PathBuf;
 
@@ -16,7 +17,7 @@ fn testdata() -> PathBuf {
 }
 
 fn engine_for(doc: &Value) -> Engine {
-    let bundle = Bundle::from_dir(
+    let bundle = bundle_dir::load(
         &testdata()
             .join("bundles")
             .join(doc["bundle"].as_str().unwrap()),

@@ -13,7 +13,7 @@ use cedar_policy::{
     Request, Schema, ValidationMode, Validator,
 };
 use pdp_core::residual_filter::{combine, residuals, AttrKinds, Cmp, Filter, PlanError, Residual};
-use pdp_core::Bundle;
+use pdp_server::bundle_dir;
 use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -968,7 +968,7 @@ struct Counts {
 }
 
 fn check_app(app: &std::path::Path, counts: &mut Counts) {
-    let bundle = Bundle::from_dir(app).unwrap_or_else(|e| panic!("{}: {e}", app.display()));
+    let bundle = bundle_dir::load(app).unwrap_or_else(|e| panic!("{}: {e}", app.display()));
     let schema = bundle.schema().expect("example has a schema");
     let policies = bundle.policy_set();
     let base: Vec<Entity> = bundle.entities().cloned().collect();

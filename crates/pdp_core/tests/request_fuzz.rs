@@ -15,6 +15,7 @@
 )]
 
 use pdp_core::{Bundle, BundleSources, CheckRequest, Engine};
+use pdp_server::bundle_dir;
 use proptest::prelude::*;
 use serde_json::{json, Value};
 use std::path::PathBuf;
@@ -25,7 +26,7 @@ fn engine() -> &'static Engine {
     E.get_or_init(|| {
         let dir =
             PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/testdata/bundles/corp");
-        Engine::new(Bundle::from_dir(&dir).unwrap())
+        Engine::new(bundle_dir::load(&dir).unwrap())
     })
 }
 

@@ -1,6 +1,15 @@
-//! `svc._pdp_core`: the Python binding of `pdp_core`. Thin by design: it converts Python
+//! `svc._pdp_core`: the Python binding of `pdp_core` (the engine) and `pdp_server` (the
+//! listener, the decision log, reading bundle directories). Thin by design: it converts Python
 //! objects to JSON values and back, maps errors to Python exceptions in one place, and
-//! releases the GIL around every evaluation. `svc.pdp` is the public wrapper.
+//! releases the GIL around every evaluation. `svc.pdp` is the public wrapper; the stub
+//! `python/svc/_pdp_core.pyi` documents every class and method.
+//!
+//! * this file: `Engine` (checks, plans, store writes), `set_limits`, the exceptions, and
+//!   `evaluate_many`'s batch scheduler (`Batch`), which decides a batch on a thread pool while
+//!   the calling thread reads the requests from Python;
+//! * `pyplan`: query plans as Python objects;
+//! * `pyserver`: `Server`, the listener of [`pdp_server`];
+//! * `pylog`: `DecisionLog` and `LogBatch`, over [`pdp_server::decision_log`].
 
 use pdp_core::{Bundle, BundleSources, Engine as CoreEngine, Mode};
 use pdp_core::{BundleError as CoreBundleError, RequestError as CoreRequestError};
@@ -645,7 +654,7 @@ impl Engine {
     }
 
     fn build_dir(py: Python<'_>, path: PathBuf) -> PyResult<Bundle> {
-        py.detach(|| Bundle::from_dir(&path))
+        py.detach(|| pdp_server::bundle_dir::load(&path))
             .map_err(|e| bundle_err(py, &e))
     }
 }

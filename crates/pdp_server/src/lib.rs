@@ -1,22 +1,35 @@
-//! The decision point's network front (docs/api.md, docs/architecture.md#rust-and-python): one TCP
-//! listener serving the gRPC
+//! `pdp_server`: the decision point's I/O around the pure engine [`pdp_core`], in Rust and
+//! without Python (docs/architecture.md#rust-and-python): its network front, its decision log
+//! on disk, and reading policy bundles from disk.
+//!
+//! The network front (docs/api.md) is one TCP listener serving the gRPC
 //! `svc.authz.v1.Authorizer` (tonic, with gRPC health checking and server reflection) and the
 //! HTTP decision API, AuthZEN 1.0 and the health/version/metrics routes (axum) on the same
 //! port. HTTP/1.1 and HTTP/2 (h2c with prior knowledge, which is what gRPC clients speak on a
 //! plaintext port) are told apart per connection by hyper's auto builder; requests are routed by
-//! path, and gRPC paths (`/svc.authz.v1.Authorizer/...`) never collide with HTTP ones.
+//! path, and gRPC paths (`/svc.authz.v1.Authorizer/...`) never collide with HTTP ones. The gRPC
+//! code is generated at build time from `proto/svc/authz/v1/authz.proto` (`build.rs`).
 //!
-//! The server runs on its own multi-threaded Tokio runtime and calls the Rust engine directly:
-//! no request ever takes Python's GIL. Python (`svc.pdp.server`) starts and stops it, and keeps
-//! its control plane: bundle reloads, readiness flags.
+//! [`start`] binds the listener and serves an [`Engine`] on a multi-threaded Tokio runtime of
+//! its own, calling the engine directly: no request ever takes Python's GIL. It returns a
+//! [`Running`] server, whose [`Shared`] state takes the control plane's signals (readiness,
+//! bundle reloads); [`Running::stop`] stops it. `crates/pdp_py` exposes this to Python as
+//! `svc._pdp_core.Server`; `svc.pdp.server` starts and stops it and keeps the control plane.
 //!
 //! * [`http`]: HTTP routes, RFC 9457 problem details, AuthZEN.
-//! * [`grpc`]: the tonic service and the proto <-> JSON mapping.
+//! * [`grpc`]: the tonic service: messages mapped to and from the decision core's request and
+//!   decision types.
 //! * [`metrics`]: Prometheus metrics.
 //! * [`auth`]: bearer-token authentication of callers (docs/auth.md).
-//! * [`decision_log`]: the queue and on-disk spool decision records wait in for the broker.
+//! * [`decision_log`]: the queue and on-disk spool (a write-ahead log with group commit) that
+//!   decision records wait in for the broker (docs/history.md, "Durability of the decision
+//!   log"); `svc._pdp_core.DecisionLog` in Python.
+//! * [`bundle_dir`]: reads a bundle directory into [`pdp_core::BundleSources`]
+//!   (docs/bundles.md).
 
+#![warn(missing_docs)]
 pub mod auth;
+pub mod bundle_dir;
 pub mod decision_log;
 pub mod grpc;
 pub mod http;

@@ -1,7 +1,8 @@
 """RFC 9457 problem details, as every svc HTTP service answers errors.
 
 ``Problem`` is raised by a service layer and answered by its app (``problem_response``);
-``http_exception_problem`` answers Starlette's own routing errors (404, 405) in the same shape.
+``http_exception_problem`` answers Starlette's own routing errors (404, 405) in the same shape;
+``install_problem_handlers`` makes a FastAPI app answer both.
 A problem's ``type`` is ``urn:svc:problem:<slug>``; ``errors`` names every bad item of a batch
 (docs/architecture.md#identifiers-and-errors).
 """
@@ -11,10 +12,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-__all__ = ["PROBLEM_JSON", "FieldError", "Problem", "http_exception_problem", "problem_response"]
+__all__ = [
+    "PROBLEM_JSON",
+    "FieldError",
+    "Problem",
+    "http_exception_problem",
+    "install_problem_handlers",
+    "problem_response",
+]
 
 #: The media type of a problem document (RFC 9457 section 3).
 PROBLEM_JSON = "application/problem+json"
@@ -88,3 +97,25 @@ def http_exception_problem(exc: StarletteHTTPException) -> JSONResponse:
     if exc.headers:
         p.headers.update(exc.headers)
     return problem_response(p)
+
+
+def install_problem_handlers(app: FastAPI) -> None:
+    """Makes `app` answer a raised ``Problem`` and Starlette's HTTP errors as RFC 9457.
+
+    Args:
+        app: a FastAPI app; a ``Problem`` raised by a route or a dependency is answered with
+            ``problem_response``, a ``StarletteHTTPException`` (unknown route, wrong method)
+            with ``http_exception_problem``.
+
+    """
+
+    async def on_problem(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, Problem)
+        return problem_response(exc)
+
+    async def on_http_error(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, StarletteHTTPException)
+        return http_exception_problem(exc)
+
+    app.add_exception_handler(Problem, on_problem)
+    app.add_exception_handler(StarletteHTTPException, on_http_error)

@@ -53,16 +53,17 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import confluent_kafka
 from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import ClickHouseError
-from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from pydantic import AliasChoices, Field
 
-from svc.broker import Consumer
+from svc.broker import Consumer, ConsumerLike, MessageLike
+from svc.common.settings import ComponentSettings, kafka_url_field
 from svc.common.topics import DECISIONS_TOPIC, EVENTS_TOPIC
 from svc.history.store import (
     Kind,
@@ -80,9 +81,11 @@ __all__ = [
     "DEFAULT_GROUP",
     "EVENTS_TOPIC",
     "Batch",
+    "HistoryStoreSettings",
     "Loader",
     "LoaderHealth",
     "LoaderHealthSettings",
+    "LoaderSettings",
     "LoaderStats",
     "consumer_config",
 ]
@@ -154,7 +157,7 @@ class LoaderStats:
     dropped_partitions: int = 0
 
 
-class LoaderHealthSettings(BaseSettings):
+class LoaderHealthSettings(ComponentSettings, component="history"):
     """When the loader counts as failing or behind (docs/history.md, "Readiness and metrics").
 
     Read from the environment (``SVC_HISTORY_<NAME>``) or given as keyword arguments.
@@ -163,8 +166,6 @@ class LoaderHealthSettings(BaseSettings):
         pydantic.ValidationError: a setting is not a number or is out of its range.
 
     """
-
-    model_config = SettingsConfigDict(env_prefix="SVC_HISTORY_", extra="forbid")
 
     failing_after: int = Field(default=3, ge=1)
     """INSERTs failing in a row (with retries 0.2 s doubling to 10 s apart) before the loader
@@ -175,6 +176,77 @@ class LoaderHealthSettings(BaseSettings):
     max_lag_records: int = Field(default=1_000_000, ge=0)
     """The loader is behind when more records than this on its partitions are not stored yet
     (unread plus read but not stored); ``0`` turns this check off."""
+
+
+class HistoryStoreSettings(ComponentSettings, component="history"):
+    """Where the history is stored: ``SVC_HISTORY_DSN`` (``svc history migrate`` and ``load``).
+
+    Raises:
+        pydantic.ValidationError: the DSN is not set.
+
+    """
+
+    dsn: str
+    """chdb:///DIR (embedded; ?database=NAME optional) or http(s)://HOST:8123/DATABASE."""
+
+
+class LoaderSettings(HistoryStoreSettings, LoaderHealthSettings):
+    """Settings of ``svc history load`` (docs/history.md#loader): ``SVC_HISTORY_<NAME>``.
+
+    The store and the health settings it derives from, and what the loader reads. The broker
+    comes from ``SVC_KAFKA_URL`` and the retention from ``SVC_ANALYTICS_RETENTION_*`` (the
+    chart's ``analytics.retentionDays``).
+
+    Raises:
+        pydantic.ValidationError: the store or the broker is not set, the broker URL does
+            not parse, or a setting is out of its range.
+
+    """
+
+    kafka_url: str = kafka_url_field(...)
+    """Broker: kafka://host:port or host:port."""
+    retention_days: int = Field(
+        default=0,
+        ge=0,
+        validation_alias=AliasChoices("SVC_ANALYTICS_RETENTION_DAYS", "retention_days"),
+    )
+    """analytics.retentionDays: drop whole days older than this (0 keeps all)."""
+    retention_file: Path | None = Field(
+        default=None,
+        validation_alias=AliasChoices("SVC_ANALYTICS_RETENTION_FILE", "retention_file"),
+    )
+    """File holding the retention days, re-read at each pass (a mounted setting); wins over
+    --retention-days while readable."""
+    retention_interval: float = Field(default=3600.0, ge=1)
+    """Seconds between retention passes."""
+    group: str = DEFAULT_GROUP
+    """Consumer group."""
+    decisions_topic: str = DECISIONS_TOPIC
+    """Decision topic (empty: not read)."""
+    events_topic: str = EVENTS_TOPIC
+    """Event topic (empty: not read)."""
+    batch_records: int = Field(default=50_000, ge=1)
+    """Most records per batch."""
+    batch_ms: int = Field(default=1000, ge=1)
+    """Longest batch wait, in ms."""
+
+    def current_retention(self) -> int:
+        """The retention in days now: ``retention_file``'s while readable, else ``retention_days``.
+
+        An unreadable file or one that holds no integer is logged and ``retention_days`` used
+        (an empty file means 0).
+        """
+        if self.retention_file is not None:
+            try:
+                return int(self.retention_file.read_text().strip() or "0")
+            except (OSError, ValueError) as e:
+                log.warning(
+                    "retention file %s unreadable (%s); using %d days",
+                    self.retention_file,
+                    e,
+                    self.retention_days,
+                )
+        return self.retention_days
 
 
 @dataclass(frozen=True)
@@ -239,7 +311,7 @@ class Batch:
         return sum(len(r) for r in self.records.values())
 
 
-def _note_time(batch: Batch, m: Message) -> None:
+def _note_time(batch: Batch, m: MessageLike) -> None:
     """Lowers ``batch.oldest_ms`` to `m`'s broker timestamp (or now, when it has none)."""
     kind, ms = m.timestamp()
     t = float(ms) if kind != confluent_kafka.TIMESTAMP_NOT_AVAILABLE and ms > 0 else None
@@ -356,18 +428,14 @@ class Loader:
         else:
             log.warning("history loader: consumer error: %s", err)
 
-    def _on_revoke(
-        self, consumer: confluent_kafka.Consumer, partitions: list[TopicPartition]
-    ) -> None:
+    def _on_revoke(self, consumer: ConsumerLike, partitions: list[TopicPartition]) -> None:
         """Stores and commits what was read before the partitions go to another member."""
         try:
             self._flush()
         except _Stopped:
             self._drop()
 
-    def _on_lost(
-        self, consumer: confluent_kafka.Consumer, partitions: list[TopicPartition]
-    ) -> None:
+    def _on_lost(self, consumer: ConsumerLike, partitions: list[TopicPartition]) -> None:
         """Partitions lost without a clean revoke: their offsets can no longer be committed.
 
         The batch being stored is finished (its commit may fail; the records are then read
@@ -433,7 +501,7 @@ class Loader:
                 next_offsets[tp] = offset + 1
         return len(self._batch)
 
-    def _error(self, m: Message) -> None:
+    def _error(self, m: MessageLike) -> None:
         err = m.error()
         if err is None:
             return

@@ -30,6 +30,7 @@ __all__ = [
     "Ref",
     "daily_counts",
     "decision_by_qid",
+    "decisions_between",
     "decisions_of_principal",
     "decisions_of_resource",
     "events_of_principal",
@@ -363,6 +364,41 @@ def decisions_of_principal(
     rows = _range_rows(
         client, _DECISION_SELECT, "decisions", where, "at, qid", principal, start, end, limit
     )
+    return [_decision(r) for r in rows]
+
+
+def decisions_between(
+    client: Client,
+    start: datetime,
+    end: datetime,
+    *,
+    call: str = "check",
+    limit: int | None = _DEFAULT_LIMIT,
+) -> list[dict[str, Any]]:
+    """Every principal's decisions of one kind in ``[start, end)``, oldest first.
+
+    What a dry run of the policy service decides again (docs/policy.md#dry-runs).
+
+    Args:
+        client: a client from ``svc.history.connect``.
+        start: first instant included.
+        end: first instant excluded.
+        call: ``check`` or ``plan``.
+        limit: most rows returned (None: all).
+
+    Returns:
+        Decision dicts (module docs), sorted by ``at`` then ``qid``.
+
+    Raises:
+        ValueError: an empty range or a non-positive limit.
+        clickhouse_connect.driver.exceptions.ClickHouseError: the query failed.
+
+    """
+    rows = client.query(
+        f"SELECT {_DECISION_SELECT} FROM decisions FINAL WHERE call = {{call:String}} "
+        f"AND {_RANGE} ORDER BY at, qid{_limit(limit)}",
+        parameters={"call": call, **_range_params(start, end)},
+    ).result_rows
     return [_decision(r) for r in rows]
 
 

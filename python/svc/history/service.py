@@ -38,6 +38,7 @@ before the parameters. The four probes take no token.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -48,17 +49,17 @@ from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import ClickHouseError
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
-from starlette.exceptions import HTTPException as StarletteHTTPException
+from fastapi.responses import JSONResponse
+from prometheus_client import CollectorRegistry, Gauge
+from pydantic import AwareDatetime, BeforeValidator
 
 from svc import __version__, web
 from svc.common.auth import AuthSettings, Verifier, bearer_dependency
+from svc.common.health import Readiness, probe_router
 from svc.common.problems import (
-    PROBLEM_JSON,
     FieldError,
     Problem,
-    http_exception_problem,
+    install_problem_handlers,
     problem_response,
 )
 from svc.history import queries
@@ -130,16 +131,23 @@ _EARLIEST = datetime(1900, 1, 1, tzinfo=UTC)
 _LATEST = datetime(2300, 1, 1, tzinfo=UTC)
 
 
-def _time(raw: str | None, name: str, default: datetime) -> datetime:
-    """An RFC 3339 time with an offset, in UTC, within the store's range (400 otherwise)."""
-    if raw is None:
+def _not_a_number(raw: object) -> object:
+    """Refuses a bare number, which pydantic would read as a Unix time (RFC 3339 only)."""
+    if isinstance(raw, str) and re.fullmatch(r"\s*[+-]?\d+(\.\d*)?\s*", raw):
+        raise ValueError(f"`{raw}` is not an RFC 3339 time")
+    return raw
+
+
+def _time(t: datetime | None, name: str, default: datetime) -> datetime:
+    """`t` (validated by pydantic as an ``AwareDatetime``) in UTC, within the store's range.
+
+    Raises:
+        Problem: 400 naming `name` when `t` lies outside the years 1900 to 2299.
+
+    """
+    if t is None:
         return default
-    try:
-        t = datetime.fromisoformat(raw.replace("Z", "+00:00"))
-    except ValueError:
-        raise _bad(name, f"`{raw}` is not an RFC 3339 time") from None
-    if t.tzinfo is None:
-        raise _bad(name, f"`{raw}` has no UTC offset (RFC 3339 requires one)")
+    raw = t.isoformat()
     try:
         t = t.astimezone(UTC)
     except OverflowError:  # 0001-01-01T00:00+01:00 is before year 1 in UTC
@@ -149,7 +157,9 @@ def _time(raw: str | None, name: str, default: datetime) -> datetime:
     return t
 
 
-def _range(since: str | None, until: str | None, now: datetime) -> tuple[datetime, datetime]:
+def _range(
+    since: datetime | None, until: datetime | None, now: datetime
+) -> tuple[datetime, datetime]:
     end = _time(until, "until", now + timedelta(minutes=5))
     start = _time(since, "since", max(end - timedelta(days=1), _EARLIEST))
     if start >= end:
@@ -196,11 +206,11 @@ _REF_PATTERN = {"pattern": r"^[^\x00-\x1f\x7f-\x9f:]+::[^\x00-\x1f\x7f-\x9f]*$"}
 _Ref = Annotated[str | None, Query(description=_REF_DOC, json_schema_extra=_REF_PATTERN)]
 _RequiredRef = Annotated[str, Query(description=_REF_DOC, json_schema_extra=_REF_PATTERN)]
 _Time = Annotated[
-    str | None,
+    AwareDatetime | None,
+    BeforeValidator(_not_a_number),
     Query(
         description="RFC 3339 with an offset; `until` defaults to now + 5 minutes, `since` to "
         "24 hours before `until`",
-        json_schema_extra={"format": "date-time"},
     ),
 ]
 _Limit = Annotated[int, Query(ge=1, le=_MAX_LIMIT, description="rows at most")]
@@ -286,16 +296,10 @@ def create_app(
     web.install(app)
     web.add_components(app, {})
 
-    @app.exception_handler(Problem)
-    async def on_problem(_: Request, p: Problem) -> Response:
-        return problem_response(p)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException) -> Response:
-        return http_exception_problem(exc)
+    install_problem_handlers(app)
 
     @app.exception_handler(RequestValidationError)
-    async def invalid_parameter(_: Request, exc: RequestValidationError) -> Response:
+    async def invalid_parameter(_: Request, exc: RequestValidationError) -> JSONResponse:
         return problem_response(_validation_problem(exc))
 
     def run(fn: Callable[[], Any]) -> Any:
@@ -316,62 +320,42 @@ def create_app(
 
     unavailable: dict[int | str, dict[str, Any]] = {503: web.PROBLEM_RESPONSE}
 
-    @app.get("/healthz")
-    def healthz() -> dict[str, str]:
-        """The process is up."""
-        return {"status": "ok"}
-
-    @app.get(
-        "/readyz",
-        responses={
-            200: {"content": {"application/json": {"schema": {"type": "object"}}}},
-            **unavailable,
-        },
-    )
-    def readyz() -> Response:
-        """Ready when the loader runs, is neither failing nor behind, and the store answers."""
+    def readiness() -> Readiness:
         if ready is not None and not ready():
-            return problem_response(
-                Problem(503, "not-ready", "Not ready", "the loader is not running")
-            )
+            return Readiness(("the loader is not running",))
         health = loader.health() if loader is not None else None
         if health is not None and not health.ready:
-            p = Problem(503, "not-ready", "Not ready", "; ".join(health.reasons))
-            return JSONResponse(
-                {**p.body(), "loader": health.as_json()},
-                status_code=503,
-                media_type=PROBLEM_JSON,
-            )
-        t = run(lambda: totals(client))
-        body: dict[str, Any] = {"ready": True, **t}
+            return Readiness(health.reasons, {"loader": health.as_json()})
+        details: dict[str, Any] = dict(run(lambda: totals(client)))
         if health is not None:
-            body["loader"] = health.as_json()
-        return JSONResponse(body)
+            details["loader"] = health.as_json()
+        return Readiness((), details)
 
-    @app.get("/version")
-    def version() -> dict[str, str]:
-        """The release (docs/architecture.md#versioning)."""
-        return {"component": "svc-history", "version": __version__}
+    def refresh() -> None:
+        if loader is None:
+            return
+        for name, g in gauges.items():
+            g.set(getattr(loader.stats, name))
+        h = loader.health()
+        health_gauges["ready"].set(1 if h.ready else 0)
+        health_gauges["consecutive_failures"].set(h.consecutive_failures)
+        health_gauges["last_success_timestamp_seconds"].set(
+            0 if h.last_success is None else h.last_success.timestamp()
+        )
+        health_gauges["oldest_unstored_age_seconds"].set(h.oldest_unstored_age or 0)
+        health_gauges["lag_records"].set(h.lag or 0)
 
-    @app.get(
-        "/metrics",
-        response_class=Response,
-        responses={200: {"content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}}}},
+    app.include_router(
+        probe_router(
+            "svc-history",
+            __version__,
+            readiness,
+            registry,
+            refresh=refresh,
+            ready_description="Ready when the loader runs, is neither failing nor behind, and "
+            "the store answers.",
+        )
     )
-    def metrics() -> Response:
-        """Prometheus text format: the loader's counters and health."""
-        if loader is not None:
-            for name, g in gauges.items():
-                g.set(getattr(loader.stats, name))
-            h = loader.health()
-            health_gauges["ready"].set(1 if h.ready else 0)
-            health_gauges["consecutive_failures"].set(h.consecutive_failures)
-            health_gauges["last_success_timestamp_seconds"].set(
-                0 if h.last_success is None else h.last_success.timestamp()
-            )
-            health_gauges["oldest_unstored_age_seconds"].set(h.oldest_unstored_age or 0)
-            health_gauges["lag_records"].set(h.lag or 0)
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/history/totals", responses=unavailable, dependencies=guard)
     def get_totals() -> dict[str, int]:

@@ -11,7 +11,25 @@ Modules: ``models`` (the event, validation, the record, problem details), ``clou
 ingest operations), ``app`` (HTTP), ``settings`` (``SVC_INTAKE_*``), ``metrics``.
 """
 
-from svc.intake.app import create_app, serve
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from svc.intake.settings import IntakeSettings
 
+if TYPE_CHECKING:
+    from svc.intake.app import create_app, serve
+
 __all__ = ["IntakeSettings", "create_app", "serve"]
+
+
+def __getattr__(name: str) -> Any:
+    """``create_app`` and ``serve``, loaded on first use (PEP 562).
+
+    So the command line can read ``IntakeSettings`` without loading the web app's modules.
+    """
+    if name in ("create_app", "serve"):
+        from svc.intake import app
+
+        return getattr(app, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

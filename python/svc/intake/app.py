@@ -33,15 +33,16 @@ import time
 import zlib
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Annotated, Any
 
 import anyio.to_thread
-from fastapi import FastAPI, Request, Response
+from fastapi import Depends, FastAPI, Request, Response
 from fastapi.responses import JSONResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from svc import __version__, web
-from svc.common.problems import Problem, http_exception_problem, problem_response
+from svc.common.health import Readiness, probe_router
+from svc.common.problems import Problem, install_problem_handlers, problem_response
 from svc.intake.metrics import CONTENT_TYPE, IntakeMetrics
 from svc.intake.models import EVENT_BATCH, MAX_EVENTS
 from svc.intake.producer import TransactionalPool
@@ -154,6 +155,13 @@ _SECURITY_SCHEME = {
     "description": "the intake token (`SVC_INTAKE_TOKEN`; docs/intake.md, Routes)",
 }
 
+#: The bearer token of the two POST routes as FastAPI reads it (RFC 6750 section 2.1); never
+#: refuses by itself, so the route answers a missing or wrong token as docs/intake.md says.
+_BEARER = HTTPBearer(
+    auto_error=False, scheme_name="intakeToken", description=str(_SECURITY_SCHEME["description"])
+)
+_Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)]
+
 _STRING = {"type": "string"}
 
 #: What the intake reads of a CloudTrail record (docs/intake.md, "The cloud audit log file");
@@ -246,7 +254,10 @@ _ACCEPTED: dict[str, Any] = {
 
 
 def _post_docs(body_schema: str, description: str) -> dict[str, Any]:
-    """``openapi_extra`` of a POST route: its JSON body, bearer auth, answers (docs/intake.md)."""
+    """``openapi_extra`` of a POST route: its JSON body and answers (docs/intake.md).
+
+    The bearer scheme comes from the route's ``HTTPBearer`` dependency.
+    """
     problem = web.PROBLEM_RESPONSE
     return {
         "requestBody": {
@@ -256,7 +267,6 @@ def _post_docs(body_schema: str, description: str) -> dict[str, Any]:
                 "application/json": {"schema": {"$ref": f"#/components/schemas/{body_schema}"}}
             },
         },
-        "security": [{"intakeToken": []}],
         "responses": {
             "202": {
                 "description": "the broker committed the whole batch",
@@ -337,17 +347,19 @@ def create_app(settings: IntakeSettings | None = None) -> FastAPI:
     app.state.pool = pool
     app.state.metrics = metrics
 
-    def authenticate(request: Request) -> None:
+    def authenticate(credentials: HTTPAuthorizationCredentials | None) -> None:
         """Checks ``Authorization: Bearer <intake token>`` (docs/intake.md#routes) in constant time.
+
+        Args:
+            credentials: what FastAPI's ``HTTPBearer`` read of the header (None: no bearer
+                token).
 
         Raises:
             Problem: 401 without a bearer token, 403 with a wrong one.
 
         """
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        token = token.strip()
-        if scheme.lower() != "bearer" or not token:
+        token = credentials.credentials.strip() if credentials is not None else ""
+        if not token:
             raise Problem(
                 401,
                 "unauthenticated",
@@ -360,11 +372,14 @@ def create_app(settings: IntakeSettings | None = None) -> FastAPI:
             raise Problem(403, "forbidden", "Forbidden", "the bearer token is not the intake token")
 
     async def ingest(
-        request: Request, route: str, work: Callable[[bytes], dict[str, Any]]
+        request: Request,
+        credentials: HTTPAuthorizationCredentials | None,
+        route: str,
+        work: Callable[[bytes], dict[str, Any]],
     ) -> Response:
         started = time.perf_counter()
         try:
-            authenticate(request)
+            authenticate(credentials)
             body, compressed = await _read_body(request, settings.max_body_bytes)
 
             def run() -> dict[str, Any]:
@@ -391,63 +406,40 @@ def create_app(settings: IntakeSettings | None = None) -> FastAPI:
         status_code=202,
         openapi_extra=_post_docs("EventBatch", "1 to 1,000 events; gzip allowed"),
     )
-    async def post_events(request: Request) -> Response:
+    async def post_events(request: Request, credentials: _Credentials) -> Response:
         """``{"events": [...]}``: 1 to 1,000 events (docs/intake.md#routes)."""
-        return await ingest(request, "events", service.ingest_events)
+        return await ingest(request, credentials, "events", service.ingest_events)
 
     @app.post(
         "/v1/events/cloud-audit-trail",
         status_code=202,
         openapi_extra=_post_docs("CloudTrailFile", "a CloudTrail log file; gzip allowed"),
     )
-    async def post_cloud_file(request: Request) -> Response:
+    async def post_cloud_file(request: Request, credentials: _Credentials) -> Response:
         """A cloud audit log file ``{"Records": [...]}`` (docs/intake.md#routes)."""
-        return await ingest(request, "cloud", service.ingest_cloud_file)
+        return await ingest(request, credentials, "cloud", service.ingest_cloud_file)
 
-    @app.get("/healthz")
-    async def healthz() -> dict[str, str]:
-        """The process is up."""
-        return {"status": "ok"}
-
-    @app.get(
-        "/readyz",
-        responses={
-            200: {"content": {"application/json": {"schema": {"type": "object"}}}},
-            503: web.PROBLEM_RESPONSE,
-        },
-    )
-    async def readyz() -> Response:
-        """Ready once a transactional producer is initialised and the topic exists."""
+    def readiness() -> Readiness:
         metrics.ready.set(1 if pool.ready else 0)
         if not pool.ready:
-            return problem_response(Problem(503, "not-ready", "Not ready", pool.not_ready_reason))
-        return JSONResponse(
-            {
-                "ready": True,
-                "broker": "available" if pool.available else "unavailable",
-                "topic": settings.topic,
-            }
+            return Readiness((pool.not_ready_reason,))
+        broker = "available" if pool.available else "unavailable"
+        return Readiness(details={"broker": broker, "topic": settings.topic})
+
+    app.include_router(
+        probe_router(
+            "svc-intake",
+            __version__,
+            readiness,
+            metrics.registry,
+            refresh=lambda: metrics.ready.set(1 if pool.ready else 0),
+            ready_description="Ready once a transactional producer is initialised and the "
+            "topic exists.",
+            metrics_content_type=CONTENT_TYPE,
         )
-
-    @app.get("/version")
-    async def version() -> dict[str, str]:
-        """The release (docs/architecture.md#versioning)."""
-        return {"component": "svc-intake", "version": __version__}
-
-    @app.get(
-        "/metrics",
-        response_class=Response,
-        responses={200: {"content": {CONTENT_TYPE: {"schema": {"type": "string"}}}}},
     )
-    async def metrics_route() -> Response:
-        """Prometheus text format."""
-        metrics.ready.set(1 if pool.ready else 0)
-        return Response(metrics.render(), media_type=CONTENT_TYPE)
 
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException) -> Response:
-        return http_exception_problem(exc)
-
+    install_problem_handlers(app)
     web.add_components(app, openapi_components())
     return app
 

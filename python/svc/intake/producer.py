@@ -42,10 +42,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import confluent_kafka
 from confluent_kafka import KafkaError, KafkaException
 
-from svc.broker import Producer
+from svc.broker import Producer, ProducerLike
 from svc.intake.metrics import IntakeMetrics
 
 __all__ = ["BrokerUnavailable", "TransactionalPool", "producer_config"]
@@ -114,7 +113,7 @@ class _Slot:
 
     def __init__(self, transactional_id: str) -> None:
         self.transactional_id = transactional_id
-        self.producer: confluent_kafka.Producer | None = None
+        self.producer: ProducerLike | None = None
         self.state = _State.NEW
 
 
@@ -161,6 +160,7 @@ class TransactionalPool:
         self._topic_error: str | None = None
         self._wake = threading.Event()
         self._stop = threading.Event()
+        self._became_ready = threading.Event()  # set with ``ready``; ``wait_ready`` waits on it
         self._keeper = threading.Thread(target=self._keep, name="svc-intake-keeper", daemon=True)
 
     # -- state
@@ -169,6 +169,16 @@ class TransactionalPool:
     def ready(self) -> bool:
         """True once a producer initialised transactions and the topic exists."""
         return self._initialised and self._topic_error is None
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Waits until ``ready`` or until `timeout` seconds passed (the keeper signals it).
+
+        Returns:
+            ``ready`` at return: False after `timeout` (``not_ready_reason`` says why).
+
+        """
+        self._became_ready.wait(timeout)
+        return self.ready
 
     @property
     def available(self) -> bool:
@@ -281,6 +291,7 @@ class TransactionalPool:
                 slot.producer.init_transactions(timeout)
                 self._check_topic(slot.producer, timeout)
                 self._initialised = True
+                self._became_ready.set()
                 log.info("intake: producer %s ready", slot.transactional_id)
             elif slot.state is _State.ABORT:
                 assert slot.producer is not None
@@ -307,12 +318,13 @@ class TransactionalPool:
             return False
         except _TopicMissing as e:
             self._topic_error = str(e)
+            self._became_ready.clear()
             log.error("intake: %s", e)
             return False
         slot.state = _State.READY
         return True
 
-    def _check_topic(self, producer: confluent_kafka.Producer, timeout: float) -> None:
+    def _check_topic(self, producer: ProducerLike, timeout: float) -> None:
         """Raises ``_TopicMissing`` when the topic does not exist (topics are not auto-created)."""
         md = producer.list_topics(self.topic, timeout=timeout)
         t = md.topics.get(self.topic)

@@ -13,10 +13,10 @@ import socket
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import NoDecode
 
-from svc.common.settings import list_setting
+from svc.common.settings import ServiceSettings, kafka_url_field, list_setting
 from svc.common.topics import EVENTS_TOPIC, bootstrap_servers
 
 __all__ = ["EVENTS_TOPIC", "PLACEHOLDER_TOKENS", "IntakeSettings"]
@@ -34,7 +34,7 @@ DEV_TOKEN = "dev-intake-token"
 MIN_TOKEN_CHARS = 16
 
 
-class IntakeSettings(BaseSettings):
+class IntakeSettings(ServiceSettings, component="intake"):
     """Settings of svc-intake (docs/intake.md#running-it).
 
     Read from the environment (``SVC_INTAKE_<NAME>``; the broker from ``SVC_KAFKA_URL``) or
@@ -46,16 +46,7 @@ class IntakeSettings(BaseSettings):
 
     """
 
-    model_config = SettingsConfigDict(env_prefix="SVC_INTAKE_", extra="forbid")
-
-    host: str = "127.0.0.1"
-    """Address to bind (``0.0.0.0`` in a container)."""
-    port: int = Field(default=8080, ge=0, le=65535)
-    """HTTP port (8080, the service port of docs/architecture.md#limits)."""
-    kafka_url: str = Field(
-        default="kafka://127.0.0.1:29092",
-        validation_alias=AliasChoices("SVC_KAFKA_URL", "kafka_url"),
-    )
+    kafka_url: str = kafka_url_field("kafka://127.0.0.1:29092")
     """The one broker setting (``kafka://host:port[,host:port]``); default: scripts/dev-kafka.sh."""
     topic: str = EVENTS_TOPIC
     """Destination topic (``svc.events.v1``, docs/architecture.md#versioning)."""
@@ -64,7 +55,7 @@ class IntakeSettings(BaseSettings):
     token_file: Path | None = None
     """A file holding the intake token (a mounted secret); read once at start, trimmed."""
     dev: bool = False
-    """Dev mode: without a token, the placeholder ``dev-intake-token`` is accepted."""
+    """Dev mode: accept the placeholder token ``dev-intake-token`` when none is set."""
     human_roles: Annotated[list[str], NoDecode] = Field(default_factory=list)
     """Chart setting ``intake.humanRoles``: role names, role ARNs or ``*`` patterns whose
     sessions are people (docs/intake.md#the-caller-by-useridentitytype). JSON list or
@@ -95,13 +86,6 @@ class IntakeSettings(BaseSettings):
     def _split_roles(cls, v: Any) -> Any:
         """Accepts a JSON list or a comma-separated string."""
         return list_setting(v)
-
-    @field_validator("kafka_url")
-    @classmethod
-    def _check_kafka_url(cls, v: str) -> str:
-        """The broker URL parses (``kafka://host:port`` or a ``host:port`` list)."""
-        bootstrap_servers(v)
-        return v
 
     @model_validator(mode="after")
     def _check_token(self) -> IntakeSettings:

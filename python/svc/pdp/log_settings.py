@@ -13,18 +13,24 @@ What they mean (docs/history.md, "Durability of the decision log"; options in do
 * ``log_fsync``: ``fdatasync`` the spool after every group commit. A written record survives a
   kill of the process without it; only this covers a power loss or a kernel crash.
 
-This module imports nothing heavy, so the command line can take its defaults from here.
+``DecisionLogSettings`` reads them (``SVC_PDP_LOG_*``); ``svc.pdp.settings.PdpSettings`` and
+the options of ``svc pdp`` and ``svc up`` (``svc.common.cli``) are made from it.
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
 
+from pydantic import Field
+
+from svc.common.settings import ComponentSettings
+
 __all__ = [
     "LOG_COMMIT_MS",
     "LOG_COMMIT_MS_MAX",
     "LOG_DURABILITY",
     "LOG_FSYNC",
+    "DecisionLogSettings",
     "Durability",
 ]
 
@@ -44,3 +50,21 @@ LOG_COMMIT_MS_MAX = 1000
 LOG_DURABILITY = Durability.window
 #: Default: no fsync per group commit.
 LOG_FSYNC = False
+
+
+class DecisionLogSettings(ComponentSettings, component="pdp"):
+    """The decision log's durability settings (module docs): ``SVC_PDP_LOG_*``.
+
+    Raises:
+        pydantic.ValidationError: ``log_commit_ms`` is outside 0 to 1000, or
+            ``log_durability`` is neither ``window`` nor ``durable``.
+
+    """
+
+    log_commit_ms: int = Field(default=LOG_COMMIT_MS, ge=0, le=LOG_COMMIT_MS_MAX)
+    """Decision-log group-commit window (ms; 0: write each record at once). A kill -9 loses at
+    most the records of the last window. Window mode only."""
+    log_durability: Durability = LOG_DURABILITY
+    """window: answer at once; durable: answer once the decision's record is written."""
+    log_fsync: bool = LOG_FSYNC
+    """fsync the decision log after every group commit (covers power loss)."""

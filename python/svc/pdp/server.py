@@ -27,16 +27,17 @@ import logging
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import watchfiles
+from pydantic import Field
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
 from svc._pdp_core import BundleError, DecisionLog, Engine, Server, set_limits
 from svc.common.auth import AuthConfigError, JwksSource, PdpAuthSettings
-from svc.common.topics import DECISIONS_TOPIC, bootstrap_servers
+from svc.common.topics import bootstrap_servers
 from svc.pdp.decision_log import Shipper
-from svc.pdp.log_settings import LOG_COMMIT_MS, LOG_DURABILITY, LOG_FSYNC, Durability
+from svc.pdp.settings import PdpSettings
 
 __all__ = [
     "BundleWatcher",
@@ -194,66 +195,38 @@ class JwksRefresher:
                 log.error("JWKS reload failed, the previous keys stay in force: %s", e)
 
 
-@dataclass
-class StandaloneOptions:
-    """Settings of ``svc pdp`` (each is also an environment variable, see ``svc pdp --help``).
+class StandaloneOptions(PdpSettings):
+    """Settings of one ``serve_bundle``: ``PdpSettings`` as given, plus who may call.
+
+    Every field of ``svc.pdp.settings.PdpSettings`` (its docs say what each means, with the
+    default), taken from the keyword arguments only: unlike ``PdpSettings`` this class reads
+    no environment variable, so ``svc up`` and tests get exactly what they pass. ``svc pdp``
+    builds one from a ``PdpSettings`` read from its options and ``SVC_PDP_*``.
 
     Attributes:
-        host: address to bind (``127.0.0.1``; ``0.0.0.0`` in a container).
-        port: port (8080 by default, docs/architecture.md#limits; 0 picks a free one).
-        mode: ``enforce`` or ``monitor`` (docs/architecture.md#monitor-and-enforce), reported with
-            every decision.
-        max_body_bytes: largest request body; larger get 413.
-        workers: Tokio worker threads (0: one per core).
-        public_url: base URL for AuthZEN discovery; derived from ``Host`` when ``None``.
-        watch: reload the bundle when its files change.
-        noop_routes: also serve the benchmark ceiling routes.
-        plan_max_age_secs: ``max_age_secs`` of query plans (docs/plans.md).
-        kafka_url: broker of the decision log (``kafka://host:port`` or a bootstrap list);
-            ``None`` runs without a decision log.
-        spool_dir: the decision log's spool: every record is written there before it is
-            sent (kept across restarts).
-        log_queue_bound: decision records held in memory for one group commit; when reached
-            the commit starts at once.
-        spool_max_bytes: largest spool not yet acknowledged by the broker; records past it
-            are dropped and counted (and refused with 503 in durable mode).
-        log_commit_ms: group-commit window of the spool in milliseconds, 0 to 1000, in
-            window mode (``svc.pdp.log_settings``; durable mode writes at once).
-        log_durability: ``window`` (answer at once) or ``durable`` (answer once the record
-            is written).
-        log_fsync: fsync the spool after every group commit.
-        decisions_topic: the decision log's topic (``svc.decisions.v1``).
-        max_batch_items: most evaluations in one AuthZEN ``evaluations`` request (400 beyond).
-        max_inline_entities: most inline entities one check may carry (400 beyond).
-        max_entity_depth: longest parent chain of inline, stored and bundle entities (a request
-            over it is a 400, a bundle over it does not load). These three are the limits of
-            docs/api.md, "Limits"; the last two are process-wide (``svc.pdp.set_limits``).
-        auth: who may call (docs/auth.md); default from ``SVC_PDP_AUTH*``, off without an
-            issuer (then only a loopback ``host`` is allowed).
+        auth: who may call (docs/auth.md); default ``PdpAuthSettings()``, read from
+            ``SVC_PDP_AUTH*``, off without an issuer (then only a loopback ``host`` is
+            allowed).
+
+    Raises:
+        pydantic.ValidationError: as ``PdpSettings``.
 
     """
 
-    host: str = "127.0.0.1"
-    port: int = 8080
-    mode: str = "enforce"
-    max_body_bytes: int = 1_048_576
-    workers: int = 0
-    public_url: str | None = None
-    watch: bool = True
-    noop_routes: bool = False
-    plan_max_age_secs: int = 300
-    kafka_url: str | None = None
-    spool_dir: Path = Path(".svc/pdp-spool")
-    log_queue_bound: int = 100_000
-    spool_max_bytes: int = 1 << 30
-    log_commit_ms: int = LOG_COMMIT_MS
-    log_durability: Durability = LOG_DURABILITY
-    log_fsync: bool = LOG_FSYNC
-    decisions_topic: str = DECISIONS_TOPIC
-    max_batch_items: int = 1_000
-    max_inline_entities: int = 1_000
-    max_entity_depth: int = 64
-    auth: PdpAuthSettings = field(default_factory=PdpAuthSettings)
+    auth: PdpAuthSettings = Field(default_factory=PdpAuthSettings)
+    """Who may call (docs/auth.md)."""
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """The keyword arguments only (pydantic-settings' hook for the sources read)."""
+        return (init_settings,)
 
 
 @contextmanager

@@ -1,6 +1,6 @@
 """Query-plan filters (docs/plans.md): the typed filter tree, its evaluator, and SQL.
 
-`svc.plan.filters` parses and validates the planner's filter JSON into node dataclasses and
+`svc.plan.filters` parses and validates the planner's filter JSON into node models and
 evaluates a tree over one row with SQL three-valued logic; `svc.plan.sql` compiles a tree to a
 SQLAlchemy Core WHERE clause for PostgreSQL and SQLite from an `SqlMapping`. See docs/plans.md.
 """

@@ -2,10 +2,11 @@
 
 The planner answers "which rows of type T may this principal see?" with a filter tree in JSON
 (the filter contract, docs/plans.md "The filter tree"). This module turns that JSON into frozen
-node dataclasses (`parse_filter`), back into JSON (`to_json`), and evaluates a tree over one row
-in Cedar's entity JSON shape (`evaluate`) with the contract's SQL three-valued logic: a missing
-attribute is NULL, `has` is two-valued, NOT NULL is NULL, AND/OR as in SQL. The evaluator is the
-reference the SQL compiler (`svc.plan.sql`) is tested against.
+node models (`parse_filter`: a pydantic discriminated union on ``op``, errors naming the bad
+path), back into JSON (`to_json`), and evaluates a tree over one row in Cedar's entity JSON
+shape (`evaluate`) with the contract's SQL three-valued logic: a missing attribute is NULL,
+`has` is two-valued, NOT NULL is NULL, AND/OR as in SQL. The evaluator is the reference the SQL
+compiler (`svc.plan.sql`) is tested against.
 """
 
 from __future__ import annotations
@@ -14,7 +15,21 @@ import json
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, TypeAlias
+from typing import Annotated, Any, Literal, TypeAlias, get_args
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    TypeAdapter,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
+from pydantic_core import PydanticCustomError
+from typing_extensions import TypeAliasType
 
 __all__ = [
     "CMPS",
@@ -93,110 +108,277 @@ class EntityUid:
 
 # A Cedar value after parsing: string, Long, bool, entity, set (tuple, order kept as given) or
 # record (dict). Note `bool` is a subclass of `int` in Python; use `value_key` to compare.
-Value: TypeAlias = "str | int | bool | EntityUid | tuple[Value, ...] | dict[str, Value]"
+Value = TypeAliasType(
+    "Value", "str | int | bool | EntityUid | tuple[Value, ...] | dict[str, Value]"
+)
 
 
-@dataclass(frozen=True, slots=True)
-class Const:
-    """``{"op":"true"}`` / ``{"op":"false"}``."""
+class _Node(BaseModel):
+    """What every filter node model shares: frozen, and no field beyond its op's."""
 
-    value: bool
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-@dataclass(frozen=True, slots=True)
-class And:
+def _problem(message: str, problems: Sequence[tuple[str, str]] = ()) -> PydanticCustomError:
+    """A validation error of the filter contract (pydantic reports it at the field).
+
+    `problems` are ``(sub-path, message)`` pairs below the field (a value's ``[2].x``); default:
+    the field itself with `message`.
+    """
+    return PydanticCustomError(
+        "filter", "{message}", {"message": message, "problems": list(problems) or [("", message)]}
+    )
+
+
+def _attr(raw: object) -> tuple[str, ...]:
+    if (
+        not isinstance(raw, list | tuple)
+        or not raw
+        or not all(isinstance(a, str) and a for a in raw)
+    ):
+        raise _problem("must be a non-empty array of non-empty attribute names")
+    return tuple(raw)
+
+
+def _entity(raw: object) -> EntityUid:
+    uid = _as_entity(raw)
+    if uid is None:
+        raise _problem('must be an entity reference {"type": ..., "id": ...}')
+    return uid
+
+
+def _value(raw: object) -> Value:
+    problems: list[tuple[str, str]] = []
+    value = _parse_value(raw, "", problems)
+    if problems or value is None:
+        problems = problems or [("", "invalid value")]
+        raise _problem(problems[0][1], problems)
+    return value
+
+
+def _values(raw: object) -> tuple[Value, ...]:
+    if not isinstance(raw, list | tuple):
+        raise _problem(f"must be an array of values, got {_jtype(raw)}")
+    problems: list[tuple[str, str]] = []
+    values = [_parse_value(v, f"[{i}]", problems) for i, v in enumerate(raw)]
+    if problems:
+        raise _problem(problems[0][1], problems)
+    return tuple(v for v in values if v is not None)
+
+
+def _string(raw: object) -> str:
+    if not isinstance(raw, str):
+        raise _problem(f"must be a string, got {_jtype(raw)}")
+    return raw
+
+
+def _optional_string(raw: object) -> str | None:
+    return None if raw is None else _string(raw)
+
+
+def _cmp(raw: object) -> Cmp:
+    for c in CMPS:
+        if raw == c and isinstance(raw, str):
+            return c
+    raise _problem(f"unknown comparison {raw!r}")
+
+
+def _node_list(raw: object) -> object:
+    if not isinstance(raw, list | tuple):
+        raise _problem(f"must be an array of nodes, got {_jtype(raw)}")
+    return raw
+
+
+#: Field types of the node models, each parsed by a function that names what is wrong.
+_Attr = Annotated[tuple[str, ...], PlainValidator(_attr)]
+_Entity = Annotated[EntityUid, PlainValidator(_entity)]
+_Value = Annotated[Value, PlainValidator(_value)]
+_Values = Annotated[tuple[Value, ...], PlainValidator(_values)]
+_Pattern = Annotated[str, PlainValidator(_string)]
+_Detail = Annotated[str | None, PlainValidator(_optional_string)]
+_Cmp = Annotated[Cmp, PlainValidator(_cmp)]
+_Args = Annotated["tuple[Node, ...]", BeforeValidator(_node_list)]
+
+
+class Const(_Node):
+    """``{"op":"true"}`` / ``{"op":"false"}``; ``value`` is the truth."""
+
+    __match_args__ = ("value",)
+
+    op: Literal["true", "false"]
+
+    @property
+    def value(self) -> bool:
+        """True for ``{"op":"true"}``."""
+        return self.op == "true"
+
+
+class And(_Node):
     """``{"op":"and","args":[...]}``: SQL AND (no args: TRUE)."""
 
-    args: tuple[Node, ...]
+    __match_args__ = ("args",)
+
+    op: Literal["and"] = "and"
+    args: _Args
 
 
-@dataclass(frozen=True, slots=True)
-class Or:
+class Or(_Node):
     """``{"op":"or","args":[...]}``: SQL OR (no args: FALSE)."""
 
-    args: tuple[Node, ...]
+    __match_args__ = ("args",)
+
+    op: Literal["or"] = "or"
+    args: _Args
 
 
-@dataclass(frozen=True, slots=True)
-class Not:
+class Not(_Node):
     """``{"op":"not","arg":...}``: SQL NOT (NOT NULL is NULL)."""
 
+    __match_args__ = ("arg",)
+
+    op: Literal["not"] = "not"
     arg: Node
 
 
-@dataclass(frozen=True, slots=True)
-class Compare:
+class Compare(_Node):
     """``{"op":"compare","attr":[...],"cmp":...,"value":V}``; lt/le/gt/ge take a Long."""
 
-    attr: tuple[str, ...]
-    cmp: Cmp
-    value: Value
+    __match_args__ = ("attr", "cmp", "value")
+
+    op: Literal["compare"] = "compare"
+    attr: _Attr
+    cmp: _Cmp
+    value: _Value
+
+    @field_validator("value")
+    @classmethod
+    def _ordered_takes_a_long(cls, value: Value, info: ValidationInfo) -> Value:
+        """lt/le/gt/ge compare Longs only (docs/plans.md)."""
+        cmp = info.data.get("cmp")
+        if cmp is not None and cmp not in ("eq", "ne") and not _is_long(value):
+            raise _problem(f"comparison {cmp!r} takes an integer, got {_vtype(value)}")
+        return value
 
 
-@dataclass(frozen=True, slots=True)
-class Has:
+class Has(_Node):
     """``{"op":"has","attr":[...]}``: TRUE when the path is present, else FALSE (never NULL)."""
 
-    attr: tuple[str, ...]
+    __match_args__ = ("attr",)
+
+    op: Literal["has"] = "has"
+    attr: _Attr
 
 
-@dataclass(frozen=True, slots=True)
-class Contains:
+class Contains(_Node):
     """``{"op":"contains","attr":[...],"value":V}``: the set at attr holds the value."""
 
-    attr: tuple[str, ...]
-    value: Value
+    __match_args__ = ("attr", "value")
+
+    op: Literal["contains"] = "contains"
+    attr: _Attr
+    value: _Value
 
 
-@dataclass(frozen=True, slots=True)
-class ContainsAny:
+class ContainsAny(_Node):
     """``{"op":"contains_any","attr":[...],"values":[...]}``: the set holds any of the values."""
 
-    attr: tuple[str, ...]
-    values: tuple[Value, ...]
+    __match_args__ = ("attr", "values")
+
+    op: Literal["contains_any"] = "contains_any"
+    attr: _Attr
+    values: _Values
 
 
-@dataclass(frozen=True, slots=True)
-class ContainsAll:
+class ContainsAll(_Node):
     """``{"op":"contains_all","attr":[...],"values":[...]}``: the set holds all of the values."""
 
-    attr: tuple[str, ...]
-    values: tuple[Value, ...]
+    __match_args__ = ("attr", "values")
+
+    op: Literal["contains_all"] = "contains_all"
+    attr: _Attr
+    values: _Values
 
 
-@dataclass(frozen=True, slots=True)
-class Like:
+class Like(_Node):
     r"""``{"op":"like","attr":[...],"pattern":...}``: ``*`` is any text, ``\*`` a star."""
 
-    attr: tuple[str, ...]
-    pattern: str
+    __match_args__ = ("attr", "pattern")
+
+    op: Literal["like"] = "like"
+    attr: _Attr
+    pattern: _Pattern
 
 
-@dataclass(frozen=True, slots=True)
-class In:
+class In(_Node):
     """``{"op":"in","entity":{...}}``: the row is the entity or a (transitive) descendant of it."""
 
-    entity: EntityUid
+    __match_args__ = ("entity",)
+
+    op: Literal["in"] = "in"
+    entity: _Entity
 
 
-@dataclass(frozen=True, slots=True)
-class Is:
+class Is(_Node):
     """``{"op":"is","entity":{...}}``: the row is exactly that entity."""
 
-    entity: EntityUid
+    __match_args__ = ("entity",)
+
+    op: Literal["is"] = "is"
+    entity: _Entity
 
 
-@dataclass(frozen=True, slots=True)
-class Residual:
+class Residual(_Node):
     """``{"op":"unknown"}`` / ``{"op":"unmappable"}``: undecidable here; check rows one by one."""
 
+    __match_args__ = ("op", "detail")
+
     op: Literal["unknown", "unmappable"]
-    detail: str | None = None
+    detail: _Detail = None
 
 
-Node: TypeAlias = (
-    "Const | And | Or | Not | Compare | Has | Contains | ContainsAny | ContainsAll | Like | In"
-    " | Is | Residual"
+#: A filter node: the pydantic discriminated union of the node models on ``op``
+#: (https://docs.pydantic.dev/latest/concepts/unions/#discriminated-unions).
+Node: TypeAlias = Annotated[
+    Const
+    | And
+    | Or
+    | Not
+    | Compare
+    | Has
+    | Contains
+    | ContainsAny
+    | ContainsAll
+    | Like
+    | In
+    | Is
+    | Residual,
+    Field(discriminator="op"),
+]
+
+for _model in (And, Or, Not):
+    _model.model_rebuild()
+
+_NODE = TypeAdapter(Node)
+
+#: Every ``op`` of the contract (the union's tags).
+_OPS = frozenset(
+    op
+    for model in (
+        Const,
+        And,
+        Or,
+        Not,
+        Compare,
+        Has,
+        Contains,
+        ContainsAny,
+        ContainsAll,
+        Like,
+        In,
+        Is,
+        Residual,
+    )
+    for op in get_args(model.model_fields["op"].annotation)
 )
 
 # --------------------------------------------------------------------------------------------
@@ -209,168 +391,86 @@ def _join(path: str, part: str) -> str:
     return f"{path}.{part}" if path else part
 
 
-class _Parser:
-    def __init__(self) -> None:
-        self.problems: list[tuple[str, str]] = []
+def _problems(error: ValidationError) -> list[tuple[str, str]]:
+    """The pydantic errors of a tree as ``(path, message)`` in the contract's words.
 
-    def bad(self, path: str, msg: str) -> None:
-        self.problems.append((path, msg))
+    Pydantic's location of an error alternates the tag of each node (its ``op``) and the field
+    below it (``("or", "args", 1, "compare", "cmp")``); the path drops the tags
+    (``args[1].cmp``) and the message names the op where that helps.
+    """
+    out: list[tuple[str, str]] = []
+    for err in error.errors():
+        loc, path, tag, op, i = err["loc"], "", None, None, 0
+        while i < len(loc):
+            part = loc[i]
+            i += 1
+            if isinstance(part, str) and part in _OPS and tag is None:
+                tag = part  # the op of the node at `path`
+                continue
+            if isinstance(part, int):
+                path = f"{path}[{part}]"
+            else:
+                path, op = _join(path, part), tag  # a field of the node tagged `tag`
+            if part in ("args", "arg") or isinstance(part, int):
+                tag = None  # a node follows
+        kind, raw = err["type"], err.get("input")
+        if kind == "filter":
+            ctx = err.get("ctx") or {}
+            out.extend((_join(path, sub) if sub else path, m) for sub, m in ctx["problems"])
+        elif kind == "union_tag_invalid" and isinstance(raw, Mapping):
+            tag = raw.get("op")
+            if isinstance(tag, str):
+                out.append((_join(path, "op"), f"unknown op {tag!r}"))
+            else:
+                out.append((_join(path, "op"), "missing or not a string"))
+        elif kind == "union_tag_not_found":
+            out.append((_join(path, "op"), "missing or not a string"))
+        elif kind in ("model_attributes_type", "model_type", "dict_type"):
+            out.append((path, f"a filter node must be an object, got {_jtype(raw)}"))
+        elif kind == "extra_forbidden":
+            out.append((path, f"unexpected field for op {op!r}"))
+        elif kind == "missing":
+            out.append((path, f"missing (required by op {op!r})"))
+        else:
+            out.append((path, str(err["msg"])))
+    return out
 
-    def node(self, obj: object, path: str) -> Node | None:
-        if not isinstance(obj, Mapping):
-            self.bad(path, f"a filter node must be an object, got {_jtype(obj)}")
-            return None
-        op = obj.get("op")
-        if not isinstance(op, str):
-            self.bad(_join(path, "op"), "missing or not a string")
-            return None
-        fields = _FIELDS.get(op)
-        if fields is None:
-            self.bad(_join(path, "op"), f"unknown op {op!r}")
-            return None
-        required, optional = fields
-        for key in obj:
-            if key != "op" and key not in required and key not in optional:
-                self.bad(_join(path, str(key)), f"unexpected field for op {op!r}")
-        missing = [k for k in required if k not in obj]
-        for key in missing:
-            self.bad(_join(path, key), f"missing (required by op {op!r})")
-        if missing:
-            return None
-        return self._build(op, obj, path)
 
-    def _build(self, op: str, obj: Mapping[str, Any], path: str) -> Node | None:
-        if op in ("true", "false"):
-            return Const(op == "true")
-        if op in ("and", "or"):
-            args_path = _join(path, "args")
-            raw = obj["args"]
-            if not isinstance(raw, list):
-                self.bad(args_path, f"must be an array of nodes, got {_jtype(raw)}")
-                return None
-            parsed = [self.node(a, f"{args_path}[{i}]") for i, a in enumerate(raw)]
-            if any(p is None for p in parsed):
-                return None
-            args = tuple(p for p in parsed if p is not None)
-            return And(args) if op == "and" else Or(args)
-        if op == "not":
-            arg = self.node(obj["arg"], _join(path, "arg"))
-            return None if arg is None else Not(arg)
-        if op in ("unknown", "unmappable"):
-            detail = obj.get("detail")
-            if detail is not None and not isinstance(detail, str):
-                self.bad(_join(path, "detail"), f"must be a string, got {_jtype(detail)}")
-                return None
-            return Residual("unknown" if op == "unknown" else "unmappable", detail)
-        if op in ("in", "is"):
-            ent = self.entity(obj["entity"], _join(path, "entity"))
-            if ent is None:
-                return None
-            return In(ent) if op == "in" else Is(ent)
-        attr = self.attr(obj["attr"], _join(path, "attr"))
-        if op == "has":
-            return None if attr is None else Has(attr)
-        if op == "like":
-            pattern = obj["pattern"]
-            if not isinstance(pattern, str):
-                self.bad(_join(path, "pattern"), f"must be a string, got {_jtype(pattern)}")
-                return None
-            return None if attr is None else Like(attr, pattern)
-        if op == "compare":
-            cmp = obj["cmp"]
-            value = self.value(obj["value"], _join(path, "value"))
-            if cmp not in CMPS:
-                self.bad(_join(path, "cmp"), f"unknown comparison {cmp!r}")
-                return None
-            if cmp not in ("eq", "ne") and value is not None and not _is_long(value):
-                self.bad(
-                    _join(path, "value"),
-                    f"comparison {cmp!r} takes an integer, got {_vtype(value)}",
-                )
-                return None
-            if attr is None or value is None:
-                return None
-            return Compare(attr, cmp, value)
-        if op == "contains":
-            value = self.value(obj["value"], _join(path, "value"))
-            return None if attr is None or value is None else Contains(attr, value)
-        # contains_any / contains_all
-        values_path = _join(path, "values")
-        raw_values = obj["values"]
-        if not isinstance(raw_values, list):
-            self.bad(values_path, f"must be an array of values, got {_jtype(raw_values)}")
+def _parse_value(raw: object, path: str, problems: list[tuple[str, str]]) -> Value | None:
+    """One Cedar JSON value of the contract, or None with what is wrong added to `problems`."""
+    if isinstance(raw, bool | str):
+        return raw
+    if isinstance(raw, int):
+        if not LONG_MIN <= raw <= LONG_MAX:
+            problems.append((path, f"integer {raw} is out of Cedar's Long range"))
             return None
-        values = [self.value(v, f"{values_path}[{i}]") for i, v in enumerate(raw_values)]
-        if attr is None or any(v is None for v in values):
+        return raw
+    if isinstance(raw, list):
+        items = [_parse_value(v, f"{path}[{i}]", problems) for i, v in enumerate(raw)]
+        if any(v is None for v in items):
             return None
-        vals = tuple(v for v in values if v is not None)
-        return ContainsAny(attr, vals) if op == "contains_any" else ContainsAll(attr, vals)
-
-    def attr(self, raw: object, path: str) -> tuple[str, ...] | None:
-        if not isinstance(raw, list) or not raw or not all(isinstance(a, str) and a for a in raw):
-            self.bad(path, "must be a non-empty array of non-empty attribute names")
+        return tuple(v for v in items if v is not None)
+    if isinstance(raw, Mapping):
+        if "__extn" in raw:
+            problems.append((path, "extension values are not part of the filter contract"))
             return None
-        return tuple(raw)
-
-    def entity(self, raw: object, path: str) -> EntityUid | None:
         uid = _as_entity(raw)
-        if uid is None:
-            self.bad(path, 'must be an entity reference {"type": ..., "id": ...}')
-        return uid
-
-    def value(self, raw: object, path: str) -> Value | None:
-        if isinstance(raw, bool | str):
-            return raw
-        if isinstance(raw, int):
-            if not LONG_MIN <= raw <= LONG_MAX:
-                self.bad(path, f"integer {raw} is out of Cedar's Long range")
-                return None
-            return raw
-        if isinstance(raw, list):
-            items = [self.value(v, f"{path}[{i}]") for i, v in enumerate(raw)]
-            if any(v is None for v in items):
-                return None
-            return tuple(v for v in items if v is not None)
-        if isinstance(raw, Mapping):
-            if "__extn" in raw:
-                self.bad(path, "extension values are not part of the filter contract")
-                return None
-            uid = _as_entity(raw)
-            if uid is not None:
-                return uid
-            if "__entity" in raw:
-                self.bad(path, "malformed entity reference")
-                return None
-            fields: dict[str, Value] = {}
-            ok = True
-            for k, v in raw.items():
-                fv = self.value(v, _join(path, str(k)))
-                if fv is None:
-                    ok = False
-                else:
-                    fields[str(k)] = fv
-            return fields if ok else None
-        self.bad(path, f"not a Cedar value: {_jtype(raw)}")
-        return None
-
-
-_FIELDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "true": ((), ()),
-    "false": ((), ()),
-    "and": (("args",), ()),
-    "or": (("args",), ()),
-    "not": (("arg",), ()),
-    "compare": (("attr", "cmp", "value"), ()),
-    "has": (("attr",), ()),
-    "contains": (("attr", "value"), ()),
-    "contains_any": (("attr", "values"), ()),
-    "contains_all": (("attr", "values"), ()),
-    "like": (("attr", "pattern"), ()),
-    "in": (("entity",), ()),
-    "is": (("entity",), ()),
-    "unknown": ((), ("detail",)),
-    "unmappable": ((), ("detail",)),
-}
+        if uid is not None:
+            return uid
+        if "__entity" in raw:
+            problems.append((path, "malformed entity reference"))
+            return None
+        fields: dict[str, Value] = {}
+        ok = True
+        for k, v in raw.items():
+            fv = _parse_value(v, _join(path, str(k)), problems)
+            if fv is None:
+                ok = False
+            else:
+                fields[str(k)] = fv
+        return fields if ok else None
+    problems.append((path, f"not a Cedar value: {_jtype(raw)}"))
+    return None
 
 
 def _jtype(obj: object) -> str:
@@ -427,15 +527,15 @@ def _as_entity(raw: object) -> EntityUid | None:
 def parse_filter(obj: object) -> Node:
     """Parse and validate a filter tree in the contract's JSON shape (docs/plans.md).
 
-    Takes the decoded JSON (a dict) and returns the root `Node`. Entity references are accepted
-    as ``{"__entity": {...}}`` or bare ``{"type","id"}``; `and`/`or` may have any number of args.
+    Takes the decoded JSON (a dict) and returns the root `Node`, validated as the pydantic
+    discriminated union `Node` (on ``op``). Entity references are accepted as
+    ``{"__entity": {...}}`` or bare ``{"type","id"}``; `and`/`or` may have any number of args.
     Raises `FilterError` naming every bad path (e.g. ``args[1].cmp: unknown comparison 'eqq'``).
     """
-    parser = _Parser()
-    node = parser.node(obj, "")
-    if parser.problems or node is None:
-        raise FilterError(parser.problems or [("", "invalid filter")])
-    return node
+    try:
+        return _NODE.validate_python(obj)
+    except ValidationError as e:
+        raise FilterError(_problems(e) or [("", "invalid filter")]) from None
 
 
 def parse_value(obj: object) -> Value:
@@ -443,10 +543,10 @@ def parse_value(obj: object) -> Value:
 
     Raises `FilterError` when `obj` is not a Cedar value of the filter contract.
     """
-    parser = _Parser()
-    value = parser.value(obj, "")
-    if parser.problems or value is None:
-        raise FilterError(parser.problems or [("", "invalid value")])
+    problems: list[tuple[str, str]] = []
+    value = _parse_value(obj, "", problems)
+    if problems or value is None:
+        raise FilterError(problems or [("", "invalid value")])
     return value
 
 

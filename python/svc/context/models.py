@@ -1,0 +1,203 @@
+"""The context service's tables (SQLModel; docs/context.md#storage).
+
+* ``scim_users``, ``scim_groups``, ``scim_members``: the directory as the identity provider
+  provisions it over SCIM (RFC 7643). A user's whole SCIM document is kept in ``doc``; the
+  columns beside it are what queries and uniqueness need. A deleted user is kept with
+  ``removed_at`` set (history must still name removed people; docs/architecture.md).
+* ``principals``: the decision points' view of people, groups, service accounts and risk
+  scores, one row per ``(kind, id)``, each the exact record ``GET /v1/principals`` serves.
+* ``resources``, ``work_items``: what connectors write, as Cedar entities and work-item records.
+* ``changes``: every change of the three feeds (``principals``, ``resources``, ``work_items``)
+  in one order; ``seq`` comes from the ``counters`` row ``changes``, whose row lock makes
+  writers commit in ``seq`` order (docs/context.md#versions-and-feeds).
+* ``service_accounts``, ``risk_scores``, ``trusted_apps``, ``investigations``: the records of
+  their routes.
+
+The schema itself is made by the Alembic migrations in ``svc/context/migrations``
+(``svc.context.migrate``), never by ``create_all``. Times are stored in UTC.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import JSON, BigInteger, Boolean, Column, DateTime, Integer, String, Text
+from sqlmodel import Field, SQLModel
+
+__all__ = [
+    "ChangeRow",
+    "CounterRow",
+    "InvestigationRow",
+    "MemberRow",
+    "PrincipalRow",
+    "ResourceRow",
+    "RiskScoreRow",
+    "ScimGroupRow",
+    "ScimUserRow",
+    "ServiceAccountRow",
+    "TrustedAppRow",
+    "WorkItemRow",
+    "utc",
+]
+
+_TZ = DateTime(timezone=True)
+
+
+def utc(t: datetime | None) -> datetime | None:
+    """``t`` as an aware UTC time (a naive time, as SQLite returns it, is taken as UTC)."""
+    if t is None:
+        return None
+    return t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)
+
+
+class ScimUserRow(SQLModel, table=True):
+    """A SCIM user; ``user_name_key`` is the case-folded ``userName`` (unique while present)."""
+
+    __tablename__ = "scim_users"
+
+    id: str = Field(sa_column=Column(String(64), primary_key=True))
+    user_name: str = Field(sa_column=Column(String(512), nullable=False))
+    user_name_key: str = Field(sa_column=Column(String(512), nullable=False, index=True))
+    external_id: str | None = Field(default=None, sa_column=Column(String(512), nullable=True))
+    active: bool = Field(sa_column=Column(Boolean, nullable=False))
+    manager_id: str | None = Field(default=None, sa_column=Column(String(64), nullable=True))
+    removed_at: datetime | None = Field(default=None, sa_column=Column(_TZ, nullable=True))
+    doc: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
+    version: int = Field(sa_column=Column(BigInteger, nullable=False))
+    created_at: datetime = Field(sa_column=Column(_TZ, nullable=False))
+    updated_at: datetime = Field(sa_column=Column(_TZ, nullable=False))
+
+
+class ScimGroupRow(SQLModel, table=True):
+    """A SCIM group; ``display_name_key`` is the case-folded ``displayName`` (unique)."""
+
+    __tablename__ = "scim_groups"
+
+    id: str = Field(sa_column=Column(String(64), primary_key=True))
+    display_name: str = Field(sa_column=Column(String(512), nullable=False))
+    display_name_key: str = Field(sa_column=Column(String(512), nullable=False, unique=True))
+    external_id: str | None = Field(default=None, sa_column=Column(String(512), nullable=True))
+    doc: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
+    version: int = Field(sa_column=Column(BigInteger, nullable=False))
+    created_at: datetime = Field(sa_column=Column(_TZ, nullable=False))
+    updated_at: datetime = Field(sa_column=Column(_TZ, nullable=False))
+
+
+class MemberRow(SQLModel, table=True):
+    """One member of a group: ``member_type`` is ``User`` or ``Group`` (RFC 7643 section 4.2)."""
+
+    __tablename__ = "scim_members"
+
+    group_id: str = Field(sa_column=Column(String(64), primary_key=True))
+    member_id: str = Field(sa_column=Column(String(64), primary_key=True, index=True))
+    member_type: str = Field(sa_column=Column(String(16), nullable=False))
+
+
+class PrincipalRow(SQLModel, table=True):
+    """One record of the principals snapshot (docs/context.md#principals).
+
+    ``kind`` is ``Human``, ``Group``, ``ServiceAccount`` or ``RiskScore``; ``value`` the Cedar
+    entity (people, groups), the registration record, or ``{"principal", "score"}``;
+    ``removed`` marks a removed person, kept so the history can still name them.
+    """
+
+    __tablename__ = "principals"
+
+    kind: str = Field(sa_column=Column(String(32), primary_key=True))
+    id: str = Field(sa_column=Column(String(512), primary_key=True))
+    value: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
+    removed: bool = Field(default=False, sa_column=Column(Boolean, nullable=False))
+
+
+class ResourceRow(SQLModel, table=True):
+    """A resource as a Cedar entity ``{"uid", "attrs", "parents"}``."""
+
+    __tablename__ = "resources"
+
+    type: str = Field(sa_column=Column(String(256), primary_key=True))
+    id: str = Field(sa_column=Column(String(512), primary_key=True))
+    entity: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
+    updated_at: datetime = Field(sa_column=Column(_TZ, nullable=False))
+
+
+class WorkItemRow(SQLModel, table=True):
+    """A work item ``{id, status, links, attrs}``; ``id`` is ``<tracker>:<key>``."""
+
+    __tablename__ = "work_items"
+
+    id: str = Field(sa_column=Column(String(512), primary_key=True))
+    item: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
+    updated_at: datetime = Field(sa_column=Column(_TZ, nullable=False))
+
+
+class ChangeRow(SQLModel, table=True):
+    """One change of a feed: the new state of ``(kind, key)``; ``value`` None when it is gone."""
+
+    __tablename__ = "changes"
+
+    seq: int = Field(sa_column=Column(BigInteger, primary_key=True, autoincrement=False))
+    feed: str = Field(sa_column=Column(String(16), nullable=False, index=True))
+    kind: str = Field(sa_column=Column(String(32), nullable=False))
+    key: str = Field(sa_column=Column(String(1024), nullable=False))
+    value: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
+    removed: bool = Field(default=False, sa_column=Column(Boolean, nullable=False))
+    at: datetime = Field(sa_column=Column(_TZ, nullable=False))
+
+
+class CounterRow(SQLModel, table=True):
+    """A named counter; ``changes`` numbers the change feed."""
+
+    __tablename__ = "counters"
+
+    name: str = Field(sa_column=Column(String(32), primary_key=True))
+    value: int = Field(sa_column=Column(BigInteger, nullable=False))
+
+
+class ServiceAccountRow(SQLModel, table=True):
+    """A registered service account (docs/architecture.md#entities-and-the-base-schema)."""
+
+    __tablename__ = "service_accounts"
+
+    id: str = Field(sa_column=Column(String(512), primary_key=True))
+    record: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
+    updated_at: datetime = Field(sa_column=Column(_TZ, nullable=False))
+
+
+class RiskScoreRow(SQLModel, table=True):
+    """The reasoner's latest score of a principal (``Type::"id"`` key), 0 to 100."""
+
+    __tablename__ = "risk_scores"
+
+    principal: str = Field(sa_column=Column(String(1024), primary_key=True))
+    score: int = Field(sa_column=Column(Integer, nullable=False))
+    reason: str = Field(default="", sa_column=Column(Text, nullable=False))
+    updated_at: datetime = Field(sa_column=Column(_TZ, nullable=False))
+
+
+class TrustedAppRow(SQLModel, table=True):
+    """An app trusted to sign agent tokens (docs/architecture.md#trusted-app-issuers)."""
+
+    __tablename__ = "trusted_apps"
+
+    name: str = Field(sa_column=Column(String(128), primary_key=True))
+    iss: str = Field(sa_column=Column(String(1024), nullable=False))
+    jwks_url: str = Field(sa_column=Column(String(2048), nullable=False))
+    aud: str = Field(sa_column=Column(String(1024), nullable=False))
+    created_at: datetime = Field(sa_column=Column(_TZ, nullable=False))
+
+
+class InvestigationRow(SQLModel, table=True):
+    """An investigation of a principal: ``status`` is ``open`` or ``closed``."""
+
+    __tablename__ = "investigations"
+
+    id: str = Field(sa_column=Column(String(64), primary_key=True))
+    principal: str = Field(sa_column=Column(String(1024), nullable=False, index=True))
+    reason: str = Field(sa_column=Column(Text, nullable=False))
+    opened_by: str = Field(sa_column=Column(String(512), nullable=False))
+    opened_at: datetime = Field(sa_column=Column(_TZ, nullable=False))
+    status: str = Field(sa_column=Column(String(16), nullable=False))
+    closed_by: str | None = Field(default=None, sa_column=Column(String(512), nullable=True))
+    closed_at: datetime | None = Field(default=None, sa_column=Column(_TZ, nullable=True))
+    resolution: str = Field(default="", sa_column=Column(Text, nullable=False))

@@ -1,0 +1,67 @@
+"""Settings of the decision point in standalone mode (``svc pdp``; docs/api.md lists them).
+
+``PdpSettings`` holds every ``svc pdp`` option but ``--bundle`` and the bearer-token ones
+(``svc.common.auth.PdpAuthSettings``), with its default written once here: the command line's
+options are made from its fields (``svc.common.cli``), and ``svc.pdp.server.StandaloneOptions``
+derives from it. Read from ``SVC_PDP_<NAME>`` (the broker from ``SVC_KAFKA_URL``); the decision
+log's durability comes from ``svc.pdp.log_settings.DecisionLogSettings``. This module does not
+load the decision core's extension.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+
+from svc.common.settings import ServiceSettings, kafka_url_field
+from svc.common.topics import DECISIONS_TOPIC
+from svc.pdp.log_settings import DecisionLogSettings
+
+__all__ = ["PdpSettings"]
+
+
+class PdpSettings(ServiceSettings, DecisionLogSettings, component="pdp"):
+    """Settings of ``svc pdp`` (docs/api.md, "Running it"): ``SVC_PDP_<NAME>``.
+
+    Raises:
+        pydantic.ValidationError: a setting is malformed or out of its range, or ``kafka_url``
+            is not a broker URL. The mode is checked by the engine when it starts
+            (``RequestError``).
+
+    """
+
+    mode: str = "enforce"
+    """monitor or enforce, reported with decisions (docs/architecture.md#monitor-and-enforce)."""
+    max_body_bytes: int = Field(default=1_048_576, ge=1)
+    """Largest request body (HTTP body or gRPC message); larger get 413."""
+    workers: int = Field(default=0, ge=0)
+    """Worker threads (0: one per core)."""
+    public_url: str | None = None
+    """Base URL for AuthZEN discovery (default: from the request's Host)."""
+    watch: bool = True
+    """Reload the bundle when its files change."""
+    noop_routes: bool = False
+    """Also serve the benchmark ceiling (POST /v1/noop, NoopAuthorizer)."""
+    plan_max_age_secs: int = Field(default=300, ge=0)
+    """max_age_secs of query plans (docs/plans.md)."""
+    kafka_url: str | None = kafka_url_field(None)
+    """Broker for the decision log (kafka://host:port, a bootstrap list or local:///path);
+    none: no decision log."""
+    spool_dir: Path = Path(".svc/pdp-spool")
+    """Decision-log spool: every record is written there before it is sent (broker outages;
+    kept across restarts)."""
+    log_queue_bound: int = Field(default=100_000, ge=1)
+    """Decision records held in memory for one group commit; when reached the commit starts
+    at once."""
+    spool_max_bytes: int = Field(default=1 << 30, ge=1)
+    """Largest spool not yet acknowledged by the broker; records past it are dropped and
+    counted (refused with 503 in durable mode)."""
+    decisions_topic: str = DECISIONS_TOPIC
+    """Decision-log topic."""
+    max_batch_items: int = Field(default=1_000, ge=1)
+    """Most evaluations per AuthZEN batch (400 beyond)."""
+    max_inline_entities: int = Field(default=1_000, ge=0)
+    """Most inline entities per check (400 beyond)."""
+    max_entity_depth: int = Field(default=64, ge=1)
+    """Longest parent chain of an inline, stored or bundle entity."""

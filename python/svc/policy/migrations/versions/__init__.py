@@ -1,0 +1,1 @@
+"""Numbered schema versions of the policy service; only appended, never edited."""

@@ -1,0 +1,452 @@
+"""The gRPC face of the policy service: ``svc.policy.v1.PolicyService`` through connectrpc.
+
+Only translation lives here (docs/architecture.md#code-layout-and-conventions): protobuf
+messages to ``PolicyService`` calls and back, ``PolicyError`` to a gRPC status with a
+``google.rpc.BadRequest`` of field violations, and the ``WatchActive`` stream. The service's
+blocking calls run in worker threads, never on the event loop.
+
+connectrpc serves gRPC (and the Connect and gRPC-Web protocols) as an ASGI app, which
+``svc.policy.app`` mounts beside the health routes on one port (docs/dependencies.md says why).
+There is no connectrpc code generator for the ``google.protobuf`` runtime grpcio-tools
+generates, so the endpoints are made here from the service's descriptor; a method without a
+handler is an error at start, never a silent gap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import anyio.to_thread
+from connectrpc.code import Code
+from connectrpc.compat import google_protobuf_codecs
+from connectrpc.errors import ConnectError
+from connectrpc.method import IdempotencyLevel, MethodInfo, StreamType
+from connectrpc.request import RequestContext
+from connectrpc.server import ConnectASGIApplication, Endpoint
+from google.protobuf.timestamp_pb2 import Timestamp
+from google.rpc import error_details_pb2
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from protobuf.wkt import Any as AnyDetail
+
+from svc.policy import service as svc_service
+from svc.policy.service import BundleInfo, PolicyError, PolicyService
+from svc.policy.v1 import policy_pb2 as pb
+
+__all__ = [
+    "SERVICE_NAME",
+    "PolicyConnectApp",
+    "PolicyMetrics",
+    "bundle_message",
+    "mode_name",
+    "mode_value",
+    "timestamp",
+]
+
+log = logging.getLogger("svc.policy")
+
+SERVICE_NAME = "svc.policy.v1.PolicyService"
+
+_CODES: dict[str, Code] = {
+    "invalid_argument": Code.INVALID_ARGUMENT,
+    "not_found": Code.NOT_FOUND,
+    "failed_precondition": Code.FAILED_PRECONDITION,
+    "permission_denied": Code.PERMISSION_DENIED,
+    "unavailable": Code.UNAVAILABLE,
+}
+_STATES: dict[str, Any] = {
+    "draft": pb.BUNDLE_STATE_DRAFT,
+    "active": pb.BUNDLE_STATE_ACTIVE,
+    "superseded": pb.BUNDLE_STATE_SUPERSEDED,
+}
+_MODES: dict[str, Any] = {"enforce": pb.MODE_ENFORCE, "monitor": pb.MODE_MONITOR}
+_SCOPES: dict[str, Any] = {
+    "install": pb.MODE_SCOPE_INSTALL,
+    "containment": pb.MODE_SCOPE_CONTAINMENT,
+}
+_TIERS: dict[str, Any] = {
+    "fail_closed": pb.OUTAGE_TIER_FAIL_CLOSED,
+    "cached": pb.OUTAGE_TIER_CACHED,
+    "fail_open": pb.OUTAGE_TIER_FAIL_OPEN,
+}
+
+
+def timestamp(t: datetime | None) -> Timestamp | None:
+    """A ``google.protobuf.Timestamp`` of an aware time, or None."""
+    if t is None:
+        return None
+    ts = Timestamp()
+    ts.FromDatetime(t.astimezone(UTC))
+    return ts
+
+
+def mode_value(mode: str) -> Any:
+    """``enforce``/``monitor`` as the ``Mode`` enum value."""
+    return _MODES.get(mode, pb.MODE_UNSPECIFIED)
+
+
+def mode_name(value: int) -> str:
+    """A ``Mode`` enum value as ``enforce``/``monitor`` (``""`` for unspecified)."""
+    return {v: k for k, v in _MODES.items()}.get(value, "")
+
+
+def _name(table: Mapping[str, Any], value: int) -> str:
+    return {v: k for k, v in table.items()}.get(value, "")
+
+
+def bundle_message(info: BundleInfo) -> pb.Bundle:
+    """A ``BundleInfo`` as the ``Bundle`` message (files sorted by name)."""
+    return pb.Bundle(
+        version=info.version,
+        state=_STATES[info.state],
+        author=info.author,
+        created_at=timestamp(info.created_at),
+        published_at=timestamp(info.published_at),
+        files=[pb.BundleFile(name=n, content=info.files[n]) for n in sorted(info.files)],
+        digest=info.digest,
+        signature=info.signature,
+        key_id=info.key_id,
+        comment=info.comment,
+        policies=info.policies,
+        warnings=info.warnings,
+    )
+
+
+def _enforcement(e: svc_service.Enforcement) -> pb.Enforcement:
+    return pb.Enforcement(mode=mode_value(e.mode), containment_mode=mode_value(e.containment_mode))
+
+
+def _change(c: svc_service.EnforcementChange) -> pb.EnforcementChange:
+    return pb.EnforcementChange(
+        id=c.id,
+        at=timestamp(c.at),
+        author=c.author,
+        scope=_SCOPES[c.scope],
+        from_mode=mode_value(c.from_mode),
+        to_mode=mode_value(c.to_mode),
+        reason=c.reason,
+    )
+
+
+def _fallback(f: svc_service.OutageFallback) -> pb.OutageFallback:
+    return pb.OutageFallback(
+        tool=f.tool,
+        tier=_TIERS[f.tier],
+        author=f.author,
+        updated_at=timestamp(f.updated_at),
+        reason=f.reason,
+    )
+
+
+def _connect_error(e: PolicyError) -> ConnectError:
+    """``PolicyError`` as a gRPC status; violations become a ``google.rpc.BadRequest``."""
+    details = []
+    if e.violations:
+        bad = error_details_pb2.BadRequest(
+            field_violations=[
+                error_details_pb2.BadRequest.FieldViolation(
+                    field=v.field, description=v.description
+                )
+                for v in e.violations
+            ]
+        )
+        details.append(
+            AnyDetail(
+                type_url="type.googleapis.com/google.rpc.BadRequest",
+                value=bad.SerializeToString(),
+            )
+        )
+    return ConnectError(_CODES[e.code], e.message, details=details)
+
+
+class PolicyMetrics:
+    """The service's Prometheus metrics (docs/policy.md#metrics), on a registry of their own."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.calls = Counter(
+            "svc_policy_calls",
+            "gRPC calls answered, by method and status code",
+            ["method", "code"],
+            registry=self.registry,
+        )
+        self.watchers = Gauge(
+            "svc_policy_watchers", "Open WatchActive streams", registry=self.registry
+        )
+        self.active_version = Gauge(
+            "svc_policy_active_version",
+            "The active bundle version (0 before the first publish)",
+            registry=self.registry,
+        )
+
+
+class _Handlers:
+    """One coroutine per unary method of the proto, each calling ``PolicyService`` in a thread."""
+
+    def __init__(self, service: PolicyService, metrics: PolicyMetrics) -> None:
+        self.service = service
+        self.metrics = metrics
+
+    async def _call(self, method: str, fn: Callable[[], Any]) -> Any:
+        try:
+            out = await anyio.to_thread.run_sync(fn)
+        except PolicyError as e:
+            self.metrics.calls.labels(method, e.code).inc()
+            raise _connect_error(e) from None
+        self.metrics.calls.labels(method, "ok").inc()
+        return out
+
+    async def CreateDraft(self, req: pb.CreateDraftRequest) -> pb.CreateDraftResponse:
+        files: dict[str, str] = {}
+        dup = []
+        for f in req.files:
+            if f.name in files:
+                dup.append(f.name)
+            files[f.name] = f.content
+        if dup:
+            raise _connect_error(
+                PolicyError(
+                    "invalid_argument",
+                    "duplicate file names",
+                    [svc_service.Violation("files", f"`{n}` appears twice") for n in dup],
+                )
+            )
+        info = await self._call(
+            "CreateDraft", lambda: self.service.create_draft(files, req.author, req.comment)
+        )
+        return pb.CreateDraftResponse(bundle=bundle_message(info))
+
+    async def Publish(self, req: pb.PublishRequest) -> pb.PublishResponse:
+        info = await self._call("Publish", lambda: self.service.publish(req.version, req.author))
+        self.metrics.active_version.set(info.version)
+        return pb.PublishResponse(bundle=bundle_message(info))
+
+    async def GetActive(self, req: pb.GetActiveRequest) -> pb.GetActiveResponse:
+        def get() -> BundleInfo:
+            info = self.service.get_active()
+            if info is None:
+                raise PolicyError("not_found", "nothing is published yet")
+            return info
+
+        return pb.GetActiveResponse(bundle=bundle_message(await self._call("GetActive", get)))
+
+    async def ListBundles(self, req: pb.ListBundlesRequest) -> pb.ListBundlesResponse:
+        infos = await self._call("ListBundles", lambda: self.service.list_bundles(req.limit))
+        return pb.ListBundlesResponse(bundles=[bundle_message(i) for i in infos])
+
+    async def GetBundle(self, req: pb.GetBundleRequest) -> pb.GetBundleResponse:
+        info = await self._call("GetBundle", lambda: self.service.get_bundle(req.version))
+        return pb.GetBundleResponse(bundle=bundle_message(info))
+
+    async def GetEnforcement(self, req: pb.GetEnforcementRequest) -> pb.GetEnforcementResponse:
+        e = await self._call("GetEnforcement", self.service.get_enforcement)
+        return pb.GetEnforcementResponse(enforcement=_enforcement(e))
+
+    async def SetEnforcement(self, req: pb.SetEnforcementRequest) -> pb.SetEnforcementResponse:
+        scope = _name(_SCOPES, req.scope) or f"#{req.scope}"
+        mode = mode_name(req.mode) or f"#{req.mode}"
+        e, change = await self._call(
+            "SetEnforcement",
+            lambda: self.service.set_enforcement(scope, mode, req.author, req.reason),
+        )
+        out = pb.SetEnforcementResponse(enforcement=_enforcement(e))
+        if change is not None:
+            out.change.CopyFrom(_change(change))
+        return out
+
+    async def ListEnforcementChanges(
+        self, req: pb.ListEnforcementChangesRequest
+    ) -> pb.ListEnforcementChangesResponse:
+        changes = await self._call(
+            "ListEnforcementChanges", lambda: self.service.list_enforcement_changes(req.limit)
+        )
+        return pb.ListEnforcementChangesResponse(changes=[_change(c) for c in changes])
+
+    async def GetOutageFallback(
+        self, req: pb.GetOutageFallbackRequest
+    ) -> pb.GetOutageFallbackResponse:
+        got = await self._call(
+            "GetOutageFallback", lambda: self.service.get_outage_fallback(req.tool)
+        )
+        return pb.GetOutageFallbackResponse(fallbacks=[_fallback(f) for f in got])
+
+    async def SetOutageFallback(
+        self, req: pb.SetOutageFallbackRequest
+    ) -> pb.SetOutageFallbackResponse:
+        tier = _name(_TIERS, req.tier) or f"#{req.tier}"
+        f = await self._call(
+            "SetOutageFallback",
+            lambda: self.service.set_outage_fallback(req.tool, tier, req.author, req.reason),
+        )
+        return pb.SetOutageFallbackResponse(fallback=_fallback(f))
+
+    async def BreakGlassRollback(
+        self, req: pb.BreakGlassRollbackRequest
+    ) -> pb.BreakGlassRollbackResponse:
+        info, before = await self._call(
+            "BreakGlassRollback",
+            lambda: self.service.break_glass_rollback(
+                req.version, req.admin, req.nonce, req.issued_at, req.reason, req.signature
+            ),
+        )
+        self.metrics.active_version.set(info.version)
+        return pb.BreakGlassRollbackResponse(bundle=bundle_message(info), from_version=before)
+
+    async def DryRun(self, req: pb.DryRunRequest) -> pb.DryRunResponse:
+        if not req.HasField("since"):
+            raise _connect_error(
+                PolicyError(
+                    "invalid_argument",
+                    "`since` is required",
+                    [svc_service.Violation("since", "required")],
+                )
+            )
+        since = req.since.ToDatetime(tzinfo=UTC)
+        until = req.until.ToDatetime(tzinfo=UTC) if req.HasField("until") else None
+        r = await self._call(
+            "DryRun",
+            lambda: self.service.dry_run(req.version, since, until, req.sample, req.limit),
+        )
+        return pb.DryRunResponse(
+            version=r.version,
+            decisions=r.decisions,
+            unchanged=r.unchanged,
+            allow_to_deny=r.allow_to_deny,
+            deny_to_allow=r.deny_to_allow,
+            to_challenge=r.to_challenge,
+            from_challenge=r.from_challenge,
+            errors=r.errors,
+            truncated=r.truncated,
+            sample=[
+                pb.ChangedDecision(
+                    qid=c.qid,
+                    at=timestamp(c.at),
+                    principal=c.principal,
+                    action=c.action,
+                    resource=c.resource,
+                    recorded=c.recorded,
+                    draft=c.draft,
+                    error=c.error,
+                )
+                for c in r.sample
+            ],
+        )
+
+    async def WatchActive(
+        self, req: pb.WatchActiveRequest
+    ) -> AsyncIterator[pb.WatchActiveResponse]:
+        """The active state now, then on every change, with heartbeats (docs/policy.md)."""
+        loop = asyncio.get_running_loop()
+        changed = asyncio.Event()
+        settings = self.service.settings
+
+        def wake() -> None:
+            loop.call_soon_threadsafe(changed.set)
+
+        unsubscribe = self.service.subscribe(wake)
+        self.metrics.watchers.inc()
+        self.metrics.calls.labels("WatchActive", "ok").inc()
+        try:
+            last: tuple[int, str, str] | None = None
+            next_beat = loop.time() + settings.heartbeat_secs
+            while True:
+                changed.clear()
+                token = await anyio.to_thread.run_sync(self.service.state_token)
+                if token != last:
+                    bundle, enforcement = await anyio.to_thread.run_sync(self.service.state)
+                    last = (
+                        bundle.version if bundle else 0,
+                        enforcement.mode,
+                        enforcement.containment_mode,
+                    )
+                    active = pb.ActiveState(enforcement=_enforcement(enforcement))
+                    if bundle is not None:
+                        active.bundle.CopyFrom(bundle_message(bundle))
+                    yield pb.WatchActiveResponse(active=active)
+                    next_beat = loop.time() + settings.heartbeat_secs
+                elif loop.time() >= next_beat:
+                    yield pb.WatchActiveResponse(
+                        heartbeat=pb.Heartbeat(at=timestamp(datetime.now(UTC)), version=last[0])
+                    )
+                    next_beat = loop.time() + settings.heartbeat_secs
+                wait = max(0.0, min(settings.watch_poll_secs, next_beat - loop.time()))
+                try:
+                    await asyncio.wait_for(changed.wait(), wait)
+                except TimeoutError:
+                    pass
+        finally:
+            unsubscribe()
+            self.metrics.watchers.dec()
+
+
+def _endpoints(handlers: _Handlers) -> dict[str, Any]:
+    """One connectrpc endpoint per method of the proto's service, from its descriptor."""
+    desc = pb.DESCRIPTOR.services_by_name["PolicyService"]
+    out: dict[str, Any] = {}
+    for m in desc.methods:
+        fn = getattr(handlers, m.name, None)
+        if fn is None:
+            raise RuntimeError(f"no handler for {SERVICE_NAME}/{m.name}")
+        streaming = m.server_streaming
+        info: MethodInfo[Any, Any] = MethodInfo(
+            name=m.name,
+            service_name=SERVICE_NAME,
+            input=getattr(pb, m.input_type.name),
+            output=getattr(pb, m.output_type.name),
+            idempotency_level=IdempotencyLevel.UNKNOWN,
+            stream_type=StreamType.SERVER_STREAM if streaming else StreamType.UNARY,
+        )
+        path = f"/{SERVICE_NAME}/{m.name}"
+        if streaming:
+            out[path] = Endpoint.server_stream(method=info, function=_drop_ctx_stream(fn))
+        else:
+            out[path] = Endpoint.unary(method=info, function=_drop_ctx(fn))
+    return out
+
+
+def _drop_ctx(
+    fn: Callable[[Any], Awaitable[Any]],
+) -> Callable[[Any, RequestContext[Any, Any]], Awaitable[Any]]:
+    async def call(req: Any, ctx: RequestContext[Any, Any]) -> Any:
+        return await fn(req)
+
+    return call
+
+
+def _drop_ctx_stream(
+    fn: Callable[[Any], AsyncIterator[Any]],
+) -> Callable[[Any, RequestContext[Any, Any]], AsyncIterator[Any]]:
+    def call(req: Any, ctx: RequestContext[Any, Any]) -> AsyncIterator[Any]:
+        return fn(req)
+
+    return call
+
+
+class PolicyConnectApp(ConnectASGIApplication[_Handlers]):
+    """The ASGI app serving ``svc.policy.v1.PolicyService`` (gRPC, gRPC-Web and Connect).
+
+    Args:
+        service: the service layer.
+        metrics: where calls and watchers are counted.
+        max_message_bytes: largest request message (a bundle of ``max_bundle_bytes`` plus its
+            framing).
+
+    """
+
+    def __init__(
+        self, service: PolicyService, metrics: PolicyMetrics, max_message_bytes: int
+    ) -> None:
+        super().__init__(
+            service=_Handlers(service, metrics),
+            endpoints=_endpoints,
+            read_max_bytes=max_message_bytes,
+            codecs=google_protobuf_codecs(),
+        )
+
+    @property
+    def path(self) -> str:
+        """``/svc.policy.v1.PolicyService``: the prefix of every method's path."""
+        return f"/{SERVICE_NAME}"

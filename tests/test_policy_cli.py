@@ -1,0 +1,135 @@
+"""`svc policy` as a person uses it: the service as a real process (SQLite, as under `svc up`),
+and the client commands as real processes talking to it over gRPC."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from svc.policy.cli import parse_since, target
+from test_policy import BAD, CLOSED_ONLY, PUBLIC_ONLY
+
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+
+def svc(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "svc", "policy", *args],
+        capture_output=True,
+        text=True,
+        env=env or ENV,
+        check=False,
+    )
+
+
+def write_bundle(directory: Path, files: dict[str, str]) -> Path:
+    directory.mkdir()
+    for name, content in files.items():
+        (directory / name).write_text(content)
+    return directory
+
+
+@pytest.fixture
+def service(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    admin = tmp_path / "admin.key"
+    made = svc("keygen", str(admin))
+    assert made.returncode == 0, made.stderr
+    assert "key id" in made.stdout and (tmp_path / "admin.key.pub").exists()
+    assert svc("keygen", str(admin)).returncode == 2  # never overwritten
+    env = {
+        **ENV,
+        "SVC_POLICY_BREAK_GLASS_KEYS": json.dumps(
+            {"ana": (tmp_path / "admin.key.pub").read_text()}
+        ),
+    }
+    log = (tmp_path / "policy.log").open("w")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "svc",
+            "policy",
+            "--port",
+            "0",
+            "--database-url",
+            f"sqlite:///{tmp_path / 'policy.db'}",
+            "--data-dir",
+            str(tmp_path),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=log,
+        text=True,
+        env=env,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()  # printed once the socket listens
+    assert line.startswith("svc-policy listening on 127.0.0.1:"), (
+        tmp_path / "policy.log"
+    ).read_text()
+    yield line.split()[-1], admin
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait() == 0, (tmp_path / "policy.log").read_text()[-3000:]
+    log.close()
+    assert (tmp_path / "policy-signing.key").exists()  # made on first start
+
+
+def test_cli_draft_publish_mode_rollback(service: tuple[str, Path], tmp_path: Path) -> None:
+    url, admin = service
+    bad = svc("draft", str(BAD / "validation_errors"), "--url", url)
+    assert bad.returncode == 1
+    assert "INVALID_ARGUMENT" in bad.stderr
+    assert "  policies.cedar:3:8: policy `a`:" in bad.stderr
+    assert "  policies.cedar:6:22: policy `b`:" in bad.stderr
+
+    for n, files in ((1, PUBLIC_ONLY), (2, CLOSED_ONLY)):
+        d = svc(
+            "draft", str(write_bundle(tmp_path / f"b{n}", files)), "--url", url, "--author", "ana"
+        )
+        assert d.returncode == 0, d.stderr
+        assert d.stdout.startswith(f"version {n}  draft  by ana")
+        p = svc("publish", str(n), "--url", url, "--author", "ana")
+        assert (
+            p.returncode == 0 and f"version {n}  active" in p.stdout and "signed by key" in p.stdout
+        )
+
+    m = svc("mode", "monitor", "--url", url, "--author", "ana", "--reason", "trial")
+    assert m.returncode == 0 and m.stdout.startswith("changed: mode monitor")
+    assert svc("mode", "sideways", "--url", url).returncode == 2
+
+    r = svc("rollback", "1", "--key", str(admin), "--admin", "ana", "--url", url)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "version 1 active (was 2)"
+    intruder = tmp_path / "intruder.key"
+    svc("keygen", str(intruder))
+    refused = svc("rollback", "2", "--key", str(intruder), "--admin", "ana", "--url", url)
+    assert refused.returncode == 1 and "PERMISSION_DENIED" in refused.stderr
+
+    a = svc("active", "--url", url)
+    assert a.returncode == 0
+    assert a.stdout.splitlines()[0] == "mode monitor, containment mode enforce"
+    assert "version 1  active" in a.stdout
+    listed = svc("bundles", "--url", url).stdout
+    assert listed.index("version 2  superseded") < listed.index("version 1  active")
+
+    # No history store configured: the dry run is refused, named.
+    dry = svc("dry-run", "2", "--since", "24h", "--url", url)
+    assert dry.returncode == 1 and "UNAVAILABLE" in dry.stderr and "history_dsn" in dry.stderr
+
+
+def test_cli_helpers() -> None:
+    assert target("http://127.0.0.1:8080/") == "127.0.0.1:8080"
+    assert target("127.0.0.1:9") == "127.0.0.1:9"
+    from datetime import UTC, datetime, timedelta
+
+    now = datetime(2026, 1, 2, tzinfo=UTC)
+    assert parse_since("24h", now) == now - timedelta(hours=24)
+    assert parse_since("2026-01-01T00:00:00Z", now) == datetime(2026, 1, 1, tzinfo=UTC)
+    with pytest.raises(Exception, match="offset"):
+        parse_since("2026-01-01T00:00:00", now)

@@ -1,0 +1,153 @@
+"""The decision-point follower (svc.pdp.follower) against a real policy service and a real
+in-process Engine served by a real decision-point listener."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+from sqlalchemy import Engine as SqlEngine
+from sqlalchemy import text
+
+from svc.pdp import Engine, Server
+from svc.pdp.follower import Follower, bundle_sources
+from svc.policy.app import PolicyServer
+from svc.policy.service import PolicyService
+from svc.policy.settings import PolicySettings
+from test_policy import CLOSED_ONLY, ENTITIES, PUBLIC_ONLY, SCHEMA, admin_key, pg, server  # noqa: F401  (fixtures used by name)
+
+
+def verdict(engine: Engine, doc: str) -> str:
+    return engine.evaluate(
+        {
+            "principal": {"type": "User", "id": "alice"},
+            "action": "view",
+            "resource": {"type": "Doc", "id": doc},
+        }
+    )["verdict"]
+
+
+def test_bundle_sources_split_a_bundle_as_a_directory_would() -> None:
+    policies, schema, entities, links = bundle_sources(
+        {**PUBLIC_ONLY, "README.md": "ignored", "linked": "[]"}
+    )
+    assert policies == {"p.cedar": PUBLIC_ONLY["p.cedar"]}
+    assert (schema, entities, links) == (SCHEMA, ENTITIES, "[]")
+
+
+def test_follower_swaps_on_publish_keeps_old_bundle_on_bad_signature_and_catches_up(
+    server: PolicyServer,  # noqa: F811
+    pg: SqlEngine,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    service = server.service
+    engine = Engine("forbid (principal, action, resource);", SCHEMA, ENTITIES)
+    pdp = Server(engine, port=0, workers=1)
+    pdp.start()
+    pdp.set_ready(containments=True)  # no containment feed here: only the bundle is awaited
+    follower = Follower(engine, server.target, service.public_key, server=pdp).start()
+    try:
+        follower.wait_for(lambda s: s.connected and s.mode == "enforce")
+        assert verdict(engine, "open") == "deny"
+        assert httpx.get(f"http://127.0.0.1:{pdp.port}/readyz").status_code == 503
+
+        # A publish is verified and swapped in.
+        v1 = service.create_draft(PUBLIC_ONLY, "ana").version
+        service.publish(v1, "ana")
+        follower.wait_for(lambda s: s.version == v1)
+        assert (verdict(engine, "open"), verdict(engine, "closed")) == ("allow", "deny")
+        assert httpx.get(f"http://127.0.0.1:{pdp.port}/readyz").json()["ready"] is True
+
+        # v2 is published and served, then v1 again.
+        v2 = service.create_draft(CLOSED_ONLY, "ana").version
+        service.publish(v2, "ana")
+        follower.wait_for(lambda s: s.version == v2)
+        service.publish(v1, "ana")
+        follower.wait_for(lambda s: s.version == v1 and s.swaps == 3)
+
+        # Someone alters v2's stored files after it was signed; publishing it again sends the
+        # altered files with the old signature. Refused: v1 keeps serving.
+        tampered = {**CLOSED_ONLY, "p.cedar": "permit (principal, action, resource);"}
+        with pg.begin() as c:
+            c.execute(
+                text("UPDATE bundles SET files = :f WHERE version = :v"),
+                {"f": json.dumps(tampered), "v": v2},
+            )
+        service.publish(v2, "ana")
+        status = follower.wait_for(lambda s: s.refused == 1)
+        assert status.version == v1 and "does not verify" in status.error
+        assert (verdict(engine, "open"), verdict(engine, "closed")) == ("allow", "deny")
+        ready = httpx.get(f"http://127.0.0.1:{pdp.port}/readyz").json()
+        assert "does not verify" in ready["bundle_error"]
+        metrics = httpx.get(f"http://127.0.0.1:{pdp.port}/metrics").text
+        assert "svc_pdp_bundle_error 1" in metrics
+
+        # The mode follows SetEnforcement.
+        service.set_enforcement("install", "monitor", "ana")
+        follower.wait_for(lambda s: s.mode == "monitor")
+        assert engine.mode == "monitor"
+
+        # The stream drops; the follower keeps serving, reconnects and catches up.
+        port = server.port
+        server.stop()
+        follower.wait_for(lambda s: not s.connected)
+        assert verdict(engine, "open") == "allow"
+        v3 = service.create_draft(CLOSED_ONLY, "ana", comment="fixed").version
+        service.publish(v3, "ana")
+        again = PolicyServer(
+            PolicySettings(port=port, data_dir=server.settings.data_dir), service
+        ).start()
+        try:
+            status = follower.wait_for(lambda s: s.version == v3)
+            assert status.reconnects >= 1 and status.error == ""
+            assert (verdict(engine, "open"), verdict(engine, "closed")) == ("deny", "allow")
+            ready = httpx.get(f"http://127.0.0.1:{pdp.port}/readyz").json()
+            assert "bundle_error" not in ready
+        finally:
+            follower.stop()
+            again.stop()
+    finally:
+        follower.stop()
+        pdp.stop()
+
+
+def test_a_silent_stream_counts_as_lost_and_is_opened_again(
+    pg: SqlEngine,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    # Heartbeats far apart: after its first message the stream stays silent.
+    settings = PolicySettings(port=0, data_dir=tmp_path, heartbeat_secs=300, watch_poll_secs=60)
+    quiet = PolicyServer(settings, PolicyService(settings, db=pg)).start()
+    engine = Engine("forbid (principal, action, resource);", SCHEMA, ENTITIES)
+    follower = Follower(
+        engine, quiet.target, quiet.service.public_key, backoff_secs=0.05, stale_secs=0.3
+    ).start()
+    try:
+        status = follower.wait_for(lambda s: s.stale >= 2 and s.connected)
+        assert status.reconnects >= 2 and status.mode == "enforce"
+    finally:
+        follower.stop()
+        quiet.stop()
+        quiet.service.close()
+
+
+def test_a_bundle_over_grpcs_default_message_limit_reaches_the_follower(
+    server: PolicyServer,  # noqa: F811
+) -> None:
+    # entities.json of about 5 MiB: over grpcio's default 4 MiB receive limit.
+    people = [
+        {"uid": {"type": "User", "id": f"user-{i:06d}-{'x' * 80}"}, "attrs": {}, "parents": []}
+        for i in range(45_000)
+    ]
+    big = {**PUBLIC_ONLY, "entities.json": json.dumps(json.loads(ENTITIES) + people)}
+    assert len(big["entities.json"]) > 5 * 1024 * 1024
+    v = server.service.create_draft(big, "ana").version
+    server.service.publish(v, "ana")
+    engine = Engine("forbid (principal, action, resource);", SCHEMA, ENTITIES)
+    follower = Follower(engine, server.target, server.service.public_key).start()
+    try:
+        follower.wait_for(lambda s: s.version == v)
+        assert verdict(engine, "open") == "allow"
+    finally:
+        follower.stop()

@@ -83,6 +83,10 @@ when { principal.department == resource.department };
 permit (principal is ServiceAccount, action == Action::"read", resource is Document)
 when { resource.sensitivity == "public" };
 
+@id("agents-on-assigned")
+permit (principal is ServiceAccount, action == Action::"read", resource is Document)
+when { context has assigned && context.assigned };
+
 @id("high-risk-denied")
 forbid (principal, action, resource)
 when { context has risk_score && context.risk_score >= 90 };
@@ -248,6 +252,33 @@ def test_deactivation_groups_rescore_and_resources_are_followed(live: Live, pdp:
         # faq is now internal to eng: Dana (eng) still reads it, the copilot no longer does.
         assert pdp.verdict({"type": "ServiceAccount", "id": "copilot.bot"}, "faq") == "deny"
 
+        # An open work item linking faq lets the copilot read it on that work item.
+        r = live.http.post(
+            "/v1/work-items",
+            json={
+                "work_items": [
+                    {
+                        "id": "jira:A-1",
+                        "status": "open",
+                        "links": [{"type": "Document", "id": "faq"}],
+                    }
+                ]
+            },
+        )
+        assert r.status_code == 200, r.text
+        version = int(r.json()["version"])
+        follower.wait_for(lambda s: s.work_items_version >= version)
+        on_item = pdp.http.post(
+            "/v1/access/evaluation",
+            json={
+                "principal": {"type": "ServiceAccount", "id": "copilot.bot"},
+                "action": "read",
+                "resource": {"type": "Document", "id": "faq"},
+                "work_item_id": "jira:A-1",
+            },
+        ).json()
+        assert on_item["verdict"] == "allow" and "agents-on-assigned" in on_item["policies"]
+
         # Dana deactivated over SCIM is denied, her record kept.
         r = live.scim.patch(
             f"/Users/{dana['id']}",
@@ -290,6 +321,34 @@ def test_deactivation_groups_rescore_and_resources_are_followed(live: Live, pdp:
         ).json()
         assert "svc:unregistered" in gone["policies"]
         assert follower.status.refused == 0 and follower.status.snapshots == 1
+
+        # A resource the schema refuses (no `sensitivity`) is left out; the rest of its batch
+        # is stored.
+        create_user(
+            live,
+            "fay@example.com",
+            **{
+                "urn:ietf:params:scim:schemas:extension:enterprise:2.0:User": {
+                    "department": "sales"
+                }
+            },
+        )
+        bad = {"type": "Document", "id": "bad", "attrs": {"department": "sales"}}
+        good = {
+            "type": "Document",
+            "id": "good",
+            "attrs": {"department": "sales", "sensitivity": "x"},
+        }
+        r = live.http.post("/v1/resources", json={"resources": [bad, good]})
+        assert r.status_code == 200, r.text
+        version = int(r.json()["version"])
+        v = principals_version(live)
+        status = follower.wait_for(
+            lambda s: s.resources_version >= version and s.principals_version >= v
+        )
+        assert status.refused == 1
+        assert pdp.verdict(human("fay@example.com"), "good") == "allow"
+        assert pdp.verdict(human("fay@example.com"), "bad") == "deny"
     finally:
         follower.stop()
 
@@ -330,7 +389,10 @@ def test_a_gap_reloads_the_snapshot(database_url: str, pdp: Pdp) -> None:
         )
         server, thread, sock, url = _serve(service, settings, noauth)
         port = sock.getsockname()[1]
-        follower = follow_context(pdp.engine, pdp.server, url, wait_secs=1, backoff_secs=0.05)
+        # Principals only: every failure counted is then the watch's, which makes a gap.
+        follower = follow_context(
+            pdp.engine, pdp.server, url, wait_secs=1, backoff_secs=0.05, follow_resources=False
+        )
         try:
             follower.loaded.wait()
             assert "svc:unregistered" not in pdp.engine.evaluate(check)["policies"]

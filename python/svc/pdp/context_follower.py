@@ -179,8 +179,9 @@ class ContextFollower:
             ``max_backoff_secs``.
         timeout_secs: connect and write timeout of a request; its read timeout is this plus
             ``wait_secs``.
-        on_loaded: called (from a follower thread) once, after the first snapshot is loaded
-            (``follow_context`` marks the listener ready with it).
+        on_loaded: called (from a follower thread) once, when the first snapshot is in the
+            store and before ``loaded`` and ``status.loaded`` are set, so that whoever waits for
+            those sees its effect (``follow_context`` marks the listener ready with it).
         follow_resources: also follow the resources' and work items' change feeds.
 
     """
@@ -360,6 +361,9 @@ class ContextFollower:
             self._scores = scores
             self._set_scores(replace=True)
         first = not self.status.loaded
+        if first and self.on_loaded is not None:
+            # Before ``loaded`` is set: whoever waits for it sees the listener marked ready.
+            self.on_loaded()
         with self._cond:
             self.status.principals_version = version
             self.status.loaded = True
@@ -375,8 +379,6 @@ class ContextFollower:
         )
         if first:
             self.loaded.set()
-            if self.on_loaded is not None:
-                self.on_loaded()
         self._changed(f"snapshot {version}")
 
     def _apply_principals(self, changes: Sequence[Mapping[str, Any]], version: int) -> None:

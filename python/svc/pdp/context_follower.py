@@ -1,0 +1,591 @@
+"""A decision point following the context service's principals and feeds (docs/context.md).
+
+``ContextFollower`` fills the engine's entity store from the context service
+(docs/context.md#principals) and keeps it in line:
+
+* **Principals.** It loads the snapshot (``GET /v1/principals``), then long-polls the watch
+  (``GET /v1/principals/watch?after=V``) and applies each answer's changes in order. People
+  and groups are Cedar entities upserted into the store (``Engine.upsert_entities``); a group
+  or name that is gone (``value: null``) is removed (``Engine.remove_entities``). A person
+  deactivated or deleted over SCIM arrives as the entity with ``active: false`` (and, once
+  deleted, without groups): the record stays, so decisions still name the person and the base
+  schema's ``active`` lets policies deny it (the demo company's ``inactive-people-denied``,
+  docs/demo.md); a group membership change arrives as the person's (or group's) new parents.
+  Service accounts are registered (``Engine.register_service_accounts``) or, when the record
+  is gone, unregistered (``Engine.unregister_service_accounts``): a service account the
+  snapshot does not name is denied ``svc:unregistered`` (docs/architecture.md#built-in-denials).
+  Risk scores go to ``Engine.set_risk_scores``; every rescore raises the engine's
+  ``principals_version`` (docs/architecture.md#versioning), so pinned plans of that principal
+  are remade (docs/plans.md).
+* **Resources and work items.** The engine decides in Rust without calling back into Python
+  (the listener never takes the GIL), so it has no hook to fetch a resource it does not hold
+  while a check runs. The follower therefore follows the resources' change feed
+  (``GET /v1/resources/changes?after=C``, from cursor 0: the feed keeps every change) into the
+  store, and the work items' feed into ``Engine.upsert_work_items``/``remove_work_items``: a
+  resource written through the batch route is in the store once its change is applied.
+* **Readiness.** ``loaded`` is set once the first snapshot is in the store; then
+  ``on_loaded`` is called (``follow_context`` makes it ``Server.set_ready(bundle=True)``: the
+  listener has two readiness flags, the bundle's and the containment list's, so the snapshot
+  rides on the first; see ``follow_context``).
+* **Failures.** A request that fails (connection refused or lost, a status other than 200, a
+  body that is not the documented shape) leaves what is loaded serving; the feed is asked again
+  after a delay that doubles from ``backoff_secs`` up to ``max_backoff_secs``. After such a
+  gap, the principals are reloaded from a fresh snapshot (people and groups the new snapshot
+  no longer holds are removed, service accounts it no longer names unregistered, risk scores
+  replaced); the resource and work-item feeds carry on from their cursor, or from 0 when the
+  service answers a version below it (a database restored from a backup).
+* **Entities the schema refuses.** A batch the engine refuses is applied one record at a time;
+  a record still refused is left out of the store (a person then has no attributes and no
+  groups, docs/architecture.md#entities-and-the-base-schema), counted in ``status.refused``
+  and logged.
+* **Callers' tokens.** Every request carries ``Authorization: Bearer <JWT>`` when ``auth`` is
+  given (docs/auth.md, audience ``svc-context``): ``BearerToken.from_file`` sends a token
+  file's current content (a Kubernetes projected service-account token, which the kubelet
+  renews), ``BearerToken.from_issuer`` tokens minted by ``svc up``'s local issuer.
+
+Callers wait on what was applied with ``wait_for(predicate)`` over ``ContextStatus``, whose
+``principals_version``, ``resources_version`` and ``work_items_version`` are the context
+service's versions (cursors) applied so far.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Generator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from svc._pdp_core import Engine, RequestError, Server
+from svc.common.auth import LocalIssuer
+
+__all__ = ["BearerToken", "ContextFollower", "ContextStatus", "follow_context"]
+
+log = logging.getLogger("svc.pdp.context")
+
+#: The principal kinds of the snapshot that are Cedar entities of the store.
+ENTITY_KINDS = ("Human", "Group")
+
+
+class BearerToken(httpx.Auth):
+    """Sends ``Authorization: Bearer <token>`` with every request (RFC 6750 section 2.1).
+
+    Args:
+        token: called before each request; returns the compact JWT to send (docs/auth.md: a
+            token of the configured issuer whose ``aud`` names ``svc-context`` and whose
+            ``sub`` the context service lists among its callers).
+
+    The token is never logged. ``httpx.Auth`` is httpx's hook for request authentication
+    (<https://www.python-httpx.org/advanced/authentication/#custom-authentication-schemes>).
+
+    """
+
+    def __init__(self, token: Callable[[], str]) -> None:
+        self.token = token
+
+    def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
+        """Adds the header to ``request`` (httpx calls it for every request)."""
+        request.headers["Authorization"] = f"Bearer {self.token()}"
+        yield request
+
+    @classmethod
+    def from_file(cls, path: Path) -> BearerToken:
+        """Sends the current content of a token file, read again for every request.
+
+        A Kubernetes projected service-account token is renewed in place by the kubelet, and
+        the caller sends the file's current content (docs/auth.md, "In Kubernetes").
+
+        Raises (from each request):
+            OSError: the file cannot be read; the request is not sent and the follower retries.
+
+        """
+        return cls(lambda: path.read_text(encoding="utf-8").strip())
+
+    @classmethod
+    def from_issuer(cls, issuer: LocalIssuer, sub: str, lifetime_secs: int = 3600) -> BearerToken:
+        """Sends tokens minted by ``svc up``'s local issuer (docs/auth.md, "svc up").
+
+        Args:
+            issuer: the local issuer.
+            sub: the caller the context service lists (``auth_callers``).
+            lifetime_secs: lifetime of each minted token; a new one is minted once half of it
+                has passed.
+
+        """
+        lock = threading.Lock()
+        held: list[tuple[str, float]] = []
+
+        def token() -> str:
+            with lock:
+                now = time.time()
+                if not held or now >= held[0][1]:
+                    minted = issuer.mint(sub, "svc-context", lifetime_secs, now=now)
+                    held[:] = [(minted, now + lifetime_secs / 2)]
+                return held[0][0]
+
+        return cls(token)
+
+
+@dataclass
+class ContextStatus:
+    """What the follower has applied, and its last error.
+
+    ``principals_version``, ``resources_version``, ``work_items_version``: the context
+    service's versions (feed cursors) applied to the engine, 0 before any; ``loaded``: a
+    snapshot is in the store; ``snapshots``: snapshots loaded (1 plus one per gap);
+    ``applied``: changes applied; ``refused``: records the engine refused (left out);
+    ``reconnects``: failed requests followed by a retry; ``error``: the last failure, empty
+    once the feed that failed answers again.
+    """
+
+    principals_version: int = 0
+    resources_version: int = 0
+    work_items_version: int = 0
+    loaded: bool = False
+    snapshots: int = 0
+    applied: int = 0
+    refused: int = 0
+    reconnects: int = 0
+    error: str = ""
+    history: list[str] = field(default_factory=list)
+
+
+class _FeedError(Exception):
+    """A feed request that failed (transport, status, shape); the message says which."""
+
+
+def _ref(kind: str, pid: str) -> dict[str, str]:
+    return {"type": kind, "id": pid}
+
+
+class ContextFollower:
+    """Follows the context service into an engine (module docs).
+
+    Args:
+        engine: the decision point's engine; its entity store, service accounts, work items
+            and risk scores are written (its bundle must declare the base schema's types:
+            ``Human`` with ``active``, ``department``, ``title`` and ``manager?``, ``Group``,
+            ``ServiceAccount``, ``WorkItem``, and the resource types written to the service).
+        url: the context service's base URL (``http://host:port``).
+        auth: how requests authenticate (``BearerToken``); ``None`` sends no token (a service
+            with auth off, loopback only: docs/auth.md).
+        wait_secs: how long one long poll may wait for a change (the service caps it at its
+            ``max_wait_secs``); also the longest ``stop`` waits for a thread to notice.
+        backoff_secs: first delay after a failed request; doubles per failure up to
+            ``max_backoff_secs``.
+        timeout_secs: connect and write timeout of a request; its read timeout is this plus
+            ``wait_secs``.
+        on_loaded: called (from a follower thread) once, when the first snapshot is in the
+            store and before ``loaded`` and ``status.loaded`` are set, so that whoever waits for
+            those sees its effect (``follow_context`` marks the listener ready with it).
+        follow_resources: also follow the resources' and work items' change feeds.
+
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        url: str,
+        auth: httpx.Auth | None = None,
+        *,
+        wait_secs: float = 10.0,
+        backoff_secs: float = 0.2,
+        max_backoff_secs: float = 10.0,
+        timeout_secs: float = 10.0,
+        on_loaded: Callable[[], None] | None = None,
+        follow_resources: bool = True,
+    ) -> None:
+        self.engine = engine
+        self.url = url.rstrip("/")
+        self.auth = auth
+        self.wait_secs = wait_secs
+        self.backoff_secs = backoff_secs
+        self.max_backoff_secs = max_backoff_secs
+        self.timeout = httpx.Timeout(timeout_secs, read=timeout_secs + wait_secs)
+        self.on_loaded = on_loaded
+        self.status = ContextStatus()
+        self.loaded = threading.Event()
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
+        self._engine_lock = threading.Lock()
+        # What this follower put in the store, to remove what a later snapshot lacks.
+        self._entities: set[tuple[str, str]] = set()
+        self._accounts: set[str] = set()
+        self._scores: dict[str, dict[str, Any]] = {}
+        self._threads = [
+            threading.Thread(target=self._follow_principals, name="svc-ctx-principals", daemon=True)
+        ]
+        if follow_resources:
+            self._threads += [
+                threading.Thread(
+                    target=self._follow_feed,
+                    args=("resources", "/v1/resources/changes"),
+                    name="svc-ctx-resources",
+                    daemon=True,
+                ),
+                threading.Thread(
+                    target=self._follow_feed,
+                    args=("work_items", "/v1/work-items/changes"),
+                    name="svc-ctx-work-items",
+                    daemon=True,
+                ),
+            ]
+
+    # -- life cycle ------------------------------------------------------------------------
+
+    def start(self) -> ContextFollower:
+        """Starts following in daemon threads; returns self."""
+        for t in self._threads:
+            t.start()
+        return self
+
+    def stop(self) -> None:
+        """Stops following and waits for the threads (up to ``wait_secs`` plus a request)."""
+        self._stop.set()
+        with self._cond:
+            self._cond.notify_all()
+        for t in self._threads:
+            if t.is_alive():
+                t.join()
+
+    def wait_for(self, predicate: Callable[[ContextStatus], bool]) -> ContextStatus:
+        """Blocks until ``predicate(status)`` holds (checked after every change) or ``stop``.
+
+        Returns the status. There is no time limit: callers decide what to wait for.
+        """
+        with self._cond:
+            self._cond.wait_for(lambda: predicate(self.status) or self._stop.is_set())
+            return self.status
+
+    def _changed(self, note: str) -> None:
+        with self._cond:
+            self.status.history.append(note)
+            self._cond.notify_all()
+
+    # -- HTTP ------------------------------------------------------------------------------
+
+    def _client(self) -> httpx.Client:
+        return httpx.Client(base_url=self.url, auth=self.auth, timeout=self.timeout)
+
+    def _get(self, client: httpx.Client, path: str, **params: Any) -> dict[str, Any]:
+        """``GET path`` as JSON; raises ``_FeedError`` naming what went wrong."""
+        try:
+            r = client.get(path, params=params)
+        except (httpx.HTTPError, OSError) as e:
+            raise _FeedError(f"GET {path}: {type(e).__name__}: {e}") from e
+        if r.status_code != 200:
+            raise _FeedError(f"GET {path}: HTTP {r.status_code}: {r.text[:300]}")
+        try:
+            body = r.json()
+        except ValueError as e:
+            raise _FeedError(f"GET {path}: the answer is not JSON") from e
+        if not isinstance(body, dict):
+            raise _FeedError(f"GET {path}: the answer is not an object")
+        return body
+
+    def _failed(self, error: str, delay: float) -> float:
+        """Records a failure and waits ``delay``; returns the next delay."""
+        with self._cond:
+            self.status.error = error
+            self.status.reconnects += 1
+        log.warning("context service: %s; retrying in %.1f s", error, delay)
+        self._changed("failed")
+        self._stop.wait(delay)
+        return min(delay * 2, self.max_backoff_secs)
+
+    # -- principals ------------------------------------------------------------------------
+
+    def _follow_principals(self) -> None:
+        delay = self.backoff_secs
+        need_snapshot = True
+        with self._client() as client:
+            while not self._stop.is_set():
+                try:
+                    if need_snapshot:
+                        snap = self._get(client, "/v1/principals")
+                        self._load_snapshot(snap)
+                        need_snapshot = False
+                        delay = self.backoff_secs
+                    answer = self._get(
+                        client,
+                        "/v1/principals/watch",
+                        after=self.status.principals_version,
+                        wait_secs=self.wait_secs,
+                    )
+                    version = int(answer["principals_version"])
+                    if version < self.status.principals_version:
+                        raise _FeedError(
+                            f"the service is at principals_version {version}, below the "
+                            f"{self.status.principals_version} applied"
+                        )
+                    self._apply_principals(answer["changes"], version)
+                    delay = self.backoff_secs
+                except (_FeedError, KeyError, TypeError, ValueError) as e:
+                    if self._stop.is_set():
+                        break
+                    need_snapshot = True
+                    delay = self._failed(str(e) or type(e).__name__, delay)
+
+    def _load_snapshot(self, snap: Mapping[str, Any]) -> None:
+        """Loads a principals snapshot over what the store holds (module docs)."""
+        version = int(snap["principals_version"])
+        records = snap["principals"]
+        entities: dict[tuple[str, str], dict[str, Any]] = {}
+        accounts: dict[str, dict[str, Any]] = {}
+        scores: dict[str, dict[str, Any]] = {}
+        for p in records:
+            kind, pid, value = p["kind"], p["id"], p["value"]
+            if value is None:
+                continue
+            if kind in ENTITY_KINDS:
+                entities[(kind, pid)] = value
+            elif kind == "ServiceAccount":
+                accounts[pid] = value
+            elif kind == "RiskScore":
+                scores[pid] = value
+        with self._engine_lock:
+            self._upsert(list(entities.values()))
+            stale = self._entities - set(entities)
+            if stale:
+                self.engine.remove_entities([_ref(k, i) for k, i in sorted(stale)])
+            self._entities = set(entities)
+            self._register(list(accounts.values()))
+            gone = sorted(self._accounts - set(accounts))
+            if gone:
+                self.engine.unregister_service_accounts(gone)
+            self._accounts = set(accounts)
+            self._scores = scores
+            self._set_scores(replace=True)
+        first = not self.status.loaded
+        if first and self.on_loaded is not None:
+            # Before ``loaded`` is set: whoever waits for it sees the listener marked ready.
+            self.on_loaded()
+        with self._cond:
+            self.status.principals_version = version
+            self.status.loaded = True
+            self.status.snapshots += 1
+            self.status.error = ""
+        log.info(
+            "principals snapshot at version %d loaded: %d entities, %d service accounts, "
+            "%d risk scores",
+            version,
+            len(entities),
+            len(accounts),
+            len(scores),
+        )
+        if first:
+            self.loaded.set()
+        self._changed(f"snapshot {version}")
+
+    def _apply_principals(self, changes: Sequence[Mapping[str, Any]], version: int) -> None:
+        """Applies one watch answer: the last state of each record, grouped by operation."""
+        last: dict[tuple[str, str], Any] = {}
+        for c in changes:
+            last[(c["kind"], c["id"])] = c["value"]
+        upserts: list[dict[str, Any]] = []
+        removals: list[dict[str, str]] = []
+        register: list[dict[str, Any]] = []
+        unregister: list[str] = []
+        rescored = False
+        for (kind, pid), value in last.items():
+            if kind in ENTITY_KINDS:
+                if value is None:
+                    removals.append(_ref(kind, pid))
+                    self._entities.discard((kind, pid))
+                else:
+                    upserts.append(value)
+                    self._entities.add((kind, pid))
+            elif kind == "ServiceAccount":
+                if value is None:
+                    unregister.append(pid)
+                    self._accounts.discard(pid)
+                else:
+                    register.append(value)
+                    self._accounts.add(pid)
+            elif kind == "RiskScore":
+                rescored = True
+                if value is None:
+                    self._scores.pop(pid, None)
+                else:
+                    self._scores[pid] = value
+        with self._engine_lock:
+            if upserts:
+                self._upsert(upserts)
+            if removals:
+                self.engine.remove_entities(removals)
+            if register:
+                self._register(register)
+            if unregister:
+                self.engine.unregister_service_accounts(unregister)
+            if rescored:
+                removed = any(v is None for (k, _), v in last.items() if k == "RiskScore")
+                self._set_scores(replace=removed, only=None if removed else last)
+        with self._cond:
+            self.status.principals_version = version
+            self.status.applied += len(changes)
+            self.status.error = ""
+        if changes:
+            log.debug("applied %d principal changes up to version %d", len(changes), version)
+            self._changed(f"principals {version}")
+
+    def _set_scores(self, replace: bool, only: Mapping[tuple[str, str], Any] | None = None) -> None:
+        """Hands the risk scores to the engine: all of them (``replace``) or those changed."""
+        if only is None:
+            entries = list(self._scores.values())
+        else:
+            entries = [v for (k, _), v in only.items() if k == "RiskScore" and v is not None]
+        if not entries and not replace:
+            return
+        try:
+            self.engine.set_risk_scores(entries, replace=replace)
+        except RequestError as e:
+            self._refused(f"risk scores refused: {e}")
+
+    def _refused(self, why: str) -> None:
+        with self._cond:
+            self.status.refused += 1
+        log.error("context service: %s", why)
+
+    def _upsert(self, entities: list[dict[str, Any]]) -> None:
+        """Upserts entities; a refused batch is retried one by one, refused ones removed."""
+        if not entities:
+            return
+        try:
+            self.engine.upsert_entities(entities)
+            return
+        except RequestError:
+            pass
+        for e in entities:
+            try:
+                self.engine.upsert_entities([e])
+            except RequestError as err:
+                self._refused(f"entity {e.get('uid')} refused and left out: {err}")
+                uid = e.get("uid")
+                if isinstance(uid, dict):
+                    try:
+                        self.engine.remove_entities([uid])
+                    except RequestError:
+                        pass
+
+    def _register(self, records: list[dict[str, Any]]) -> None:
+        """Registers service accounts; a refused batch is retried one by one."""
+        if not records:
+            return
+        try:
+            self.engine.register_service_accounts(records)
+            return
+        except RequestError:
+            pass
+        for r in records:
+            try:
+                self.engine.register_service_accounts([r])
+            except RequestError as err:
+                self._refused(f"service account {r.get('id')} refused, stays unregistered: {err}")
+                if isinstance(r.get("id"), str):
+                    self.engine.unregister_service_accounts([r["id"]])
+
+    # -- resources and work items --------------------------------------------------------
+
+    def _follow_feed(self, feed: str, path: str) -> None:
+        attr = f"{feed}_version"
+        delay = self.backoff_secs
+        with self._client() as client:
+            while not self._stop.is_set():
+                after = getattr(self.status, attr)
+                try:
+                    answer = self._get(client, path, after=after, wait_secs=self.wait_secs)
+                    version = int(answer["version"])
+                    if version < after:
+                        log.warning(
+                            "context service: the %s feed is at %d, below the %d applied; "
+                            "reading it again from the start",
+                            feed,
+                            version,
+                            after,
+                        )
+                        with self._cond:
+                            setattr(self.status, attr, 0)
+                        continue
+                    changes = answer["changes"]
+                    with self._engine_lock:
+                        if feed == "resources":
+                            self._apply_resources(changes)
+                        else:
+                            self._apply_work_items(changes)
+                    with self._cond:
+                        setattr(self.status, attr, version)
+                        self.status.applied += len(changes)
+                        self.status.error = ""
+                    if changes:
+                        self._changed(f"{feed} {version}")
+                    delay = self.backoff_secs
+                except (_FeedError, KeyError, TypeError, ValueError) as e:
+                    if self._stop.is_set():
+                        break
+                    delay = self._failed(str(e) or type(e).__name__, delay)
+
+    def _apply_resources(self, changes: Sequence[Mapping[str, Any]]) -> None:
+        """Applies resource changes: the last state of each, upserted or removed."""
+        last: dict[str, Any] = {}
+        for c in changes:
+            last[c["id"]] = c["value"]
+        upserts = [v for v in last.values() if v is not None]
+        removals = [k for k, v in last.items() if v is None]  # 'Type::"id"' references
+        self._upsert(upserts)
+        if removals:
+            self.engine.remove_entities(removals)
+
+    def _apply_work_items(self, changes: Sequence[Mapping[str, Any]]) -> None:
+        """Applies work-item changes: the last state of each, upserted or removed."""
+        last: dict[str, Any] = {}
+        for c in changes:
+            last[c["id"]] = c["value"]
+        items = [v for v in last.values() if v is not None]
+        gone = [k for k, v in last.items() if v is None]
+        if items:
+            try:
+                self.engine.upsert_work_items(items)
+            except RequestError:
+                for item in items:
+                    try:
+                        self.engine.upsert_work_items([item])
+                    except RequestError as err:
+                        self._refused(f"work item {item.get('id')} refused: {err}")
+        if gone:
+            self.engine.remove_work_items(gone)
+
+
+def follow_context(
+    engine: Engine,
+    server: Server | None,
+    url: str,
+    auth: httpx.Auth | None = None,
+    **options: Any,
+) -> ContextFollower:
+    """Starts a ``ContextFollower`` for a decision point; what ``svc pdp --context URL`` calls.
+
+    Args:
+        engine: the decision point's engine.
+        server: its listener, started; the first snapshot marks its bundle flag ready
+            (``Server.set_ready(bundle=True)``). The listener's ``/readyz`` knows two flags,
+            the bundle's and the containment list's; so the caller leaves the bundle flag
+            unset until the snapshot is loaded (with a bundle loaded before the listener
+            starts, it sets ``containments`` only). ``None``: no listener to mark.
+        url: the context service's base URL.
+        auth: the bearer token to send (``BearerToken``), or ``None`` (docs/auth.md).
+        options: more ``ContextFollower`` keyword arguments (``wait_secs``, backoff).
+
+    Returns:
+        The started follower; ``stop()`` it on shutdown.
+
+    """
+
+    def ready() -> None:
+        if server is not None and server.running:
+            server.set_ready(bundle=True)
+
+    return ContextFollower(engine, url, auth, on_loaded=ready, **options).start()

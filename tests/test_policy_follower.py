@@ -10,11 +10,14 @@ import httpx
 from sqlalchemy import Engine as SqlEngine
 from sqlalchemy import text
 
+from serverkit import wait_until
 from svc.pdp import Engine, Server
 from svc.pdp.follower import Follower, bundle_sources
+from svc.policy import signing
 from svc.policy.app import PolicyServer
 from svc.policy.service import PolicyService
 from svc.policy.settings import PolicySettings
+from test_pdp_standalone import Pdp
 from test_policy import CLOSED_ONLY, ENTITIES, PUBLIC_ONLY, SCHEMA, admin_key, pg, server  # noqa: F401  (fixtures used by name)
 
 
@@ -151,3 +154,66 @@ def test_a_bundle_over_grpcs_default_message_limit_reaches_the_follower(
         assert verdict(engine, "open") == "allow"
     finally:
         follower.stop()
+
+
+def test_svc_pdp_process_follows_a_policy_service(
+    server: PolicyServer,  # noqa: F811
+    pg: SqlEngine,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """`svc pdp --policy URL --public-key FILE` (docs/api.md) as a process: a publish is served;
+    a tampered bundle is refused while the old one keeps serving; `--bundle` and `--policy`
+    are exclusive."""
+    service = server.service
+    key = tmp_path / "policy.pub"
+    key.write_text(signing.public_key_text(service.public_key))
+    pdp = Pdp("--policy", server.url, "--public-key", str(key), "--port", "0", "--no-watch")
+    try:
+        base = f"http://127.0.0.1:{pdp.port()}"
+        # Nothing published yet: not ready, and nothing is allowed.
+        assert httpx.get(f"{base}/readyz").status_code == 503
+
+        def http_verdict(doc: str) -> str:
+            body = {
+                "principal": {"type": "User", "id": "alice"},
+                "action": "view",
+                "resource": {"type": "Doc", "id": doc},
+            }
+            r = httpx.post(f"{base}/v1/access/evaluation", json=body)
+            return str(r.json()["verdict"]) if r.status_code == 200 else f"http {r.status_code}"
+
+        v1 = service.create_draft(PUBLIC_ONLY, "ana").version
+        service.publish(v1, "ana")
+        wait_until(lambda: http_verdict("open") == "allow", timeout=30)
+        assert http_verdict("closed") == "deny"
+        assert httpx.get(f"{base}/readyz").json()["ready"] is True
+
+        # v2's stored files altered after signing: refused, v1 keeps serving.
+        v2 = service.create_draft(CLOSED_ONLY, "ana").version
+        tampered = {**CLOSED_ONLY, "p.cedar": "permit (principal, action, resource);"}
+        service.publish(v2, "ana")
+        wait_until(lambda: http_verdict("closed") == "allow", timeout=30)
+        service.publish(v1, "ana")
+        wait_until(lambda: http_verdict("open") == "allow", timeout=30)
+        with pg.begin() as c:
+            c.execute(
+                text("UPDATE bundles SET files = :f WHERE version = :v"),
+                {"f": json.dumps(tampered), "v": v2},
+            )
+        service.publish(v2, "ana")
+        wait_until(lambda: "bundle_error" in httpx.get(f"{base}/readyz").json(), timeout=30)
+        assert "does not verify" in httpx.get(f"{base}/readyz").json()["bundle_error"]
+        assert (http_verdict("open"), http_verdict("closed")) == ("allow", "deny")
+    finally:
+        assert pdp.stop() == 0, pdp.log
+    assert f"bundle version {v2} refused" in pdp.log
+
+    def refused(*args: str) -> str:
+        p = Pdp(*args)
+        assert p.proc.wait() == 2
+        p._reader.join()
+        return p.log
+
+    both = refused("--policy", server.url, "--public-key", str(key), "--bundle", str(tmp_path))
+    assert "either --bundle DIR or --policy" in both
+    assert "public_key is not" in refused("--policy", server.url)

@@ -10,8 +10,9 @@ Commands:
   (docs/plans.md) for a request naming a ``resource_type``, and print it as JSON.
 * ``svc pdp --bundle DIR [--port 8080] [--mode monitor|enforce]``: the decision point in
   standalone mode (docs/api.md): gRPC and HTTP on one port, serving one bundle directory and
-  reloading it when its files change; ``--auth-*`` (``SVC_PDP_AUTH_*``) set who may call
-  (docs/auth.md). Runs until Ctrl-C or SIGTERM.
+  reloading it when its files change; ``svc pdp --policy URL --public-key FILE`` follows a
+  policy service's active bundle and mode instead (docs/policy.md); ``--auth-*``
+  (``SVC_PDP_AUTH_*``) set who may call (docs/auth.md). Runs until Ctrl-C or SIGTERM.
 * ``svc validate --bundle DIR``: load and strictly validate a bundle, listing every problem.
 * ``svc intake [--port 8080] [--dev]``: the event intake (docs/intake.md), settings
   from ``SVC_INTAKE_*`` and ``SVC_KAFKA_URL``. Runs until Ctrl-C or SIGTERM.
@@ -185,6 +186,9 @@ def plan(
             "workers",
             "public_url",
             "watch",
+            "policy",
+            "public_key",
+            "policy_token_file",
             "noop_routes",
             "plan_max_age_secs",
             "kafka_url",
@@ -203,12 +207,33 @@ def plan(
     ),
     auth=Options(PdpAuthSettings),
 )
-def pdp(bundle: BundleOpt, settings: PdpSettings, auth: PdpAuthSettings) -> None:
-    """Run the decision point (gRPC + HTTP on one port) over one bundle directory.
+def pdp(
+    settings: PdpSettings,
+    auth: PdpAuthSettings,
+    bundle: Annotated[
+        Path | None,
+        typer.Option(
+            "--bundle",
+            "-b",
+            help="Bundle directory: *.cedar, one schema file, entities.json, optional `linked` "
+            "(or --policy).",
+            exists=True,
+            file_okay=False,
+            dir_okay=True,
+            readable=True,
+        ),
+    ] = None,
+) -> None:
+    """Run the decision point (gRPC + HTTP on one port) over a bundle or a policy service.
+
+    --bundle DIR serves a bundle directory (reloaded when its files change); --policy URL
+    --public-key FILE follows the policy service's active bundle and mode instead.
 
     Bearer-token settings (--auth-*, SVC_PDP_AUTH_*): docs/auth.md. Without them the decision
     point serves anyone and may only bind a loopback address.
     """
+    if (bundle is None) == (settings.policy is None):
+        raise _fail("svc pdp: give either --bundle DIR or --policy URL --public-key FILE")
     from svc.common.auth import AuthConfigError
     from svc.pdp.server import StandaloneOptions, run_standalone
 

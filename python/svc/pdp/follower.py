@@ -100,6 +100,8 @@ class Follower:
             as lost and opened again; keep it a few times the service's ``heartbeat_secs``.
         on_change: called (from the follower's thread) after every swap, mode change or
             refusal, with the status (tests, logs).
+        token: returns the bearer token to send with each new stream (docs/auth.md), or None
+            to send none; called at every (re)connect, so a renewed token is picked up.
 
     """
 
@@ -113,6 +115,7 @@ class Follower:
         max_backoff_secs: float = 10.0,
         stale_secs: float = 15.0,
         on_change: Callable[[FollowerStatus], None] | None = None,
+        token: Callable[[], str | None] | None = None,
     ) -> None:
         self.engine = engine
         self.target = target
@@ -122,6 +125,7 @@ class Follower:
         self.max_backoff_secs = max_backoff_secs
         self.stale_secs = stale_secs
         self.on_change = on_change
+        self.token = token
         self.status = FollowerStatus()
         self._cond = threading.Condition()
         self._stop = threading.Event()
@@ -232,7 +236,9 @@ class Follower:
             channel = grpc.insecure_channel(self.target, options=CHANNEL_OPTIONS)
             stub = pb_grpc.PolicyServiceStub(channel)  # type: ignore[no-untyped-call]
             try:
-                call = stub.WatchActive(pb.WatchActiveRequest())
+                bearer = self.token() if self.token is not None else None
+                metadata = [("authorization", f"Bearer {bearer}")] if bearer else []
+                call = stub.WatchActive(pb.WatchActiveRequest(), metadata=metadata)
                 with self._cond:
                     self._call = call
                     if self._stop.is_set():

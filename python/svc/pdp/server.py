@@ -40,7 +40,7 @@ from svc._pdp_core import BundleError, DecisionLog, Engine, Server, set_limits
 from svc.common.auth import AuthConfigError, JwksSource, PdpAuthSettings
 from svc.common.topics import bootstrap_servers
 from svc.pdp.decision_log import Shipper
-from svc.pdp.follower import Follower
+from svc.pdp.follower import Follower, bundle_sources, fetch_active
 from svc.pdp.settings import PdpSettings
 from svc.policy.signing import load_public_key
 
@@ -326,7 +326,22 @@ def serve_bundle(
             decision_log, bootstrap_servers(opts.kafka_url), topic=opts.decisions_topic
         )
     set_limits(max_entity_depth=opts.max_entity_depth, max_inline_entities=opts.max_inline_entities)
-    engine = Engine.from_bundle_dir(bundle_dir) if bundle_dir is not None else Engine(DENY_ALL)
+    first: tuple[int, dict[str, str]] | None = None
+    if bundle_dir is not None:
+        engine = Engine.from_bundle_dir(bundle_dir)
+    else:
+        # Start with the active bundle when the service answers with a verified one; else
+        # allow nothing until the follower swaps one in.
+        assert opts.policy is not None
+        target = re.sub(r"^https?://", "", opts.policy).rstrip("/")
+        first = fetch_active(target, public_key, token() if token is not None else None)
+        engine = Engine(DENY_ALL)
+        if first is not None:
+            try:
+                engine = Engine(*bundle_sources(first[1]))
+            except BundleError as e:
+                log.error("the active bundle %d does not load: %s", first[0], e)
+                first = None
     engine.set_mode(opts.mode)
     engine.configure_plans(max_age_secs=opts.plan_max_age_secs)
     for w in engine.warnings:
@@ -334,12 +349,13 @@ def serve_bundle(
     server: Server | None = None
     refresher: JwksRefresher | None = None
     watcher: BundleWatcher | None = None
+    shipping = False
     try:
         if bundle_dir is None:
-            assert opts.policy is not None
-            follower = Follower(
-                engine, re.sub(r"^https?://", "", opts.policy).rstrip("/"), public_key, token=token
-            ).start()
+            follower = Follower(engine, target, public_key, token=token)
+            if first is not None:
+                follower.status.version = first[0]
+            follower.start()
             if prepare is not None:
                 follower.wait_for(lambda s: s.version > 0)
         if prepare is not None:
@@ -361,16 +377,19 @@ def serve_bundle(
             auth_cache_entries=auth.auth_cache_entries,
             auth_cache_ttl_secs=auth.auth_cache_ttl_secs,
         )
+        jwks: JwksRefresher | None = None
         if auth.enabled:
-            refresher = JwksRefresher(
+            jwks = JwksRefresher(
                 server, JwksSource.from_settings(auth), auth.auth_jwks_refresh_secs
             )
-            refresher.load()
+            jwks.load()
         server.start()
-        if refresher is not None:
-            refresher.start()
+        if jwks is not None:
+            jwks.start()
+            refresher = jwks  # stopped at the end once started
         if shipper is not None:
             shipper.start()
+            shipping = True
         if follower is None:
             # Standalone: the bundle is loaded and the containment list is the bundle's own.
             server.set_ready(bundle=True, containments=True)
@@ -393,9 +412,9 @@ def serve_bundle(
             watcher.stop()
         if refresher is not None:
             refresher.stop()
-        if server is not None:
+        if server is not None and server.running:
             server.stop()
-        if shipper is not None:
+        if shipper is not None and shipping:
             shipper.stop()
         if decision_log is not None:
             decision_log.close()

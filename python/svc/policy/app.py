@@ -189,20 +189,27 @@ def serve(
     if ready is not None:
         ready(port)
 
+    watchers: list[threading.Thread] = []
+
     async def main() -> None:
         trigger = None
         if stop is not None:
             loop = asyncio.get_running_loop()
             done = asyncio.Event()
-            threading.Thread(
+            watcher = threading.Thread(
                 target=lambda: (stop.wait(), loop.call_soon_threadsafe(done.set)),
                 name="svc-policy-stop",
                 daemon=True,
-            ).start()
+            )
+            watcher.start()
+            watchers.append(watcher)
             trigger = done.wait
         await hypercorn_serve(app, cfg, shutdown_trigger=trigger)  # type: ignore[arg-type]
 
     asyncio.run(main())
+    if stop is not None and stop.is_set():
+        for w in watchers:
+            w.join()  # it has woken the loop already: no thread outlives the server
 
 
 class PolicyServer:

@@ -4,6 +4,8 @@ in-process Engine served by a real decision-point listener."""
 from __future__ import annotations
 
 import json
+import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -217,3 +219,108 @@ def test_svc_pdp_process_follows_a_policy_service(
     both = refused("--policy", server.url, "--public-key", str(key), "--bundle", str(tmp_path))
     assert "either --bundle DIR or --policy" in both
     assert "public_key is not" in refused("--policy", server.url)
+
+
+def generation(k: int) -> dict[str, str]:
+    """A bundle whose one policy is named `gen-<k>`: a decision names the bundle it came from."""
+    return {
+        **PUBLIC_ONLY,
+        "p.cedar": f'@id("gen-{k}")\npermit (principal, action == Action::"view", resource)\n'
+        "when { resource.public };\n",
+    }
+
+
+OPEN_DOC = {
+    "principal": {"type": "User", "id": "alice"},
+    "action": "view",
+    "resource": {"type": "Doc", "id": "open"},
+}
+
+
+class Checks:
+    """A steady stream of checks against one decision point, in a thread: counts failures and
+    notes which bundle generation (its policy's name) each allowed decision came from."""
+
+    def __init__(self, port: int) -> None:
+        self.client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10)
+        self.sent = 0
+        self.failed: list[str] = []
+        self.seen: set[str] = set()
+        self.last = ""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                r = self.client.post("/v1/access/evaluation", json=OPEN_DOC)
+                ok = r.status_code == 200 and r.json()["verdict"] == "allow"
+                if ok:
+                    self.last = r.json()["policies"][0]
+                    self.seen.add(self.last)
+                else:
+                    self.failed.append(f"{r.status_code} {r.text[:200]}")
+            except httpx.HTTPError as e:
+                self.failed.append(repr(e))
+            self.sent += 1
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.client.close()
+
+
+def test_publishes_every_second_under_a_steady_stream_of_checks(
+    server: PolicyServer,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """Issue 24 item 9: a publish every second while checks run against 2 decision point
+    processes: no check fails and each decision point serves every publish; one restarted
+    mid-stream starts on the active version and follows the next publishes."""
+    service = server.service
+    key = tmp_path / "policy.pub"
+    key.write_text(signing.public_key_text(service.public_key))
+    service.publish(service.create_draft(generation(0), "ana").version, "ana")
+    args = ("--policy", server.url, "--public-key", str(key), "--port", "0")
+    a, b = Pdp(*args), Pdp(*args)
+    restarted: Pdp | None = None
+    streams = [Checks(a.port()), Checks(b.port())]
+    try:
+        for s in streams:
+            wait_until(lambda s=s: s.seen, timeout=30)
+
+        def publish(k: int, on: list[Checks]) -> None:
+            started = time.monotonic()
+            service.publish(service.create_draft(generation(k), "ana").version, "ana")
+            for s in on:
+                wait_until(lambda s=s: s.last == f"gen-{k}", timeout=30, every=0.01)
+            time.sleep(max(0.0, 1.0 - (time.monotonic() - started)))
+
+        for k in range(1, 6):
+            publish(k, streams)
+        # b stops; publishes go on; b starts again on the active version.
+        streams[1].stop()
+        assert b.stop() == 0, b.log
+        for k in range(6, 9):
+            publish(k, streams[:1])
+        restarted = Pdp(*args)
+        again = Checks(restarted.port())
+        wait_until(lambda: again.seen, timeout=30)
+        assert again.seen == {"gen-8"}  # caught up before its first answer
+        streams.append(again)
+        for k in range(9, 12):
+            publish(k, [streams[0], again])
+    finally:
+        for s in streams:
+            if not s._stop.is_set():
+                s.stop()
+        for p in (a, b, restarted):
+            if p is not None:
+                assert p.stop() == 0, p.log
+    first, before_restart, after_restart = streams
+    assert first.failed == [] and before_restart.failed == [] and after_restart.failed == []
+    assert first.seen == {f"gen-{k}" for k in range(12)}
+    assert {f"gen-{k}" for k in range(1, 6)} <= before_restart.seen
+    assert after_restart.seen == {f"gen-{k}" for k in range(8, 12)}
+    assert min(s.sent for s in streams) > 0

@@ -19,8 +19,8 @@ Commands:
 * ``svc history migrate --dsn DSN``: apply the history store's schema (idempotent).
 * ``svc history load --dsn DSN --kafka URL [--retention-days N]``: load the decision and event
   topics into the history store (docs/history.md). Runs until Ctrl-C or SIGTERM.
-* ``svc up [--demo] [--port 8080] [--data-dir DIR]``: the decision point, the intake and the
-  history loader on one machine with the embedded defaults
+* ``svc up [--demo] [--port 8080] [--data-dir DIR]``: the decision point, the intake, the
+  history loader and the policy service on one machine with the embedded defaults
   (docs/architecture.md#embedded-defaults-and-production-parts; ``svc.up``).
 * ``svc demo``: ``svc up`` with the demo company's traffic; prints the summary read back from
   the history and stops (``--serve`` keeps it running).
@@ -294,7 +294,9 @@ DataDirOpt = Annotated[
 UpPortOpt = Annotated[
     int,
     typer.Option(
-        min=1, max=65533, help="Decision point port; intake on PORT+1, history on PORT+2."
+        min=1,
+        max=65532,
+        help="Decision point port; intake on PORT+1, history on PORT+2, policy service on PORT+3.",
     ),
 ]
 UpHostOpt = Annotated[str, typer.Option(help="Address every component binds.")]
@@ -311,7 +313,8 @@ def up(
         typer.Option(
             "--bundle",
             "-b",
-            help="Bundle to serve (default: DATA_DIR/bundle, the demo company's on first start).",
+            help="Bundle to publish to the policy service (default on first start: "
+            "DATA_DIR/bundle, the demo company's).",
             exists=True,
             file_okay=False,
         ),
@@ -328,7 +331,7 @@ def up(
     *,
     log: DecisionLogSettings,
 ) -> None:
-    """Run the decision point, intake and history loader on this machine (embedded defaults).
+    """Run the decision point, intake, history loader and policy service here (embedded defaults).
 
     Prints each URL once everything is up; Ctrl-C stops cleanly and keeps the data directory.
     """

@@ -1,13 +1,16 @@
 """``svc policy``: serve the policy service, or talk to a running one (docs/policy.md#cli).
 
-* ``svc policy [--port 8080] [--database-url URL] [--data-dir DIR]``: serve (settings from
-  ``SVC_POLICY_*``; options win). Runs until Ctrl-C or SIGTERM.
+* ``svc policy [--port 8080] [--database-url URL] [--data-dir DIR] [--auth-* ...]``: serve;
+  the options are made from ``PolicySettings`` and ``PolicyAuthSettings``
+  (``svc.common.cli.settings_command``; ``SVC_POLICY_*``, options win). Runs until Ctrl-C or
+  SIGTERM.
 * ``svc policy keygen FILE``: write an Ed25519 key pair (``FILE``, ``FILE.pub``): the service's
   signing key, or an admin's break-glass key.
 * ``svc policy draft DIR``, ``publish VERSION``, ``active``, ``bundles``,
   ``mode monitor|enforce``, ``rollback VERSION --key FILE --admin NAME``,
   ``dry-run VERSION --since 24h``: call the service at ``--url`` (``SVC_POLICY_URL``, default
-  ``127.0.0.1:8080``) and print readable results.
+  ``127.0.0.1:8080``) with a bearer token (``--token``, ``SVC_POLICY_TOKEN``, else ``svc up``'s
+  ``caller.token``; ``caller_token``) and print readable results.
 
 Exit codes: 0 done; 1 the service refused (its status and every field violation on standard
 error) or cannot be reached; 2 bad input.

@@ -499,9 +499,17 @@ def test_settings_refuse_what_the_service_cannot_run_safely(
 ) -> None:
     from pydantic import ValidationError
 
-    with pytest.raises(ValidationError, match="not a loopback address"):
-        PolicySettings(host="0.0.0.0")
+    from svc.common.auth import AuthConfigError, PolicyAuthSettings
+
+    # Without caller authentication the service binds loopback addresses only.
+    wide = PolicySettings(
+        host="0.0.0.0", port=0, data_dir=tmp_path, database_url=f"sqlite:///{tmp_path}/p.db"
+    )
+    with pytest.raises(AuthConfigError, match=r"refusing to listen on 0\.0\.0\.0"):
+        PolicyServer(wide, auth=PolicyAuthSettings(auth="none")).start()
     assert PolicySettings(host="::1").host == "::1"
+    assert PolicySettings.component == "svc-policy"
+    assert PolicyAuthSettings().auth_audience == "svc-policy"
     with pytest.raises(ValidationError, match="break-glass key of `ana`"):
         PolicySettings(break_glass_keys={"ana": "bm90IGEga2V5"})
     pub = signing.generate_keypair(tmp_path / "k")
@@ -512,3 +520,53 @@ def test_settings_refuse_what_the_service_cannot_run_safely(
     s = PolicySettings()
     assert s.port == 9099 and list(s.break_glass_keys) == ["ana"]
     assert s.signing_key_path == Path("policy-signing.key")
+
+
+# ---------------------------------------------------------------------------------- callers
+
+
+def test_callers_need_a_bearer_token_of_a_listed_caller(tmp_path: Path, pg: SqlEngine) -> None:
+    """docs/auth.md: gRPC calls need `authorization: Bearer <JWT>` of a listed caller (the
+    answers table); the probes take none."""
+    from svc.common.auth import LocalIssuer, PolicyAuthSettings
+
+    issuer = LocalIssuer(tmp_path / "issuer")
+    auth = PolicyAuthSettings(
+        auth_issuer=issuer.issuer, auth_jwks=issuer.jwks_url, auth_callers=["svc-local"]
+    )
+    settings = PolicySettings(port=0, data_dir=tmp_path)
+    srv = PolicyServer(settings, PolicyService(settings, db=pg), auth=auth).start()
+    channel = grpc.insecure_channel(srv.target)
+    stub = pb_grpc.PolicyServiceStub(channel)
+    try:
+
+        def call(token: str | None) -> grpc.RpcError | pb.GetEnforcementResponse:
+            md = [("authorization", f"Bearer {token}")] if token is not None else []
+            try:
+                return stub.GetEnforcement(pb.GetEnforcementRequest(), metadata=md)
+            except grpc.RpcError as e:
+                return e
+
+        missing = call(None)
+        assert isinstance(missing, grpc.Call)
+        assert missing.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert "no bearer token" in (missing.details() or "")
+        other = call(issuer.mint("svc-local", "svc-pdp", 60))
+        assert isinstance(other, grpc.Call)
+        assert other.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert "does not name `svc-policy`" in (other.details() or "")
+        stranger = call(issuer.mint("mallory", "svc-policy", 60))
+        assert isinstance(stranger, grpc.Call)
+        assert stranger.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert "caller `mallory` is not allowed" in (stranger.details() or "")
+        ok = call(issuer.mint("svc-local", ["svc-pdp", "svc-policy"], 60))
+        assert isinstance(ok, pb.GetEnforcementResponse)
+        assert ok.enforcement.mode == pb.MODE_ENFORCE
+        # The probes take no token.
+        ready = httpx.get(f"{srv.url}/readyz")
+        assert ready.status_code == 200 and ready.json()["policy_version"] == 0
+        assert httpx.get(f"{srv.url}/version").json()["component"] == "svc-policy"
+    finally:
+        channel.close()
+        srv.stop()
+        srv.service.close()

@@ -133,3 +133,49 @@ def test_cli_helpers() -> None:
     assert parse_since("2026-01-01T00:00:00Z", now) == datetime(2026, 1, 1, tzinfo=UTC)
     with pytest.raises(Exception, match="offset"):
         parse_since("2026-01-01T00:00:00", now)
+
+
+def test_cli_sends_a_caller_token(tmp_path: Path) -> None:
+    """`svc policy --auth-*` checks callers (docs/auth.md); the client commands send `--token`,
+    `SVC_POLICY_TOKEN`, or the data directory's `caller.token` (as `svc up` writes it)."""
+    from svc.common.auth import LocalIssuer
+
+    issuer = LocalIssuer(tmp_path / "issuer")
+    data = tmp_path / "data"
+    data.mkdir()
+    env = {**ENV, "SVC_DATA_DIR": str(data)}
+    env.pop("SVC_POLICY_TOKEN", None)
+    log = (tmp_path / "policy.log").open("w")
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "svc", "policy", "--port", "0", "--data-dir", str(tmp_path)),
+            *("--database-url", f"sqlite:///{tmp_path / 'policy.db'}"),
+            *("--auth-issuer", issuer.issuer, "--auth-jwks", issuer.jwks_url),
+            *("--auth-callers", "svc-local"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=log,
+        text=True,
+        env=env,
+    )
+    assert proc.stdout is not None
+    url = proc.stdout.readline().split()[-1]
+    try:
+        bare = svc("active", "--url", url, env=env)
+        assert bare.returncode == 1 and "UNAUTHENTICATED" in bare.stderr
+        token = issuer.mint("svc-local", "svc-policy", 600)
+        given = svc("active", "--url", url, "--token", token, env=env)
+        # Past the token check: the service answers that nothing is published yet.
+        assert given.stdout.startswith("mode enforce"), given.stderr
+        assert "NOT_FOUND: nothing is published yet" in given.stderr
+        from_env = svc("bundles", "--url", url, env={**env, "SVC_POLICY_TOKEN": token})
+        assert from_env.returncode == 0, from_env.stderr
+        (data / "caller.token").write_text(issuer.mint("svc-other", "svc-policy", 600) + "\n")
+        other = svc("active", "--url", url, env=env)
+        assert other.returncode == 1 and "PERMISSION_DENIED" in other.stderr
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait() == 0, (tmp_path / "policy.log").read_text()[-3000:]
+        log.close()
+    wide = svc("--host", "0.0.0.0", "--port", "0", "--data-dir", str(tmp_path), env=env)
+    assert wide.returncode == 2 and "refusing to listen on 0.0.0.0" in wide.stderr

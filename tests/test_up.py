@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -18,6 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
+from serverkit import wait_until
 from svc.intake.cloudtrail import map_record
 from test_intake import cloudtrail_files
 from uphelp import SVC, Up, free_base_port, get_json, run_svc, start_up
@@ -40,7 +43,7 @@ def corp_up(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 def test_banner_names_every_component_and_each_answers(corp_up: Up) -> None:
     banner = "".join(corp_up.stdout)
-    for url in (corp_up.pdp, corp_up.intake, corp_up.history):
+    for url in (corp_up.pdp, corp_up.intake, corp_up.history, corp_up.policy):
         assert url in banner
         assert get_json(f"{url}/healthz")
         assert httpx.get(f"{url}/readyz", timeout=10).status_code == 200
@@ -175,8 +178,55 @@ def test_second_svc_up_on_one_data_dir_refused(corp_up: Up) -> None:
     assert "another svc up" in r.stderr and str(corp_up.data_dir) in r.stderr
 
 
+def policy_cli(up: Up, *args: str) -> subprocess.CompletedProcess[str]:
+    """`svc policy ARGS --url <the install's policy service>`, with the install's caller token
+    (found through SVC_DATA_DIR, as on a person's machine)."""
+    return subprocess.run(
+        [*SVC, "policy", *args, "--url", up.policy],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "SVC_DATA_DIR": str(up.data_dir)},
+        check=False,
+    )
+
+
+def test_the_decision_point_follows_the_policy_service(corp_up: Up, tmp_path: Path) -> None:
+    """docs/quickstart.md: the bundle is version 1 of svc-policy; a published draft is what the
+    decision point serves, and the policy service takes the caller token only."""
+    active = policy_cli(corp_up, "active")
+    assert active.returncode == 0, active.stderr
+    assert "version 1  active  by svc-local" in active.stdout and "signed by key" in active.stdout
+    assert httpx.get(f"{corp_up.policy}/readyz").json()["policy_version"] >= 1
+
+    def verdict() -> str:
+        r = httpx.post(
+            f"{corp_up.pdp}/v1/access/evaluation", json=ALICE_DELETE, headers=corp_up.auth
+        )
+        return str(r.json()["verdict"])
+
+    before = verdict()
+    assert before != "deny"
+    closed = tmp_path / "closed"
+    shutil.copytree(CORP, closed)
+    (closed / "zz-forbid.cedar").write_text(
+        '@id("all-closed")\nforbid (principal, action, resource);\n'
+    )
+    drafted = policy_cli(corp_up, "draft", str(closed))
+    assert drafted.returncode == 0, drafted.stderr
+    version = drafted.stdout.split()[1]
+    assert policy_cli(corp_up, "publish", version).returncode == 0
+    wait_until(lambda: verdict() == "deny", timeout=30)
+    rollback = policy_cli(corp_up, "publish", "1")
+    assert rollback.returncode == 0, rollback.stderr
+    wait_until(lambda: verdict() == before, timeout=30)
+
+
 def test_ctrl_c_stops_cleanly_and_the_data_dir_is_kept(tmp_path: Path) -> None:
-    up = start_up(tmp_path, "--bundle", str(CORP))
+    # A data directory of an earlier release: a bundle/ directory, no policy service yet. It is
+    # published as version 1 (then, `--bundle` with the same files publishes nothing new).
+    shutil.copytree(CORP, tmp_path / "bundle")
+    up = start_up(tmp_path)
+    assert "version 1  active" in policy_cli(up, "active").stdout
     for _ in range(5):
         r = httpx.post(f"{up.pdp}/v1/access/evaluation", json=ALICE_DELETE, headers=up.auth)
         assert r.status_code == 200
@@ -190,6 +240,8 @@ def test_ctrl_c_stops_cleanly_and_the_data_dir_is_kept(tmp_path: Path) -> None:
     try:
         assert again.totals()["decisions"] == 5
         assert again.token == token.strip()
+        listed = policy_cli(again, "bundles").stdout
+        assert "version 1  active" in listed and "version 2" not in listed
     finally:
         code, _, err = again.stop()
     assert code == 0, err

@@ -20,16 +20,16 @@ SVC = [sys.executable, "-m", "svc.cli"]
 
 
 def free_base_port(host: str = "127.0.0.1") -> int:
-    """A port N with N, N+1 and N+2 free (what svc up binds)."""
+    """A port N with N to N+3 free (what svc up binds)."""
     rng = random.Random()
     for _ in range(200):
         n = rng.randrange(20_000, 60_000)
         try:
-            check_ports(host, {"a": n, "b": n + 1, "c": n + 2})
+            check_ports(host, {"a": n, "b": n + 1, "c": n + 2, "d": n + 3})
         except PortTaken:
             continue
         return n
-    raise RuntimeError("no three free consecutive ports")
+    raise RuntimeError("no four free consecutive ports")
 
 
 @dataclass
@@ -53,6 +53,10 @@ class Up:
     @property
     def history(self) -> str:
         return f"http://127.0.0.1:{self.port + 2}"
+
+    @property
+    def policy(self) -> str:
+        return f"http://127.0.0.1:{self.port + 3}"
 
     @property
     def token(self) -> str:

@@ -10,16 +10,17 @@ Commands:
   (docs/plans.md) for a request naming a ``resource_type``, and print it as JSON.
 * ``svc pdp --bundle DIR [--port 8080] [--mode monitor|enforce]``: the decision point in
   standalone mode (docs/api.md): gRPC and HTTP on one port, serving one bundle directory and
-  reloading it when its files change; ``--auth-*`` (``SVC_PDP_AUTH_*``) set who may call
-  (docs/auth.md). Runs until Ctrl-C or SIGTERM.
+  reloading it when its files change; ``svc pdp --policy URL --public-key FILE`` follows a
+  policy service's active bundle and mode instead (docs/policy.md); ``--auth-*``
+  (``SVC_PDP_AUTH_*``) set who may call (docs/auth.md). Runs until Ctrl-C or SIGTERM.
 * ``svc validate --bundle DIR``: load and strictly validate a bundle, listing every problem.
 * ``svc intake [--port 8080] [--dev]``: the event intake (docs/intake.md), settings
   from ``SVC_INTAKE_*`` and ``SVC_KAFKA_URL``. Runs until Ctrl-C or SIGTERM.
 * ``svc history migrate --dsn DSN``: apply the history store's schema (idempotent).
 * ``svc history load --dsn DSN --kafka URL [--retention-days N]``: load the decision and event
   topics into the history store (docs/history.md). Runs until Ctrl-C or SIGTERM.
-* ``svc up [--demo] [--port 8080] [--data-dir DIR]``: the decision point, the intake and the
-  history loader on one machine with the embedded defaults
+* ``svc up [--demo] [--port 8080] [--data-dir DIR]``: the decision point, the intake, the
+  history loader and the policy service on one machine with the embedded defaults
   (docs/architecture.md#embedded-defaults-and-production-parts; ``svc.up``).
 * ``svc demo``: ``svc up`` with the demo company's traffic; prints the summary read back from
   the history and stops (``--serve`` keeps it running).
@@ -186,6 +187,9 @@ def plan(
             "workers",
             "public_url",
             "watch",
+            "policy",
+            "public_key",
+            "policy_token_file",
             "noop_routes",
             "plan_max_age_secs",
             "kafka_url",
@@ -204,12 +208,33 @@ def plan(
     ),
     auth=Options(PdpAuthSettings),
 )
-def pdp(bundle: BundleOpt, settings: PdpSettings, auth: PdpAuthSettings) -> None:
-    """Run the decision point (gRPC + HTTP on one port) over one bundle directory.
+def pdp(
+    settings: PdpSettings,
+    auth: PdpAuthSettings,
+    bundle: Annotated[
+        Path | None,
+        typer.Option(
+            "--bundle",
+            "-b",
+            help="Bundle directory: *.cedar, one schema file, entities.json, optional `linked` "
+            "(or --policy).",
+            exists=True,
+            file_okay=False,
+            dir_okay=True,
+            readable=True,
+        ),
+    ] = None,
+) -> None:
+    """Run the decision point (gRPC + HTTP on one port) over a bundle or a policy service.
+
+    --bundle DIR serves a bundle directory (reloaded when its files change); --policy URL
+    --public-key FILE follows the policy service's active bundle and mode instead.
 
     Bearer-token settings (--auth-*, SVC_PDP_AUTH_*): docs/auth.md. Without them the decision
     point serves anyone and may only bind a loopback address.
     """
+    if (bundle is None) == (settings.policy is None):
+        raise _fail("svc pdp: give either --bundle DIR or --policy URL --public-key FILE")
     from svc.common.auth import AuthConfigError
     from svc.pdp.server import StandaloneOptions, run_standalone
 
@@ -270,7 +295,9 @@ DataDirOpt = Annotated[
 UpPortOpt = Annotated[
     int,
     typer.Option(
-        min=1, max=65533, help="Decision point port; intake on PORT+1, history on PORT+2."
+        min=1,
+        max=65532,
+        help="Decision point port; intake on PORT+1, history on PORT+2, policy service on PORT+3.",
     ),
 ]
 UpHostOpt = Annotated[str, typer.Option(help="Address every component binds.")]
@@ -287,7 +314,8 @@ def up(
         typer.Option(
             "--bundle",
             "-b",
-            help="Bundle to serve (default: DATA_DIR/bundle, the demo company's on first start).",
+            help="Bundle to publish to the policy service (default on first start: "
+            "DATA_DIR/bundle, the demo company's).",
             exists=True,
             file_okay=False,
         ),
@@ -304,7 +332,7 @@ def up(
     *,
     log: DecisionLogSettings,
 ) -> None:
-    """Run the decision point, intake and history loader on this machine (embedded defaults).
+    """Run the decision point, intake, history loader and policy service here (embedded defaults).
 
     Prints each URL once everything is up; Ctrl-C stops cleanly and keeps the data directory.
     """

@@ -5,6 +5,9 @@ One process on 127.0.0.1 (docs/architecture.md#embedded-defaults-and-production-
 * the decision point (``svc.pdp``: the Rust listener, gRPC and HTTP) on ``port`` (8080),
 * the intake (``svc.intake``) on ``port + 1``,
 * the history loader (``svc.history``) and its query routes on ``port + 2``,
+* the policy service (``svc.policy``, gRPC ``svc.policy.v1.PolicyService``) on ``port + 3``,
+  its database a SQLite file ``<data_dir>/policy.db`` and its signing key
+  ``<data_dir>/policy-signing.key`` (public key beside it, ``policy-signing.pub``),
 
 with the embedded defaults in place of the real parts: the topic log of ``svc.broker``
 (``local://<data_dir>/broker.db``) instead of Kafka, chDB in ``<data_dir>/history`` instead of
@@ -13,16 +16,22 @@ the intake's transactional producers and the loader run unchanged on top.
 
 The data directory keeps everything across restarts: the topic log (records not loaded yet are
 loaded after a restart), the history, the decision-log spool, the intake token, the local token
-issuer's key and the policy bundle.
+issuer's key, the policy service's database and key, and the bundle directory first published.
 
-Callers (docs/auth.md): the decision point and the history take bearer tokens of a local issuer
-(``svc.common.auth.LocalIssuer``, an ES256 key in ``<data_dir>/issuer/``). Each start writes a
-fresh caller token for the person at this machine to ``<data_dir>/caller.token`` (mode 0600,
-``sub`` ``svc-local``, audience both components, valid 24 hours and renewed every 12 hours while
-``svc up`` runs); the demo traffic calls as ``svc-demo``. The intake keeps its own token.
+Callers (docs/auth.md): the decision point, the history and the policy service take bearer
+tokens of a local issuer (``svc.common.auth.LocalIssuer``, an ES256 key in ``<data_dir>/issuer/``).
+Each start writes a fresh caller token for the person at this machine to
+``<data_dir>/caller.token`` (mode 0600, ``sub`` ``svc-local``, audience the three components,
+valid 24 hours and renewed every 12 hours while ``svc up`` runs); the demo traffic calls as
+``svc-demo``, the decision point calls the policy service as ``svc-up-pdp``. The intake keeps its
+own token.
 
-Without ``--bundle`` the bundle is the demo company's (``svc.demo``), written on the first start
-and reloaded whenever its files change.
+The decision point follows the policy service (``svc.pdp.follower``): it serves the active
+bundle once its signature verifies. On the first start (nothing published yet) the bundle
+directory is published as version 1: ``--bundle``'s, else ``<data_dir>/bundle``, the demo
+company's (``svc.demo``), written when missing (a data directory of an earlier release keeps
+its ``bundle/``). A later start with ``--bundle`` publishes it as the next version when its
+files differ from the active bundle's. Later changes are drafts and publishes (``svc policy``).
 
 Refusals happen before anything starts: a port in use, or another ``svc up`` on the same data
 directory (an exclusive ``flock`` on ``<data_dir>/svc-up.lock``).
@@ -68,6 +77,7 @@ from svc.common.auth import (
     HistoryAuthSettings,
     LocalIssuer,
     PdpAuthSettings,
+    PolicyAuthSettings,
     write_secret,
 )
 from svc.common.topics import DECISIONS_TOPIC, EVENTS_TOPIC
@@ -79,6 +89,10 @@ from svc.intake.settings import IntakeSettings
 from svc.pdp import Engine, RequestError
 from svc.pdp.log_settings import LOG_COMMIT_MS, LOG_DURABILITY, LOG_FSYNC, Durability
 from svc.pdp.server import StandaloneOptions, serve_bundle
+from svc.policy import signing
+from svc.policy.app import PolicyServer
+from svc.policy.service import PolicyError, PolicyService
+from svc.policy.settings import PolicySettings
 
 if TYPE_CHECKING:
     from svc.demo.company import Company
@@ -101,6 +115,12 @@ LOCAL_CALLER = "svc-local"
 
 #: ``sub`` of the demo traffic's token (``svc demo``, ``svc up --demo``).
 DEMO_CALLER = "svc-demo"
+
+#: ``sub`` of the token the decision point sends to the policy service (``WatchActive``).
+PDP_CALLER = "svc-up-pdp"
+
+#: The audiences of the caller token: every component that checks callers.
+CALLER_AUDIENCE = ["svc-pdp", "svc-history", "svc-policy"]
 
 #: Lifetime of a caller token (a working day and then some), in seconds; ``svc up`` writes a
 #: new one every half of it.
@@ -141,10 +161,11 @@ class UpOptions:
     Attributes:
         data_dir: where everything is kept (``default_data_dir()``).
         host: address every component binds (127.0.0.1).
-        port: the decision point's port; the intake listens on ``port + 1`` and the history on
-            ``port + 2``.
-        bundle: a bundle directory to serve; None serves ``<data_dir>/bundle``, provisioned
-            with the demo company's bundle when missing.
+        port: the decision point's port; the intake listens on ``port + 1``, the history on
+            ``port + 2`` and the policy service on ``port + 3``.
+        bundle: a bundle directory to publish (module docs); None publishes
+            ``<data_dir>/bundle`` on the first start, provisioned with the demo company's
+            bundle when missing.
         mode: ``enforce`` or ``monitor`` (docs/architecture.md#monitor-and-enforce).
         retention_days: history retention (``analytics.retentionDays``; 0 keeps all;
             docs/history.md#retention).
@@ -174,6 +195,7 @@ class Urls:
     pdp: str
     intake: str
     history: str
+    policy: str
 
 
 def _bind(host: str, port: int, name: str) -> socket.socket:
@@ -195,7 +217,7 @@ def _bind(host: str, port: int, name: str) -> socket.socket:
             why = "in use" if e.errno == errno.EADDRINUSE else "not allowed"
             raise PortTaken(
                 f"port {port} on {host} (the {name}) is {why}; stop whatever holds it "
-                "or start on other ports with --port N (svc up uses N, N+1 and N+2)"
+                "or start on other ports with --port N (svc up uses N to N+3)"
             ) from None
         raise
     return s
@@ -230,7 +252,7 @@ def _token(path: Path) -> str:
 
 def _write_caller_token(issuer: LocalIssuer, path: Path) -> None:
     """Writes a new caller token of `issuer` to `path` (mode 0600; see ``Stack``)."""
-    token = issuer.mint(LOCAL_CALLER, ["svc-pdp", "svc-history"], CALLER_TOKEN_LIFETIME_SECS)
+    token = issuer.mint(LOCAL_CALLER, CALLER_AUDIENCE, CALLER_TOKEN_LIFETIME_SECS)
     write_secret(path, token)
 
 
@@ -508,6 +530,52 @@ def _intake(settings: IntakeSettings, progress: Callable[[str], None]) -> Iterat
         yield
 
 
+@contextmanager
+def _policy_service(
+    settings: PolicySettings, auth: PolicyAuthSettings, bundle_dir: Path, republish: bool
+) -> Iterator[PolicyServer]:
+    """The policy service (``svc.policy``), served in a thread of its own until the block ends.
+
+    Ready once it listens, with a bundle active: when nothing is published yet (or
+    `republish` and `bundle_dir`'s files differ from the active bundle's), `bundle_dir` is
+    drafted and published (version 1 on a first start). Its public key is written to
+    ``<data_dir>/policy-signing.pub`` for the decision point.
+
+    Args:
+        settings: the service's settings (SQLite under the data directory, ``port + 3``).
+        auth: who may call it.
+        bundle_dir: the bundle directory to publish.
+        republish: publish `bundle_dir` again when it differs from the active bundle.
+
+    Raises:
+        svc.policy.service.PolicyError: the bundle does not validate (every problem named).
+        OSError: the database, the key or the port cannot be opened.
+        AuthConfigError: the issuer's keys cannot be loaded.
+
+    """
+    service = PolicyService(settings)
+    try:
+        files = {
+            p.name: p.read_text(encoding="utf-8")
+            for p in sorted(bundle_dir.iterdir())
+            if p.is_file()
+        }
+        active = service.get_active()
+        if active is None or (republish and active.files != files):
+            draft = service.create_draft(files, LOCAL_CALLER, comment=f"svc up: {bundle_dir}")
+            service.publish(draft.version, LOCAL_CALLER)
+        (settings.data_dir / "policy-signing.pub").write_text(
+            signing.public_key_text(service.public_key), encoding="utf-8"
+        )
+        server = PolicyServer(settings, service, auth=auth).start()
+        try:
+            yield server
+        finally:
+            server.stop()
+    finally:
+        service.close()
+
+
 # -- the supervisor
 
 
@@ -536,6 +604,7 @@ class Stack:
             pdp=f"http://{options.host}:{p}",
             intake=f"http://{options.host}:{p + 1}",
             history=f"http://{options.host}:{p + 2}",
+            policy=f"http://{options.host}:{p + 3}",
         )
         self.bundle_dir = options.bundle or d / "bundle"
         self.intake_token = ""
@@ -544,6 +613,7 @@ class Stack:
         self.history: Client | None = None
         self.loader: Loader | None = None
         self.log: LocalLog | None = None
+        self.policy: PolicyServer | None = None
         self._exit = ExitStack()
         self._stored = _Stored()
 
@@ -578,6 +648,7 @@ class Stack:
             PortTaken: a port is in use (nothing started, or a port taken while starting).
             DataDirBusy: another ``svc up`` holds the data directory (nothing started).
             BundleError: the bundle does not load.
+            svc.policy.service.PolicyError: the policy service refuses the bundle.
             OSError: a listener or a file could not be opened, or a component did not start.
             AuthConfigError: the local issuer's JWKS could not be loaded.
 
@@ -595,7 +666,15 @@ class Stack:
 
         self.progress("checking the data directory and ports")
         enter(_data_dir_lock(d))
-        check_ports(o.host, {"decision point": o.port, "intake": o.port + 1, "history": o.port + 2})
+        check_ports(
+            o.host,
+            {
+                "decision point": o.port,
+                "intake": o.port + 1,
+                "history": o.port + 2,
+                "policy service": o.port + 3,
+            },
+        )
 
         self.progress("opening the topic log")
         self.log = enter(_topic_log(d / "broker.db", o.log_retention_ms))
@@ -620,11 +699,31 @@ class Stack:
             "auth_jwks": self.issuer.jwks_url,
         }
 
+        self.progress("starting the policy service")
+        policy_settings = PolicySettings(
+            host=o.host,
+            port=o.port + 3,
+            database_url=f"sqlite:///{(d / 'policy.db').resolve()}",
+            data_dir=d,
+            default_mode=o.mode,
+        )
+        self.policy = enter(
+            _policy_service(
+                policy_settings,
+                PolicyAuthSettings(**common_auth, auth_callers=[LOCAL_CALLER, PDP_CALLER]),
+                self.bundle_dir,
+                republish=o.bundle is not None,
+            )
+        )
+
         self.progress("starting the decision point")
+        issuer = self.issuer
         pdp_opts = StandaloneOptions(
             host=o.host,
             port=o.port,
             mode=o.mode,
+            policy=self.policy.target,
+            public_key=d / "policy-signing.pub",
             kafka_url=self.broker_url,
             spool_dir=d / "pdp-spool",
             auth=PdpAuthSettings(**common_auth, auth_callers=[LOCAL_CALLER, DEMO_CALLER]),
@@ -633,7 +732,11 @@ class Stack:
             log_fsync=o.log_fsync,
         )
         prepare = self._provision_engine if o.bundle is None else None
-        enter(serve_bundle(self.bundle_dir, pdp_opts, prepare))
+        enter(
+            serve_bundle(
+                None, pdp_opts, prepare, token=lambda: issuer.mint(PDP_CALLER, "svc-policy", 3600)
+            )
+        )
 
         self.progress("starting the intake and the history routes")
         intake = IntakeSettings(
@@ -719,7 +822,8 @@ class Stack:
         """Stops every component that started, newest first. Idempotent.
 
         The order is the reverse of ``start``: the history routes, the intake, the decision
-        point (its shipper's last records reach the topic log), the caller-token renewal, the
+        point (its shipper's last records reach the topic log), the policy service, the
+        caller-token renewal, the
         loader (it stores what it read; the rest is loaded on the next start), the topic log,
         and the data directory's lock.
         """
@@ -728,6 +832,7 @@ class Stack:
         finally:
             self.loader = None
             self.log = None
+            self.policy = None
 
 
 # -- the command
@@ -737,6 +842,7 @@ def _banner(stack: Stack, seconds: float) -> str:
     o = stack.options
     d = o.data_dir
     u = stack.urls
+    active = stack.policy.service.active_version() if stack.policy is not None else 0
     return "\n".join(
         [
             f"svc up: ready in {seconds:.1f} s; data in {d}",
@@ -745,9 +851,12 @@ def _banner(stack: Stack, seconds: float) -> str:
             f"  intake          {u.intake}   POST /v1/events (bearer token in "
             f"{d / 'intake.token'})",
             f"  history         {u.history}   GET /v1/history/decisions?principal=Type::id",
+            f"  policy service  {u.policy}   gRPC svc.policy.v1.PolicyService "
+            f"(svc policy active --url {u.policy})",
             f"  caller token    {stack.caller_token_path} (Authorization: Bearer, for the "
-            "decision point and the history)",
-            f"  bundle          {stack.bundle_dir} (reloaded when its files change)",
+            "decision point, the history and the policy service)",
+            f"  bundle          version {active} active, from {stack.bundle_dir} (change it "
+            "with svc policy draft and publish)",
             f"  mode            {o.mode}",
         ]
     )
@@ -785,6 +894,10 @@ def run(options: UpOptions, *, demo_checks: int = 0, keep_serving: bool = True) 
         return 2
     except BundleError as e:
         err.print(f"svc up: the bundle {stack.bundle_dir} does not load:\n{e}")
+        return 2
+    except PolicyError as e:
+        problems = "".join(f"\n  {v.field}: {v.description}" for v in e.violations)
+        err.print(f"svc up: the bundle {stack.bundle_dir} is refused: {e.message}{problems}")
         return 2
     except KeyboardInterrupt:
         err.print("svc up: interrupted while starting; stopped")

@@ -9,9 +9,10 @@ table, every setting and the answers; the intake keeps its own token (docs/intak
 
 This module holds what the Python side of every component shares:
 
-* ``AuthSettings`` (and ``PdpAuthSettings``, ``HistoryAuthSettings``): the settings, read from
-  ``SVC_<COMPONENT>_AUTH*`` environment variables or given as keyword arguments (defined in
-  ``svc.common.auth_settings``, which loads none of the libraries below, and re-exported);
+* ``AuthSettings`` (and ``PdpAuthSettings``, ``HistoryAuthSettings``, ``PolicyAuthSettings``):
+  the settings, read from ``SVC_<COMPONENT>_AUTH*`` environment variables or given as keyword
+  arguments (defined in ``svc.common.auth_settings``, which loads none of the libraries below,
+  and re-exported);
 * ``JwksSource``: the issuer's keys from an ``https://`` URL (pyjwt's ``PyJWKClient``, with an
   optional CA file) or a ``file://`` path, refreshed for key rotation;
 * ``Verifier``: pyjwt verification (RS256/ES256 only; ``exp``, ``iss``, ``aud``, ``sub``
@@ -54,6 +55,7 @@ from svc.common.auth_settings import (
     AuthSettings,
     HistoryAuthSettings,
     PdpAuthSettings,
+    PolicyAuthSettings,
     is_loopback,
 )
 from svc.common.problems import Problem
@@ -69,6 +71,7 @@ __all__ = [
     "JwksSource",
     "LocalIssuer",
     "PdpAuthSettings",
+    "PolicyAuthSettings",
     "Verifier",
     "bearer_dependency",
     "is_loopback",

@@ -1,6 +1,7 @@
 """Bearer-token settings of a component, apart from the verification (``svc.common.auth``).
 
-``AuthSettings`` and its components' subclasses (``PdpAuthSettings``, ``HistoryAuthSettings``),
+``AuthSettings`` and its components' subclasses (``PdpAuthSettings``, ``HistoryAuthSettings``,
+``PolicyAuthSettings``),
 ``AuthConfigError`` and ``is_loopback``: what the command line needs to make its ``--auth-*``
 options and check them, without loading the JWT, cryptography and web libraries the
 verification uses. ``svc.common.auth`` re-exports all of it; docs/auth.md lists the settings.
@@ -23,6 +24,7 @@ __all__ = [
     "AuthSettings",
     "HistoryAuthSettings",
     "PdpAuthSettings",
+    "PolicyAuthSettings",
     "is_loopback",
 ]
 
@@ -168,4 +170,15 @@ class HistoryAuthSettings(AuthSettings, component="history"):
     """The history's bearer-token settings: ``SVC_HISTORY_AUTH*``, audience ``svc-history``."""
 
     auth_audience: str = "svc-history"
+    """The ``aud`` a token must name."""
+
+
+class PolicyAuthSettings(AuthSettings, component="policy"):
+    """The policy service's bearer-token settings: ``SVC_POLICY_AUTH*``, audience ``svc-policy``.
+
+    Its callers (docs/auth.md's table): the decision points and gateways that follow
+    ``WatchActive``, and the admin CLI (``svc policy draft``, ``publish``, ...).
+    """
+
+    auth_audience: str = "svc-policy"
     """The ``aud`` a token must name."""

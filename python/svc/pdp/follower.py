@@ -32,7 +32,7 @@ from svc.policy.transport import mode_name
 from svc.policy.v1 import policy_pb2 as pb
 from svc.policy.v1 import policy_pb2_grpc as pb_grpc
 
-__all__ = ["CHANNEL_OPTIONS", "Follower", "FollowerStatus", "bundle_sources"]
+__all__ = ["CHANNEL_OPTIONS", "Follower", "FollowerStatus", "bundle_sources", "fetch_active"]
 
 #: grpcio refuses messages over 4 MiB by default; a bundle may be larger (the service's
 #: ``max_bundle_bytes``, 8 MiB by default, plus framing).
@@ -63,6 +63,49 @@ def bundle_sources(
         None,
     )
     return policies, schema, files.get("entities.json"), files.get("linked")
+
+
+def fetch_active(
+    target: str,
+    public_key: Ed25519PublicKey,
+    token: str | None = None,
+    timeout_secs: float = 10.0,
+) -> tuple[int, dict[str, str]] | None:
+    """The policy service's active bundle, verified, for a decision point's first engine.
+
+    One ``GetActive`` call, so that a decision point starts with the active bundle (its
+    engine's ``policy_version`` 1) rather than swapping it in after start.
+
+    Args:
+        target: the policy service's gRPC address (``host:port``).
+        public_key: the policy service's signing public key.
+        token: the bearer token to send (docs/auth.md), or None.
+        timeout_secs: the call's deadline.
+
+    Returns:
+        ``(version, files)`` of the active bundle when its signature verifies; None when the
+        service cannot be reached, refuses the call, has published nothing, or the signature
+        does not verify (the reason is logged; the follower then gets the bundle from
+        ``WatchActive`` or keeps refusing it).
+
+    """
+    channel = grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
+    try:
+        stub = pb_grpc.PolicyServiceStub(channel)  # type: ignore[no-untyped-call]
+        metadata = [("authorization", f"Bearer {token}")] if token else []
+        b = stub.GetActive(pb.GetActiveRequest(), timeout=timeout_secs, metadata=metadata).bundle
+        files = {f.name: f.content for f in b.files}
+        signing.verify(public_key, b.version, files, b.signature)
+        return b.version, files
+    except grpc.RpcError as e:
+        details = e.details() if isinstance(e, grpc.Call) else str(e)
+        log.warning("no active bundle from the policy service at start: %s", details)
+        return None
+    except signing.SignatureError as e:
+        log.error("the active bundle's signature does not verify: %s", e)
+        return None
+    finally:
+        channel.close()
 
 
 @dataclass
@@ -100,6 +143,8 @@ class Follower:
             as lost and opened again; keep it a few times the service's ``heartbeat_secs``.
         on_change: called (from the follower's thread) after every swap, mode change or
             refusal, with the status (tests, logs).
+        token: returns the bearer token to send with each new stream (docs/auth.md), or None
+            to send none; called at every (re)connect, so a renewed token is picked up.
 
     """
 
@@ -113,6 +158,7 @@ class Follower:
         max_backoff_secs: float = 10.0,
         stale_secs: float = 15.0,
         on_change: Callable[[FollowerStatus], None] | None = None,
+        token: Callable[[], str | None] | None = None,
     ) -> None:
         self.engine = engine
         self.target = target
@@ -122,6 +168,7 @@ class Follower:
         self.max_backoff_secs = max_backoff_secs
         self.stale_secs = stale_secs
         self.on_change = on_change
+        self.token = token
         self.status = FollowerStatus()
         self._cond = threading.Condition()
         self._stop = threading.Event()
@@ -232,7 +279,9 @@ class Follower:
             channel = grpc.insecure_channel(self.target, options=CHANNEL_OPTIONS)
             stub = pb_grpc.PolicyServiceStub(channel)  # type: ignore[no-untyped-call]
             try:
-                call = stub.WatchActive(pb.WatchActiveRequest())
+                bearer = self.token() if self.token is not None else None
+                metadata = [("authorization", f"Bearer {bearer}")] if bearer else []
+                call = stub.WatchActive(pb.WatchActiveRequest(), metadata=metadata)
                 with self._cond:
                     self._call = call
                     if self._stop.is_set():

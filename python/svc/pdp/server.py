@@ -2,9 +2,11 @@
 
 The listener itself is Rust (``svc._pdp_core.Server``: tonic + axum on one port, its own Tokio
 runtime, the GIL never taken per request). This module is its control plane in standalone
-mode: load one bundle directory, serve it, and reload it atomically when its files change.
+mode: load one bundle directory, serve it, and reload it atomically when its files change; or
+follow a policy service's active bundle and mode (``svc.pdp.follower``, docs/policy.md).
 
-``serve_bundle`` is what ``svc pdp --bundle DIR`` runs. A reload that fails (the bundle does
+``serve_bundle`` is what ``svc pdp --bundle DIR`` and ``svc pdp --policy URL --public-key FILE``
+run. A reload that fails (the bundle does
 not parse or validate) keeps the previous bundle serving; the error is logged, shown in
 ``/readyz``'s body and reported by the ``svc_pdp_bundle_error`` metric until a good reload.
 
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -37,17 +40,47 @@ from svc._pdp_core import BundleError, DecisionLog, Engine, Server, set_limits
 from svc.common.auth import AuthConfigError, JwksSource, PdpAuthSettings
 from svc.common.topics import bootstrap_servers
 from svc.pdp.decision_log import Shipper
+from svc.pdp.follower import Follower, bundle_sources, fetch_active
 from svc.pdp.settings import PdpSettings
+from svc.policy.signing import load_public_key
 
 __all__ = [
     "BundleWatcher",
     "JwksRefresher",
     "StandaloneOptions",
+    "policy_token",
     "run_standalone",
     "serve_bundle",
 ]
 
 log = logging.getLogger("svc.pdp")
+
+#: What a decision point following a policy service serves before its first verified bundle:
+#: nothing is allowed (and ``/readyz`` answers 503 until that bundle is swapped in).
+DENY_ALL = "forbid (principal, action, resource);"
+
+
+def policy_token(path: Path) -> Callable[[], str | None]:
+    """Reads the bearer token for the policy service from `path` at each call.
+
+    Args:
+        path: a file holding one token (a projected service-account token, ``caller.token``).
+
+    Returns:
+        A callable for ``Follower(token=...)``: the file's stripped content, or None (logged)
+        when it cannot be read or is empty, so the stream is opened without a token and
+        refused by a service that checks callers.
+
+    """
+
+    def read() -> str | None:
+        try:
+            return path.read_text(encoding="utf-8").strip() or None
+        except OSError as e:
+            log.error("cannot read the policy service's token %s: %s", path, e)
+            return None
+
+    return read
 
 
 def _bundle_file(path: Path) -> bool:
@@ -231,36 +264,53 @@ class StandaloneOptions(PdpSettings):
 
 @contextmanager
 def serve_bundle(
-    bundle_dir: Path,
+    bundle_dir: Path | None,
     options: StandaloneOptions | None = None,
     prepare: Callable[[Engine], None] | None = None,
+    token: Callable[[], str | None] | None = None,
 ) -> Iterator[Server]:
-    """Serves one bundle directory until the ``with`` block ends.
+    """Serves one bundle directory, or follows a policy service, until the ``with`` block ends.
 
     Args:
         bundle_dir: a bundle directory (docs/bundles.md); each app of Cedar's examples works.
+            None: follow ``options.policy`` (``WatchActive``, ``svc.pdp.follower``) with the
+            public key ``options.public_key``; its mode follows the service's.
         options: listener and engine settings (defaults: 127.0.0.1:8080, enforce).
         prepare: called with the engine once the bundle is loaded, before the listener starts:
             loads what a bundle cannot carry (work items, containments, risk scores; ``svc up``
-            does so for the demo company). Bundle reloads keep what it loaded.
+            does so for the demo company). Bundle reloads keep what it loaded. When following
+            a policy service, the first verified bundle is awaited before (no time limit).
+        token: when following, returns the bearer token for the policy service at each
+            (re)connect (default: ``policy_token(options.policy_token_file)`` when that is set,
+            else none).
 
     Yields:
-        The running ``Server`` (read ``server.port`` when ``port=0``); it is ready.
+        The running ``Server`` (read ``server.port`` when ``port=0``). Serving a directory, it
+        is ready; following, ``/readyz`` answers 503 until the first verified bundle.
 
     Raises:
         AuthConfigError: auth is off and ``options.host`` is not a loopback address, or the
             issuer's JWKS cannot be loaded (nothing is served).
         BundleError: the bundle does not load at start (nothing is served).
         RequestError: ``options.mode`` is neither ``monitor`` nor ``enforce``.
-        OSError: the port cannot be bound, or the spool directory cannot be opened.
+        OSError: the port cannot be bound, the spool directory cannot be opened, or the public
+            key cannot be read.
         ValueError: ``options.kafka_url`` is not a broker URL, ``log_commit_ms`` is over
-            1000 or ``log_durability`` is neither ``window`` nor ``durable``.
+            1000 or ``log_durability`` is neither ``window`` nor ``durable``; neither a bundle
+            directory nor ``options.policy`` is given; the public key is not Ed25519.
         Exception: whatever ``prepare`` raised (nothing is served).
 
     """
     opts = options or StandaloneOptions()
     auth = opts.auth
     auth.check_bind(opts.host)
+    follower: Follower | None = None
+    if bundle_dir is None:
+        if not opts.policy or opts.public_key is None:
+            raise ValueError("svc-pdp: give a bundle directory, or a policy service and its key")
+        public_key = load_public_key(opts.public_key.read_bytes())
+        if token is None and opts.policy_token_file is not None:
+            token = policy_token(opts.policy_token_file)
     decision_log: DecisionLog | None = None
     shipper: Shipper | None = None
     if opts.kafka_url:
@@ -276,72 +326,114 @@ def serve_bundle(
             decision_log, bootstrap_servers(opts.kafka_url), topic=opts.decisions_topic
         )
     set_limits(max_entity_depth=opts.max_entity_depth, max_inline_entities=opts.max_inline_entities)
-    engine = Engine.from_bundle_dir(bundle_dir)
+    first: tuple[int, dict[str, str]] | None = None
+    if bundle_dir is not None:
+        engine = Engine.from_bundle_dir(bundle_dir)
+    else:
+        # Start with the active bundle when the service answers with a verified one; else
+        # allow nothing until the follower swaps one in.
+        assert opts.policy is not None
+        target = re.sub(r"^https?://", "", opts.policy).rstrip("/")
+        first = fetch_active(target, public_key, token() if token is not None else None)
+        engine = Engine(DENY_ALL)
+        if first is not None:
+            try:
+                engine = Engine(*bundle_sources(first[1]))
+            except BundleError as e:
+                log.error("the active bundle %d does not load: %s", first[0], e)
+                first = None
     engine.set_mode(opts.mode)
     engine.configure_plans(max_age_secs=opts.plan_max_age_secs)
     for w in engine.warnings:
         log.warning("bundle %s: %s", bundle_dir, w)
-    if prepare is not None:
-        prepare(engine)
-    server = Server(
-        engine,
-        host=opts.host,
-        port=opts.port,
-        max_body_bytes=opts.max_body_bytes,
-        workers=opts.workers,
-        public_url=opts.public_url,
-        noop_routes=opts.noop_routes,
-        decision_log=decision_log,
-        max_batch_items=opts.max_batch_items,
-        auth_issuer=auth.auth_issuer if auth.enabled else None,
-        auth_audience=auth.auth_audience,
-        auth_callers=auth.auth_callers,
-        auth_leeway_secs=auth.auth_leeway_secs,
-        auth_cache_entries=auth.auth_cache_entries,
-        auth_cache_ttl_secs=auth.auth_cache_ttl_secs,
-    )
+    server: Server | None = None
     refresher: JwksRefresher | None = None
-    if auth.enabled:
-        refresher = JwksRefresher(
-            server, JwksSource.from_settings(auth), auth.auth_jwks_refresh_secs
-        )
-        refresher.load()
-    server.start()
-    if refresher is not None:
-        refresher.start()
-    if shipper is not None:
-        shipper.start()
-    watcher = BundleWatcher(engine, server, bundle_dir) if opts.watch else None
+    watcher: BundleWatcher | None = None
+    shipping = False
     try:
-        # Standalone: the bundle is loaded and the containment list is the bundle's own.
-        server.set_ready(bundle=True, containments=True)
-        if watcher is not None:
-            watcher.start()
+        if bundle_dir is None:
+            follower = Follower(engine, target, public_key, token=token)
+            if first is not None:
+                follower.status.version = first[0]
+            follower.start()
+            if prepare is not None:
+                follower.wait_for(lambda s: s.version > 0)
+        if prepare is not None:
+            prepare(engine)
+        server = Server(
+            engine,
+            host=opts.host,
+            port=opts.port,
+            max_body_bytes=opts.max_body_bytes,
+            workers=opts.workers,
+            public_url=opts.public_url,
+            noop_routes=opts.noop_routes,
+            decision_log=decision_log,
+            max_batch_items=opts.max_batch_items,
+            auth_issuer=auth.auth_issuer if auth.enabled else None,
+            auth_audience=auth.auth_audience,
+            auth_callers=auth.auth_callers,
+            auth_leeway_secs=auth.auth_leeway_secs,
+            auth_cache_entries=auth.auth_cache_entries,
+            auth_cache_ttl_secs=auth.auth_cache_ttl_secs,
+        )
+        jwks: JwksRefresher | None = None
+        if auth.enabled:
+            jwks = JwksRefresher(
+                server, JwksSource.from_settings(auth), auth.auth_jwks_refresh_secs
+            )
+            jwks.load()
+        server.start()
+        if jwks is not None:
+            jwks.start()
+            refresher = jwks  # stopped at the end once started
+        if shipper is not None:
+            shipper.start()
+            shipping = True
+        if follower is None:
+            # Standalone: the bundle is loaded and the containment list is the bundle's own.
+            server.set_ready(bundle=True, containments=True)
+            if opts.watch:
+                watcher = BundleWatcher(engine, server, bundle_dir)  # type: ignore[arg-type]
+                watcher.start()
+        else:
+            # The follower reports swaps and refusals to the listener from now on; a bundle
+            # verified before it started serving counts as loaded.
+            server.set_ready(containments=True)
+            follower.server = server
+            if follower.status.version > 0:
+                server.set_ready(bundle=True)
+                server.bundle_reloaded(follower.status.error or None)
         yield server
     finally:
+        if follower is not None:
+            follower.stop()
         if watcher is not None:
             watcher.stop()
         if refresher is not None:
             refresher.stop()
-        server.stop()
-        if shipper is not None:
+        if server is not None and server.running:
+            server.stop()
+        if shipper is not None and shipping:
             shipper.stop()
         if decision_log is not None:
             decision_log.close()
 
 
-def run_standalone(bundle_dir: Path, options: StandaloneOptions, stop: threading.Event) -> None:
-    """Serves `bundle_dir` until `stop` is set (``svc pdp``'s main loop).
+def run_standalone(
+    bundle_dir: Path | None, options: StandaloneOptions, stop: threading.Event
+) -> None:
+    """Serves `bundle_dir` (None: follows ``options.policy``) until `stop` is set (``svc pdp``).
 
     Raises:
-        AuthConfigError, BundleError, RequestError, OSError: as ``serve_bundle``.
+        AuthConfigError, BundleError, RequestError, OSError, ValueError: as ``serve_bundle``.
 
     """
     with serve_bundle(bundle_dir, options) as server:
         a = options.auth
         log.info(
             "svc-pdp serving %s on http://%s:%d (gRPC and HTTP), mode %s, %s",
-            bundle_dir,
+            bundle_dir or f"the active bundle of the policy service {options.policy}",
             options.host,
             server.port or 0,
             options.mode,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from svc.common.settings import ServiceSettings, kafka_url_field
 from svc.common.topics import DECISIONS_TOPIC
@@ -25,9 +25,9 @@ class PdpSettings(ServiceSettings, DecisionLogSettings, component="pdp"):
     """Settings of ``svc pdp`` (docs/api.md, "Running it"): ``SVC_PDP_<NAME>``.
 
     Raises:
-        pydantic.ValidationError: a setting is malformed or out of its range, or ``kafka_url``
-            is not a broker URL. The mode is checked by the engine when it starts
-            (``RequestError``).
+        pydantic.ValidationError: a setting is malformed or out of its range, ``kafka_url``
+            is not a broker URL, or ``policy`` is set without ``public_key``. The mode is
+            checked by the engine when it starts (``RequestError``).
 
     """
 
@@ -40,7 +40,17 @@ class PdpSettings(ServiceSettings, DecisionLogSettings, component="pdp"):
     public_url: str | None = None
     """Base URL for AuthZEN discovery (default: from the request's Host)."""
     watch: bool = True
-    """Reload the bundle when its files change."""
+    """Reload the bundle when its files change (with --bundle)."""
+    policy: str | None = None
+    """The policy service to follow instead of a bundle directory (host:port or
+    http://host:port; docs/policy.md#watchactive): its active bundle, verified with
+    public_key, and its mode."""
+    public_key: Path | None = None
+    """The policy service's signing public key (PEM, svc policy keygen's FILE.pub); required
+    with policy."""
+    policy_token_file: Path | None = None
+    """A file holding the bearer token sent to the policy service (read again at each
+    reconnect, as a projected service-account token is renewed); none: no token."""
     noop_routes: bool = False
     """Also serve the benchmark ceiling (POST /v1/noop, NoopAuthorizer)."""
     plan_max_age_secs: int = Field(default=300, ge=0)
@@ -65,3 +75,13 @@ class PdpSettings(ServiceSettings, DecisionLogSettings, component="pdp"):
     """Most inline entities per check (400 beyond)."""
     max_entity_depth: int = Field(default=64, ge=1)
     """Longest parent chain of an inline, stored or bundle entity."""
+
+    @model_validator(mode="after")
+    def _check_policy(self) -> PdpSettings:
+        """``policy`` needs ``public_key``: a bundle is never served unverified."""
+        if self.policy and self.public_key is None:
+            raise ValueError(
+                "policy is set but public_key is not: a followed bundle is served only once "
+                "its signature verifies (docs/bundles.md#signed-bundles)"
+            )
+        return self

@@ -2,10 +2,12 @@
 
 One ASGI app (``create_app``): requests under ``/svc.policy.v1.PolicyService/`` go to the
 connectrpc app (``svc.policy.transport``), everything else to a small FastAPI app with
-``/healthz``, ``/readyz``, ``/version`` and ``/metrics`` (docs/architecture.md#what-every-
-component-serves). Hypercorn serves both on one socket: HTTP/1.1, and HTTP/2 with prior
-knowledge (h2c, what gRPC clients speak), with the response trailers gRPC needs
-(docs/dependencies.md says why these libraries).
+``/healthz``, ``/readyz``, ``/version`` and ``/metrics`` (``svc.common.health.probe_router``,
+docs/architecture.md#what-every-component-serves). gRPC calls take a bearer token when
+``PolicyAuthSettings`` turn auth on (docs/auth.md); without it ``serve`` binds loopback only.
+Hypercorn serves both on one socket: HTTP/1.1, and HTTP/2 with prior knowledge (h2c, what gRPC
+clients speak), with the response trailers gRPC needs (docs/dependencies.md says why these
+libraries).
 
 ``serve`` runs it in the calling thread until a signal or ``stop`` event; ``PolicyServer``
 runs it in a thread of its own (tests, ``svc up``).
@@ -20,18 +22,16 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-import anyio.to_thread
-from fastapi import FastAPI, Response
-from fastapi.responses import JSONResponse
+from fastapi import FastAPI
 from hypercorn.asyncio import serve as hypercorn_serve
 from hypercorn.config import Config
-from prometheus_client import generate_latest
 from sqlalchemy import text
-from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Scope, Send
 
 from svc import __version__, web
-from svc.common.problems import Problem, http_exception_problem, problem_response
+from svc.common.auth import PolicyAuthSettings, Verifier
+from svc.common.health import Readiness, probe_router
+from svc.common.problems import install_problem_handlers
 from svc.policy.service import PolicyService
 from svc.policy.settings import PolicySettings
 from svc.policy.transport import SERVICE_NAME, PolicyConnectApp, PolicyMetrics
@@ -45,68 +45,76 @@ METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 def health_app(service: PolicyService, metrics: PolicyMetrics) -> FastAPI:
-    """The four routes every component serves, without a caller token.
+    """The four probes every component serves (``svc.common.health.probe_router``), no token.
 
     ``/healthz``: 200 while the process runs. ``/readyz``: 200 ``{"ready": true,
     "policy_version", "migration"}`` when the database answers, else a 503 problem.
     ``/version``: ``{"component": "svc-policy", "version"}``. ``/metrics``: Prometheus text.
+
+    Args:
+        service: the service layer (its database answers ``/readyz``).
+        metrics: the service's metrics (``/metrics`` renders their registry).
+
+    Returns:
+        The FastAPI app of the probes, answering errors as RFC 9457 problems.
+
     """
     app = FastAPI(title="svc-policy", version=__version__, docs_url=None, redoc_url=None)
     web.install(app)
-    app.add_exception_handler(Problem, lambda _r, e: problem_response(e))
-    app.add_exception_handler(
-        StarletteHTTPException,
-        lambda _r, e: http_exception_problem(e),
-    )
+    install_problem_handlers(app)
 
-    @app.get("/healthz")
-    def healthz() -> dict[str, str]:
-        return {"status": "ok"}
-
-    @app.get("/readyz")
-    async def readyz() -> JSONResponse:
-        def probe() -> int:
+    def readiness() -> Readiness:
+        try:
             with service.db.connect() as conn:
                 conn.execute(text("SELECT 1"))
-            return service.active_version()
-
-        try:
-            version = await anyio.to_thread.run_sync(probe)
+            version = service.active_version()
         except Exception as e:
             log.error("readiness: the database does not answer: %s", e)
-            raise Problem(
-                503, "not-ready", "Not ready", "the policy database does not answer"
-            ) from None
+            return Readiness(("the policy database does not answer",))
         metrics.active_version.set(version)
-        return JSONResponse(
-            {"ready": True, "policy_version": version, "migration": service.revision}
+        return Readiness((), {"policy_version": version, "migration": service.revision})
+
+    app.include_router(
+        probe_router(
+            PolicySettings.component,
+            __version__,
+            readiness,
+            metrics.registry,
+            ready_description="Ready when the policy database answers.",
+            metrics_content_type=METRICS_CONTENT_TYPE,
         )
-
-    @app.get("/version")
-    def version() -> dict[str, str]:
-        return {"component": "svc-policy", "version": __version__}
-
-    @app.get("/metrics")
-    def metrics_route() -> Response:
-        return Response(generate_latest(metrics.registry), media_type=METRICS_CONTENT_TYPE)
-
+    )
     return app
 
 
-def create_app(service: PolicyService) -> Callable[[Scope, Receive, Send], Any]:
-    """The service's ASGI app: gRPC methods to connectrpc, every other path to the health app.
+def create_app(
+    service: PolicyService, auth: PolicyAuthSettings | None = None
+) -> Callable[[Scope, Receive, Send], Any]:
+    """The service's ASGI app: gRPC methods to connectrpc, every other path to the probes.
 
     Args:
         service: the service layer.
+        auth: who may call the gRPC methods (docs/auth.md); None or auth off admits everyone
+            (``serve`` allows that on loopback binds only). The probes never take a token.
 
     Returns:
         An ASGI 3 callable; lifespan events go to the health app.
 
+    Raises:
+        AuthConfigError: auth is on and the issuer's keys cannot be loaded.
+
     """
+    verifier: Verifier | None = None
+    if auth is not None and auth.enabled:
+        verifier = Verifier(auth)
+        verifier.source.keys()  # fail at start, not on the first call
     metrics = PolicyMetrics()
     metrics.active_version.set(service.active_version())
     grpc_app = PolicyConnectApp(
-        service, metrics, max_message_bytes=service.settings.max_bundle_bytes + 1024 * 1024
+        service,
+        metrics,
+        max_message_bytes=service.settings.max_bundle_bytes + 1024 * 1024,
+        verifier=verifier,
     )
     http_app = health_app(service, metrics)
     prefix = f"/{SERVICE_NAME}/"
@@ -148,6 +156,7 @@ def _listen(host: str, port: int) -> socket.socket:
 def serve(
     settings: PolicySettings,
     *,
+    auth: PolicyAuthSettings | None = None,
     service: PolicyService | None = None,
     ready: Callable[[int], None] | None = None,
     stop: threading.Event | None = None,
@@ -156,16 +165,22 @@ def serve(
 
     Args:
         settings: the service's settings.
+        auth: who may call (docs/auth.md); default ``PolicyAuthSettings()`` (``SVC_POLICY_AUTH*``,
+            off without an issuer).
         service: the service layer (default: one made from ``settings``, which migrates).
         ready: called with the bound port once the socket listens.
         stop: ends the server when set; without it SIGINT/SIGTERM do (main thread only).
 
     Raises:
+        AuthConfigError: auth is off and ``settings.host`` is not a loopback address, or the
+            issuer's keys cannot be loaded (nothing is served).
         OSError: the port cannot be bound.
 
     """
+    auth = auth if auth is not None else PolicyAuthSettings()
+    auth.check_bind(settings.host)
     service = service or PolicyService(settings)
-    app = create_app(service)
+    app = create_app(service, auth)
     sock = _listen(settings.host, settings.port)
     port = int(sock.getsockname()[1])
     # Hypercorn takes the descriptor over (its socket closes it at shutdown).
@@ -174,20 +189,27 @@ def serve(
     if ready is not None:
         ready(port)
 
+    watchers: list[threading.Thread] = []
+
     async def main() -> None:
         trigger = None
         if stop is not None:
             loop = asyncio.get_running_loop()
             done = asyncio.Event()
-            threading.Thread(
+            watcher = threading.Thread(
                 target=lambda: (stop.wait(), loop.call_soon_threadsafe(done.set)),
                 name="svc-policy-stop",
                 daemon=True,
-            ).start()
+            )
+            watcher.start()
+            watchers.append(watcher)
             trigger = done.wait
         await hypercorn_serve(app, cfg, shutdown_trigger=trigger)  # type: ignore[arg-type]
 
     asyncio.run(main())
+    if stop is not None and stop.is_set():
+        for w in watchers:
+            w.join()  # it has woken the loop already: no thread outlives the server
 
 
 class PolicyServer:
@@ -196,11 +218,18 @@ class PolicyServer:
     Args:
         settings: the service's settings (``port=0`` picks a free port).
         service: the service layer (default: made from ``settings``).
+        auth: who may call (as ``serve``'s).
 
     """
 
-    def __init__(self, settings: PolicySettings, service: PolicyService | None = None) -> None:
+    def __init__(
+        self,
+        settings: PolicySettings,
+        service: PolicyService | None = None,
+        auth: PolicyAuthSettings | None = None,
+    ) -> None:
         self.settings = settings
+        self.auth = auth
         self.service = service or PolicyService(settings)
         self.port = 0
         self._stop = threading.Event()
@@ -210,7 +239,13 @@ class PolicyServer:
 
     def _run(self) -> None:
         try:
-            serve(self.settings, service=self.service, ready=self._ready, stop=self._stop)
+            serve(
+                self.settings,
+                auth=self.auth,
+                service=self.service,
+                ready=self._ready,
+                stop=self._stop,
+            )
         except BaseException as e:
             self._error = e
             self._listening.set()
@@ -223,6 +258,7 @@ class PolicyServer:
         """Starts serving; returns once the socket listens.
 
         Raises:
+            AuthConfigError: as ``serve``.
             OSError: the port cannot be bound (or any error that stopped the server).
 
         """

@@ -1,13 +1,16 @@
 """``svc policy``: serve the policy service, or talk to a running one (docs/policy.md#cli).
 
-* ``svc policy [--port 8080] [--database-url URL] [--data-dir DIR]``: serve (settings from
-  ``SVC_POLICY_*``; options win). Runs until Ctrl-C or SIGTERM.
+* ``svc policy [--port 8080] [--database-url URL] [--data-dir DIR] [--auth-* ...]``: serve;
+  the options are made from ``PolicySettings`` and ``PolicyAuthSettings``
+  (``svc.common.cli.settings_command``; ``SVC_POLICY_*``, options win). Runs until Ctrl-C or
+  SIGTERM.
 * ``svc policy keygen FILE``: write an Ed25519 key pair (``FILE``, ``FILE.pub``): the service's
   signing key, or an admin's break-glass key.
 * ``svc policy draft DIR``, ``publish VERSION``, ``active``, ``bundles``,
   ``mode monitor|enforce``, ``rollback VERSION --key FILE --admin NAME``,
   ``dry-run VERSION --since 24h``: call the service at ``--url`` (``SVC_POLICY_URL``, default
-  ``127.0.0.1:8080``) and print readable results.
+  ``127.0.0.1:8080``) with a bearer token (``--token``, ``SVC_POLICY_TOKEN``, else ``svc up``'s
+  ``caller.token``; ``caller_token``) and print readable results.
 
 Exit codes: 0 done; 1 the service refused (its status and every field violation on standard
 error) or cannot be reached; 2 bad input.
@@ -29,12 +32,15 @@ import typer
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
+from svc.common.auth_settings import PolicyAuthSettings
+from svc.common.cli import Options, settings_command
 from svc.pdp.follower import CHANNEL_OPTIONS
 from svc.policy import signing
+from svc.policy.settings import PolicySettings
 from svc.policy.v1 import policy_pb2 as pb
 from svc.policy.v1 import policy_pb2_grpc as pb_grpc
 
-__all__ = ["app", "parse_since", "target"]
+__all__ = ["app", "caller_token", "parse_since", "target"]
 
 app = typer.Typer(
     help="The policy service: serve it, or manage bundles and modes on a running one.",
@@ -45,6 +51,16 @@ UrlOpt = Annotated[
     str,
     typer.Option(
         "--url", envvar="SVC_POLICY_URL", help="The policy service (host:port or http://...)."
+    ),
+]
+TokenOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--token",
+        envvar="SVC_POLICY_TOKEN",
+        help="Bearer token for the service (default: the data directory's caller.token, which "
+        "svc up writes, when it exists).",
+        show_default=False,
     ),
 ]
 AuthorOpt = Annotated[str, typer.Option("--author", help="Who does it (default: your login).")]
@@ -79,15 +95,48 @@ def parse_since(text: str, now: datetime | None = None) -> datetime:
     return t
 
 
-def _stub(url: str) -> pb_grpc.PolicyServiceStub:
-    channel = grpc.insecure_channel(target(url), options=CHANNEL_OPTIONS)
-    return pb_grpc.PolicyServiceStub(channel)  # type: ignore[no-untyped-call]
+def caller_token(token: str | None) -> str | None:
+    """The bearer token a client command sends (docs/auth.md).
+
+    Args:
+        token: ``--token`` or ``SVC_POLICY_TOKEN`` when given.
+
+    Returns:
+        `token` when given; else the content of ``caller.token`` in ``svc up``'s data directory
+        (``svc.up.default_data_dir()``: ``$SVC_DATA_DIR``, ``$XDG_DATA_HOME/svc`` or
+        ``~/.local/share/svc``) when that file exists; else None (no token is sent, which a
+        service without auth accepts).
+
+    """
+    if token:
+        return token.strip()
+    from svc.up import default_data_dir
+
+    path = default_data_dir() / "caller.token"
+    try:
+        return path.read_text(encoding="utf-8").strip() or None
+    except OSError:
+        return None
 
 
-def _call(fn: Any, request: Any) -> Any:
+class _Client:
+    """A stub of the service at ``url`` whose calls carry ``token`` and exit on a refusal."""
+
+    def __init__(self, url: str, token: str | None) -> None:
+        channel = grpc.insecure_channel(target(url), options=CHANNEL_OPTIONS)
+        self.stub = pb_grpc.PolicyServiceStub(channel)  # type: ignore[no-untyped-call]
+        bearer = caller_token(token)
+        self.metadata = [("authorization", f"Bearer {bearer}")] if bearer else []
+
+    def __call__(self, method: str, request: Any) -> Any:
+        """Calls ``method``; on a refusal prints it (``_call``) and exits 1."""
+        return _call(getattr(self.stub, method), request, self.metadata)
+
+
+def _call(fn: Any, request: Any, metadata: list[tuple[str, str]]) -> Any:
     """Calls one method; prints a refusal with its field violations and exits 1."""
     try:
-        return fn(request, timeout=60)
+        return fn(request, timeout=60, metadata=metadata)
     except grpc.RpcError as e:
         code = e.code().name if isinstance(e, grpc.Call) else "UNKNOWN"
         details = e.details() if isinstance(e, grpc.Call) else str(e)
@@ -135,36 +184,32 @@ def _print_bundle(b: pb.Bundle) -> None:
 
 
 @app.callback(invoke_without_command=True)
-def serve(
-    ctx: typer.Context,
-    host: Annotated[str | None, typer.Option(help="Address to bind (loopback only).")] = None,
-    port: Annotated[int | None, typer.Option(help="Port of gRPC and health routes.")] = None,
-    database_url: Annotated[str | None, typer.Option(help="SQLAlchemy database URL.")] = None,
-    data_dir: Annotated[Path | None, typer.Option(help="Where the signing key lives.")] = None,
-    history_dsn: Annotated[str | None, typer.Option(help="History store for dry runs.")] = None,
-) -> None:
-    """Serve the policy service (without a subcommand); settings from SVC_POLICY_*."""
+@settings_command(
+    "svc policy",
+    settings=Options(PolicySettings, exclude=("break_glass_keys",)),
+    auth=Options(PolicyAuthSettings),
+)
+def serve(ctx: typer.Context, settings: PolicySettings, auth: PolicyAuthSettings) -> None:
+    """Serve the policy service (without a subcommand); settings from options or SVC_POLICY_*.
+
+    Break-glass keys: SVC_POLICY_BREAK_GLASS_KEYS. Bearer-token settings (--auth-*,
+    SVC_POLICY_AUTH_*): docs/auth.md; without them the service may only bind a loopback address.
+    """
     if ctx.invoked_subcommand is not None:
         return
-    from pydantic import ValidationError
-
+    from svc.common.auth import AuthConfigError
     from svc.policy.app import serve as run
-    from svc.policy.settings import PolicySettings
 
-    given: dict[str, Any] = {
-        "host": host,
-        "port": port,
-        "database_url": database_url,
-        "data_dir": data_dir,
-        "history_dsn": history_dsn,
-    }
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
-        settings = PolicySettings(**{k: v for k, v in given.items() if v is not None})
-    except ValidationError as e:
-        typer.echo(f"bad settings: {e}", err=True)
+        run(
+            settings,
+            auth=auth,
+            ready=lambda p: typer.echo(f"svc-policy listening on {settings.host}:{p}"),
+        )
+    except AuthConfigError as e:
+        typer.echo(f"svc policy: {e}", err=True)
         raise typer.Exit(2) from None
-    run(settings, ready=lambda p: typer.echo(f"svc-policy listening on {settings.host}:{p}"))
 
 
 @app.command()
@@ -185,6 +230,7 @@ def keygen(
 def draft(
     directory: Annotated[Path, typer.Argument(help="A bundle directory (docs/bundles.md).")],
     url: UrlOpt = "127.0.0.1:8080",
+    token: TokenOpt = None,
     author: AuthorOpt = "",
     comment: Annotated[str, typer.Option(help="Free text kept with the draft.")] = "",
 ) -> None:
@@ -197,8 +243,8 @@ def draft(
         for p in sorted(directory.iterdir())
         if p.is_file()
     ]
-    r = _call(
-        _stub(url).CreateDraft,
+    r = _Client(url, token)(
+        "CreateDraft",
         pb.CreateDraftRequest(files=files, author=_author(author), comment=comment),
     )
     _print_bundle(r.bundle)
@@ -208,26 +254,27 @@ def draft(
 def publish(
     version: Annotated[int, typer.Argument(help="The draft's version.")],
     url: UrlOpt = "127.0.0.1:8080",
+    token: TokenOpt = None,
     author: AuthorOpt = "",
 ) -> None:
     """Sign a draft and make it the active bundle."""
-    r = _call(_stub(url).Publish, pb.PublishRequest(version=version, author=_author(author)))
+    r = _Client(url, token)("Publish", pb.PublishRequest(version=version, author=_author(author)))
     _print_bundle(r.bundle)
 
 
 @app.command()
-def active(url: UrlOpt = "127.0.0.1:8080") -> None:
+def active(url: UrlOpt = "127.0.0.1:8080", token: TokenOpt = None) -> None:
     """Print the active bundle and the modes."""
-    stub = _stub(url)
-    e = _call(stub.GetEnforcement, pb.GetEnforcementRequest()).enforcement
+    client = _Client(url, token)
+    e = client("GetEnforcement", pb.GetEnforcementRequest()).enforcement
     typer.echo(f"mode {_mode(e.mode)}, containment mode {_mode(e.containment_mode)}")
-    _print_bundle(_call(stub.GetActive, pb.GetActiveRequest()).bundle)
+    _print_bundle(client("GetActive", pb.GetActiveRequest()).bundle)
 
 
 @app.command()
-def bundles(url: UrlOpt = "127.0.0.1:8080", limit: int = 20) -> None:
+def bundles(url: UrlOpt = "127.0.0.1:8080", token: TokenOpt = None, limit: int = 20) -> None:
     """List bundles, newest first."""
-    for b in _call(_stub(url).ListBundles, pb.ListBundlesRequest(limit=limit)).bundles:
+    for b in _Client(url, token)("ListBundles", pb.ListBundlesRequest(limit=limit)).bundles:
         _print_bundle(b)
 
 
@@ -235,6 +282,7 @@ def bundles(url: UrlOpt = "127.0.0.1:8080", limit: int = 20) -> None:
 def mode(
     new_mode: Annotated[str, typer.Argument(metavar="monitor|enforce")],
     url: UrlOpt = "127.0.0.1:8080",
+    token: TokenOpt = None,
     containment: Annotated[
         bool, typer.Option(help="Set the mode for automated containments instead.")
     ] = False,
@@ -247,8 +295,8 @@ def mode(
         typer.echo(f"mode `{new_mode}`: expected monitor or enforce", err=True)
         raise typer.Exit(2)
     scope = pb.MODE_SCOPE_CONTAINMENT if containment else pb.MODE_SCOPE_INSTALL
-    r = _call(
-        _stub(url).SetEnforcement,
+    r = _Client(url, token)(
+        "SetEnforcement",
         pb.SetEnforcementRequest(scope=scope, mode=value, author=_author(author), reason=reason),
     )
     e = r.enforcement
@@ -262,6 +310,7 @@ def rollback(
     key: Annotated[Path, typer.Option("--key", help="Your break-glass private key (PEM).")],
     admin: Annotated[str, typer.Option(help="Your name in the service's break_glass_keys.")],
     url: UrlOpt = "127.0.0.1:8080",
+    token: TokenOpt = None,
     reason: Annotated[str, typer.Option(help="Why (recorded).")] = "",
 ) -> None:
     """Break glass: make an earlier version active at once, signed with your admin key."""
@@ -273,8 +322,8 @@ def rollback(
     nonce = secrets.token_urlsafe(24)
     issued_at = int(time.time())
     sig = signing.sign_break_glass(private, version, admin, nonce, issued_at, reason)
-    r = _call(
-        _stub(url).BreakGlassRollback,
+    r = _Client(url, token)(
+        "BreakGlassRollback",
         pb.BreakGlassRollbackRequest(
             version=version,
             admin=admin,
@@ -293,6 +342,7 @@ def dry_run(
     since: Annotated[str, typer.Option(help="Start: 24h, 30m, 7d or an RFC 3339 time.")],
     until: Annotated[str | None, typer.Option(help="End (default now).")] = None,
     url: UrlOpt = "127.0.0.1:8080",
+    token: TokenOpt = None,
     sample: Annotated[int, typer.Option(help="Changed decisions listed.")] = 20,
 ) -> None:
     """Decide the recorded decisions of a time range again under VERSION; count the changes."""
@@ -300,7 +350,7 @@ def dry_run(
     req.since.FromDatetime(parse_since(since))
     if until is not None:
         req.until.FromDatetime(parse_since(until))
-    r = _call(_stub(url).DryRun, req)
+    r = _Client(url, token)("DryRun", req)
     typer.echo(
         f"{r.decisions} decisions under version {r.version}: {r.unchanged} unchanged, "
         f"{r.allow_to_deny} allow->deny, {r.deny_to_allow} deny->allow, "

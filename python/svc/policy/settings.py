@@ -1,54 +1,39 @@
 """Settings of the policy service (svc-policy): ``SVC_POLICY_*`` (docs/policy.md#settings).
 
-One settings class for the component (docs/architecture.md#code-layout-and-conventions), with
-defaults that run locally: a SQLite file in the working directory, a signing key made on first
-start under the data directory, port 8080 on 127.0.0.1.
+One settings class for the component (docs/architecture.md#code-layout-and-conventions), deriving
+from ``ServiceSettings`` (``host``, ``port``), with defaults that run locally: a SQLite file in the
+working directory, a signing key made on first start under the data directory, port 8080 on
+127.0.0.1. Who may call is ``svc.common.auth.PolicyAuthSettings`` (``SVC_POLICY_AUTH*``,
+docs/auth.md); without it the service binds loopback addresses only (``svc.policy.app.serve``).
 """
 
 from __future__ import annotations
 
-import ipaddress
 import json
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import Field, field_validator, model_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic import Field, field_validator
+from pydantic_settings import NoDecode
 
+from svc.common.settings import ServiceSettings
 from svc.policy.signing import load_public_key
 
 __all__ = ["PolicySettings"]
 
 
-def _loopback(host: str) -> bool:
-    """Whether ``host`` names only this machine (``localhost``, 127.0.0.0/8, ``::1``)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
-class PolicySettings(BaseSettings):
+class PolicySettings(ServiceSettings, component="policy"):
     """Settings of svc-policy (docs/policy.md#settings).
 
     Read from the environment (``SVC_POLICY_<NAME>``) or given as keyword arguments (tests,
     ``svc policy`` options).
 
     Raises:
-        pydantic.ValidationError: a setting is malformed; ``host`` is not a loopback address
-            (the service has no caller authentication yet, docs/auth.md); a break-glass key
-            is not an Ed25519 public key.
+        pydantic.ValidationError: a setting is malformed, or a break-glass key is not an
+            Ed25519 public key.
 
     """
 
-    model_config = SettingsConfigDict(env_prefix="SVC_POLICY_", extra="forbid")
-
-    host: str = "127.0.0.1"
-    """Address to bind; loopback only until the service checks callers (docs/auth.md)."""
-    port: int = Field(default=8080, ge=0, le=65535)
-    """The one port of gRPC and the health routes (0: any free port)."""
     database_url: str = "sqlite:///svc-policy.db"
     """SQLAlchemy URL: ``postgresql+psycopg://...`` in production, a SQLite file in ``svc up``."""
     data_dir: Path = Path(".")
@@ -92,16 +77,6 @@ class PolicySettings(BaseSettings):
             except ValueError as e:
                 raise ValueError(f"break-glass key of `{name}`: {e}") from None
         return v
-
-    @model_validator(mode="after")
-    def _check_host(self) -> PolicySettings:
-        """Refuses a non-loopback bind: no caller authentication yet (docs/auth.md)."""
-        if not _loopback(self.host):
-            raise ValueError(
-                f"host `{self.host}` is not a loopback address; svc-policy does not check "
-                "callers yet (docs/auth.md), so it only listens on 127.0.0.1 or ::1"
-            )
-        return self
 
     @property
     def signing_key_path(self) -> Path:

@@ -7,6 +7,10 @@ blocking calls run in worker threads, never on the event loop.
 
 connectrpc serves gRPC (and the Connect and gRPC-Web protocols) as an ASGI app, which
 ``svc.policy.app`` mounts beside the health routes on one port (docs/dependencies.md says why).
+Callers (docs/auth.md): with a ``Verifier``, a metadata interceptor (``BearerInterceptor``) checks
+the ``authorization`` entry of every call before its message is read: ``UNAUTHENTICATED`` without
+a valid bearer token, ``PERMISSION_DENIED`` for a caller not listed.
+
 There is no connectrpc code generator for the ``google.protobuf`` runtime grpcio-tools
 generates, so the endpoints are made here from the service's descriptor; a method without a
 handler is an error at start, never a silent gap.
@@ -32,12 +36,14 @@ from google.rpc import error_details_pb2
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from protobuf.wkt import Any as AnyDetail
 
+from svc.common.auth import MISSING_TOKEN, AuthConfigError, AuthError, Verifier
 from svc.policy import service as svc_service
 from svc.policy.service import BundleInfo, PolicyError, PolicyService
 from svc.policy.v1 import policy_pb2 as pb
 
 __all__ = [
     "SERVICE_NAME",
+    "BearerInterceptor",
     "PolicyConnectApp",
     "PolicyMetrics",
     "bundle_message",
@@ -425,6 +431,48 @@ def _drop_ctx_stream(
     return call
 
 
+class BearerInterceptor:
+    """A connectrpc metadata interceptor admitting only the callers a ``Verifier`` accepts.
+
+    Runs before the request message is read (connectrpc's ``MetadataInterceptor``). The token is
+    the ``authorization`` metadata entry, ``Bearer <JWT>`` (RFC 6750 section 2.1; docs/auth.md),
+    verified in a worker thread (a JWKS reload may fetch over the network).
+
+    Args:
+        verifier: the service's verifier (``svc.common.auth.Verifier`` of
+            ``PolicyAuthSettings``).
+
+    Raises (from ``on_start``, answered as the call's status):
+        ConnectError: ``UNAUTHENTICATED`` for no token or one that does not verify,
+            ``PERMISSION_DENIED`` for a caller not listed, ``UNAVAILABLE`` when the issuer's
+            keys cannot be loaded; the message is ``AuthError``'s detail (never the token).
+
+    """
+
+    def __init__(self, verifier: Verifier) -> None:
+        self.verifier = verifier
+
+    async def on_start(self, ctx: RequestContext[Any, Any]) -> None:
+        """Checks the call's bearer token (class docs)."""
+        header = ctx.request_headers.get("authorization", "").strip()
+        scheme, _, token = header.partition(" ")
+        try:
+            if scheme.lower() != "bearer" or not token.strip():
+                raise AuthError(401, MISSING_TOKEN, missing=True)
+            await anyio.to_thread.run_sync(self.verifier.verify, token.strip())
+        except AuthError as e:
+            code = Code.PERMISSION_DENIED if e.status == 403 else Code.UNAUTHENTICATED
+            raise ConnectError(code, e.detail) from None
+        except AuthConfigError as e:
+            log.error("cannot verify bearer tokens: %s", e)
+            raise ConnectError(Code.UNAVAILABLE, "the issuer's keys cannot be loaded") from None
+
+    async def on_end(
+        self, token: None, ctx: RequestContext[Any, Any], error: Exception | None
+    ) -> None:
+        """Nothing to do at the end of a call."""
+
+
 class PolicyConnectApp(ConnectASGIApplication[_Handlers]):
     """The ASGI app serving ``svc.policy.v1.PolicyService`` (gRPC, gRPC-Web and Connect).
 
@@ -433,17 +481,24 @@ class PolicyConnectApp(ConnectASGIApplication[_Handlers]):
         metrics: where calls and watchers are counted.
         max_message_bytes: largest request message (a bundle of ``max_bundle_bytes`` plus its
             framing).
+        verifier: checks every call's bearer token (``BearerInterceptor``); None admits every
+            caller (a loopback bind only, ``svc.policy.app.serve``).
 
     """
 
     def __init__(
-        self, service: PolicyService, metrics: PolicyMetrics, max_message_bytes: int
+        self,
+        service: PolicyService,
+        metrics: PolicyMetrics,
+        max_message_bytes: int,
+        verifier: Verifier | None = None,
     ) -> None:
         super().__init__(
             service=_Handlers(service, metrics),
             endpoints=_endpoints,
             read_max_bytes=max_message_bytes,
             codecs=google_protobuf_codecs(),
+            interceptors=[BearerInterceptor(verifier)] if verifier is not None else (),
         )
 
     @property

@@ -28,15 +28,12 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from svc._pdp_core import BundleError, Engine, RequestError, Server
 from svc.policy import signing
-from svc.policy.transport import mode_name
 from svc.policy.v1 import policy_pb2 as pb
 from svc.policy.v1 import policy_pb2_grpc as pb_grpc
+from svc.policy.wire import CHANNEL_OPTIONS, mode_name
 
 __all__ = ["CHANNEL_OPTIONS", "Follower", "FollowerStatus", "bundle_sources", "fetch_active"]
 
-#: grpcio refuses messages over 4 MiB by default; a bundle may be larger (the service's
-#: ``max_bundle_bytes``, 8 MiB by default, plus framing).
-CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 256 * 1024 * 1024)]
 
 log = logging.getLogger("svc.pdp.follower")
 

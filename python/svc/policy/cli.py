@@ -34,11 +34,11 @@ from grpc_status import rpc_status
 
 from svc.common.auth_settings import PolicyAuthSettings
 from svc.common.cli import Options, settings_command
-from svc.pdp.follower import CHANNEL_OPTIONS
 from svc.policy import signing
 from svc.policy.settings import PolicySettings
 from svc.policy.v1 import policy_pb2 as pb
 from svc.policy.v1 import policy_pb2_grpc as pb_grpc
+from svc.policy.wire import CHANNEL_OPTIONS
 
 __all__ = ["app", "caller_token", "parse_since", "target"]
 

@@ -40,6 +40,7 @@ from svc.common.auth import MISSING_TOKEN, AuthConfigError, AuthError, Verifier
 from svc.policy import service as svc_service
 from svc.policy.service import BundleInfo, PolicyError, PolicyService
 from svc.policy.v1 import policy_pb2 as pb
+from svc.policy.wire import mode_name, mode_value
 
 __all__ = [
     "SERVICE_NAME",
@@ -68,7 +69,6 @@ _STATES: dict[str, Any] = {
     "active": pb.BUNDLE_STATE_ACTIVE,
     "superseded": pb.BUNDLE_STATE_SUPERSEDED,
 }
-_MODES: dict[str, Any] = {"enforce": pb.MODE_ENFORCE, "monitor": pb.MODE_MONITOR}
 _SCOPES: dict[str, Any] = {
     "install": pb.MODE_SCOPE_INSTALL,
     "containment": pb.MODE_SCOPE_CONTAINMENT,
@@ -87,16 +87,6 @@ def timestamp(t: datetime | None) -> Timestamp | None:
     ts = Timestamp()
     ts.FromDatetime(t.astimezone(UTC))
     return ts
-
-
-def mode_value(mode: str) -> Any:
-    """``enforce``/``monitor`` as the ``Mode`` enum value."""
-    return _MODES.get(mode, pb.MODE_UNSPECIFIED)
-
-
-def mode_name(value: int) -> str:
-    """A ``Mode`` enum value as ``enforce``/``monitor`` (``""`` for unspecified)."""
-    return {v: k for k, v in _MODES.items()}.get(value, "")
 
 
 def _name(table: Mapping[str, Any], value: int) -> str:

@@ -196,8 +196,11 @@ cmd_start() {
     write_props
     if [[ ! -f "$DIR/data/meta.properties" ]]; then
         # A cluster id is 16 random bytes in URL-safe base64 without padding (Kafka's Uuid).
-        local cluster_id
-        cluster_id="$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=')"
+        # One starting with `-` would be read by the storage tool as an option: draw again.
+        local cluster_id="-"
+        while [[ $cluster_id == -* ]]; do
+            cluster_id="$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=')"
+        done
         note "formatting KRaft storage in $DIR/data (cluster id $cluster_id)"
         "$JAVA" -Xmx256m -Dlog4j2.configurationFile="$HERE/kafka/log4j2.properties" \
             -Dkafka.logs.dir="$LOGDIR" -cp "$LIBS/*" kafka.tools.StorageTool format \

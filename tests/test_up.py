@@ -8,6 +8,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -214,6 +215,18 @@ def test_the_decision_point_follows_the_policy_service(corp_up: Up, tmp_path: Pa
     drafted = policy_cli(corp_up, "draft", str(closed))
     assert drafted.returncode == 0, drafted.stderr
     version = drafted.stdout.split()[1]
+    # A dry run reads the history of the same process: the check above, allowed or challenged
+    # when recorded, is denied under the draft.
+    corp_up.wait_totals(decisions=1)
+    dry = policy_cli(corp_up, "dry-run", version, "--since", "1h")
+    assert dry.returncode == 0, dry.stderr
+    counts = re.match(
+        r"(\d+) decisions under version \d+: \d+ unchanged, (\d+) allow->deny, \d+ deny->allow, "
+        r"\d+ to challenge, (\d+) from challenge, 0 errors",
+        dry.stdout,
+    )
+    assert counts, dry.stdout
+    assert int(counts[1]) >= 1 and int(counts[2]) + int(counts[3]) >= 1, dry.stdout
     assert policy_cli(corp_up, "publish", version).returncode == 0
     wait_until(lambda: verdict() == "deny", timeout=30)
     rollback = policy_cli(corp_up, "publish", "1")

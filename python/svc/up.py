@@ -532,7 +532,11 @@ def _intake(settings: IntakeSettings, progress: Callable[[str], None]) -> Iterat
 
 @contextmanager
 def _policy_service(
-    settings: PolicySettings, auth: PolicyAuthSettings, bundle_dir: Path, republish: bool
+    settings: PolicySettings,
+    auth: PolicyAuthSettings,
+    bundle_dir: Path,
+    republish: bool,
+    history: Client | None = None,
 ) -> Iterator[PolicyServer]:
     """The policy service (``svc.policy``), served in a thread of its own until the block ends.
 
@@ -546,6 +550,7 @@ def _policy_service(
         auth: who may call it.
         bundle_dir: the bundle directory to publish.
         republish: publish `bundle_dir` again when it differs from the active bundle.
+        history: the history client dry runs read (this process's chDB engine).
 
     Raises:
         svc.policy.service.PolicyError: the bundle does not validate (every problem named).
@@ -553,7 +558,7 @@ def _policy_service(
         AuthConfigError: the issuer's keys cannot be loaded.
 
     """
-    service = PolicyService(settings)
+    service = PolicyService(settings, history=history)
     try:
         files = {
             p.name: p.read_text(encoding="utf-8")
@@ -713,6 +718,7 @@ class Stack:
                 PolicyAuthSettings(**common_auth, auth_callers=[LOCAL_CALLER, PDP_CALLER]),
                 self.bundle_dir,
                 republish=o.bundle is not None,
+                history=self.history,
             )
         )
 

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal, NoReturn
+from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 from sqlalchemy import Engine as SqlEngine
 from sqlalchemy import create_engine, func
@@ -40,6 +40,9 @@ from svc.policy.models import (
     utc,
 )
 from svc.policy.settings import PolicySettings
+
+if TYPE_CHECKING:
+    from clickhouse_connect.driver.client import Client as HistoryClient
 
 __all__ = [
     "MODES",
@@ -282,6 +285,9 @@ class PolicyService:
         settings: the service's settings (database, signing key, break-glass keys, history).
         db: a SQLAlchemy engine to use instead of ``settings.database_url`` (tests).
         clock: Unix time in seconds (tests of the break-glass window).
+        history: a connected history client (``svc.history.connect``) for dry runs, used
+            instead of ``settings.history_dsn``: ``svc up``, whose process already holds the
+            one chDB engine a process may have.
 
     On construction the database is migrated (``svc.policy.migrate``) and the signing key is
     read, or made at ``settings.signing_key_path`` when that file does not exist; an active
@@ -298,9 +304,11 @@ class PolicyService:
         settings: PolicySettings,
         db: SqlEngine | None = None,
         clock: Callable[[], float] = time.time,
+        history: HistoryClient | None = None,
     ) -> None:
         self.settings = settings
         self.clock = clock
+        self._history = history
         if db is None:
             connect_args = (
                 {"check_same_thread": False} if settings.database_url.startswith("sqlite") else {}
@@ -779,7 +787,7 @@ class PolicyService:
                 does not answer.
 
         """
-        if not self.settings.history_dsn:
+        if self._history is None and not self.settings.history_dsn:
             raise PolicyError("unavailable", "no history store configured (`history_dsn`)")
         if not 0 <= sample <= _MAX_LIST:
             raise PolicyError("invalid_argument", "bad sample", [Violation("sample", "0..1000")])
@@ -799,7 +807,7 @@ class PolicyService:
         from svc import history
 
         try:
-            client = history.connect(self.settings.history_dsn)
+            client = self._history or history.connect(self.settings.history_dsn or "")
             records = history.decisions_between(client, since, until, limit=limit + 1)
         except (ClickHouseError, OSError) as e:
             log.error("dry run: the history store failed: %s", e)

@@ -1,4 +1,4 @@
-"""Policy service benchmark (docs/policy.md; issue 24 item 10).
+"""Policy service benchmark (docs/policy.md, docs/benchmarks.md).
 
 What is measured
 ----------------

@@ -275,7 +275,7 @@ def test_publishes_every_second_under_a_steady_stream_of_checks(
     server: PolicyServer,  # noqa: F811
     tmp_path: Path,
 ) -> None:
-    """Issue 24 item 9: a publish every second while checks run against 2 decision point
+    """A publish every second while checks run against 2 decision point
     processes: no check fails and each decision point serves every publish; one restarted
     mid-stream starts on the active version and follows the next publishes."""
     service = server.service

@@ -788,23 +788,25 @@ impl<'de, T: Deserialize<'de>> Visitor<'de> for ObjectVisitor<T> {
     }
 }
 
-/// Reads a request body into `T` in one pass (`serde_path_to_error` over `serde_json`) and
-/// turns its first error into a [`BodyError`]: a [`RequestError`] on the JSON path of the
-/// field (`principal.type`), an unknown field as [`CheckRequest::from_value`] names it (with
-/// `hint(field)` after its name), a field named twice as such.
+/// Reads a request body into `T` in one pass and turns its first error into a
+/// [`BodyError`]: a [`RequestError`] on the JSON path of the field (`principal.type`), an
+/// unknown field as [`CheckRequest::from_value`] names it (with `hint(field)` after its
+/// name), a field named twice as such.
+///
+/// The path comes from `serde_path_to_error`, on a second read of a body found wrong:
+/// tracking it on every read costs an owned copy of every object key of the body (context
+/// and inline entities included), which made a read slower than parsing a [`Value`] first.
 fn read_body<'de, T: Deserialize<'de>>(
     bytes: &'de [u8],
     fields: &[&str],
     hint: impl Fn(&str) -> &'static str,
 ) -> Result<T, BodyError> {
     let mut de = serde_json::Deserializer::from_slice(bytes);
-    let e = match serde_path_to_error::deserialize::<_, Object<T>>(&mut de) {
+    let e = match Object::<T>::deserialize(&mut de) {
         // Only trailing characters can fail here: a syntax error.
         Ok(Object(t)) => return de.end().map(|()| t).map_err(BodyError::Json),
         Err(e) => e,
     };
-    let path = e.path().clone();
-    let e = e.into_inner();
     if !e.is_data() {
         return Err(BodyError::Json(e));
     }
@@ -812,20 +814,24 @@ fn read_body<'de, T: Deserialize<'de>>(
     if let Err(syntax) = serde_json::from_slice::<Value>(bytes) {
         return Err(BodyError::Json(syntax));
     }
+    // The same read fails the same way, now naming where.
+    let tracked = serde_path_to_error::deserialize::<_, Object<T>>(
+        &mut serde_json::Deserializer::from_slice(bytes),
+    );
+    let path = tracked.err().map(|t| t.path().clone());
+    let segments: Vec<&Segment> = path.iter().flat_map(|p| p.iter()).collect();
+    let top = match segments.as_slice() {
+        [Segment::Map { key }] => Some(key.as_str()),
+        _ => None,
+    };
+    let at = match &path {
+        Some(p) if !segments.is_empty() => p.to_string(),
+        _ => "request".to_owned(),
+    };
     let text = e.to_string();
     let text = text
         .strip_suffix(&format!(" at line {} column {}", e.line(), e.column()))
         .unwrap_or(&text);
-    let mut segments = path.iter();
-    let top = match (segments.next(), segments.next()) {
-        (Some(Segment::Map { key }), None) => Some(key.as_str()),
-        _ => None,
-    };
-    let at = if path.iter().next().is_none() {
-        "request".to_owned()
-    } else {
-        path.to_string()
-    };
     if let Some(carried) = text.strip_prefix(MARK) {
         let (rel, message) = carried.split_once(MARK).unwrap_or(("", carried));
         return Err(BodyError::Request(RequestError::new(

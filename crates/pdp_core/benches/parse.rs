@@ -6,12 +6,15 @@
 //! * `from_slice`: bytes -> [`CheckRequest::from_slice`] (serde derive, one pass).
 //!
 //! Two bodies: a typical check (three entity references, a small context) and one with ten
-//! inline entities.
+//! inline entities. The heap is mimalloc, as in the server (the `svc._pdp_core` extension).
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use pdp_core::CheckRequest;
 use serde_json::{json, Value};
 use std::hint::black_box;
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// The request bodies the bench reads, by name.
 fn bodies() -> Vec<(&'static str, Vec<u8>)> {

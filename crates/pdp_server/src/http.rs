@@ -15,7 +15,8 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use pdp_core::{Decision, Mode, RequestError, Verdict};
+use pdp_core::request::BodyError;
+use pdp_core::{CheckRequest, Decision, Mode, PlanRequest, RequestError, Verdict};
 use serde_json::{json, Map, Value};
 use std::sync::Arc;
 
@@ -254,6 +255,15 @@ async fn method_not_allowed(req: Request) -> Response {
 /// `415` for a non-JSON content type, `413` past `max_body_bytes`, `400` for an unreadable,
 /// empty or malformed body.
 pub async fn read_json(s: &Shared, headers: &HeaderMap, body: Body) -> Result<Value, Problem> {
+    parse_json(&read_body(s, headers, body).await?)
+}
+
+/// Reads a JSON request body's bytes, checking `Content-Type` (JSON or none), the size limit
+/// and that it is not empty, but not parsing it ([`read_json`] does).
+///
+/// # Errors
+/// As [`read_json`], but for a malformed body.
+pub async fn read_body(s: &Shared, headers: &HeaderMap, body: Body) -> Result<Bytes, Problem> {
     if let Some(ct) = headers.get(CONTENT_TYPE) {
         let ct = ct.to_str().unwrap_or("").to_ascii_lowercase();
         let essence = ct.split(';').next().unwrap_or("").trim();
@@ -301,7 +311,15 @@ pub async fn read_json(s: &Shared, headers: &HeaderMap, body: Body) -> Result<Va
             });
         }
     };
-    parse_json(&bytes)
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Err(Problem::new(
+            StatusCode::BAD_REQUEST,
+            "malformed-json",
+            "The body is not valid JSON",
+            "the body is empty; expected a JSON object",
+        ));
+    }
+    Ok(bytes)
 }
 
 /// Parses a JSON document from bytes.
@@ -317,30 +335,44 @@ pub fn parse_json(bytes: &[u8]) -> Result<Value, Problem> {
             "the body is empty; expected a JSON object",
         ));
     }
-    serde_json::from_slice(bytes).map_err(|e| {
-        Problem::new(
-            StatusCode::BAD_REQUEST,
-            "malformed-json",
-            "The body is not valid JSON",
-            format!(
-                "malformed JSON at line {} column {}: {e}",
-                e.line(),
-                e.column()
-            ),
-        )
-    })
+    serde_json::from_slice(bytes).map_err(|e| malformed(&e))
+}
+
+/// `400 malformed-json` for a JSON syntax error, naming its line and column.
+fn malformed(e: &serde_json::Error) -> Problem {
+    Problem::new(
+        StatusCode::BAD_REQUEST,
+        "malformed-json",
+        "The body is not valid JSON",
+        format!(
+            "malformed JSON at line {} column {}: {e}",
+            e.line(),
+            e.column()
+        ),
+    )
+}
+
+/// The problem for a check or plan body that could not be read
+/// (`pdp_core::request::BodyError`): `400 malformed-json` or the request error's problem.
+fn body_problem(e: &BodyError) -> Problem {
+    match e {
+        BodyError::Json(e) => malformed(e),
+        BodyError::Request(e) => Problem::request(e),
+    }
 }
 
 async fn evaluation(State(s): St, headers: HeaderMap, body: Body) -> Result<Response, Problem> {
-    let v = read_json(&s, &headers, body).await?;
-    let d = s.engine.decide_value(v).map_err(|e| Problem::request(&e))?;
+    let bytes = read_body(&s, &headers, body).await?;
+    let req = CheckRequest::from_slice(&bytes).map_err(|e| body_problem(&e))?;
+    let d = s.engine.decide(&req).map_err(|e| Problem::request(&e))?;
     s.decided(&d, Transport::Http).written().await?;
     Ok(json_ok(&d.response()))
 }
 
 async fn plan(State(s): St, headers: HeaderMap, body: Body) -> Result<Response, Problem> {
-    let v = read_json(&s, &headers, body).await?;
-    let p = s.engine.plan_value(v).map_err(|e| Problem::request(&e))?;
+    let bytes = read_body(&s, &headers, body).await?;
+    let req = PlanRequest::from_slice(&bytes).map_err(|e| body_problem(&e))?;
+    let p = s.engine.plan(&req).map_err(|e| Problem::request(&e))?;
     s.planned(&p, Transport::Http).written().await?;
     Ok(json_ok(&p.response()))
 }

@@ -1,57 +1,38 @@
 """Applies the policy service's Alembic migrations on start (docs/policy.md#storage).
 
-Each service migrates its own database (docs/architecture.md#versioning). ``migrate`` runs
-``alembic upgrade head`` on the engine's database from the scripts in ``svc/policy/migrations``;
-applied twice it changes nothing (Alembic's ``alembic_version`` table records the head).
+The scripts are in ``svc/policy/migrations``; ``svc.common.migrate.Migrations`` runs them, as it
+does for every service with a database (docs/architecture.md#versioning).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
 from sqlalchemy import Engine
+
+from svc.common.migrate import Migrations
 
 __all__ = ["HEAD", "current_revision", "migrate"]
 
-_SCRIPTS = Path(__file__).parent / "migrations"
-
-
-def _config() -> Config:
-    cfg = Config()
-    cfg.set_main_option("script_location", str(_SCRIPTS))
-    return cfg
-
+_MIGRATIONS = Migrations(Path(__file__).parent / "migrations")
 
 #: The newest revision of the scripts.
-HEAD: str = ScriptDirectory.from_config(_config()).get_current_head() or ""
+HEAD: str = _MIGRATIONS.head
 
 
 def migrate(engine: Engine) -> str:
-    """Upgrades the database behind ``engine`` to the newest revision.
-
-    Args:
-        engine: a SQLAlchemy engine (PostgreSQL or SQLite).
+    """Upgrades the database behind ``engine`` to the newest revision (``Migrations.upgrade``).
 
     Returns:
         The revision now applied (``HEAD``).
 
     Raises:
-        sqlalchemy.exc.SQLAlchemyError: the database refused a step; the step's transaction
-            is rolled back.
+        sqlalchemy.exc.SQLAlchemyError: the database refused a step; nothing of it is kept.
 
     """
-    cfg = _config()
-    with engine.begin() as conn:
-        cfg.attributes["connection"] = conn
-        command.upgrade(cfg, "head")
-    return current_revision(engine) or ""
+    return _MIGRATIONS.upgrade(engine)
 
 
 def current_revision(engine: Engine) -> str | None:
     """The revision the database is at, or None before the first migration."""
-    with engine.connect() as conn:
-        return MigrationContext.configure(conn).get_current_revision()
+    return Migrations.current_revision(engine)

@@ -117,6 +117,37 @@ def test_follower_swaps_on_publish_keeps_old_bundle_on_bad_signature_and_catches
         pdp.stop()
 
 
+def test_plans_follow_a_publish(server: PolicyServer) -> None:  # noqa: F811
+    """docs/plans.md, Paging: a plan pinned under one bundle is made again once a publish is
+    swapped in, with the new ``policy_version``, a new ``qid`` and the new bundle's filter."""
+    service = server.service
+    engine = Engine("forbid (principal, action, resource);", SCHEMA, ENTITIES)
+    follower = Follower(engine, server.target, service.public_key).start()
+    try:
+        v1 = service.create_draft(PUBLIC_ONLY, "ana").version
+        service.publish(v1, "ana")
+        follower.wait_for(lambda s: s.version == v1)
+        ask = {
+            "principal": {"type": "User", "id": "alice"},
+            "action": "view",
+            "resource_type": "Doc",
+        }
+        first = engine.plan(ask)
+        assert first["outcome"] == "conditional" and first["policies"] == ["public"]
+        again = engine.plan({**ask, "plan_qid": first["qid"]})
+        assert again["pinned"] and again["qid"] == first["qid"]
+
+        v2 = service.create_draft(CLOSED_ONLY, "ana").version
+        service.publish(v2, "ana")
+        follower.wait_for(lambda s: s.version == v2)
+        after = engine.plan({**ask, "plan_qid": first["qid"]})
+        assert not after["pinned"] and after["qid"] != first["qid"]
+        assert after["policy_version"] > first["policy_version"]
+        assert after["policies"] == ["closed"] and after["filter"] != first["filter"]
+    finally:
+        follower.stop()
+
+
 def test_a_silent_stream_counts_as_lost_and_is_opened_again(
     pg: SqlEngine,  # noqa: F811
     tmp_path: Path,

@@ -31,6 +31,7 @@ from starlette.types import Receive, Scope, Send
 from svc import __version__, web
 from svc.common.auth import PolicyAuthSettings, Verifier
 from svc.common.health import Readiness, probe_router
+from svc.common.net import tcp_listener
 from svc.common.problems import install_problem_handlers
 from svc.policy.service import PolicyService
 from svc.policy.settings import PolicySettings
@@ -144,10 +145,7 @@ def _config(fd: int) -> Config:
 
 
 def _listen(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host.strip("[]"), port))
+    sock = tcp_listener(host, port)
     sock.listen(1024)
     sock.set_inheritable(True)
     return sock

@@ -790,3 +790,61 @@ def test_context_directory_names_owners_and_managers(database_url: str, postgres
         assert info_.value.code == "unavailable"
     finally:
         service.close()
+
+
+# -- callers and the command line
+
+
+def test_callers_need_a_bearer_token_of_a_listed_caller(database_url: str, tmp_path: Any) -> None:
+    """docs/auth.md: every gRPC call needs a bearer token of a listed caller, audience
+    `svc-challenge`; the probes take none."""
+    from svc.challenge.settings import ChallengeAuthSettings
+    from svc.common.auth import LocalIssuer
+
+    issuer = LocalIssuer(tmp_path / "issuer")
+    auth = ChallengeAuthSettings(
+        auth_issuer=issuer.issuer, auth_jwks=issuer.jwks_url, auth_callers=["svc-up-pdp"]
+    )
+    service = make_service(database_url)
+    srv = ChallengeServer(service.settings, service, auth=auth, outbox=False).start()
+    channel = grpc.insecure_channel(srv.target)
+    stub = pb_grpc.ChallengeServiceStub(channel)
+    try:
+
+        def call(token: str | None) -> Any:
+            md = [("authorization", f"Bearer {token}")] if token is not None else []
+            try:
+                return stub.ListContainments(pb.ListContainmentsRequest(), metadata=md, timeout=30)
+            except grpc.RpcError as e:
+                return e
+
+        assert call(None).code() == grpc.StatusCode.UNAUTHENTICATED
+        wrong_aud = call(issuer.mint("svc-up-pdp", "svc-pdp", 60))
+        assert wrong_aud.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert "svc-challenge" in (wrong_aud.details() or "")
+        assert call(issuer.mint("mallory", "svc-challenge", 60)).code() == (
+            grpc.StatusCode.PERMISSION_DENIED
+        )
+        ok = call(issuer.mint("svc-up-pdp", "svc-challenge", 60))
+        assert isinstance(ok, pb.ListContainmentsResponse)
+        assert httpx.get(f"{srv.url}/readyz", timeout=30).status_code == 200
+    finally:
+        channel.close()
+        srv.stop()
+        service.close()
+
+
+def test_cli_migrate_and_unsafe_bind(tmp_path: Any) -> None:
+    from typer.testing import CliRunner
+
+    from svc.cli import app
+
+    url = f"sqlite:///{tmp_path / 'challenge.db'}"
+    runner = CliRunner()
+    for _ in range(2):
+        r = runner.invoke(app, ["challenge", "migrate", "--database-url", url])
+        assert r.exit_code == 0, r.output
+        assert r.output.strip() == f"challenge schema at revision {HEAD}"
+    r = runner.invoke(app, ["challenge", "serve", "--host", "0.0.0.0", "--database-url", url])
+    assert r.exit_code == 2
+    assert "refusing to listen on 0.0.0.0 without authentication" in r.output

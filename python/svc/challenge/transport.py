@@ -175,11 +175,8 @@ class ChallengeMetrics:
             registry=self.registry,
         )
         self.contained = Gauge(
-            "svc_challenge_contained", "Principals contained now", registry=self.registry
-        )
-        self.outbox_pending = Gauge(
-            "svc_challenge_outbox_pending",
-            "Notifications not sent yet",
+            "svc_challenge_contained",
+            "Principals contained, as last read by a list or a containment watch",
             registry=self.registry,
         )
 

@@ -848,3 +848,63 @@ def test_cli_migrate_and_unsafe_bind(tmp_path: Any) -> None:
     r = runner.invoke(app, ["challenge", "serve", "--host", "0.0.0.0", "--database-url", url])
     assert r.exit_code == 2
     assert "refusing to listen on 0.0.0.0 without authentication" in r.output
+
+
+def test_replicas_resolving_the_same_request_at_once_open_one_challenge(
+    database_url: str,
+) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    replicas = [make_service(database_url), make_service(database_url)]
+    try:
+
+        def one(i: int) -> tuple[str, bool]:
+            info, created, _ = replicas[i % 2].resolve(
+                Ref("ServiceAccount", "copilot.assistant"),
+                Ref("Human", "ana"),
+                "export",
+                Ref("Customer", "c1"),
+                ["justification"],
+                decision_qid=f"q-{i}",
+            )
+            return info.qid, created
+
+        with ThreadPoolExecutor(8) as pool:
+            got = list(pool.map(one, range(16)))
+        assert len({qid for qid, _ in got}) == 1
+        assert sum(created for _, created in got) == 1
+    finally:
+        for r in replicas:
+            r.close()
+
+
+@pytest.mark.parametrize("junk", ["", "\x00\x07", "x" * 5000, "ünïcode ☃"])
+def test_no_junk_makes_the_service_fail(stub: pb_grpc.ChallengeServiceStub, junk: str) -> None:
+    """Every method, with every string field (entity refs included) set to junk: refused or
+    answered, never UNKNOWN or INTERNAL."""
+    from google.protobuf.descriptor import FieldDescriptor
+
+    def fill(msg: Any) -> None:
+        for f in msg.DESCRIPTOR.fields:
+            if f.type == FieldDescriptor.TYPE_STRING:
+                if f.is_repeated:
+                    getattr(msg, f.name).append(junk)
+                else:
+                    setattr(msg, f.name, junk)
+            elif f.type == FieldDescriptor.TYPE_MESSAGE and not f.is_repeated:
+                fill(getattr(msg, f.name))
+
+    for m in pb.DESCRIPTOR.services_by_name["ChallengeService"].methods:
+        req = getattr(pb, m.input_type.name)()
+        fill(req)
+        call = getattr(stub, m.name)
+        try:
+            out = call(req, timeout=30)
+            if m.server_streaming:
+                next(out)
+                out.cancel()
+        except grpc.RpcError as e:
+            assert e.code() not in (grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL), (
+                m.name,
+                e.details(),
+            )

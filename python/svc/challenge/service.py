@@ -87,6 +87,9 @@ Code = Literal[
 ]
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+#: Control characters free text (a justification, a reason) may not hold: tab and line breaks
+#: may stay.
+_TEXT_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 _MAX_LIST = 1000
 
 
@@ -293,6 +296,18 @@ def _check_ref(ref: Ref | None, name: str, bad: list[Violation]) -> None:
         return
     _check_text(ref.type, f"{name}.type", bad, 256)
     _check_text(ref.id, f"{name}.id", bad, 512)
+
+
+def _findable(value: str, limit: int) -> bool:
+    """Whether ``value`` can name a stored row: 1 to ``limit`` characters, no control ones."""
+    return bool(value) and len(value) <= limit and not _CONTROL.search(value)
+
+
+def _check_free_text(value: str, name: str, limit: int, bad: list[Violation]) -> None:
+    if len(value) > limit:
+        bad.append(Violation(name, f"longer than {limit} characters"))
+    elif _TEXT_CONTROL.search(value):
+        bad.append(Violation(name, "holds control characters"))
 
 
 def _refuse(bad: list[Violation], message: str = "bad request") -> None:
@@ -599,7 +614,7 @@ class ChallengeService:
         raise ChallengeError("unavailable", "could not open the challenge; try again")
 
     def _row(self, s: Session, qid: str) -> ChallengeRow:
-        row = s.get(ChallengeRow, qid) if qid and len(qid) <= 36 else None
+        row = s.get(ChallengeRow, qid) if _findable(qid, 36) else None
         if row is None:
             raise ChallengeError("not_found", f"no challenge `{qid}`")
         return row
@@ -641,6 +656,12 @@ class ChallengeService:
             ChallengeError: ``invalid_argument`` for a bad state or limit.
 
         """
+        bad: list[Violation] = []
+        if principal is not None:
+            _check_ref(principal, "principal", bad)
+        if person:
+            _check_text(person, "person", bad)
+        _refuse(bad, "bad filter")
         if state and state not in STATES:
             raise ChallengeError(
                 "invalid_argument",
@@ -688,11 +709,17 @@ class ChallengeService:
         ``forwarded``, ``passed``, ``rejected``).
         """
         with Session(self.db) as s:
-            self._row(s, qid)
-            # Serialise answers to one challenge across replicas (PostgreSQL row lock).
-            row = s.exec(
-                select(ChallengeRow).where(ChallengeRow.qid == qid).with_for_update()
-            ).one()
+            # Serialise answers to one challenge across replicas (PostgreSQL row lock); the row
+            # is read only once the lock is held, so the check sees the latest answer.
+            row = (
+                s.exec(
+                    select(ChallengeRow).where(ChallengeRow.qid == qid).with_for_update()
+                ).first()
+                if _findable(qid, 36)
+                else None
+            )
+            if row is None:
+                raise ChallengeError("not_found", f"no challenge `{qid}`")
             now = self.clock()
             check(row, now)
             state = effective_state(row, now)
@@ -742,8 +769,8 @@ class ChallengeService:
         limit = self.settings.max_justification_chars
         if not text.strip():
             bad.append(Violation("text", "required"))
-        elif len(text) > limit:
-            bad.append(Violation("text", f"longer than {limit} characters"))
+        else:
+            _check_free_text(text, "text", limit, bad)
         _refuse(bad, "bad justification")
 
         def check(row: ChallengeRow, now: datetime) -> None:
@@ -780,8 +807,7 @@ class ChallengeService:
         """
         bad: list[Violation] = []
         _check_text(approver, "approver", bad)
-        if len(reason) > self.settings.max_justification_chars:
-            bad.append(Violation("reason", "too long"))
+        _check_free_text(reason, "reason", self.settings.max_justification_chars, bad)
         _refuse(bad, "bad decision")
 
         def check(row: ChallengeRow, now: datetime) -> None:
@@ -822,8 +848,7 @@ class ChallengeService:
         bad: list[Violation] = []
         _check_ref(principal, "principal", bad)
         _check_text(author, "author", bad)
-        if len(reason) > 4000:
-            bad.append(Violation("reason", "longer than 4000 characters"))
+        _check_free_text(reason, "reason", 4000, bad)
         _refuse(bad, "bad containment")
         now = self.clock()
         with Session(self.db) as s:
@@ -875,6 +900,7 @@ class ChallengeService:
         bad: list[Violation] = []
         _check_ref(principal, "principal", bad)
         _check_text(author, "author", bad)
+        _check_free_text(reason, "reason", 4000, bad)
         _refuse(bad, "bad lift")
         now = self.clock()
         with Session(self.db) as s:
@@ -927,7 +953,7 @@ class ChallengeService:
         return row.id, row.challenge
 
     def _finish_ceremony(self, s: Session, ceremony_id: str, kind: str, person: str) -> CeremonyRow:
-        row = s.get(CeremonyRow, ceremony_id) if len(ceremony_id) <= 36 else None
+        row = s.get(CeremonyRow, ceremony_id) if _findable(ceremony_id, 36) else None
         if row is None or row.kind != kind:
             raise ChallengeError("not_found", f"no {kind} ceremony `{ceremony_id}`")
         if row.person != person:
@@ -1037,7 +1063,9 @@ class ChallengeService:
         return key
 
     def list_keys(self, person: str) -> list[SecurityKey]:
-        """A person's registered keys, oldest first."""
+        """A person's registered keys, oldest first (none for a name no key can have)."""
+        if not _findable(person, 512):
+            return []
         with Session(self.db) as s:
             rows = s.exec(
                 select(SecurityKeyRow)
@@ -1054,7 +1082,7 @@ class ChallengeService:
 
         """
         with Session(self.db) as s:
-            row = s.get(SecurityKeyRow, credential_id) if len(credential_id) <= 1400 else None
+            row = s.get(SecurityKeyRow, credential_id) if _findable(credential_id, 1400) else None
             if row is None or row.person != person:
                 raise ChallengeError("not_found", f"`{person}` has no key `{credential_id}`")
             s.delete(row)

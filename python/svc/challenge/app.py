@@ -13,14 +13,12 @@ thread of their own (tests, ``svc up``).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI
-from hypercorn.asyncio import serve as hypercorn_serve
 from sqlalchemy import text
 from starlette.types import Receive, Scope, Send
 
@@ -30,9 +28,9 @@ from svc.challenge.service import ChallengeService
 from svc.challenge.settings import ChallengeAuthSettings, ChallengeSettings
 from svc.challenge.transport import SERVICE_NAME, ChallengeConnectApp, ChallengeMetrics
 from svc.common.auth import Verifier
+from svc.common.connect import METRICS_CONTENT_TYPE, ThreadedServer, serve_asgi
 from svc.common.health import Readiness, probe_router
 from svc.common.problems import install_problem_handlers
-from svc.policy.app import METRICS_CONTENT_TYPE, _config, _listen
 
 __all__ = ["ChallengeServer", "create_app", "health_app", "serve"]
 
@@ -145,44 +143,18 @@ def serve(
     auth.check_bind(settings.host)
     service = service or ChallengeService(settings)
     app = create_app(service, auth)
-    sock = _listen(settings.host, settings.port)
-    port = int(sock.getsockname()[1])
-    cfg = _config(sock.detach())
-    cfg.errorlog = logging.getLogger("svc.challenge.http")
     worker = OutboxWorker(service).start() if outbox and settings.webhook_url else None
-    log.info("svc-challenge listening on %s:%d", settings.host, port)
-    if ready is not None:
-        ready(port)
-
-    watchers: list[threading.Thread] = []
-
-    async def main() -> None:
-        trigger = None
-        if stop is not None:
-            loop = asyncio.get_running_loop()
-            done = asyncio.Event()
-            watcher = threading.Thread(
-                target=lambda: (stop.wait(), loop.call_soon_threadsafe(done.set)),
-                name="svc-challenge-stop",
-                daemon=True,
-            )
-            watcher.start()
-            watchers.append(watcher)
-            trigger = done.wait
-        await hypercorn_serve(app, cfg, shutdown_trigger=trigger)  # type: ignore[arg-type]
-
     try:
-        asyncio.run(main())
+        serve_asgi(app, settings.host, settings.port, "svc-challenge", ready=ready, stop=stop)
     finally:
         if worker is not None:
             worker.stop()
-    if stop is not None and stop.is_set():
-        for w in watchers:
-            w.join()
 
 
-class ChallengeServer:
+class ChallengeServer(ThreadedServer):
     """The service in a thread of its own: ``start()`` returns once it listens.
+
+    ``start``, ``stop``, ``url`` and ``target`` are ``svc.common.connect.ThreadedServer``'s.
 
     Args:
         settings: the service's settings (``port=0`` picks a free port).
@@ -199,59 +171,18 @@ class ChallengeServer:
         auth: ChallengeAuthSettings | None = None,
         outbox: bool = True,
     ) -> None:
+        super().__init__(settings.host, "svc-challenge")
         self.settings = settings
         self.auth = auth
         self.outbox = outbox
         self.service = service or ChallengeService(settings)
-        self.port = 0
-        self._stop = threading.Event()
-        self._listening = threading.Event()
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="svc-challenge", daemon=True)
 
-    def _run(self) -> None:
-        try:
-            serve(
-                self.settings,
-                auth=self.auth,
-                service=self.service,
-                ready=self._ready,
-                stop=self._stop,
-                outbox=self.outbox,
-            )
-        except BaseException as e:
-            self._error = e
-            self._listening.set()
-
-    def _ready(self, port: int) -> None:
-        self.port = port
-        self._listening.set()
-
-    def start(self) -> ChallengeServer:
-        """Starts serving; returns once the socket listens.
-
-        Raises:
-            AuthConfigError: as ``serve``.
-            OSError: the port cannot be bound (or any error that stopped the server).
-
-        """
-        self._thread.start()
-        self._listening.wait()
-        if self._error is not None:
-            raise self._error
-        return self
-
-    @property
-    def url(self) -> str:
-        """``http://host:port``."""
-        return f"http://{self.settings.host}:{self.port}"
-
-    @property
-    def target(self) -> str:
-        """``host:port``, a gRPC channel's target."""
-        return f"{self.settings.host}:{self.port}"
-
-    def stop(self) -> None:
-        """Stops the server (open streams end) and waits for its thread."""
-        self._stop.set()
-        self._thread.join()
+    def _serve(self, ready: Callable[[int], None], stop: threading.Event) -> None:
+        serve(
+            self.settings,
+            auth=self.auth,
+            service=self.service,
+            ready=ready,
+            stop=stop,
+            outbox=self.outbox,
+        )

@@ -4,18 +4,17 @@ Only translation lives here (docs/architecture.md#code-layout-and-conventions): 
 to ``ChallengeService`` calls and back, ``ChallengeError`` to a gRPC status with a
 ``google.rpc.BadRequest`` of field violations, and the two watch streams. The service's blocking
 calls run in worker threads, never on the event loop. Callers are checked as in the policy
-service (``svc.policy.transport.BearerInterceptor``, docs/auth.md).
+service (``svc.common.connect.BearerInterceptor``, docs/auth.md).
 
-As for the policy service, the endpoints are made from the service's descriptor (there is no
-connectrpc generator for the ``google.protobuf`` runtime); a method without a handler is an error
-at start.
+As for the policy service, the endpoints are made from the service's descriptor
+(``svc.common.connect.endpoints``); a method without a handler is an error at start.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -23,9 +22,7 @@ import anyio.to_thread
 from connectrpc.code import Code
 from connectrpc.compat import google_protobuf_codecs
 from connectrpc.errors import ConnectError
-from connectrpc.method import IdempotencyLevel, MethodInfo, StreamType
-from connectrpc.request import RequestContext
-from connectrpc.server import ConnectASGIApplication, Endpoint
+from connectrpc.server import ConnectASGIApplication
 from google.rpc import error_details_pb2
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from protobuf.wkt import Any as AnyDetail
@@ -41,7 +38,7 @@ from svc.challenge.service import (
 )
 from svc.challenge.v1 import challenge_pb2 as pb
 from svc.common.auth import Verifier
-from svc.policy.transport import BearerInterceptor, timestamp
+from svc.common.connect import BearerInterceptor, endpoints, timestamp
 
 __all__ = [
     "SERVICE_NAME",
@@ -473,49 +470,6 @@ class _Handlers:
             yield msg
 
 
-def _endpoints(handlers: _Handlers) -> dict[str, Any]:
-    """One connectrpc endpoint per method of the proto's service, from its descriptor."""
-    desc = pb.DESCRIPTOR.services_by_name["ChallengeService"]
-    out: dict[str, Any] = {}
-    for m in desc.methods:
-        fn = getattr(handlers, m.name, None)
-        if fn is None:
-            raise RuntimeError(f"no handler for {SERVICE_NAME}/{m.name}")
-        streaming = m.server_streaming
-        info: MethodInfo[Any, Any] = MethodInfo(
-            name=m.name,
-            service_name=SERVICE_NAME,
-            input=getattr(pb, m.input_type.name),
-            output=getattr(pb, m.output_type.name),
-            idempotency_level=IdempotencyLevel.UNKNOWN,
-            stream_type=StreamType.SERVER_STREAM if streaming else StreamType.UNARY,
-        )
-        path = f"/{SERVICE_NAME}/{m.name}"
-        if streaming:
-            out[path] = Endpoint.server_stream(method=info, function=_drop_ctx_stream(fn))
-        else:
-            out[path] = Endpoint.unary(method=info, function=_drop_ctx(fn))
-    return out
-
-
-def _drop_ctx(
-    fn: Callable[[Any], Awaitable[Any]],
-) -> Callable[[Any, RequestContext[Any, Any]], Awaitable[Any]]:
-    async def call(req: Any, ctx: RequestContext[Any, Any]) -> Any:
-        return await fn(req)
-
-    return call
-
-
-def _drop_ctx_stream(
-    fn: Callable[[Any], AsyncIterator[Any]],
-) -> Callable[[Any, RequestContext[Any, Any]], AsyncIterator[Any]]:
-    def call(req: Any, ctx: RequestContext[Any, Any]) -> AsyncIterator[Any]:
-        return fn(req)
-
-    return call
-
-
 class ChallengeConnectApp(ConnectASGIApplication[_Handlers]):
     """The ASGI app serving ``svc.challenge.v1.ChallengeService`` (gRPC, gRPC-Web, Connect).
 
@@ -537,7 +491,7 @@ class ChallengeConnectApp(ConnectASGIApplication[_Handlers]):
     ) -> None:
         super().__init__(
             service=_Handlers(service, metrics),
-            endpoints=_endpoints,
+            endpoints=lambda h: endpoints(pb, SERVICE_NAME, h),
             read_max_bytes=max_message_bytes,
             codecs=google_protobuf_codecs(),
             interceptors=[BearerInterceptor(verifier)] if verifier is not None else (),

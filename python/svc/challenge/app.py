@@ -27,8 +27,13 @@ from svc.challenge.notify import OutboxWorker
 from svc.challenge.service import ChallengeService
 from svc.challenge.settings import ChallengeAuthSettings, ChallengeSettings
 from svc.challenge.transport import SERVICE_NAME, ChallengeConnectApp, ChallengeMetrics
-from svc.common.auth import Verifier
-from svc.common.connect import METRICS_CONTENT_TYPE, ThreadedServer, serve_asgi
+from svc.common.connect import (
+    METRICS_CONTENT_TYPE,
+    ThreadedServer,
+    one_port,
+    serve_asgi,
+    verifier_of,
+)
 from svc.common.health import Readiness, probe_router
 from svc.common.problems import install_problem_handlers
 
@@ -95,22 +100,11 @@ def create_app(
         AuthConfigError: auth is on and the issuer's keys cannot be loaded.
 
     """
-    verifier: Verifier | None = None
-    if auth is not None and auth.enabled:
-        verifier = Verifier(auth)
-        verifier.source.keys()  # fail at start, not on the first call
+    verifier = verifier_of(auth)
     metrics = ChallengeMetrics()
     grpc_app = ChallengeConnectApp(service, metrics, verifier=verifier)
     http_app = health_app(service, metrics)
-    prefix = f"/{SERVICE_NAME}/"
-
-    async def app(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith(prefix):
-            await grpc_app(scope, receive, send)
-        else:
-            await http_app(scope, receive, send)
-
-    return app
+    return one_port(grpc_app, http_app, SERVICE_NAME)
 
 
 def serve(

@@ -28,11 +28,9 @@ import json
 import logging
 import re
 import secrets
-import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Literal
 
 import uuid_utils
 import webauthn
@@ -60,6 +58,7 @@ from svc.challenge.models import (
     SecurityKeyRow,
 )
 from svc.challenge.settings import ChallengeSettings
+from svc.common.errors import ServiceError, Subscribers, Violation
 
 __all__ = [
     "KINDS",
@@ -82,9 +81,6 @@ KINDS = ("approval", "justification", "verification")
 #: The states a challenge reads as (docs/challenges.md#states).
 STATES = ("pending", "passed", "rejected", "expired")
 
-Code = Literal[
-    "invalid_argument", "not_found", "failed_precondition", "permission_denied", "unavailable"
-]
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 #: Control characters free text (a justification, a reason) may not hold: tab and line breaks
@@ -93,29 +89,12 @@ _TEXT_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 _MAX_LIST = 1000
 
 
-@dataclass(frozen=True)
-class Violation:
-    """One bad field of a refused request: its name and what is wrong."""
-
-    field: str
-    description: str
-
-
-@dataclass(eq=False)
-class ChallengeError(Exception):
+class ChallengeError(ServiceError):
     """A refused operation.
 
     ``code`` is the gRPC status the transport answers (https://grpc.io/docs/guides/status-codes/);
     ``violations`` names every bad field (a ``google.rpc.BadRequest`` on the wire).
     """
-
-    code: Code
-    message: str
-    violations: list[Violation] = field(default_factory=list)
-
-    def __str__(self) -> str:
-        """``<code>: <message>``."""
-        return f"{self.code}: {self.message}"
 
 
 @dataclass(frozen=True)
@@ -367,8 +346,7 @@ class ChallengeService:
         if directory is None:
             directory = self._default_directory()
         self.directory = directory
-        self._lock = threading.Lock()
-        self._subscribers: list[Callable[[], None]] = []
+        self._subscribers = Subscribers()
 
     def _default_directory(self) -> Directory:
         url = self.settings.context_url
@@ -398,24 +376,10 @@ class ChallengeService:
 
         The callback runs in the changing thread; returns the function that unsubscribes it.
         """
-        with self._lock:
-            self._subscribers.append(callback)
-
-        def unsubscribe() -> None:
-            with self._lock:
-                if callback in self._subscribers:
-                    self._subscribers.remove(callback)
-
-        return unsubscribe
+        return self._subscribers.subscribe(callback)
 
     def _notify(self) -> None:
-        with self._lock:
-            subscribers = list(self._subscribers)
-        for cb in subscribers:
-            try:
-                cb()
-            except Exception:  # a watcher's failure must not fail the change
-                log.exception("a change subscriber failed")
+        self._subscribers.notify()
 
     # -- outbox
 

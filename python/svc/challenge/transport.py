@@ -19,13 +19,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 import anyio.to_thread
-from connectrpc.code import Code
 from connectrpc.compat import google_protobuf_codecs
-from connectrpc.errors import ConnectError
 from connectrpc.server import ConnectASGIApplication
-from google.rpc import error_details_pb2
 from prometheus_client import CollectorRegistry, Counter, Gauge
-from protobuf.wkt import Any as AnyDetail
 
 from svc.challenge.service import (
     ChallengeError,
@@ -38,7 +34,7 @@ from svc.challenge.service import (
 )
 from svc.challenge.v1 import challenge_pb2 as pb
 from svc.common.auth import Verifier
-from svc.common.connect import BearerInterceptor, endpoints, timestamp
+from svc.common.connect import BearerInterceptor, endpoints, status_error, timestamp
 
 __all__ = [
     "SERVICE_NAME",
@@ -52,13 +48,6 @@ log = logging.getLogger("svc.challenge")
 
 SERVICE_NAME = "svc.challenge.v1.ChallengeService"
 
-_CODES: dict[str, Code] = {
-    "invalid_argument": Code.INVALID_ARGUMENT,
-    "not_found": Code.NOT_FOUND,
-    "failed_precondition": Code.FAILED_PRECONDITION,
-    "permission_denied": Code.PERMISSION_DENIED,
-    "unavailable": Code.UNAVAILABLE,
-}
 _STATES: dict[str, Any] = {
     "pending": pb.CHALLENGE_STATE_PENDING,
     "passed": pb.CHALLENGE_STATE_PASSED,
@@ -133,27 +122,6 @@ def _key(k: SecurityKey) -> pb.SecurityKey:
     )
 
 
-def _connect_error(e: ChallengeError) -> ConnectError:
-    """``ChallengeError`` as a gRPC status; violations become a ``google.rpc.BadRequest``."""
-    details = []
-    if e.violations:
-        bad = error_details_pb2.BadRequest(
-            field_violations=[
-                error_details_pb2.BadRequest.FieldViolation(
-                    field=v.field, description=v.description
-                )
-                for v in e.violations
-            ]
-        )
-        details.append(
-            AnyDetail(
-                type_url="type.googleapis.com/google.rpc.BadRequest",
-                value=bad.SerializeToString(),
-            )
-        )
-    return ConnectError(_CODES[e.code], e.message, details=details)
-
-
 class ChallengeMetrics:
     """The service's Prometheus metrics (docs/challenges.md#metrics), on a registry of its own."""
 
@@ -190,7 +158,7 @@ class _Handlers:
             out = await anyio.to_thread.run_sync(fn)
         except ChallengeError as e:
             self.metrics.calls.labels(method, e.code).inc()
-            raise _connect_error(e) from None
+            raise status_error(e) from None
         self.metrics.calls.labels(method, "ok").inc()
         return out
 
@@ -225,7 +193,7 @@ class _Handlers:
     async def ListChallenges(self, req: pb.ListChallengesRequest) -> pb.ListChallengesResponse:
         state = state_name(req.state) if req.state else ""
         if req.state and not state:
-            raise _connect_error(
+            raise status_error(
                 ChallengeError(
                     "invalid_argument", "bad state", [Violation("state", f"#{req.state}")]
                 )
@@ -376,7 +344,7 @@ class _Handlers:
         """The matching challenges, then each change, with heartbeats (docs/challenges.md)."""
         service = self.service
         if bool(req.qid) == bool(req.person):
-            raise _connect_error(
+            raise status_error(
                 ChallengeError(
                     "invalid_argument",
                     "name either `qid` (with `principal`) or `person`",
@@ -401,7 +369,7 @@ class _Handlers:
             first = await anyio.to_thread.run_sync(read)
         except ChallengeError as e:
             self.metrics.calls.labels("WatchChallenges", e.code).inc()
-            raise _connect_error(e) from None
+            raise status_error(e) from None
 
         def emit(
             prev: dict[str, ChallengeInfo] | None, cur: dict[str, ChallengeInfo]

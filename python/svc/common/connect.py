@@ -11,6 +11,8 @@ hypercorn (HTTP/1.1 and HTTP/2 cleartext), in this process or a thread of its ow
   the descriptor; a method without a handler is an error at start, never a silent gap.
 * ``BearerInterceptor``: the callers' bearer tokens (docs/auth.md), checked before a message
   is read.
+* ``status_error``: a service layer's ``svc.common.errors.ServiceError`` as a gRPC status,
+  its violations as a ``google.rpc.BadRequest`` detail.
 * ``timestamp``: an aware ``datetime`` as ``google.protobuf.Timestamp``.
 * ``serve_asgi``: binds the port (``svc.common.net.tcp_listener``) and runs hypercorn until a
   stop event or a signal; ``ThreadedServer``: the same in a thread, ``start()`` returning once
@@ -34,10 +36,16 @@ from connectrpc.method import IdempotencyLevel, MethodInfo, StreamType
 from connectrpc.request import RequestContext
 from connectrpc.server import Endpoint
 from google.protobuf.timestamp_pb2 import Timestamp
+from google.rpc import error_details_pb2
 from hypercorn.asyncio import serve as hypercorn_serve
 from hypercorn.config import Config
+from protobuf.wkt import Any as AnyDetail
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from svc.common.auth import MISSING_TOKEN, AuthConfigError, AuthError, Verifier
+from svc.common.auth_settings import AuthSettings
+from svc.common.errors import Code as ErrorCode
+from svc.common.errors import ServiceError
 from svc.common.net import tcp_listener
 
 __all__ = [
@@ -45,8 +53,11 @@ __all__ = [
     "BearerInterceptor",
     "ThreadedServer",
     "endpoints",
+    "one_port",
     "serve_asgi",
+    "status_error",
     "timestamp",
+    "verifier_of",
 ]
 
 log = logging.getLogger("svc.common.connect")
@@ -62,6 +73,45 @@ def timestamp(t: datetime | None) -> Timestamp | None:
     ts = Timestamp()
     ts.FromDatetime(t.astimezone(UTC))
     return ts
+
+
+_CODES: dict[ErrorCode, Code] = {
+    "invalid_argument": Code.INVALID_ARGUMENT,
+    "not_found": Code.NOT_FOUND,
+    "failed_precondition": Code.FAILED_PRECONDITION,
+    "permission_denied": Code.PERMISSION_DENIED,
+    "unavailable": Code.UNAVAILABLE,
+}
+
+
+def status_error(e: ServiceError) -> ConnectError:
+    """``e`` as the gRPC status a transport answers (https://grpc.io/docs/guides/error/).
+
+    Args:
+        e: the service layer's refusal.
+
+    Returns:
+        A ``ConnectError`` with ``e.code``'s status and ``e.message``; ``e.violations``, when
+        there are any, as one ``google.rpc.BadRequest`` detail of field violations.
+
+    """
+    details = []
+    if e.violations:
+        bad = error_details_pb2.BadRequest(
+            field_violations=[
+                error_details_pb2.BadRequest.FieldViolation(
+                    field=v.field, description=v.description
+                )
+                for v in e.violations
+            ]
+        )
+        details.append(
+            AnyDetail(
+                type_url="type.googleapis.com/google.rpc.BadRequest",
+                value=bad.SerializeToString(),
+            )
+        )
+    return ConnectError(_CODES[e.code], e.message, details=details)
 
 
 def endpoints(pb: ModuleType, service: str, handlers: object) -> dict[str, Any]:
@@ -121,6 +171,50 @@ def _drop_ctx_stream(
         return fn(req)
 
     return call
+
+
+def verifier_of(auth: AuthSettings | None) -> Verifier | None:
+    """The ``Verifier`` of a service's caller settings, its issuer's keys loaded now.
+
+    Args:
+        auth: the service's ``AuthSettings``; None or auth off: no verifier.
+
+    Returns:
+        The verifier for ``BearerInterceptor``, or None (every caller admitted; a loopback
+        bind only, ``AuthSettings.check_bind``).
+
+    Raises:
+        AuthConfigError: the issuer's keys cannot be loaded (at start, not on the first call).
+
+    """
+    if auth is None or not auth.enabled:
+        return None
+    verifier = Verifier(auth)
+    verifier.source.keys()
+    return verifier
+
+
+def one_port(grpc_app: ASGIApp, http_app: ASGIApp, service: str) -> ASGIApp:
+    """One ASGI app: the gRPC paths of ``service`` to ``grpc_app``, the rest to ``http_app``.
+
+    Args:
+        grpc_app: the connectrpc app (``/<service>/<Method>``).
+        http_app: the probes' FastAPI app; it also gets the lifespan events.
+        service: the service's full name (``svc.policy.v1.PolicyService``).
+
+    Returns:
+        An ASGI 3 callable.
+
+    """
+    prefix = f"/{service}/"
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith(prefix):
+            await grpc_app(scope, receive, send)
+        else:
+            await http_app(scope, receive, send)
+
+    return app
 
 
 class BearerInterceptor:

@@ -25,8 +25,14 @@ from sqlalchemy import text
 from starlette.types import Receive, Scope, Send
 
 from svc import __version__, web
-from svc.common.auth import PolicyAuthSettings, Verifier
-from svc.common.connect import METRICS_CONTENT_TYPE, ThreadedServer, serve_asgi
+from svc.common.auth import PolicyAuthSettings
+from svc.common.connect import (
+    METRICS_CONTENT_TYPE,
+    ThreadedServer,
+    one_port,
+    serve_asgi,
+    verifier_of,
+)
 from svc.common.health import Readiness, probe_router
 from svc.common.problems import install_problem_handlers
 from svc.policy.service import PolicyService
@@ -98,10 +104,7 @@ def create_app(
         AuthConfigError: auth is on and the issuer's keys cannot be loaded.
 
     """
-    verifier: Verifier | None = None
-    if auth is not None and auth.enabled:
-        verifier = Verifier(auth)
-        verifier.source.keys()  # fail at start, not on the first call
+    verifier = verifier_of(auth)
     metrics = PolicyMetrics()
     metrics.active_version.set(service.active_version())
     grpc_app = PolicyConnectApp(
@@ -111,15 +114,7 @@ def create_app(
         verifier=verifier,
     )
     http_app = health_app(service, metrics)
-    prefix = f"/{SERVICE_NAME}/"
-
-    async def app(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith(prefix):
-            await grpc_app(scope, receive, send)
-        else:
-            await http_app(scope, receive, send)
-
-    return app
+    return one_port(grpc_app, http_app, SERVICE_NAME)
 
 
 def serve(

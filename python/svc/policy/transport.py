@@ -24,16 +24,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 import anyio.to_thread
-from connectrpc.code import Code
 from connectrpc.compat import google_protobuf_codecs
-from connectrpc.errors import ConnectError
 from connectrpc.server import ConnectASGIApplication
-from google.rpc import error_details_pb2
 from prometheus_client import CollectorRegistry, Counter, Gauge
-from protobuf.wkt import Any as AnyDetail
 
 from svc.common.auth import Verifier
-from svc.common.connect import BearerInterceptor, endpoints, timestamp
+from svc.common.connect import BearerInterceptor, endpoints, status_error, timestamp
 from svc.policy import service as svc_service
 from svc.policy.service import BundleInfo, PolicyError, PolicyService
 from svc.policy.v1 import policy_pb2 as pb
@@ -52,13 +48,6 @@ log = logging.getLogger("svc.policy")
 
 SERVICE_NAME = "svc.policy.v1.PolicyService"
 
-_CODES: dict[str, Code] = {
-    "invalid_argument": Code.INVALID_ARGUMENT,
-    "not_found": Code.NOT_FOUND,
-    "failed_precondition": Code.FAILED_PRECONDITION,
-    "permission_denied": Code.PERMISSION_DENIED,
-    "unavailable": Code.UNAVAILABLE,
-}
 _STATES: dict[str, Any] = {
     "draft": pb.BUNDLE_STATE_DRAFT,
     "active": pb.BUNDLE_STATE_ACTIVE,
@@ -123,27 +112,6 @@ def _fallback(f: svc_service.OutageFallback) -> pb.OutageFallback:
     )
 
 
-def _connect_error(e: PolicyError) -> ConnectError:
-    """``PolicyError`` as a gRPC status; violations become a ``google.rpc.BadRequest``."""
-    details = []
-    if e.violations:
-        bad = error_details_pb2.BadRequest(
-            field_violations=[
-                error_details_pb2.BadRequest.FieldViolation(
-                    field=v.field, description=v.description
-                )
-                for v in e.violations
-            ]
-        )
-        details.append(
-            AnyDetail(
-                type_url="type.googleapis.com/google.rpc.BadRequest",
-                value=bad.SerializeToString(),
-            )
-        )
-    return ConnectError(_CODES[e.code], e.message, details=details)
-
-
 class PolicyMetrics:
     """The service's Prometheus metrics (docs/policy.md#metrics), on a registry of their own."""
 
@@ -177,7 +145,7 @@ class _Handlers:
             out = await anyio.to_thread.run_sync(fn)
         except PolicyError as e:
             self.metrics.calls.labels(method, e.code).inc()
-            raise _connect_error(e) from None
+            raise status_error(e) from None
         self.metrics.calls.labels(method, "ok").inc()
         return out
 
@@ -189,7 +157,7 @@ class _Handlers:
                 dup.append(f.name)
             files[f.name] = f.content
         if dup:
-            raise _connect_error(
+            raise status_error(
                 PolicyError(
                     "invalid_argument",
                     "duplicate file names",
@@ -279,7 +247,7 @@ class _Handlers:
 
     async def DryRun(self, req: pb.DryRunRequest) -> pb.DryRunResponse:
         if not req.HasField("since"):
-            raise _connect_error(
+            raise status_error(
                 PolicyError(
                     "invalid_argument",
                     "`since` is required",

@@ -559,6 +559,14 @@ def snapshot_and_changes(
     )
     del snap, r
     scim_reads(scim, people, runs)
+    more = max(runs * 40, 100)
+
+    def create(k: int) -> httpx.Response:
+        doc = person_doc(k, directory.people[k], scim.base, tag="late")
+        return scim.http.post("/Users", json=doc)
+
+    late, wall = timed(create, more)
+    report(f"POST /Users at {people:,} people, 1 client", late, wall)
 
     listener = Listener()
     try:

@@ -65,7 +65,7 @@ from scim2_server.requests import ScimRequest
 from scim2_server.service import ScimService
 from scim2_server.storage import AsyncScimStorage, ScimStorage, SearchPage
 from sqlalchemy.exc import IntegrityError
-from sqlmodel import Session, col, select
+from sqlmodel import Session, col, func, select
 
 from svc.context.models import MemberRow, ScimGroupRow, ScimUserRow, utc
 from svc.context.service import ContextService, _Tx, refresh_group, refresh_human, refresh_members
@@ -256,6 +256,12 @@ class SqlStorage(ScimStorage):
     ) -> SearchPage:
         """One page of the resources matching the request's filter, oldest first.
 
+        Without a filter, the database counts and pages (``OFFSET``/``LIMIT`` over the index of
+        creation order), so only the page's rows are read. A filter ``<indexed attribute> eq
+        "value"`` is narrowed by an index and matched by scim2-models over the few rows left;
+        any other filter is matched by scim2-models over every row of the type
+        (docs/context.md#scim).
+
         Raises:
             NotImplementedException: a search across resource types (at the root).
 
@@ -265,27 +271,33 @@ class SqlStorage(ScimStorage):
         rt = resource_types[0]
         is_user = rt.name == "User"
         scim_filter = search_request.filter
+        start = search_request.start_index_0 or 0
+        count = search_request.count
+        stop = None if count is None else start + count
         with self.service.read() as s:
             if is_user:
                 q: Any = select(ScimUserRow).where(col(ScimUserRow.removed_at).is_(None))
             else:
                 q = select(ScimGroupRow)
-            q = self._narrow(q, scim_filter, is_user)
             order = (
                 (col(ScimUserRow.created_at), col(ScimUserRow.id))
                 if is_user
                 else (col(ScimGroupRow.created_at), col(ScimGroupRow.id))
             )
+            if scim_filter is None:
+                total = s.exec(select(func.count()).select_from(q.subquery())).one()
+                page = q.order_by(*order).offset(start)
+                if count is not None:
+                    page = page.limit(count)
+                rows = s.exec(page).all()
+                return SearchPage(int(total), [_user(r) if is_user else _group(s, r) for r in rows])
+            q = self._narrow(q, scim_filter, is_user)
             rows = s.exec(q.order_by(*order)).all()
             resources = [_user(r) if is_user else _group(s, r) for r in rows]
-        if scim_filter is not None:
-            if not scim_filter.models:
-                model = UserModel if is_user else Group
-                scim_filter = ScimFilter[model](str(scim_filter))  # type: ignore[valid-type]
-            resources = [r for r in resources if scim_filter.match(r)]
-        start = search_request.start_index_0 or 0
-        count = search_request.count
-        stop = None if count is None else start + count
+        if not scim_filter.models:
+            model = UserModel if is_user else Group
+            scim_filter = ScimFilter[model](str(scim_filter))  # type: ignore[valid-type]
+        resources = [r for r in resources if scim_filter.match(r)]
         return SearchPage(len(resources), resources[start:stop])
 
     @staticmethod
@@ -321,13 +333,8 @@ class SqlStorage(ScimStorage):
         try:
             with self.service.write() as tx:
                 if resource_type.name == "User":
-                    self._write_user(tx, rid, resource, now, None)
-                    row: Any = tx.session.get(ScimUserRow, rid)
-                    return _user(row)
-                self._write_group(tx, rid, resource, now, None)
-                grow = tx.session.get(ScimGroupRow, rid)
-                assert grow is not None
-                return _group(tx.session, grow)
+                    return _user(self._write_user(tx, rid, resource, now, None))
+                return _group(tx.session, self._write_group(tx, rid, resource, now, None))
         except IntegrityError:
             raise UniquenessException() from None
 
@@ -354,16 +361,11 @@ class SqlStorage(ScimStorage):
                     old = tx.session.get(ScimUserRow, rid, with_for_update=True)
                     if old is None or old.removed_at is not None:
                         raise NotFoundException(detail=f"User {rid!r} not found")
-                    self._write_user(tx, rid, resource, now, old)
-                    row: Any = tx.session.get(ScimUserRow, rid)
-                    return _user(row)
+                    return _user(self._write_user(tx, rid, resource, now, old))
                 gold = tx.session.get(ScimGroupRow, rid, with_for_update=True)
                 if gold is None:
                     raise NotFoundException(detail=f"Group {rid!r} not found")
-                self._write_group(tx, rid, resource, now, gold)
-                grow = tx.session.get(ScimGroupRow, rid)
-                assert grow is not None
-                return _group(tx.session, grow)
+                return _group(tx.session, self._write_group(tx, rid, resource, now, gold))
         except IntegrityError:
             raise UniquenessException() from None
 
@@ -420,7 +422,11 @@ class SqlStorage(ScimStorage):
         resource: Resource[Any],
         now: datetime,
         old: ScimUserRow | None,
-    ) -> None:
+    ) -> ScimUserRow:
+        """Writes user ``rid`` and refreshes the records it touches; returns its row.
+
+        ``old`` is its row before (None for a new user).
+        """
         s = tx.session
         doc = _doc(resource)
         user_name = str(doc.get("userName") or "")
@@ -444,7 +450,7 @@ class SqlStorage(ScimStorage):
             updated_at=now,
         )
         if old is not None and old.doc == doc:
-            return
+            return old
         row.user_name = user_name
         row.user_name_key = user_name.casefold()
         row.external_id = doc.get("externalId")
@@ -455,10 +461,11 @@ class SqlStorage(ScimStorage):
         row.updated_at = now
         s.add(row)
         s.flush()
-        refresh_human(tx, user_name)
+        refresh_human(tx, user_name, row)
         if old_name is not None and old_name != user_name:
             refresh_human(tx, old_name)
             self._refresh_reports(tx, rid)
+        return row
 
     @staticmethod
     def _refresh_reports(tx: _Tx, manager_id: str) -> None:
@@ -469,26 +476,42 @@ class SqlStorage(ScimStorage):
         ).all():
             refresh_human(tx, r.user_name)
 
-    def _members(self, s: Session, doc: dict[str, Any]) -> list[tuple[str, str]]:
-        """``(member id, "User"|"Group")`` of each member of a group document.
+    def _members(
+        self, s: Session, doc: dict[str, Any]
+    ) -> tuple[list[tuple[str, str]], list[ScimUserRow | ScimGroupRow]]:
+        """``(member id, "User"|"Group")`` of each member of a group document, and their rows.
 
-        The type is looked up, since Okta sends only ``value`` and ``display``.
+        The type is looked up, since Okta sends only ``value`` and ``display``: the users and
+        groups named are read with one query each. The caller keeps the rows while its
+        transaction lasts, so that refreshing the members finds them in the session.
 
         Raises:
             InvalidValueException: a member names no present user and no group.
 
         """
-        out: dict[str, str] = {}
-        for m in doc.get("members") or []:
-            mid = str(m.get("value") or "")
-            user = s.get(ScimUserRow, mid)
-            if user is not None and user.removed_at is None:
-                out[mid] = "User"
-            elif s.get(ScimGroupRow, mid) is not None:
-                out[mid] = "Group"
+        ids = sorted({str(m.get("value") or "") for m in doc.get("members") or []})
+        if not ids:
+            return [], []
+        users = {
+            u.id: u
+            for u in s.exec(select(ScimUserRow).where(col(ScimUserRow.id).in_(ids)))
+            if u.removed_at is None
+        }
+        rest = [mid for mid in ids if mid not in users]
+        groups = (
+            {g.id: g for g in s.exec(select(ScimGroupRow).where(col(ScimGroupRow.id).in_(rest)))}
+            if rest
+            else {}
+        )
+        out: list[tuple[str, str]] = []
+        for mid in ids:
+            if mid in users:
+                out.append((mid, "User"))
+            elif mid in groups:
+                out.append((mid, "Group"))
             else:
                 raise InvalidValueException(detail=f"member {mid!r} names no user or group")
-        return sorted(out.items())
+        return out, [*users.values(), *groups.values()]
 
     def _write_group(
         self,
@@ -497,13 +520,17 @@ class SqlStorage(ScimStorage):
         resource: Resource[Any],
         now: datetime,
         old: ScimGroupRow | None,
-    ) -> None:
+    ) -> ScimGroupRow:
+        """Writes group ``rid`` and refreshes the records it touches; returns its row.
+
+        ``old`` is its row before (None for a new group).
+        """
         s = tx.session
         doc = _doc(resource)
         name = str(doc.get("displayName") or "")
         if not name:
             raise InvalidValueException(detail="displayName is required")
-        members = self._members(s, doc)
+        members, _rows = self._members(s, doc)
         if any(mid == rid for mid, _ in members):
             raise InvalidValueException(detail="a group cannot be its own member")
         # Store members with their type, as RFC 7643 section 4.2 describes them.
@@ -521,7 +548,7 @@ class SqlStorage(ScimStorage):
             else []
         )
         if old is not None and old.doc == doc:
-            return
+            return old
         row = old or ScimGroupRow(
             id=rid,
             display_name=name,
@@ -552,6 +579,7 @@ class SqlStorage(ScimStorage):
         else:
             changed = set(before) ^ {mid for mid, _ in members}
             refresh_members(tx, changed)
+        return row
 
     def _leave_groups(self, tx: _Tx, member_id: str, now: datetime) -> None:
         s = tx.session

@@ -461,7 +461,7 @@ class SqlStorage(ScimStorage):
         row.updated_at = now
         s.add(row)
         s.flush()
-        refresh_human(tx, user_name, row)
+        refresh_human(tx, user_name, row, new=old is None)
         if old_name is not None and old_name != user_name:
             refresh_human(tx, old_name)
             self._refresh_reports(tx, rid)

@@ -1124,12 +1124,13 @@ def _enterprise(doc: dict[str, Any]) -> dict[str, Any]:
     return ext if isinstance(ext, dict) else {}
 
 
-def human_entity(s: Session, row: ScimUserRow) -> dict[str, Any]:
+def human_entity(s: Session, row: ScimUserRow, *, new: bool = False) -> dict[str, Any]:
     """The Cedar entity of a SCIM user (docs/context.md#principals).
 
     ``Human::"<userName>"`` with ``active``, ``department`` and ``title`` (``""`` when unset),
     ``manager`` when the enterprise extension names a present person, and the user's groups as
-    parents (none once removed).
+    parents (none once removed). ``new``: the user was created in this transaction, under a new
+    id no group can list yet, so its groups are not looked up.
     """
     ext = _enterprise(row.doc)
     attrs: dict[str, Any] = {
@@ -1143,7 +1144,7 @@ def human_entity(s: Session, row: ScimUserRow) -> dict[str, Any]:
             attrs["manager"] = {"__entity": {"type": "Human", "id": mgr.user_name}}
     parents = (
         []
-        if row.removed_at is not None
+        if row.removed_at is not None or new
         else [{"type": "Group", "id": g} for g in _group_names(s, row.id)]
     )
     return {"uid": {"type": "Human", "id": row.user_name}, "attrs": attrs, "parents": parents}
@@ -1158,11 +1159,14 @@ def group_entity(s: Session, row: ScimGroupRow) -> dict[str, Any]:
     }
 
 
-def refresh_human(tx: _Tx, user_name: str, present: ScimUserRow | None = None) -> None:
+def refresh_human(
+    tx: _Tx, user_name: str, present: ScimUserRow | None = None, *, new: bool = False
+) -> None:
     """Brings the ``Human`` record of ``user_name`` in line with the directory.
 
     ``present``: the present (not removed) user of that name when the caller holds it, which
-    saves looking it up; otherwise it is looked up.
+    saves looking it up; otherwise it is looked up. ``new``: ``present`` was created in this
+    transaction (``human_entity``).
     """
     row = (
         present
@@ -1172,9 +1176,8 @@ def refresh_human(tx: _Tx, user_name: str, present: ScimUserRow | None = None) -
     if row is None:
         tx.set_principal("Human", user_name, None)
     else:
-        tx.set_principal(
-            "Human", user_name, human_entity(tx.session, row), removed=row.removed_at is not None
-        )
+        entity = human_entity(tx.session, row, new=new and row is present)
+        tx.set_principal("Human", user_name, entity, removed=row.removed_at is not None)
 
 
 def refresh_group(tx: _Tx, name: str) -> None:

@@ -68,7 +68,14 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, func, select
 
 from svc.context.models import MemberRow, ScimGroupRow, ScimUserRow, utc
-from svc.context.service import ContextService, _Tx, refresh_group, refresh_human, refresh_members
+from svc.context.service import (
+    ContextService,
+    _Tx,
+    refresh_group,
+    refresh_human,
+    refresh_members,
+    rows_by_id,
+)
 
 __all__ = ["AsyncSqlStorage", "ScimApp", "SqlStorage", "provider"]
 
@@ -461,7 +468,7 @@ class SqlStorage(ScimStorage):
         row.updated_at = now
         s.add(row)
         s.flush()
-        refresh_human(tx, user_name, row, new=old is None)
+        refresh_human(tx, user_name, row, groups=[] if old is None else None)
         if old_name is not None and old_name != user_name:
             refresh_human(tx, old_name)
             self._refresh_reports(tx, rid)
@@ -492,17 +499,8 @@ class SqlStorage(ScimStorage):
         ids = sorted({str(m.get("value") or "") for m in doc.get("members") or []})
         if not ids:
             return [], []
-        users = {
-            u.id: u
-            for u in s.exec(select(ScimUserRow).where(col(ScimUserRow.id).in_(ids)))
-            if u.removed_at is None
-        }
-        rest = [mid for mid in ids if mid not in users]
-        groups = (
-            {g.id: g for g in s.exec(select(ScimGroupRow).where(col(ScimGroupRow.id).in_(rest)))}
-            if rest
-            else {}
-        )
+        users = {k: u for k, u in rows_by_id(s, ScimUserRow, ids).items() if u.removed_at is None}
+        groups = rows_by_id(s, ScimGroupRow, [mid for mid in ids if mid not in users])
         out: list[tuple[str, str]] = []
         for mid in ids:
             if mid in users:

@@ -201,6 +201,7 @@ class Change:
 
 
 _M = TypeVar("_M", bound=BaseModel)
+_Row = TypeVar("_Row", ScimUserRow, ScimGroupRow)
 
 
 def _bad_batch(what: str, errors: list[FieldError]) -> Problem:
@@ -1119,18 +1120,56 @@ def _group_names(s: Session, member_id: str) -> list[str]:
     return sorted(set(rows))
 
 
+#: Most ids in one ``IN (...)`` list (PostgreSQL takes at most 65,535 parameters a statement).
+_IN_CHUNK = 5_000
+
+
+def _chunks(ids: Sequence[str]) -> Iterator[Sequence[str]]:
+    for i in range(0, len(ids), _IN_CHUNK):
+        yield ids[i : i + _IN_CHUNK]
+
+
+def rows_by_id(s: Session, model: type[_Row], ids: Iterable[str]) -> dict[str, _Row]:
+    """The rows of ``model`` (``ScimUserRow`` or ``ScimGroupRow``) with these ids, by id.
+
+    One query per 5,000 ids, instead of one per id; ids without a row are left out.
+    """
+    wanted = sorted(set(ids))
+    out: dict[str, _Row] = {}
+    for part in _chunks(wanted):
+        for row in s.exec(select(model).where(col(model.id).in_(part))):
+            out[row.id] = row
+    return out
+
+
+def _group_names_of(s: Session, member_ids: Sequence[str]) -> dict[str, list[str]]:
+    """``_group_names`` of many members: one query per 5,000 members."""
+    out: dict[str, set[str]] = {m: set() for m in member_ids}
+    for part in _chunks(sorted(set(member_ids))):
+        for mid, name in s.exec(
+            select(MemberRow.member_id, ScimGroupRow.display_name)
+            .join(ScimGroupRow, col(MemberRow.group_id) == col(ScimGroupRow.id))
+            .where(col(MemberRow.member_id).in_(part))
+        ):
+            out[mid].add(name)
+    return {m: sorted(names) for m, names in out.items()}
+
+
 def _enterprise(doc: dict[str, Any]) -> dict[str, Any]:
     ext = doc.get("urn:ietf:params:scim:schemas:extension:enterprise:2.0:User")
     return ext if isinstance(ext, dict) else {}
 
 
-def human_entity(s: Session, row: ScimUserRow, *, new: bool = False) -> dict[str, Any]:
+def human_entity(
+    s: Session, row: ScimUserRow, *, groups: Sequence[str] | None = None
+) -> dict[str, Any]:
     """The Cedar entity of a SCIM user (docs/context.md#principals).
 
     ``Human::"<userName>"`` with ``active``, ``department`` and ``title`` (``""`` when unset),
     ``manager`` when the enterprise extension names a present person, and the user's groups as
-    parents (none once removed). ``new``: the user was created in this transaction, under a new
-    id no group can list yet, so its groups are not looked up.
+    parents (none once removed). ``groups``: the names of the user's groups, sorted, when the
+    caller has read them already (``[]`` for a user created in this transaction, under a new
+    id no group can list yet); None looks them up.
     """
     ext = _enterprise(row.doc)
     attrs: dict[str, Any] = {
@@ -1142,11 +1181,11 @@ def human_entity(s: Session, row: ScimUserRow, *, new: bool = False) -> dict[str
         mgr = s.get(ScimUserRow, row.manager_id)
         if mgr is not None and mgr.removed_at is None:
             attrs["manager"] = {"__entity": {"type": "Human", "id": mgr.user_name}}
-    parents = (
-        []
-        if row.removed_at is not None or new
-        else [{"type": "Group", "id": g} for g in _group_names(s, row.id)]
-    )
+    if row.removed_at is not None:
+        groups = []
+    elif groups is None:
+        groups = _group_names(s, row.id)
+    parents = [{"type": "Group", "id": g} for g in groups]
     return {"uid": {"type": "Human", "id": row.user_name}, "attrs": attrs, "parents": parents}
 
 
@@ -1160,13 +1199,17 @@ def group_entity(s: Session, row: ScimGroupRow) -> dict[str, Any]:
 
 
 def refresh_human(
-    tx: _Tx, user_name: str, present: ScimUserRow | None = None, *, new: bool = False
+    tx: _Tx,
+    user_name: str,
+    present: ScimUserRow | None = None,
+    *,
+    groups: Sequence[str] | None = None,
 ) -> None:
     """Brings the ``Human`` record of ``user_name`` in line with the directory.
 
     ``present``: the present (not removed) user of that name when the caller holds it, which
-    saves looking it up; otherwise it is looked up. ``new``: ``present`` was created in this
-    transaction (``human_entity``).
+    saves looking it up; otherwise it is looked up. ``groups``: ``present``'s group names
+    when the caller has read them (``human_entity``); used only with ``present``.
     """
     row = (
         present
@@ -1176,7 +1219,7 @@ def refresh_human(
     if row is None:
         tx.set_principal("Human", user_name, None)
     else:
-        entity = human_entity(tx.session, row, new=new and row is present)
+        entity = human_entity(tx.session, row, groups=groups if row is present else None)
         tx.set_principal("Human", user_name, entity, removed=row.removed_at is not None)
 
 
@@ -1189,27 +1232,40 @@ def refresh_group(tx: _Tx, name: str) -> None:
 def refresh_members(tx: _Tx, member_ids: Iterable[str]) -> None:
     """Refreshes the records of the users and groups with these SCIM ids.
 
-    The users and groups are read with one query each, not one per id.
+    What the users' records need is read in a few queries for all of them (the users, their
+    managers, their groups, their current records), not a few per user, so a group write
+    naming many members stays a few round trips.
     """
     ids = sorted(set(member_ids))
     if not ids:
         return
     s = tx.session
-    users = {u.id: u for u in s.exec(select(ScimUserRow).where(col(ScimUserRow.id).in_(ids)))}
-    rest = [mid for mid in ids if mid not in users]
-    groups = (
-        {g.id: g for g in s.exec(select(ScimGroupRow).where(col(ScimGroupRow.id).in_(rest)))}
-        if rest
-        else {}
-    )
+    users = rows_by_id(s, ScimUserRow, ids)
+    groups = rows_by_id(s, ScimGroupRow, [mid for mid in ids if mid not in users])
+    present = [u for u in users.values() if u.removed_at is None]
+    # Held while refreshing, so that the session's (weak) identity map answers their gets.
+    managers = rows_by_id(s, ScimUserRow, {u.manager_id for u in present if u.manager_id})
+    names = _group_names_of(s, [u.id for u in present])
+    held = principal_rows(s, "Human", [u.user_name for u in present])
     for mid in ids:
         user = users.get(mid)
         if user is not None:
-            refresh_human(tx, user.user_name, user)
+            refresh_human(tx, user.user_name, user, groups=names.get(user.id))
             continue
         group = groups.get(mid)
         if group is not None:
             refresh_group(tx, group.display_name)
+    del managers, held
+
+
+def principal_rows(s: Session, kind: str, ids: Iterable[str]) -> list[PrincipalRow]:
+    """The principal records of ``kind`` with these ids (one query per 5,000 ids)."""
+    out: list[PrincipalRow] = []
+    for part in _chunks(sorted(set(ids))):
+        out += s.exec(
+            select(PrincipalRow).where(PrincipalRow.kind == kind, col(PrincipalRow.id).in_(part))
+        ).all()
+    return out
 
 
 def _person_json(s: Session, row: ScimUserRow) -> dict[str, Any]:

@@ -255,12 +255,25 @@ def test_lists_page_in_the_database_and_the_snapshot_is_the_directory(live: Live
     got = page("/Users", filter='externalId eq "ext-3"')
     assert [u["userName"] for u in got["Resources"]] == [names[3]]
     assert page("/Users", filter='externalId eq "ext-1"')["totalResults"] == 0
+    # co, sw, ew of a column tried on the column first, then matched whole by scim2-models.
+    for flt, want in (
+        ('userName sw "U"', [names[0], *names[2:5]]),
+        ('userName co "ZO\u00cb \\"Q"', [names[5]]),
+        ('userName ew ".COM" and externalId eq "ext-3"', [names[3]]),
+        ('externalId ew "-4" or userName eq "boss@example.com"', ["boss@example.com", names[4]]),
+        ('externalId sw "EXT-"', []),
+    ):
+        got = page("/Users", filter=flt, count=3)
+        assert got["totalResults"] == len(want), (flt, got)
+        assert [u["userName"] for u in got.get("Resources", [])] == want[:3], flt
 
     # A group write names many members at once: each member's record gains the group.
     staff = create_group(live, "staff", [u["id"] for u in present[1:]])
     create_group(live, "all", [boss["id"], staff["id"]])
     got = page("/Groups", startIndex=2, count=1)
     assert got["totalResults"] == 2 and [g["displayName"] for g in got["Resources"]] == ["all"]
+    got = page("/Groups", filter='displayName ew "FF"', excludedAttributes="members")
+    assert [g["displayName"] for g in got["Resources"]] == ["staff"]
 
     # The snapshot is JSON as the service layer reads it, names escaped as JSON escapes them.
     r = live.http.get("/v1/principals")

@@ -17,8 +17,12 @@ module adds what is svc's:
   ETags, no password change; index pagination (``startIndex``/``count``).
 
 Filters are evaluated by scim2-models (``ScimFilter.match``) over the stored documents of the
-resource type; ``userName``, ``displayName``, ``externalId`` and ``id`` compared with ``eq`` (the
-lookups identity providers make before a create) are answered by an index.
+resource type, after two narrowings that leave the answer as it is: ``userName``,
+``displayName``, ``externalId`` and ``id`` compared with ``eq`` (the lookups identity providers
+make before a create) go through an index, and ``co``/``sw``/``ew`` of ``userName``,
+``displayName`` and ``externalId`` (alone or in an ``and``) are first tested on their column
+alone, the way scim2-models compares them. A list without a filter is counted and paged by the
+database. Figures: docs/benchmarks.md#context-service.
 """
 
 from __future__ import annotations
@@ -59,7 +63,7 @@ from scim2_models import (
     UniquenessException,
     User,
 )
-from scim2_models.path import CompareOperator, Comparison
+from scim2_models.path import CompareOperator, Comparison, LogicalExpr, LogicalOperator
 from scim2_server.applications.asgi import ASGIApplication
 from scim2_server.requests import ScimRequest
 from scim2_server.service import ScimService
@@ -214,6 +218,88 @@ _INDEXED = {
 }
 
 
+#: Attributes whose ``co``, ``sw`` and ``ew`` comparisons are first tried on their column alone
+#: (``_scan_column``): the attribute's URN, lowercase, to its column (users, groups).
+_SCANNED: tuple[dict[str, Any], dict[str, Any]] = (
+    {
+        "urn:ietf:params:scim:schemas:core:2.0:user:username": col(ScimUserRow.user_name),
+        "urn:ietf:params:scim:schemas:core:2.0:user:externalid": col(ScimUserRow.external_id),
+    },
+    {
+        "urn:ietf:params:scim:schemas:core:2.0:group:displayname": col(ScimGroupRow.display_name),
+        "urn:ietf:params:scim:schemas:core:2.0:group:externalid": col(ScimGroupRow.external_id),
+    },
+)
+_STRING_OPS = (CompareOperator.co, CompareOperator.sw, CompareOperator.ew)
+
+
+def _string_test(binding: Any, op: CompareOperator, value: str) -> Callable[[Any], bool] | None:
+    """A test of one stored value: whether ``<attribute> <op> value`` holds for it.
+
+    The comparison is scim2-models' own for ``co``, ``sw`` and ``ew``: both sides in the
+    attribute's comparison form (``AttributeBinding.comparable``: NFC, lowercase unless
+    ``caseExact``), a missing or unpreparable stored value matching nothing. None when
+    ``value`` itself cannot be prepared.
+    """
+    try:
+        right = binding.comparable(value)
+    except ValueError:
+        return None
+    if not isinstance(right, str):
+        return None
+
+    def test(actual: Any) -> bool:
+        if not isinstance(actual, str):
+            return False
+        try:
+            left = binding.comparable(actual)
+        except ValueError:
+            return False
+        if not isinstance(left, str):
+            return False
+        if op == CompareOperator.co:
+            return right in left
+        if op == CompareOperator.sw:
+            return bool(left.startswith(right))
+        return bool(left.endswith(right))
+
+    return test
+
+
+def _scan_column(
+    s: Session, q: Any, order: tuple[Any, ...], scim_filter: ScimFilter[Any], is_user: bool
+) -> list[str] | None:
+    """The ids, in ``order``, of the rows of ``q`` that can match ``scim_filter``, or None.
+
+    For a filter that is, or is a conjunction (``and``) holding, a comparison ``co``, ``sw`` or
+    ``ew`` of ``userName``, ``externalId`` or ``displayName`` with a string: that comparison is
+    tested on the column alone (only ids and the column are read), as scim2-models tests it
+    (``_string_test``). The rows left are read whole and matched against the whole filter by
+    scim2-models, so the answer is the one matching every row gives; only the work shrinks.
+    None for any other filter: every row is matched.
+    """
+    node = scim_filter.ast
+    terms = (
+        node.terms if isinstance(node, LogicalExpr) and node.op == LogicalOperator.and_ else (node,)
+    )
+    for term in terms:
+        if not (
+            isinstance(term, Comparison) and term.op in _STRING_OPS and isinstance(term.value, str)
+        ):
+            continue
+        binding = scim_filter.resolve_comparison(term.attr_path)
+        if binding is None or binding.sub_field_name:
+            continue
+        column = _SCANNED[0 if is_user else 1].get(str(binding.urn).lower())
+        test = None if column is None else _string_test(binding, term.op, term.value)
+        if column is None or test is None:
+            continue
+        row_id = col(ScimUserRow.id) if is_user else col(ScimGroupRow.id)
+        narrowed = q.with_only_columns(row_id, column).order_by(*order)
+        return [rid for rid, value in s.connection().execute(narrowed) if test(value)]
+    return None
+
+
 class SqlStorage(ScimStorage):
     """The SCIM resources in the context service's database (module docs).
 
@@ -265,8 +351,9 @@ class SqlStorage(ScimStorage):
 
         Without a filter, the database counts and pages (``OFFSET``/``LIMIT`` over the index of
         creation order), so only the page's rows are read. A filter ``<indexed attribute> eq
-        "value"`` is narrowed by an index and matched by scim2-models over the few rows left;
-        any other filter is matched by scim2-models over every row of the type
+        "value"`` is narrowed by an index, and one holding ``co``/``sw``/``ew`` of a column by
+        that column (``_scan_column``), then matched by scim2-models over the rows left; any
+        other filter is matched by scim2-models over every row of the type
         (docs/context.md#scim).
 
         Raises:
@@ -298,12 +385,16 @@ class SqlStorage(ScimStorage):
                     page = page.limit(count)
                 rows = s.exec(page).all()
                 return SearchPage(int(total), [_user(r) if is_user else _group(s, r) for r in rows])
-            q = self._narrow(q, scim_filter, is_user)
-            rows = s.exec(q.order_by(*order)).all()
+            if not scim_filter.models:
+                model = UserModel if is_user else Group
+                scim_filter = ScimFilter[model](str(scim_filter))  # type: ignore[valid-type]
+            ids = _scan_column(s, q, order, scim_filter, is_user)
+            if ids is None:
+                rows = s.exec(self._narrow(q, scim_filter, is_user).order_by(*order)).all()
+            else:
+                found: dict[str, Any] = rows_by_id(s, ScimUserRow if is_user else ScimGroupRow, ids)
+                rows = [found[i] for i in ids if i in found]
             resources = [_user(r) if is_user else _group(s, r) for r in rows]
-        if not scim_filter.models:
-            model = UserModel if is_user else Group
-            scim_filter = ScimFilter[model](str(scim_filter))  # type: ignore[valid-type]
         resources = [r for r in resources if scim_filter.match(r)]
         return SearchPage(len(resources), resources[start:stop])
 

@@ -194,7 +194,7 @@ def _user(row: ScimUserRow) -> Resource[Any]:
     return cast(Resource[Any], res)
 
 
-def _group(s: Session, row: ScimGroupRow) -> Resource[Any]:
+def _group(row: ScimGroupRow) -> Resource[Any]:
     res = Group.model_validate(row.doc)
     res.id = row.id
     res.meta = _meta(row, "Group")
@@ -337,7 +337,7 @@ class SqlStorage(ScimStorage):
         else:
             grow = s.get(ScimGroupRow, resource_id)
             if grow is not None:
-                return _group(s, grow)
+                return _group(grow)
         raise NotFoundException(detail=f"{resource_type.name} {resource_id!r} not found")
 
     def search(
@@ -384,7 +384,7 @@ class SqlStorage(ScimStorage):
                 if count is not None:
                     page = page.limit(count)
                 rows = s.exec(page).all()
-                return SearchPage(int(total), [_user(r) if is_user else _group(s, r) for r in rows])
+                return SearchPage(int(total), [_user(r) if is_user else _group(r) for r in rows])
             if not scim_filter.models:
                 model = UserModel if is_user else Group
                 scim_filter = ScimFilter[model](str(scim_filter))  # type: ignore[valid-type]
@@ -394,7 +394,7 @@ class SqlStorage(ScimStorage):
             else:
                 found: dict[str, Any] = rows_by_id(s, ScimUserRow if is_user else ScimGroupRow, ids)
                 rows = [found[i] for i in ids if i in found]
-            resources = [_user(r) if is_user else _group(s, r) for r in rows]
+            resources = [_user(r) if is_user else _group(r) for r in rows]
         resources = [r for r in resources if scim_filter.match(r)]
         return SearchPage(len(resources), resources[start:stop])
 
@@ -428,13 +428,19 @@ class SqlStorage(ScimStorage):
         """
         now = datetime.now(UTC)
         rid = uuid.uuid4().hex
+        # The documents are made before the write lock is taken and the answer after it is
+        # let go: writes run one at a time, so whatever is done inside delays every writer.
+        doc = _doc(resource)
+        is_user = resource_type.name == "User"
         try:
             with self.service.write() as tx:
-                if resource_type.name == "User":
-                    return _user(self._write_user(tx, rid, resource, now, None))
-                return _group(tx.session, self._write_group(tx, rid, resource, now, None))
+                if is_user:
+                    row: Any = self._write_user(tx, rid, doc, now, None)
+                else:
+                    row = self._write_group(tx, rid, doc, now, None)
         except IntegrityError:
             raise UniquenessException() from None
+        return _user(row) if is_user else _group(row)
 
     def update(
         self,
@@ -453,19 +459,23 @@ class SqlStorage(ScimStorage):
         """
         now = datetime.now(UTC)
         rid = cast(str, resource.id)
+        doc = _doc(resource)
+        is_user = resource_type.name == "User"
         try:
             with self.service.write() as tx:
-                if resource_type.name == "User":
+                if is_user:
                     old = tx.session.get(ScimUserRow, rid, with_for_update=True)
                     if old is None or old.removed_at is not None:
                         raise NotFoundException(detail=f"User {rid!r} not found")
-                    return _user(self._write_user(tx, rid, resource, now, old))
-                gold = tx.session.get(ScimGroupRow, rid, with_for_update=True)
-                if gold is None:
-                    raise NotFoundException(detail=f"Group {rid!r} not found")
-                return _group(tx.session, self._write_group(tx, rid, resource, now, gold))
+                    row: Any = self._write_user(tx, rid, doc, now, old)
+                else:
+                    gold = tx.session.get(ScimGroupRow, rid, with_for_update=True)
+                    if gold is None:
+                        raise NotFoundException(detail=f"Group {rid!r} not found")
+                    row = self._write_group(tx, rid, doc, now, gold)
         except IntegrityError:
             raise UniquenessException() from None
+        return _user(row) if is_user else _group(row)
 
     def delete(
         self,
@@ -517,16 +527,15 @@ class SqlStorage(ScimStorage):
         self,
         tx: _Tx,
         rid: str,
-        resource: Resource[Any],
+        doc: dict[str, Any],
         now: datetime,
         old: ScimUserRow | None,
     ) -> ScimUserRow:
         """Writes user ``rid`` and refreshes the records it touches; returns its row.
 
-        ``old`` is its row before (None for a new user).
+        ``doc`` is its stored form (``_doc``); ``old`` its row before (None for a new user).
         """
         s = tx.session
-        doc = _doc(resource)
         user_name = str(doc.get("userName") or "")
         if not user_name:
             raise InvalidValueException(detail="userName is required")
@@ -606,16 +615,16 @@ class SqlStorage(ScimStorage):
         self,
         tx: _Tx,
         rid: str,
-        resource: Resource[Any],
+        doc: dict[str, Any],
         now: datetime,
         old: ScimGroupRow | None,
     ) -> ScimGroupRow:
         """Writes group ``rid`` and refreshes the records it touches; returns its row.
 
-        ``old`` is its row before (None for a new group).
+        ``doc`` is its stored form (``_doc``; its members get their ``type`` here); ``old`` its
+        row before (None for a new group).
         """
         s = tx.session
-        doc = _doc(resource)
         name = str(doc.get("displayName") or "")
         if not name:
             raise InvalidValueException(detail="displayName is required")

@@ -94,13 +94,13 @@ when { context has risk_score && context.risk_score >= 90 };
 
 
 class Pdp:
-    """A real engine behind a real listener whose containment list counts as loaded."""
+    """A real engine behind a real listener that waits for the principals only."""
 
     def __init__(self) -> None:
         self.engine = Engine(POLICIES, SCHEMA)
-        self.server = Server(self.engine, port=0, workers=1)
+        self.server = Server(self.engine, port=0, workers=1, await_principals=True)
         self.server.start()
-        self.server.set_ready(containments=True)
+        self.server.set_ready(bundle=True, containments=True)
         self.http = httpx.Client(base_url=f"http://127.0.0.1:{self.server.port}", timeout=60)
 
     def verdict(self, principal: dict[str, str], doc: str) -> str:
@@ -114,6 +114,13 @@ class Pdp:
         )
         assert r.status_code == 200, r.text
         return str(r.json()["verdict"])
+
+    def metric(self, name: str) -> float:
+        """The value of one series of ``/metrics`` (0 when absent)."""
+        for line in self.http.get("/metrics").text.splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[-1])
+        return 0.0
 
     def readyz(self) -> int:
         return self.http.get("/readyz").status_code
@@ -204,9 +211,13 @@ def test_deactivation_groups_rescore_and_resources_are_followed(live: Live, pdp:
         v = principals_version(live)
         follower.wait_for(lambda s: s.principals_version >= v and s.resources_version > 0)
         assert pdp.readyz() == 200
-        # Dana reads her department's document and, as a reader, the public one.
+        # The feeds start at their head: no resource is held until a check asks for it.
+        assert follower.status.fetched == 0
+        # Dana reads her department's document and, as a reader, the public one: both
+        # fetched on the miss, in one read each.
         assert pdp.verdict(human("dana@example.com"), "plan") == "allow"
         assert pdp.verdict(human("dana@example.com"), "faq") == "allow"
+        assert follower.status.fetches == 2 and follower.status.fetched == 2
         # Erin is in no group and has no department: denied.
         assert pdp.verdict(human("erin@example.com"), "faq") == "deny"
         # A registered service account reads public documents; an unknown one is denied.
@@ -346,9 +357,15 @@ def test_deactivation_groups_rescore_and_resources_are_followed(live: Live, pdp:
         status = follower.wait_for(
             lambda s: s.resources_version >= version and s.principals_version >= v
         )
-        assert status.refused == 1
+        assert status.refused == 0  # not held: the feed applies nothing of them
         assert pdp.verdict(human("fay@example.com"), "good") == "allow"
         assert pdp.verdict(human("fay@example.com"), "bad") == "deny"
+        assert follower.status.refused == 1
+        # Refused, so remembered as absent: asked again, not fetched again.
+        fetches = follower.status.fetches
+        assert pdp.verdict(human("fay@example.com"), "bad") == "deny"
+        assert follower.status.fetches == fetches
+        assert pdp.metric('svc_pdp_resource_fetches_total{outcome="ok"}') == fetches
     finally:
         follower.stop()
 

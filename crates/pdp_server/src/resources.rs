@@ -16,7 +16,10 @@
 //! * **a deadline**: a fetch that fails or takes longer than the timeout lets the check be
 //!   decided without the resource (as if no source were configured), counted in
 //!   `svc_pdp_resource_fetches_total{outcome}`. A late answer still lands in the engine for the
-//!   next check: the source's task is not cancelled.
+//!   next check: the source's task is not cancelled;
+//! * **a bound on fetches at once** ([`MAX_CONCURRENT_FETCHES`]): a request that finds them
+//!   all busy waits for one within its deadline, then is decided without (a `timeout`), so a
+//!   flood of distinct unknown ids cannot pile up blocked tasks behind a slow source.
 //!
 //! The listener holds no fetcher unless the control plane installs one
 //! ([`crate::Shared::set_resource_source`]); without one, a check reads one atomic flag more
@@ -102,11 +105,17 @@ impl Outcome {
     }
 }
 
-/// A [`ResourceSource`] with the absent set, single flight and deadline of the module docs.
+/// Most fetches one [`Fetcher`] runs at once (each holds one of the source's tasks, for
+/// `pdp_py` a thread of Tokio's blocking pool waiting for the GIL and the context service).
+pub const MAX_CONCURRENT_FETCHES: usize = 32;
+
+/// A [`ResourceSource`] with the absent set, single flight, deadline and bound of the module
+/// docs.
 pub struct Fetcher {
     source: Arc<dyn ResourceSource>,
     timeout: Duration,
     book: Mutex<Book>,
+    permits: Arc<tokio::sync::Semaphore>,
 }
 
 /// Removes a request's keys from the in-flight map when its fetch ends or its future is
@@ -139,6 +148,7 @@ impl Fetcher {
                 generation: 0,
                 in_flight: HashMap::default(),
             }),
+            permits: Arc::new(tokio::sync::Semaphore::new(MAX_CONCURRENT_FETCHES)),
         }
     }
 
@@ -223,8 +233,22 @@ impl Fetcher {
         };
         let deadline = tokio::time::Instant::now() + self.timeout;
         if let Some(flight) = flight {
-            let outcome = match tokio::time::timeout_at(deadline, self.source.fetch(ask)).await {
-                Ok(Ok(absent)) => {
+            // A task of its own holds the permit until the source answers, even past the
+            // deadline: the bound is on fetches running, not on requests waiting.
+            let (permits, source) = (self.permits.clone(), self.source.clone());
+            let task = tokio::spawn(async move {
+                let permit = tokio::time::timeout_at(deadline, permits.acquire_owned()).await;
+                // Not within the deadline (or the semaphore closed, which it never is): skip.
+                let _permit = permit.ok()?.ok()?;
+                Some(source.fetch(ask).await)
+            });
+            let outcome = match tokio::time::timeout_at(deadline, task).await {
+                Ok(Ok(None)) | Err(_) => Outcome::Timeout,
+                Ok(Err(e)) => {
+                    eprintln!("svc pdp: fetching missing resources failed: {e}");
+                    Outcome::Failed
+                }
+                Ok(Ok(Some(Ok(absent)))) => {
                     let mut book = self.book();
                     // A feed change during the fetch may have written one of these: remember
                     // nothing rather than something stale.
@@ -238,11 +262,10 @@ impl Fetcher {
                     }
                     Outcome::Ok
                 }
-                Ok(Err(e)) => {
+                Ok(Ok(Some(Err(e)))) => {
                     eprintln!("svc pdp: fetching missing resources failed: {e}");
                     Outcome::Failed
                 }
-                Err(_) => Outcome::Timeout,
             };
             metrics.resource_fetch(outcome);
             drop(flight);

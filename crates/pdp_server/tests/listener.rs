@@ -261,3 +261,87 @@ fn call_text(addr: SocketAddr, path: &str) -> (u16, String) {
         body.to_owned(),
     )
 }
+
+/// A source that answers after `delay`, upserting `Document::"late"`, or fails when `fail`.
+struct Slow {
+    engine: Arc<Engine>,
+    delay: Duration,
+    fail: bool,
+}
+
+impl ResourceSource for Slow {
+    fn fetch(&self, missing: Missing) -> FetchFuture {
+        let (engine, delay, fail) = (self.engine.clone(), self.delay, self.fail);
+        Box::pin(async move {
+            tokio::time::sleep(delay).await;
+            if fail {
+                return Err("the source is down".to_owned());
+            }
+            for u in &missing.resources {
+                engine
+                    .upsert_entities(vec![json!({
+                        "uid": {"type": "Document", "id": u.id().unescaped()},
+                        "attrs": {"owner": {"__entity": {"type": "Human", "id": "alice"}},
+                                  "department": "sales", "sensitivity": "internal", "tags": []},
+                        "parents": [],
+                    })])
+                    .unwrap();
+            }
+            Ok(Missing::default())
+        })
+    }
+}
+
+#[test]
+fn a_late_or_failed_fetch_decides_without_the_resource() {
+    let engine = Arc::new(Engine::new(
+        bundle_dir::load(&testdata().join("bundles/corp")).unwrap(),
+    ));
+    let running: Running = pdp_server::start(engine.clone(), config(), None).unwrap();
+    running
+        .block_on(running.shared.set_ready(Some(true), Some(true), None))
+        .unwrap();
+    let addr = running.local_addr;
+    let verdict = |id: &str| {
+        let request = json!({
+            "principal": {"type": "Human", "id": "alice"},
+            "action": "view",
+            "resource": {"type": "Document", "id": id},
+        });
+        let (status, answer) = call(addr, "POST", "/v1/access/evaluation", Some(&request));
+        assert_eq!(status, 200, "{answer}");
+        answer["verdict"].as_str().unwrap().to_owned()
+    };
+    let install = |delay_ms: u64, fail: bool| {
+        let source = Slow {
+            engine: engine.clone(),
+            delay: Duration::from_millis(delay_ms),
+            fail,
+        };
+        running
+            .shared
+            .set_resource_source(Some(Arc::new(Fetcher::new(
+                Arc::new(source),
+                Duration::from_millis(50),
+                100,
+            ))));
+    };
+    install(0, true);
+    assert_eq!(verdict("down"), "deny");
+    install(300, false);
+    // Past the deadline: decided without it; the answer lands later, for the next check.
+    assert_eq!(verdict("late"), "deny");
+    let late = r#"Document::"late""#.parse().unwrap();
+    let landed = (0..1500).any(|_| {
+        std::thread::sleep(Duration::from_millis(20));
+        engine.missing(&[&late], &[]).0.is_empty()
+    });
+    assert!(landed, "the late answer never landed");
+    assert_eq!(verdict("late"), "allow");
+    running.shared.set_resource_source(None);
+    let (_, metrics) = call_text(addr, "/metrics");
+    for (outcome, n) in [("ok", 0), ("failed", 1), ("timeout", 1)] {
+        let line = format!(r#"svc_pdp_resource_fetches_total{{outcome="{outcome}"}} {n}"#);
+        assert!(metrics.contains(&line), "{line} in {metrics}");
+    }
+}

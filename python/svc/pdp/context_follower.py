@@ -257,7 +257,7 @@ class ContextFollower:
         self._fetching = 0
         self._touched: set[tuple[str, str]] = set()
         self._touched_items: set[str] = set()
-        self._installed = False
+        self._installed: int | None = None  # the timeout_ms it was installed with
         # Readiness needs the snapshot and, when following them, both feeds' heads: a fetch
         # before a head is known could miss a change between its read and that head.
         self._ready_lock = threading.Lock()
@@ -301,15 +301,31 @@ class ContextFollower:
     def stop(self) -> None:
         """Stops following and waits for the threads (up to ``wait_secs`` plus a request)."""
         self._stop.set()
-        if self._installed and self.server is not None and self.server.running:
+        if self._installed is not None and self.server is not None and self.server.running:
             self.server.set_resource_source(None)
-            self._installed = False
+            self._installed = None
         with self._cond:
             self._cond.notify_all()
         for t in self._threads:
             if t.is_alive():
                 t.join()
         self._fetch_client.close()
+
+    def install(self, timeout_ms: int = 200) -> None:
+        """Installs ``fetch`` as the listener's resource source (``Server.set_resource_source``).
+
+        Installing again (a restored database) starts a new absent set; ``stop`` removes it.
+        No effect without a running ``server`` or with ``follow_resources=False`` (nothing
+        would keep fetched resources current).
+
+        Args:
+            timeout_ms: how long a check waits for what it lacks before it is decided without.
+
+        """
+        if self.server is None or not self.server.running or not self.follows_resources:
+            return
+        self.server.set_resource_source(self.fetch, timeout_ms=timeout_ms)
+        self._installed = timeout_ms
 
     def wait_for(self, predicate: Callable[[ContextStatus], bool]) -> ContextStatus:
         """Blocks until ``predicate(status)`` holds (checked after every change) or ``stop``.
@@ -585,6 +601,8 @@ class ContextFollower:
                 self._held_items.clear()
                 if items:
                     self.engine.remove_work_items(items)
+        if self._installed is not None:
+            self.install(self._installed)  # what was absent may exist in the restored data
 
     def _follow_feed(self, feed: str, path: str) -> None:
         attr = f"{feed}_version"
@@ -851,7 +869,5 @@ def follow_context(
             server.set_ready(principals=True)
 
     follower = ContextFollower(engine, url, auth, on_loaded=ready, server=server, **options)
-    if server is not None and server.running and follower.follows_resources:
-        server.set_resource_source(follower.fetch, timeout_ms=fetch_timeout_ms)
-        follower._installed = True
+    follower.install(fetch_timeout_ms)
     return follower.start()

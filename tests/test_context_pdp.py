@@ -6,7 +6,9 @@ starts it) with bearer tokens on too (docs/auth.md): both trust one local issuer
 point sends the context service the token in `--context-token-file`, the test sends both its
 own. What the decision point applies is waited for by asking it again (a bounded number of
 tries with short sleeps: a subprocess has no hook to wait on); the time each change took to be
-applied is printed (`-s` shows it), never asserted.
+applied is printed (`-s` shows it), never asserted. Also `serve_bundle` in-process with both
+`--policy` and `--context`: the bundle from the policy service, the rest from the context
+service.
 """
 
 from __future__ import annotations
@@ -19,15 +21,20 @@ from typing import Any
 
 import httpx
 import pytest
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
+from serverkit import wait_until
 from svc.common.auth import LOCAL_ISSUER, LocalIssuer
 from svc.context.service import ContextService
 from svc.context.settings import ContextAuthSettings, ContextSettings
-from test_context import PATCH, SCIM_TOKEN, USER, database_url
-from test_context_follow import POLICIES, SCHEMA, _serve, _shut
+from svc.pdp.server import StandaloneOptions, serve_bundle
+from svc.policy.app import PolicyServer
+from test_context import PATCH, SCIM_TOKEN, USER, Live, create_user, database_url, live
+from test_context_follow import POLICIES, SCHEMA, _doc, _serve, _shut, put_docs
 from test_pdp_standalone import Pdp
+from test_policy import admin_key, pg, server  # noqa: F401  (fixtures used by name)
 
-__all__ = ["database_url"]  # the fixture, shared with tests/test_context.py
+__all__ = ["database_url", "live"]  # fixtures, shared with tests/test_context.py
 
 EVAL = "/v1/access/evaluation"
 #: Tries of a poll, 50 ms apart: 60 s at most (the follower applies a change within a second).
@@ -321,3 +328,39 @@ def test_svc_pdp_follows_the_context_service(world: World) -> None:
     until("service account unregistered", unregistered, t0)
     assert w.metric('svc_pdp_resource_fetches_total{outcome="failed"}') == 0
     assert w.metric('svc_pdp_resource_fetches_total{outcome="timeout"}') == 0
+
+
+def test_serve_bundle_follows_both_a_policy_and_a_context_service(
+    live: Live,
+    server: PolicyServer,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """``--policy URL --context URL``: the bundle from one, principals and resources from the
+    other; ready once both are loaded."""
+    policy = server.service
+    version = policy.create_draft({"s.cedarschema": SCHEMA, "p.cedar": POLICIES}, "ana").version
+    policy.publish(version, "ana")
+    key = tmp_path / "policy.pub"
+    key.write_bytes(policy.public_key.public_bytes(Encoding.PEM, PublicFormat.SubjectPublicKeyInfo))
+    create_user(
+        live,
+        "hal@example.com",
+        **{"urn:ietf:params:scim:schemas:extension:enterprise:2.0:User": {"department": "eng"}},
+    )
+    put_docs(live, ("h", "eng", "internal"))
+    options = StandaloneOptions(
+        port=0, watch=False, policy=server.target, public_key=key, context=live.url
+    )
+    with serve_bundle(None, options) as pdp:
+        with httpx.Client(base_url=f"http://127.0.0.1:{pdp.port}", timeout=30) as c:
+            wait_until(lambda: c.get("/readyz").status_code == 200, timeout=60)
+            r = c.post(
+                "/v1/access/evaluation",
+                json={
+                    "principal": human("hal@example.com"),
+                    "action": "read",
+                    "resource": _doc("h"),
+                },
+            )
+            assert r.status_code == 200, r.text
+            assert r.json()["verdict"] == "allow" and r.json()["policies"] == ["own-department"]

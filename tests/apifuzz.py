@@ -11,7 +11,6 @@ operation and phase; `SVC_API_FUZZ_EXAMPLES=500` for a longer run.
 from __future__ import annotations
 
 import os
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -22,6 +21,8 @@ import schemathesis
 import uvicorn
 from hypothesis import HealthCheck, settings
 from schemathesis.config import SchemathesisConfig
+
+from svc.common.net import tcp_listener
 
 FUZZ_EXAMPLES = int(os.environ.get("SVC_API_FUZZ_EXAMPLES", "100"))
 
@@ -64,9 +65,7 @@ def load(document: dict[str, Any], headers: dict[str, str] | None = None) -> Any
 @contextmanager
 def serve(app: Any) -> Iterator[str]:
     """Runs `app` under uvicorn on a free port of 127.0.0.1; yields its base URL; stops it."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
+    sock = tcp_listener("127.0.0.1", 0)
     port = sock.getsockname()[1]
     server = uvicorn.Server(
         uvicorn.Config(app, log_level="warning", access_log=False, server_header=False)

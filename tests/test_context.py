@@ -7,7 +7,6 @@ no request has to wait for it to come up).
 
 from __future__ import annotations
 
-import socket
 import threading
 import uuid
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ import uvicorn
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
+from svc.common.net import tcp_listener
 from svc.context.app import create_app
 from svc.context.migrate import HEAD, current_revision, migrate
 from svc.context.service import ContextService
@@ -57,9 +57,7 @@ class Live:
         )
         self.service = ContextService(self.settings)
         app = create_app(self.service, self.settings, ContextAuthSettings(auth="none"))
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", 0))
+        self.sock = tcp_listener("127.0.0.1", 0)
         self.sock.listen(128)
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
         self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))

@@ -21,6 +21,7 @@ import uvicorn
 from serverkit import check_json, check_request
 from svc.authz.v1 import authz_pb2_grpc
 from svc.common.auth import LOCAL_ISSUER, LocalIssuer
+from svc.common.net import tcp_listener
 from svc.context.app import create_app
 from svc.context.service import ContextService
 from svc.context.settings import ContextAuthSettings, ContextSettings
@@ -440,9 +441,7 @@ def _serve(
 ) -> tuple[uvicorn.Server, threading.Thread, socket.socket, str]:
     """Serves the context service's app on 127.0.0.1:`port` (0: a free one) in a thread."""
     app = create_app(service, settings, auth)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", port))
+    sock = tcp_listener("127.0.0.1", port)
     sock.listen(128)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)

@@ -12,7 +12,6 @@ and tests/test_history.py holds this one's) and checks the summary read back fro
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import textwrap
@@ -30,6 +29,7 @@ import uvicorn
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from svc._pdp_core import DecisionLog, Server
+from svc.common.net import tcp_listener
 from svc.common.topics import bootstrap_servers
 from svc.demo.company import Company, generate, provision, write_bundle
 from svc.demo.traffic import DriveReport, TrafficError, drive, scenarios
@@ -363,8 +363,7 @@ def stack(company: Company, bundle: Path, kafka_bootstrap: str, tmp_path: Path) 
         broker_timeout_secs=5.0,
         retry_after_secs=1,
     )
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
+    sock = tcp_listener("127.0.0.1", 0)
     intake = uvicorn.Server(uvicorn.Config(create_app(settings), log_level="warning"))
     thread = threading.Thread(target=intake.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()

@@ -80,6 +80,7 @@ from svc.common.auth import (
     PolicyAuthSettings,
     write_secret,
 )
+from svc.common.net import tcp_listener
 from svc.common.topics import DECISIONS_TOPIC, EVENTS_TOPIC
 from svc.history.loader import Loader
 from svc.history.service import create_app as history_app
@@ -199,7 +200,7 @@ class Urls:
 
 
 def _bind(host: str, port: int, name: str) -> socket.socket:
-    """A TCP socket bound to (`host`, `port`) with ``SO_REUSEADDR``, not listening yet.
+    """A TCP socket bound to (`host`, `port`) (``svc.common.net.tcp_listener``), not listening.
 
     Raises:
         PortTaken: the port is in use or not allowed (the message names it and `name`, the
@@ -207,12 +208,9 @@ def _bind(host: str, port: int, name: str) -> socket.socket:
         OSError: another bind error (an address not on this machine, for example).
 
     """
-    s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     try:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind((host, port))
+        return tcp_listener(host, port)
     except OSError as e:
-        s.close()
         if e.errno in (errno.EADDRINUSE, errno.EACCES):
             why = "in use" if e.errno == errno.EADDRINUSE else "not allowed"
             raise PortTaken(
@@ -220,7 +218,6 @@ def _bind(host: str, port: int, name: str) -> socket.socket:
                 "or start on other ports with --port N (svc up uses N to N+3)"
             ) from None
         raise
-    return s
 
 
 def check_ports(host: str, ports: dict[str, int]) -> None:

@@ -31,7 +31,7 @@ Target (issue "Directory scale", item 6): under 1,000 bytes per entity, so that 
 people fit in a gigabyte. A miss is printed as ``MISS``; the script exits 0 (benches report,
 they do not assert).
 
-Run: ``.venv/bin/python benches/bench_entity_memory.py`` (100,000 people, about half a minute),
+Run: ``.venv/bin/python benches/bench_entity_memory.py`` (100,000 people, about 10 seconds),
 ``--people N`` for another size, ``--million`` to add the 1,000,000-people figure (a few
 minutes and about 3 GB of memory while the snapshot's Python objects are alive).
 """

@@ -694,7 +694,7 @@ impl Bundle {
                         // Closing the hierarchy costs the square of its depth: refuse an
                         // over-deep one here, before any engine closes it.
                         if let Err(e) = crate::store::check_depth(entities.keys(), &|u| {
-                            entities.get(u).map(|e| &**e)
+                            entities.get(u).map(|e| crate::store::Written::Stored(e))
                         }) {
                             errors.push(SourceError::file(name, e.to_string()));
                         }

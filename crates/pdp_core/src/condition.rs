@@ -125,14 +125,6 @@ enum EntityRef<'a> {
 }
 
 impl<'a> EntityRef<'a> {
-    /// Cedar's entity: where attributes and tags are read.
-    fn cedar(self) -> &'a Entity {
-        match self {
-            Self::Closed(c) => c.entity(),
-            Self::Cedar(e) => e,
-        }
-    }
-
     /// The attribute `attr` (Cedar's `Entity::get`): `None` when there is none, an error
     /// ([`Stop::Cedar`]) when it is not a concrete value.
     fn get(self, attr: &str) -> Option<Res<&'a Value>> {
@@ -150,7 +142,10 @@ impl<'a> EntityRef<'a> {
 
     /// The tag `tag` (Cedar's `Entity::get_tag`).
     fn get_tag(self, tag: &str) -> Option<&'a PartialValue> {
-        self.cedar().get_tag(tag)
+        match self {
+            Self::Closed(c) => c.tag(tag),
+            Self::Cedar(e) => e.get_tag(tag),
+        }
     }
 
     /// Whether `target` is an ancestor (Cedar's `Entity::is_descendant_of`).
@@ -899,10 +894,7 @@ mod tests {
     fn world() -> World {
         let cedar = cedar_policy::Entities::from_json_str(ENTITIES, None).unwrap();
         let core: &cedar_policy_core::entities::Entities = cedar.as_ref();
-        let list = core
-            .iter()
-            .map(|e| Arc::new(ClosedEntity::of(e.clone())))
-            .collect();
+        let list = core.iter().map(|e| ClosedEntity::of(e.clone())).collect();
         let context = cedar_policy::Context::from_json_str(CONTEXT, None).unwrap();
         World {
             list,

@@ -65,8 +65,8 @@ pub struct TooDeep {
 /// Measures parent chains without recursion, remembering each entity's depth so that checking
 /// many entities over one graph walks each link once (`O(entities + links)` in all).
 ///
-/// `parents` gives an entity's direct parents, or `None` for an entity the graph does not hold
-/// (it counts as having none). A cycle is not this check's business (the closure reports
+/// `parents` gives an entity's direct parents (an iterator `I`, such as a slice's), or `None`
+/// for an entity the graph does not hold (it counts as having none). A cycle is not this check's business (the closure reports
 /// cycles): a link back into the chain being walked is skipped.
 pub struct DepthCheck<'a, F> {
     parents: F,
@@ -74,9 +74,10 @@ pub struct DepthCheck<'a, F> {
     memo: HashMap<&'a EntityUid, usize>,
 }
 
-impl<'a, F> DepthCheck<'a, F>
+impl<'a, F, I> DepthCheck<'a, F>
 where
-    F: Fn(&EntityUid) -> Option<&'a [EntityUid]>,
+    F: Fn(&EntityUid) -> Option<I>,
+    I: Iterator<Item = &'a EntityUid>,
 {
     /// A check against `limit` links over the graph `parents` describes.
     pub fn new(limit: usize, parents: F) -> Self {
@@ -92,7 +93,7 @@ where
     ///
     /// # Errors
     /// [`TooDeep`] naming `uid` when some chain above it is longer than the limit.
-    pub fn depth(&mut self, uid: &EntityUid, first: &'a [EntityUid]) -> Result<usize, TooDeep> {
+    pub fn depth(&mut self, uid: &EntityUid, first: I) -> Result<usize, TooDeep> {
         let limit = self.limit;
         let too_deep = || TooDeep {
             uid: uid.to_string(),
@@ -100,16 +101,12 @@ where
         };
         // The walk's path: each entity on it with the parents left to visit and the deepest
         // chain found above it so far. The path is never longer than limit + 1 entries.
-        let mut path: Vec<(
-            Option<&'a EntityUid>,
-            std::slice::Iter<'a, EntityUid>,
-            usize,
-        )> = vec![(None, first.iter(), 0)];
+        let mut path: Vec<(Option<&'a EntityUid>, Option<I>, usize)> = vec![(None, Some(first), 0)];
         let mut result = 0;
         while let Some(top) = path.last_mut() {
-            let next = top.1.next();
+            let next = top.1.as_mut().and_then(Iterator::next);
             let Some(p) = next else {
-                let (done, _, d) = path.pop().unwrap_or((None, [].iter(), 0));
+                let (done, _, d) = path.pop().unwrap_or((None, None, 0));
                 match (done, path.last_mut()) {
                     (Some(u), Some(below)) => {
                         self.memo.insert(u, d);
@@ -129,8 +126,7 @@ where
                     if path.len() > self.limit {
                         return Err(too_deep());
                     }
-                    let ps = (self.parents)(p).unwrap_or(&[]);
-                    path.push((Some(p), ps.iter(), 0));
+                    path.push((Some(p), (self.parents)(p), 0));
                     continue;
                 }
             };
@@ -168,9 +164,9 @@ mod tests {
         u: usize,
         limit: usize,
     ) -> Result<usize, TooDeep> {
-        let mut c = DepthCheck::new(limit, |x: &EntityUid| g.get(x).map(Vec::as_slice));
+        let mut c = DepthCheck::new(limit, |x: &EntityUid| g.get(x).map(|v| v.iter()));
         let first = g.get(&uid(u)).map_or(&[][..], Vec::as_slice);
-        c.depth(&uid(u), first)
+        c.depth(&uid(u), first.iter())
     }
 
     #[test]
@@ -214,10 +210,10 @@ mod tests {
         for i in 1000..1100 {
             g.insert(uid(i), vec![uid(0)]);
         }
-        let mut c = DepthCheck::new(64, |x: &EntityUid| g.get(x).map(Vec::as_slice));
+        let mut c = DepthCheck::new(64, |x: &EntityUid| g.get(x).map(|v| v.iter()));
         for i in 1000..1100 {
             let first = g.get(&uid(i)).map_or(&[][..], Vec::as_slice);
-            assert_eq!(c.depth(&uid(i), first), Ok(61));
+            assert_eq!(c.depth(&uid(i), first.iter()), Ok(61));
         }
     }
 }

@@ -15,13 +15,14 @@ use cedar_policy::{Entities, Entity, EntityUid, EvalResult, Schema};
 use cedar_policy_core::ast;
 use cedar_policy_core::entities::{Entities as CoreEntities, NoEntitiesSchema, TCComputation};
 use cedar_policy_core::extensions::Extensions;
+use ref_cast::RefCast;
 use serde_json::Value;
 use smallvec::SmallVec;
 use smol_str::SmolStr;
 use std::borrow::Borrow;
 use std::collections::HashSet;
 use std::hash::{BuildHasher, Hash};
-use std::sync::{Arc, LazyLock};
+use std::sync::{Arc, LazyLock, OnceLock};
 
 /// Writes an overlay holds before [`Layered::settle`] folds it into a new base, at least.
 const OVERLAY_MIN: usize = 1024;
@@ -82,9 +83,6 @@ type Ancestor = (u64, Arc<ast::EntityUID>);
 /// Ancestors a [`ClosedEntity`] holds in its own allocation; more go to a separate one.
 const INLINE_ANCESTORS: usize = 4;
 
-/// Attributes a [`ClosedEntity`] holds in its own allocation; more go to a separate one.
-const INLINE_ATTRS: usize = 2;
-
 /// Most entity elements of a set attribute that a [`ClosedEntity`] files by hash
 /// ([`Attr::uids`]); a bigger set is searched through Cedar's own hash set.
 const MAX_FILED_UIDS: usize = 16;
@@ -103,19 +101,48 @@ pub(crate) fn uid_hash(uid: &ast::EntityUID) -> u64 {
 /// when the record files them ([`ClosedEntity::attr_filed`]).
 pub(crate) type Filed<'a> = (&'a ast::Value, Option<&'a [u64]>);
 
+/// One uid shared by every record that holds it: the one copy of a group every member's
+/// ancestors point at, or of a manager every report's `manager` attribute points at.
+pub(crate) type Interner = FastMap<ast::EntityUID, Arc<ast::EntityUID>>;
+
+/// The shared copy of `uid` in `interner`, made on first use.
+fn interned(interner: &mut Interner, uid: &ast::EntityUID) -> Arc<ast::EntityUID> {
+    if let Some(a) = interner.get(uid) {
+        return Arc::clone(a);
+    }
+    let a = Arc::new(uid.clone());
+    interner.insert(uid.clone(), Arc::clone(&a));
+    a
+}
+
+/// `v` with an entity uid at its top level replaced by the shared copy in `interner` (Cedar
+/// parses each `{"__entity": ...}` into an allocation of its own: 136 bytes per `manager`).
+fn share_value(v: &ast::Value, interner: &mut Interner) -> ast::Value {
+    match &v.value {
+        ast::ValueKind::Lit(ast::Literal::EntityUID(u)) => ast::Value::new(
+            ast::Literal::EntityUID(interned(interner, u)),
+            v.loc.clone(),
+        ),
+        _ => v.clone(),
+    }
+}
+
 /// One attribute of a [`ClosedEntity`]: its name and value and, for a set of entities, their
 /// hashes.
-#[derive(Debug)]
-struct Attr {
+#[derive(Debug, Clone)]
+pub(crate) struct Attr {
     name: SmolStr,
-    /// The value Cedar's entity holds (sharing its set or record).
+    /// The attribute's value (sharing Cedar's set or record).
     value: ast::Value,
     /// For a set holding at most [`MAX_FILED_UIDS`] entity uids, the [`uid_hash`] of each, in
-    /// the record itself: a uid whose hash is not among them is not in the set, which answers
-    /// the usual `principal.blocked.contains(resource.owner)` without reaching Cedar's hash set
-    /// behind the value (its header, then its control bytes: two dependent cache misses on a
-    /// principal not in the cache). `None` for any other value or a bigger set.
-    uids: Option<SmallVec<[u64; 2]>>,
+    /// the record itself for a set of one (the usual `blocked` or `owners`): a uid whose hash
+    /// is not among them is not in the set, which answers the usual
+    /// `principal.blocked.contains(resource.owner)` without reaching Cedar's hash set behind
+    /// the value (its header, then its control bytes: two dependent cache misses on a
+    /// principal not in the cache). Empty for any other value; for a bigger set, which is not
+    /// filed, empty with room for more ([`Attr::filed`] tells the two apart without another
+    /// field, which would cost every attribute eight bytes).
+    uids: SmallVec<[u64; 1]>,
 }
 
 impl Attr {
@@ -124,7 +151,7 @@ impl Attr {
     fn new(name: SmolStr, value: ast::Value) -> Self {
         let uids = match &value.value {
             ast::ValueKind::Set(s) => {
-                let uids: SmallVec<[u64; 2]> = s
+                let uids: SmallVec<[u64; 1]> = s
                     .authoritative
                     .iter()
                     .filter_map(|v| match &v.value {
@@ -133,17 +160,53 @@ impl Attr {
                     })
                     .take(MAX_FILED_UIDS + 1)
                     .collect();
-                (uids.len() <= MAX_FILED_UIDS).then_some(uids)
+                if uids.len() <= MAX_FILED_UIDS {
+                    let mut uids = uids;
+                    uids.shrink_to_fit();
+                    uids
+                } else {
+                    // Not filed: empty, on the heap (see the field's docs).
+                    SmallVec::with_capacity(2)
+                }
             }
-            _ => None,
+            _ => SmallVec::new(),
         };
         Self { name, value, uids }
     }
+
+    /// The hashes of the entities in the value when it is a set that is filed (see
+    /// [`Attr::uids`]), else `None`.
+    fn filed(&self) -> Option<&[u64]> {
+        match &self.value.value {
+            ast::ValueKind::Set(_) if !(self.uids.spilled() && self.uids.is_empty()) => {
+                Some(&self.uids)
+            }
+            _ => None,
+        }
+    }
 }
 
-/// An entity as a check reads it from the snapshot: its uid, all its ancestors (the transitive
-/// closure) and its attribute values in one small record, beside Cedar's entity with the same
-/// closure.
+/// What few entities have: attributes Cedar keeps as partial values (never those of an entity
+/// parsed from JSON) and tags (RFC 82).
+#[derive(Debug, Clone, Default)]
+struct Rare {
+    /// Every attribute, when one of them is not a concrete value (the record's own list is
+    /// then empty).
+    partial: Option<Box<[(SmolStr, ast::PartialValue)]>>,
+    /// The entity's tags.
+    tags: Box<[(SmolStr, ast::PartialValue)]>,
+}
+
+/// An entity as the snapshot keeps it: its uid, its direct parents and every other ancestor
+/// (the transitive closure), and its attribute values and tags, in one small record; the
+/// entity as written (what the store was sent) and as Cedar's interpreter reads it are both
+/// made from it (docs/decisions.md, "What the store keeps per entity").
+///
+/// This is the only copy of a stored entity: the store's table and the hierarchy's table point
+/// at the same record. Cedar's `Entity` (a `BTreeMap` node of attributes, about 1.7 KB, and a
+/// hash set of 120-byte uids) is made only when a check leaves a condition to Cedar's
+/// interpreter or a plan reads the entity, and then kept in the record for the snapshot's life
+/// ([`ClosedEntity::entity`]).
 ///
 /// Looking a principal up and asking `principal in G` are what every check does, and with
 /// 100,000 principals the principal's data is rarely in the cache. In Cedar's `Entity` they
@@ -152,56 +215,228 @@ impl Attr {
 /// cache simulator). Here the table compares the record's own uid, and `in` scans at most a
 /// few ancestors in the same record by a 64-bit hash, reading an ancestor's uid only on a
 /// hash match, and that uid is shared with every other member of the group, so it is usually
-/// cached. Attribute values are read from the record too (no `BTreeMap` node to reach), and a
-/// small set of entities, such as document_cloud's `blocked`, has the hashes of its entities
-/// beside it, so `contains` usually answers without reaching the set. Cedar's entity is read
-/// only for tags, and handed to Cedar's interpreter when a condition needs it.
+/// cached. Attribute values are read from the record's list (no `BTreeMap` node to reach), and
+/// a small set of entities, such as document_cloud's `blocked`, has the hashes of its entities
+/// beside it, so `contains` usually answers without reaching the set.
 #[derive(Debug)]
-pub(crate) struct ClosedEntity {
-    /// The entity's uid (equal to `entity.uid()`).
+pub(crate) struct Record<A: ?Sized> {
+    /// The entity's uid.
     uid: ast::EntityUID,
-    /// Every ancestor, direct or not: each once when closed by [`Hierarchy::close_entity`]; as
-    /// Cedar lists them (parents, then indirect ancestors) when made by [`ClosedEntity::of`].
+    /// Every ancestor, each once: first the direct parents (`direct` of them, as written, the
+    /// entity itself left out), then the indirect ancestors.
     ancestors: SmallVec<[Ancestor; INLINE_ANCESTORS]>,
-    /// The entity's attributes (the same values as Cedar's entity holds, sharing their sets and
-    /// records), or `None` when one of them is not a concrete value.
-    attrs: Option<SmallVec<[Attr; INLINE_ATTRS]>>,
-    /// Cedar's entity, every ancestor among its parents (see [`Hierarchy::close_entity`]).
-    entity: Arc<ast::Entity>,
+    /// How many of `ancestors` are direct parents.
+    direct: u32,
+    /// Whether the entity lists itself among its parents (a cycle; kept so that the entity
+    /// as written and Cedar's closed entity are what they were).
+    self_parent: bool,
+    /// Partial attributes and tags, for the few entities that have them.
+    rare: Option<Box<Rare>>,
+    /// Cedar's entity with every ancestor among its parents, made on first use.
+    cedar: OnceLock<Arc<ast::Entity>>,
+    /// The attributes past [`MAX_INLINE_ATTRS`], when there are more (then all of them are
+    /// here, in name order, and `attrs` is empty).
+    more: Box<[Attr]>,
+    /// The attributes, in name order, in the record's own allocation (empty when `rare` holds
+    /// them as partial values or `more` holds them).
+    attrs: A,
+}
+
+/// A record with its attributes in its own allocation: [`Record`] over a slice, so that the
+/// record is one allocation of the size its attributes need (made by [`Record::boxed`]).
+pub(crate) type ClosedEntity = Record<[Attr]>;
+
+/// Most attributes [`Record::boxed`] places in the record's own allocation; an entity with
+/// more keeps them in a separate one.
+const MAX_INLINE_ATTRS: usize = 8;
+
+impl Record<()> {
+    /// The record made of `self`'s fields and `attrs`, in one allocation sized for them:
+    /// `Arc<Record<[Attr; N]>>` unsized to `Arc<ClosedEntity>` (a safe coercion), `N` chosen
+    /// at run time among 0..=[`MAX_INLINE_ATTRS`]; more attributes go to `more`.
+    fn boxed(self, attrs: Vec<Attr>) -> Arc<ClosedEntity> {
+        let Record {
+            uid,
+            ancestors,
+            direct,
+            self_parent,
+            rare,
+            cedar,
+            ..
+        } = self;
+        macro_rules! sized {
+            ($attrs:expr, $($n:literal)*) => {
+                match $attrs.len() {
+                    $($n => match <[Attr; $n]>::try_from($attrs) {
+                        Ok(a) => {
+                            let r: Arc<ClosedEntity> = Arc::new(Record {
+                                uid, ancestors, direct, self_parent, rare, cedar,
+                                more: Box::default(),
+                                attrs: a,
+                            });
+                            return r;
+                        }
+                        Err(v) => v,
+                    },)*
+                    _ => $attrs,
+                }
+            };
+        }
+        let more = if attrs.len() <= MAX_INLINE_ATTRS {
+            sized!(attrs, 0 1 2 3 4 5 6 7 8)
+        } else {
+            attrs
+        };
+        Arc::new(Record {
+            uid,
+            ancestors,
+            direct,
+            self_parent,
+            rare,
+            cedar,
+            more: more.into_boxed_slice(),
+            attrs: [],
+        })
+    }
+}
+
+/// The parents of an entity as written, from a [`StoredEntity`] or a [`ClosedEntity`].
+#[derive(Clone)]
+pub(crate) enum Parents<'a> {
+    /// A stored entity's list.
+    Uids(std::slice::Iter<'a, EntityUid>),
+    /// The direct parents at the head of a record's ancestors.
+    Shared(std::slice::Iter<'a, Ancestor>),
+}
+
+impl<'a> Iterator for Parents<'a> {
+    type Item = &'a EntityUid;
+
+    fn next(&mut self) -> Option<&'a EntityUid> {
+        match self {
+            Self::Uids(i) => i.next(),
+            Self::Shared(i) => i.next().map(|(_, a)| EntityUid::ref_cast(&**a)),
+        }
+    }
 }
 
 impl ClosedEntity {
-    /// A closed entity of `entity`, whose parents must already be all its ancestors, with
-    /// `ancestors` (the same uids, each once, shared where possible).
-    fn with_ancestors(
-        entity: ast::Entity,
+    /// A record of `uid` with `ancestors` (the first `direct` of them its direct parents),
+    /// `self_parent`, and the attributes and tags of `attrs_of` (Cedar's entity, whose uids in
+    /// attribute values are shared through `interner`).
+    fn build(
+        uid: ast::EntityUID,
         ancestors: SmallVec<[Ancestor; INLINE_ANCESTORS]>,
-    ) -> Self {
-        debug_assert_eq!(entity.ancestors().count(), ancestors.len());
-        let attrs = entity
+        direct: usize,
+        self_parent: bool,
+        attrs_of: &ast::Entity,
+        interner: &mut Interner,
+    ) -> Arc<Self> {
+        let mut rare = Rare::default();
+        let concrete = attrs_of
             .attrs()
-            .map(|(k, v)| match v {
-                ast::PartialValue::Value(v) => Some(Attr::new(k.clone(), v.clone())),
-                ast::PartialValue::Residual(_) => None,
-            })
+            .all(|(_, v)| matches!(v, ast::PartialValue::Value(_)));
+        let attrs: Vec<Attr> = if concrete {
+            attrs_of
+                .attrs()
+                .filter_map(|(k, v)| match v {
+                    ast::PartialValue::Value(v) => {
+                        Some(Attr::new(k.clone(), share_value(v, interner)))
+                    }
+                    ast::PartialValue::Residual(_) => None,
+                })
+                .collect()
+        } else {
+            rare.partial = Some(
+                attrs_of
+                    .attrs()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
+            );
+            Vec::new()
+        };
+        rare.tags = attrs_of
+            .tags()
+            .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
-        Self {
-            uid: entity.uid().clone(),
+        let rare = (rare.partial.is_some() || !rare.tags.is_empty()).then(|| Box::new(rare));
+        Record {
+            uid,
             ancestors,
-            attrs,
-            entity: Arc::new(entity),
+            direct: u32::try_from(direct).unwrap_or(u32::MAX),
+            self_parent,
+            rare,
+            cedar: OnceLock::new(),
+            more: Box::default(),
+            attrs: (),
         }
+        .boxed(attrs)
+    }
+
+    /// The record of `entity` as written, not closed: its ancestors are its parents (each the
+    /// copy in `interner`), and Cedar's indirect ancestors if it lists any. What a write stores
+    /// before [`Hierarchy`] closes it.
+    pub(crate) fn written(entity: &ast::Entity, interner: &mut Interner) -> Arc<Self> {
+        let own = entity.uid();
+        let mut ancestors = SmallVec::new();
+        let mut self_parent = false;
+        for p in entity.parents() {
+            if p == own {
+                self_parent = true;
+            } else {
+                ancestors.push((uid_hash(p), interned(interner, p)));
+            }
+        }
+        let direct = ancestors.len();
+        for a in entity.indirect_ancestors() {
+            if a != own && !entity.is_child_of(a) {
+                ancestors.push((uid_hash(a), interned(interner, a)));
+            }
+        }
+        Self::build(
+            own.clone(),
+            ancestors,
+            direct,
+            self_parent,
+            entity,
+            interner,
+        )
     }
 
     /// The closed entity of `entity`, taking the ancestors it holds (parents and indirect
     /// ancestors, as Cedar keeps them) as its whole closure: for an entity with no parents,
     /// such as a work item, or one Cedar has already closed.
-    pub(crate) fn of(entity: ast::Entity) -> Self {
-        let ancestors = entity
-            .ancestors()
-            .map(|a| (uid_hash(a), Arc::new(a.clone())))
-            .collect();
-        Self::with_ancestors(entity, ancestors)
+    pub(crate) fn of(entity: ast::Entity) -> Arc<Self> {
+        Self::written(&entity, &mut Interner::default())
+    }
+
+    /// A copy of this record with other `ancestors` (the first `direct` of them its direct
+    /// parents): the same uid, attributes and tags.
+    fn reclosed(
+        &self,
+        ancestors: SmallVec<[Ancestor; INLINE_ANCESTORS]>,
+        direct: usize,
+    ) -> Arc<Self> {
+        Record {
+            uid: self.uid.clone(),
+            ancestors,
+            direct: u32::try_from(direct).unwrap_or(u32::MAX),
+            self_parent: self.self_parent,
+            rare: self.rare.clone(),
+            cedar: OnceLock::new(),
+            more: Box::default(),
+            attrs: (),
+        }
+        .boxed(self.attr_list().to_vec())
+    }
+
+    /// The attributes, in name order (empty when they are partial values, see `rare`).
+    fn attr_list(&self) -> &[Attr] {
+        if self.more.is_empty() {
+            &self.attrs
+        } else {
+            &self.more
+        }
     }
 
     /// The entity's uid.
@@ -209,9 +444,70 @@ impl ClosedEntity {
         &self.uid
     }
 
-    /// Cedar's entity, with every ancestor among its parents.
+    /// The direct parents, as written (the entity itself left out; see
+    /// [`ClosedEntity::self_parent`]).
+    fn direct(&self) -> &[Ancestor] {
+        let n = usize::try_from(self.direct).unwrap_or(usize::MAX);
+        self.ancestors.get(..n).unwrap_or(&self.ancestors)
+    }
+
+    /// Every attribute with its value, in name order; partial values as Cedar keeps them.
+    fn attr_values(&self) -> impl Iterator<Item = (SmolStr, ast::PartialValue)> + '_ {
+        let partial = self
+            .rare
+            .as_ref()
+            .and_then(|r| r.partial.as_deref())
+            .unwrap_or_default();
+        self.attr_list()
+            .iter()
+            .map(|a| (a.name.clone(), ast::PartialValue::Value(a.value.clone())))
+            .chain(partial.iter().cloned())
+    }
+
+    /// The tags with their values.
+    fn tag_values(&self) -> impl Iterator<Item = (SmolStr, ast::PartialValue)> + '_ {
+        self.rare
+            .as_ref()
+            .map(|r| &*r.tags)
+            .unwrap_or_default()
+            .iter()
+            .cloned()
+    }
+
+    /// Cedar's entity with `parents` and no indirect ancestors.
+    fn to_cedar(&self, parents: HashSet<ast::EntityUID>) -> ast::Entity {
+        ast::Entity::new_with_attr_partial_value(
+            self.uid.clone(),
+            self.attr_values(),
+            HashSet::new(),
+            parents,
+            self.tag_values(),
+        )
+    }
+
+    /// Cedar's entity, with every ancestor among its parents (and the entity itself when it
+    /// lists itself as a parent): made on the first call and kept in the record, so the same
+    /// record always gives the same `Arc` (the plan memos compare them by address).
     pub(crate) fn entity(&self) -> &Arc<ast::Entity> {
-        &self.entity
+        self.cedar.get_or_init(|| {
+            let mut parents: HashSet<ast::EntityUID> =
+                self.ancestors.iter().map(|(_, a)| (**a).clone()).collect();
+            if self.self_parent {
+                parents.insert(self.uid.clone());
+            }
+            Arc::new(self.to_cedar(parents))
+        })
+    }
+
+    /// The entity as it was written (direct parents only, which Cedar closes itself): what a
+    /// check with inline entities hands Cedar.
+    pub(crate) fn written_entity(&self) -> Entity {
+        let mut parents: HashSet<ast::EntityUID> =
+            self.direct().iter().map(|(_, a)| (**a).clone()).collect();
+        if self.self_parent {
+            parents.insert(self.uid.clone());
+        }
+        Entity::from(self.to_cedar(parents))
     }
 
     /// The attribute `name`: `Some(Ok((value, hashes)))`, `None` when the entity has no such
@@ -223,19 +519,76 @@ impl ClosedEntity {
     /// not among them is not in the set. It is `None` for any other value, a bigger set, and
     /// every attribute of an entity with a residual one.
     pub(crate) fn attr_filed(&self, name: &str) -> Option<Result<Filed<'_>, &ast::PartialValue>> {
-        match &self.attrs {
-            Some(attrs) => attrs
-                .iter()
-                .find(|a| a.name == name)
-                .map(|a| Ok((&a.value, a.uids.as_deref()))),
-            None => self.entity.get(name).map(|pv| match pv {
+        if let Some(a) = self.attr_list().iter().find(|a| a.name == name) {
+            return Some(Ok((&a.value, a.filed())));
+        }
+        let partial = self.rare.as_ref()?.partial.as_deref()?;
+        partial
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, pv)| match pv {
                 ast::PartialValue::Value(v) => Ok((v, None)),
                 ast::PartialValue::Residual(_) => Err(pv),
-            }),
+            })
+    }
+
+    /// The tag `tag` (Cedar's `Entity::get_tag`).
+    pub(crate) fn tag(&self, tag: &str) -> Option<&ast::PartialValue> {
+        self.rare
+            .as_ref()?
+            .tags
+            .iter()
+            .find(|(k, _)| k == tag)
+            .map(|(_, v)| v)
+    }
+
+    /// Calls `f` with every entity uid in the attributes `take` accepts (by name), at any depth
+    /// of sets and records, in attribute-name order (partial values left out).
+    pub(crate) fn for_each_ref<'s>(
+        &'s self,
+        mut take: impl FnMut(&'s str) -> bool,
+        mut f: impl FnMut(&'s ast::EntityUID),
+    ) {
+        fn walk<'v>(v: &'v ast::Value, f: &mut impl FnMut(&'v ast::EntityUID)) {
+            match &v.value {
+                ast::ValueKind::Lit(ast::Literal::EntityUID(u)) => f(u),
+                ast::ValueKind::Set(s) => s.authoritative.iter().for_each(|x| walk(x, f)),
+                ast::ValueKind::Record(r) => r.values().for_each(|x| walk(x, f)),
+                ast::ValueKind::Lit(_) | ast::ValueKind::ExtensionValue(_) => {}
+            }
+        }
+        for a in self.attr_list() {
+            if take(&a.name) {
+                walk(&a.value, &mut f);
+            }
+        }
+        if let Some(partial) = self.rare.as_ref().and_then(|r| r.partial.as_deref()) {
+            for (k, pv) in partial {
+                if let ast::PartialValue::Value(v) = pv {
+                    if take(k) {
+                        walk(v, &mut f);
+                    }
+                }
+            }
         }
     }
 
-    /// Every ancestor, direct or not, in no particular order (see the field's docs).
+    /// Every entity uid in the attributes ([`ClosedEntity::for_each_ref`]), with the name of
+    /// the attribute it was found in.
+    pub(crate) fn refs(&self) -> Vec<(&str, &ast::EntityUID)> {
+        let mut out = Vec::new();
+        let name = std::cell::Cell::new("");
+        self.for_each_ref(
+            |n| {
+                name.set(n);
+                true
+            },
+            |u| out.push((name.get(), u)),
+        );
+        out
+    }
+
+    /// Every ancestor, direct or not, direct parents first.
     pub(crate) fn ancestors(&self) -> impl Iterator<Item = &ast::EntityUID> {
         self.ancestors.iter().map(|(_, a)| &**a)
     }
@@ -248,6 +601,76 @@ impl ClosedEntity {
         }
         let h = uid_hash(uid);
         self.ancestors.iter().any(|(ah, a)| *ah == h && **a == *uid)
+    }
+}
+
+/// An entity as written (its uid, direct parents, attributes and references): a stored
+/// entity's record, or a bundle's, an action's or an inline [`StoredEntity`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Written<'a> {
+    /// A bundle, action, inline or work-item entity.
+    Stored(&'a StoredEntity),
+    /// A stored entity's record.
+    Record(&'a ClosedEntity),
+}
+
+impl<'a> Written<'a> {
+    /// The entity's uid.
+    pub(crate) fn uid(self) -> &'a ast::EntityUID {
+        match self {
+            Self::Stored(s) => s.entity.as_ref().uid(),
+            Self::Record(r) => r.uid(),
+        }
+    }
+
+    /// The direct parents as written.
+    pub(crate) fn parents(self) -> Parents<'a> {
+        match self {
+            Self::Stored(s) => Parents::Uids(s.parents.iter()),
+            Self::Record(r) => {
+                // The entity itself, when it is its own parent, is not among the record's
+                // ancestors; Cedar's walks skip it anyway.
+                Parents::Shared(r.direct().iter())
+            }
+        }
+    }
+
+    /// Whether the entity lists itself among its parents.
+    pub(crate) fn self_parent(self) -> bool {
+        match self {
+            Self::Stored(s) => s
+                .parents
+                .iter()
+                .any(|p| p.as_ref() == s.entity.as_ref().uid()),
+            Self::Record(r) => r.self_parent,
+        }
+    }
+
+    /// Cedar's entity as written (direct parents only).
+    pub(crate) fn to_entity(self) -> Entity {
+        match self {
+            Self::Stored(s) => s.entity.clone(),
+            Self::Record(r) => r.written_entity(),
+        }
+    }
+
+    /// The entities its attributes reference, each with the attribute's name.
+    pub(crate) fn refs(self) -> Vec<(&'a str, &'a ast::EntityUID)> {
+        match self {
+            Self::Stored(s) => s.refs.iter().map(|(k, u)| (&**k, u.as_ref())).collect(),
+            Self::Record(r) => r.refs(),
+        }
+    }
+
+    /// The attribute `name`, when it is a concrete value.
+    pub(crate) fn attr(self, name: &str) -> Option<&'a ast::Value> {
+        match self {
+            Self::Stored(s) => match s.entity.as_ref().get(name)? {
+                ast::PartialValue::Value(v) => Some(v),
+                ast::PartialValue::Residual(_) => None,
+            },
+            Self::Record(r) => r.attr_filed(name)?.ok().map(|(v, _)| v),
+        }
     }
 }
 
@@ -322,7 +745,7 @@ impl EntityTable {
                     // to its end.
                     let counts = 2 * size_of::<usize>();
                     let start = Arc::as_ptr(e).cast::<u8>().wrapping_sub(counts);
-                    prefetch_bytes(start, counts + size_of::<ClosedEntity>());
+                    prefetch_bytes(start, counts + size_of_val(&**e));
                 }
             }
         }
@@ -591,7 +1014,9 @@ impl<K: Hash + Eq + Clone, V: Clone, B: FlatTable<K, V>> FromIterator<(K, V)> fo
 }
 
 /// An entity with its direct parents and the entities its attributes reference, kept beside
-/// the Cedar entity so a check can gather the slice it needs without scanning the store.
+/// the Cedar entity so a check can gather the slice it needs without scanning the store: the
+/// form of the bundle's, the action, inline and work-item entities. Stored entities are parsed
+/// into it and kept only as records ([`ClosedEntity`]).
 #[derive(Debug, Clone)]
 pub struct StoredEntity {
     /// The Cedar entity.
@@ -686,7 +1111,8 @@ pub struct WorkItem {
 /// One immutable snapshot of everything the decision point knows besides the bundle.
 #[derive(Debug, Clone, Default)]
 pub struct Store {
-    pub(crate) entities: Layered<EntityUid, Arc<StoredEntity>>,
+    /// The stored entities' records, each the very record the hierarchy holds for its uid.
+    pub(crate) entities: Layered<ast::EntityUID, Arc<ClosedEntity>, EntityTable>,
     pub(crate) work_items: PMap<String, Arc<WorkItem>>,
     pub(crate) contained: PSet<EntityUid>,
     pub(crate) risk: Layered<EntityUid, i64>,
@@ -735,15 +1161,6 @@ pub fn parse_uid_list(value: &Value, field: &str) -> Result<Vec<EntityUid>, Requ
         .collect()
 }
 
-/// Why [`Hierarchy::refresh`] refused a change.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Unclosable {
-    /// These entities would be their own ancestors.
-    Cycles(Vec<EntityUid>),
-    /// A parent chain would be longer than [`limits::max_entity_depth`].
-    TooDeep(TooDeep),
-}
-
 /// Checks that no entity in `uids` starts a parent chain longer than
 /// [`limits::max_entity_depth`], walking each link once ([`DepthCheck`]).
 ///
@@ -751,14 +1168,14 @@ pub(crate) enum Unclosable {
 /// [`TooDeep`] for the first entity over the limit.
 pub(crate) fn check_depth<'a, 'u>(
     uids: impl Iterator<Item = &'u EntityUid>,
-    look: &impl Fn(&EntityUid) -> Option<&'a StoredEntity>,
+    look: &impl Fn(&EntityUid) -> Option<Written<'a>>,
 ) -> Result<(), TooDeep> {
     let mut depth = DepthCheck::new(limits::max_entity_depth(), |u: &EntityUid| {
-        look(u).map(|e| e.parents.as_slice())
+        look(u).map(Written::parents)
     });
     for uid in uids {
-        if let Some(se) = look(uid) {
-            depth.depth(uid, &se.parents)?;
+        if let Some(w) = look(uid) {
+            depth.depth(uid, w.parents())?;
         }
     }
     Ok(())
@@ -769,8 +1186,10 @@ pub(crate) fn check_depth<'a, 'u>(
 ///
 /// Cedar needs the ancestor relation transitively closed before it evaluates. Computing the
 /// closure of each check's slice was the largest cost of a check (see docs/benchmarks.md), so
-/// the closure is kept here instead, per snapshot: a check hands Cedar `Arc`s of these entities
-/// with [`TCComputation::AssumeAlreadyComputed`], copying nothing. Writers re-close only what a
+/// the closure is kept here instead, per snapshot, in one record per entity ([`ClosedEntity`],
+/// shared with the store's table): compiled conditions read the records, and a check that
+/// leaves a condition to Cedar hands it the Cedar entities made from them
+/// ([`ClosedEntity::entity`]) with [`TCComputation::AssumeAlreadyComputed`]. Writers re-close only what a
 /// change can reach: the changed entities, plus (when a changed entity is somebody's parent) every
 /// entity whose ancestors include it.
 #[derive(Debug, Clone, Default)]
@@ -783,51 +1202,78 @@ pub(crate) struct Hierarchy {
 }
 
 impl Hierarchy {
-    /// Closes one entity: its Cedar entity with every ancestor reachable through `look`
-    /// (depth-first, cycle-safe) added to its parents, and the same ancestors in the record
-    /// checks read ([`ClosedEntity`]), each the copy shared through `self.parents`. The flag is
-    /// true when the entity is its own ancestor (a cycle, which Cedar refuses).
+    /// The copy of ancestor `p` every record shares, made and filed on first use.
+    fn share(&mut self, p: &EntityUid) -> Ancestor {
+        let shared = match self.parents.get(p) {
+            Some(a) => Arc::clone(a),
+            None => {
+                let a = Arc::new(p.as_ref().clone());
+                self.parents.insert(p.clone(), Arc::clone(&a));
+                a
+            }
+        };
+        (uid_hash(&shared), shared)
+    }
+
+    /// Closes one entity (`w`, as written): its record with every ancestor reachable through
+    /// `look` (direct parents first, then depth-first, cycle-safe), each the copy shared
+    /// through `self.parents`. The flag is true when the entity is its own ancestor (a cycle,
+    /// which Cedar refuses).
     ///
-    /// Every ancestor goes into the one set of parents, leaving Cedar's separate set of indirect
-    /// ancestors empty. Cedar's `in` (`Entity::is_descendant_of`) and its ancestor iteration read
-    /// both sets alike, so Cedar's interpreter decides the same; and a check probes one table
-    /// where it probed two (fewer cache misses per check in callgrind's cache simulator). A
-    /// closed entity is never written out, so the direct parents are not lost: the stored
-    /// entity keeps them.
+    /// Cedar's entity made from the record ([`ClosedEntity::entity`]) has every ancestor in its
+    /// one set of parents, leaving Cedar's separate set of indirect ancestors empty. Cedar's
+    /// `in` (`Entity::is_descendant_of`) and its ancestor iteration read both sets alike, so
+    /// Cedar's interpreter decides the same; the record keeps which ancestors are direct
+    /// parents, so the entity as written is not lost.
     fn close_entity<'a>(
         &mut self,
-        se: &StoredEntity,
-        look: &impl Fn(&EntityUid) -> Option<&'a StoredEntity>,
-    ) -> (ClosedEntity, bool) {
-        let mut core: ast::Entity = se.entity.as_ref().clone();
-        let mut seen: HashSet<EntityUid> = HashSet::new();
-        let mut stack: Vec<&EntityUid> = se.parents.iter().collect();
-        let own = se.entity.uid();
-        let mut cyclic = false;
-        let mut ancestors = SmallVec::new();
-        while let Some(p) = stack.pop() {
-            if !seen.insert(p.clone()) {
-                continue;
-            }
-            if *p == own {
+        w: Written<'_>,
+        look: &impl Fn(&EntityUid) -> Option<Written<'a>>,
+    ) -> (Arc<ClosedEntity>, bool) {
+        let own = w.uid();
+        let mut seen: HashSet<&EntityUid> = HashSet::new();
+        let mut ancestors: SmallVec<[Ancestor; INLINE_ANCESTORS]> = SmallVec::new();
+        let mut cyclic = w.self_parent();
+        let mut stack: Vec<&EntityUid> = Vec::new();
+        for p in w.parents() {
+            if p.as_ref() == own {
                 cyclic = true;
                 continue;
             }
-            let shared = match self.parents.get(p) {
-                Some(a) => Arc::clone(a),
-                None => {
-                    let a = Arc::new(p.as_ref().clone());
-                    self.parents.insert(p.clone(), Arc::clone(&a));
-                    a
-                }
-            };
-            ancestors.push((uid_hash(&shared), shared));
-            core.add_parent(p.as_ref().clone());
-            if let Some(pe) = look(p) {
-                stack.extend(pe.parents.iter().filter(|g| !seen.contains(*g)));
+            if !seen.insert(p) {
+                continue;
+            }
+            ancestors.push(self.share(p));
+            if let Some(pw) = look(p) {
+                stack.extend(pw.parents());
             }
         }
-        (ClosedEntity::with_ancestors(core, ancestors), cyclic)
+        let direct = ancestors.len();
+        while let Some(p) = stack.pop() {
+            if p.as_ref() == own {
+                cyclic = true;
+                continue;
+            }
+            if !seen.insert(p) {
+                continue;
+            }
+            ancestors.push(self.share(p));
+            if let Some(pw) = look(p) {
+                stack.extend(pw.parents().filter(|g| !seen.contains(*g)));
+            }
+        }
+        let closed = match w {
+            Written::Record(r) => r.reclosed(ancestors, direct),
+            Written::Stored(s) => ClosedEntity::build(
+                own.clone(),
+                ancestors,
+                direct,
+                w.self_parent(),
+                s.entity.as_ref(),
+                &mut Interner::default(),
+            ),
+        };
+        (closed, cyclic)
     }
 
     /// Closes every entity in `uids` from scratch. Returns the closure and the uids of entities
@@ -839,19 +1285,19 @@ impl Hierarchy {
     /// levels costs `d * d / 2` entries).
     pub(crate) fn rebuild<'a, 'u>(
         uids: impl Iterator<Item = &'u EntityUid> + Clone,
-        look: &impl Fn(&EntityUid) -> Option<&'a StoredEntity>,
+        look: &impl Fn(&EntityUid) -> Option<Written<'a>>,
     ) -> Result<(Self, Vec<EntityUid>), TooDeep> {
         check_depth(uids.clone(), look)?;
         let mut h = Self::default();
         let mut cycles = Vec::new();
         let mut closed = Vec::new();
         for uid in uids {
-            if let Some(se) = look(uid) {
-                let (e, cyclic) = h.close_entity(se, look);
+            if let Some(w) = look(uid) {
+                let (e, cyclic) = h.close_entity(w, look);
                 if cyclic {
                     cycles.push(uid.clone());
                 }
-                closed.push((e.uid().clone(), Arc::new(e)));
+                closed.push((e.uid().clone(), e));
             }
         }
         h.closed = closed.into_iter().collect();
@@ -860,18 +1306,18 @@ impl Hierarchy {
     }
 
     /// Re-closes after the entities `changed` were inserted, replaced or removed (`look` shows
-    /// the state after the change).
+    /// the state after the change). Returns every uid it re-closed or removed, and the uids of
+    /// entities the change made their own ancestors (sorted; a writer refuses the change when
+    /// there are any).
     ///
     /// # Errors
-    /// [`Unclosable::Cycles`] with the uids of entities the change made their own ancestors,
-    /// and [`Unclosable::TooDeep`] when it made a parent chain longer than
-    /// [`limits::max_entity_depth`] (checked before anything is closed); `self` is then half
-    /// updated and must be dropped (writers work on a copy and do not publish it).
+    /// [`TooDeep`] when the change made a parent chain longer than
+    /// [`limits::max_entity_depth`] (checked before anything is closed).
     pub(crate) fn refresh<'a>(
         &mut self,
         changed: &[EntityUid],
-        look: &impl Fn(&EntityUid) -> Option<&'a StoredEntity>,
-    ) -> Result<(), Unclosable> {
+        look: &impl Fn(&EntityUid) -> Option<Written<'a>>,
+    ) -> Result<(Vec<EntityUid>, Vec<EntityUid>), TooDeep> {
         let mut cycles = Vec::new();
         let mut affected: HashSet<EntityUid> = changed.iter().cloned().collect();
         if changed.iter().any(|u| self.parents.contains_key(u)) {
@@ -882,27 +1328,25 @@ impl Hierarchy {
                 }
             }
         }
-        check_depth(affected.iter(), look).map_err(Unclosable::TooDeep)?;
+        check_depth(affected.iter(), look)?;
+        let mut done = Vec::with_capacity(affected.len());
         for uid in affected {
             match look(&uid) {
-                Some(se) => {
-                    let (e, cyclic) = self.close_entity(se, look);
-                    self.closed.insert(e.uid().clone(), Arc::new(e));
+                Some(w) => {
+                    let (e, cyclic) = self.close_entity(w, look);
+                    self.closed.insert(e.uid().clone(), e);
                     if cyclic {
-                        cycles.push(uid);
+                        cycles.push(uid.clone());
                     }
                 }
                 None => {
                     self.closed.remove(uid.as_ref());
                 }
             }
+            done.push(uid);
         }
-        if cycles.is_empty() {
-            Ok(())
-        } else {
-            cycles.sort();
-            Err(Unclosable::Cycles(cycles))
-        }
+        cycles.sort();
+        Ok((done, cycles))
     }
 
     /// Folds recent writes into the flat table when due ([`Layered::settle`]).
@@ -962,7 +1406,12 @@ mod tests {
             .cloned()
             .map(StoredEntity::from_entity)
             .collect();
-        let look = |u: &EntityUid| stored.iter().find(|s| s.entity.uid() == *u);
+        let look = |u: &EntityUid| {
+            stored
+                .iter()
+                .find(|s| s.entity.uid() == *u)
+                .map(Written::Stored)
+        };
         let uids: Vec<EntityUid> = stored.iter().map(|s| s.entity.uid()).collect();
         let (h, cycles) = Hierarchy::rebuild(uids.iter(), &look).unwrap();
         (cedar, uids, h, cycles)
@@ -1120,7 +1569,7 @@ mod tests {
         let entity = |k: u32, v: u32| {
             let mut e = ast::Entity::with_uid(uid(k));
             e.add_parent(uid(100_000 + v));
-            Arc::new(ClosedEntity::of(e))
+            ClosedEntity::of(e)
         };
         type Closed = Layered<ast::EntityUID, Arc<ClosedEntity>, EntityTable>;
         let mut c: Closed = (0..3000).map(|k| (uid(k), entity(k, 0))).collect();

@@ -14,11 +14,10 @@ use crate::limits::{self, DepthCheck};
 use crate::memo::{Injected, MemoContext};
 use crate::request::{parse_uid, CheckRequest};
 use crate::scope::DEREFS_ALL;
-use crate::store::{Hierarchy, StoredEntity, WorkItem};
-use cedar_policy::{
-    Context, Effect, Entities, EntityUid, EvalResult, Request, RequestValidationError,
-};
+use crate::store::{Hierarchy, StoredEntity, WorkItem, Written};
+use cedar_policy::{Context, Effect, Entities, EntityUid, Request, RequestValidationError};
 use cedar_policy_core::ast::EntityUIDEntry;
+use cedar_policy_core::ast::{Literal, ValueKind};
 use cedar_policy_core::evaluator::Evaluator;
 use cedar_policy_core::extensions::Extensions;
 use serde_json::{Map, Value};
@@ -498,13 +497,13 @@ pub(super) fn inline_entities(
     let mut depth = DepthCheck::new(limits::max_entity_depth(), |u: &EntityUid| {
         inline
             .get(u)
-            .map(|e| e.parents.as_slice())
-            .or_else(|| st.entity(u).map(|e| e.parents.as_slice()))
+            .map(|e| Written::Stored(e).parents())
+            .or_else(|| st.entity(u).map(Written::parents))
     });
     for (i, uid) in &order {
         if let Some(se) = inline.get(uid) {
             depth
-                .depth(uid, &se.parents)
+                .depth(uid, Written::Stored(se).parents())
                 .map_err(|e| RequestError::new(format!("entities[{i}].parents"), e.to_string()))?;
         }
     }
@@ -513,16 +512,15 @@ pub(super) fn inline_entities(
 
 #[inline]
 pub(super) fn is_registered(st: &State, uid: &EntityUid) -> bool {
-    let e = st
-        .store
-        .entities
-        .get(uid)
-        .or_else(|| st.bundle.entities.get(uid));
+    let e = match st.store.entities.get(uid.as_ref()) {
+        Some(r) => Some(Written::Record(r)),
+        None => st.bundle.entities.get(uid).map(|e| Written::Stored(e)),
+    };
     match e {
         None => false,
         Some(e) => !matches!(
-            e.entity.attr("registered"),
-            Some(Ok(EvalResult::Bool(false)))
+            e.attr("registered").map(|v| &v.value),
+            Some(ValueKind::Lit(Literal::Bool(false)))
         ),
     }
 }

@@ -8,7 +8,7 @@ use crate::error::{chain, RequestError};
 use crate::maps::FastSet;
 use crate::request::CheckRequest;
 use crate::scope::{Derefs, Follow, FOLLOW_NONE};
-use crate::store::{ClosedEntity, StoredEntity, WorkItem};
+use crate::store::{ClosedEntity, StoredEntity, WorkItem, Written};
 use cedar_policy::{Entities, Entity, EntityUid};
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -30,24 +30,26 @@ pub(super) struct CheckCtx<'a> {
     pub(super) scoped: Option<Arc<crate::scope::Scoped>>,
 }
 
+/// The entity `uid` as written, for a check with inline entities: the inline one, else the
+/// store's, else the bundle's, else the work item, else the action entity.
 #[inline]
-fn lookup<'a>(cx: &'a CheckCtx<'_>, uid: &EntityUid) -> Option<&'a StoredEntity> {
+fn lookup<'a>(cx: &'a CheckCtx<'_>, uid: &EntityUid) -> Option<Written<'a>> {
     if let Some(e) = cx.inline.get(uid) {
-        return Some(e);
+        return Some(Written::Stored(e));
     }
-    if let Some(e) = cx.st.store.entities.get(uid) {
-        return Some(e);
+    if let Some(e) = cx.st.store.entities.get(uid.as_ref()) {
+        return Some(Written::Record(e));
     }
     let b = &*cx.st.bundle;
     if let Some(e) = b.entities.get(uid) {
-        return Some(e);
+        return Some(Written::Stored(e));
     }
     if let Some(w) = cx.work_item {
         if &w.entity.entity.uid() == uid {
-            return Some(&w.entity);
+            return Some(Written::Stored(&w.entity));
         }
     }
-    b.action_entities.get(uid).map(|e| &**e)
+    b.action_entities.get(uid).map(|e| Written::Stored(e))
 }
 
 /// Builds the entity slice a check can reach: the principal, resource, agent, action and work
@@ -93,19 +95,20 @@ pub(super) fn gather<'s>(
         if !seen.insert(uid.clone()) {
             continue;
         }
-        let Some(se) = lookup(cx, &uid) else {
+        let Some(w) = lookup(cx, &uid) else {
             continue;
         };
-        out.push(se.entity.clone());
-        for p in &se.parents {
+        out.push(w.to_entity());
+        for p in w.parents() {
             if !seen.contains(p) {
                 stack.push((p.clone(), &FOLLOW_NONE));
             }
         }
         if follow.any() {
-            for (attr, r) in &se.refs {
-                if follow.takes(attr) && !seen.contains(r) {
-                    stack.push((r.clone(), &FOLLOW_NONE));
+            for (attr, r) in w.refs() {
+                let r = EntityUid::from(r.clone());
+                if follow.takes(attr) && !seen.contains(&r) {
+                    stack.push((r, &FOLLOW_NONE));
                 }
             }
         }
@@ -192,19 +195,20 @@ pub(super) fn closed_list<'s>(
         }
     };
     for &(uid, follow) in roots {
-        if let Some(e) = h.get(uid) {
-            add(&mut out, e);
-        }
+        // The hierarchy's record is the entity in force (`State::entity`), closed.
+        let Some(e) = h.get(uid) else {
+            continue;
+        };
+        add(&mut out, e);
         if follow.any() {
-            if let Some(se) = st.entity(uid) {
-                for (attr, r) in &se.refs {
-                    if follow.takes(attr) {
-                        if let Some(e) = h.get(r) {
-                            add(&mut out, e);
-                        }
+            e.for_each_ref(
+                |attr| follow.takes(attr),
+                |r| {
+                    if let Some(e) = h.get_core(r) {
+                        add(&mut out, e);
                     }
-                }
-            }
+                },
+            );
         }
     }
     if let Some(w) = work_item {
@@ -252,7 +256,7 @@ impl<'s> SliceList<'s> {
     /// Adds `e` unless it is already listed; whether it was added.
     #[inline]
     fn push(&mut self, e: &'s ClosedEntity) -> bool {
-        let addr = std::ptr::from_ref(e) as usize;
+        let addr = std::ptr::from_ref(e).cast::<u8>() as usize;
         let fresh = match &mut self.index {
             Some(ix) => ix.insert(addr),
             None => !self.list.iter().any(|x| std::ptr::eq(*x, e)),
@@ -265,7 +269,7 @@ impl<'s> SliceList<'s> {
             self.index = Some(
                 self.list
                     .iter()
-                    .map(|x| std::ptr::from_ref(*x) as usize)
+                    .map(|x| std::ptr::from_ref(*x).cast::<u8>() as usize)
                     .collect(),
             );
         }

@@ -10,7 +10,7 @@ use crate::memo::{ContextMemo, SideMemo, SliceMemo};
 use crate::plan_outcome::{PlanCache, DEFAULT_PLAN_CACHE_CAPACITY, DEFAULT_PLAN_MAX_AGE_SECS};
 use crate::residual_filter::AttrKinds;
 use crate::scope::{ScopeIndex, Scoped};
-use crate::store::{Hierarchy, Prefetch, Store, StoredEntity, Unclosable};
+use crate::store::{Hierarchy, Prefetch, Store, Written};
 use arc_swap::ArcSwap;
 use cedar_policy::{EntityTypeName, EntityUid};
 use std::sync::atomic::{AtomicBool, AtomicU64};
@@ -109,15 +109,32 @@ pub(super) struct State {
 }
 
 impl State {
-    /// The entity in force for `uid`: the store's, else the bundle's, else the action entity.
+    /// The entity in force for `uid`, as written: the store's, else the bundle's, else the
+    /// action entity.
     #[inline]
-    pub(super) fn entity(&self, uid: &EntityUid) -> Option<&StoredEntity> {
-        self.store
+    pub(super) fn entity(&self, uid: &EntityUid) -> Option<Written<'_>> {
+        if let Some(r) = self.store.entities.get(uid.as_ref()) {
+            return Some(Written::Record(r));
+        }
+        self.bundle
             .entities
             .get(uid)
-            .or_else(|| self.bundle.entities.get(uid))
             .or_else(|| self.bundle.action_entities.get(uid))
-            .map(|e| &**e)
+            .map(|e| Written::Stored(e))
+    }
+
+    /// Points the store's table at the hierarchy's record of each of `uids` that is a stored
+    /// entity, so both share one record per entity.
+    fn repoint<'u>(&mut self, uids: impl Iterator<Item = &'u EntityUid>) {
+        for u in uids {
+            if self.store.entities.contains_key(u.as_ref()) {
+                if let Some(r) = self.hierarchy.get(u) {
+                    self.store
+                        .entities
+                        .insert(u.as_ref().clone(), Arc::clone(r));
+                }
+            }
+        }
     }
 
     /// Re-closes every entity (after a bundle or whole-store swap). Returns the uids of
@@ -129,19 +146,32 @@ impl State {
     /// closed and the hierarchy is left as it was.
     pub(super) fn rebuild_hierarchy(&mut self) -> Result<Vec<EntityUid>, TooDeep> {
         let b = &self.bundle;
-        let uids = self
+        let stored: Vec<EntityUid> = self
             .store
             .entities
             .keys()
+            .map(|u| EntityUid::from(u.clone()))
+            .collect();
+        let uids = stored
+            .iter()
             .chain(
                 b.entities
                     .keys()
-                    .filter(|u| !self.store.entities.contains_key(*u)),
+                    .filter(|u| !self.store.entities.contains_key(u.as_ref())),
             )
             .chain(b.action_entities.keys())
             .collect::<Vec<_>>();
         let (h, cycles) = Hierarchy::rebuild(uids.iter().copied(), &|u| self.entity(u))?;
         self.hierarchy = h;
+        // The store's table is rebuilt over the new records, so the records it held as written
+        // (or closed under the previous bundle) are freed.
+        self.store.entities = stored
+            .iter()
+            .filter_map(|u| {
+                let r = self.hierarchy.get(u)?;
+                Some((u.as_ref().clone(), Arc::clone(r)))
+            })
+            .collect();
         Ok(cycles)
     }
 
@@ -159,10 +189,13 @@ impl State {
         let mut h = std::mem::take(&mut self.hierarchy);
         let r = h.refresh(changed, &|u| self.entity(u));
         self.hierarchy = h;
-        r.map_err(|e| match e {
-            Unclosable::Cycles(c) => cycle(field, &c),
-            Unclosable::TooDeep(d) => RequestError::new(field, d.to_string()),
-        })
+        let (done, cycles) = r.map_err(|d| RequestError::new(field, d.to_string()))?;
+        self.repoint(done.iter());
+        if cycles.is_empty() {
+            Ok(())
+        } else {
+            Err(cycle(field, &cycles))
+        }
     }
 }
 

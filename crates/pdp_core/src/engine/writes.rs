@@ -10,8 +10,9 @@ use crate::bundle::{Bundle, TemplateLink};
 use crate::decision::Mode;
 use crate::error::{chain, BundleError, RequestError, SourceError};
 use crate::request::{check_identifier, kind, parse_uid};
-use crate::store::{parse_uid_list, ClosedEntity, StoredEntity, WorkItem};
+use crate::store::{parse_uid_list, ClosedEntity, Interner, StoredEntity, WorkItem};
 use cedar_policy::{Entity, EntityUid};
+use cedar_policy_core::ast;
 use serde_json::{json, Value};
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -65,12 +66,16 @@ impl Engine {
         });
     }
 
+    /// Parses `values` into records as written ([`ClosedEntity::written`]), each with its uid;
+    /// each Cedar entity is dropped as soon as its record is made, so a large snapshot never
+    /// holds Cedar's form of every entity at once.
     fn parse_entities(
         bundle: &Bundle,
         values: Vec<Value>,
         field: &str,
-    ) -> Result<Vec<StoredEntity>, RequestError> {
+    ) -> Result<Vec<(EntityUid, Arc<ClosedEntity>)>, RequestError> {
         let mut seen = HashSet::new();
+        let mut interner = Interner::default();
         let mut out = Vec::with_capacity(values.len());
         for (i, v) in values.into_iter().enumerate() {
             let f = format!("{field}[{i}]");
@@ -81,7 +86,8 @@ impl Engine {
             if !seen.insert(uid.clone()) {
                 return Err(RequestError::new(f, format!("duplicate entity `{uid}`")));
             }
-            out.push(se);
+            let record = ClosedEntity::written(se.entity.as_ref(), &mut interner);
+            out.push((uid, record));
         }
         Ok(out)
     }
@@ -106,14 +112,13 @@ impl Engine {
             let n = parsed.len();
             let mut t = Touched::default();
             let mut changed = Vec::with_capacity(n);
-            for se in parsed {
-                let uid = se.entity.uid();
+            for (uid, record) in parsed {
                 if s.bundle.is_principal_type(uid.type_name()) {
                     t.principals = true;
                 } else {
                     t.resources = true;
                 }
-                s.store.entities.insert(uid.clone(), Arc::new(se));
+                s.store.entities.insert(uid.as_ref().clone(), record);
                 changed.push(uid);
             }
             s.refresh_hierarchy(&changed, "entities")?;
@@ -133,7 +138,7 @@ impl Engine {
             let n = parsed.len();
             s.store.entities = parsed
                 .into_iter()
-                .map(|se| (se.entity.uid(), Arc::new(se)))
+                .map(|(uid, record)| (AsRef::<ast::EntityUID>::as_ref(&uid).clone(), record))
                 .collect();
             let cycles = s
                 .rebuild_hierarchy()
@@ -163,7 +168,7 @@ impl Engine {
             let mut n = 0;
             let mut changed = Vec::new();
             for u in &uids {
-                if s.store.entities.remove(u).is_some() {
+                if s.store.entities.remove(u.as_ref()).is_some() {
                     changed.push(u.clone());
                     n += 1;
                     if s.bundle.is_principal_type(u.type_name()) {
@@ -276,9 +281,12 @@ impl Engine {
             }
             let n = out.len();
             let mut changed = Vec::with_capacity(n);
+            let mut interner = Interner::default();
             for se in out {
-                changed.push(se.entity.uid());
-                s.store.entities.insert(se.entity.uid(), Arc::new(se));
+                let uid = se.entity.uid();
+                let record = ClosedEntity::written(se.entity.as_ref(), &mut interner);
+                s.store.entities.insert(uid.as_ref().clone(), record);
+                changed.push(uid);
             }
             s.refresh_hierarchy(&changed, "service_accounts")?;
             s.principals_version += 1;
@@ -301,7 +309,7 @@ impl Engine {
                     sa_ty.clone(),
                     cedar_policy::EntityId::new(id),
                 );
-                if s.store.entities.remove(&uid).is_some() {
+                if s.store.entities.remove(uid.as_ref()).is_some() {
                     changed.push(uid);
                     n += 1;
                 }
@@ -367,7 +375,7 @@ impl Engine {
                 .map_err(|e| RequestError::new(f("attrs"), chain(&e)))?;
                 // A work item has no parents, so it is its own closure.
                 let se = StoredEntity::from_entity(entity);
-                let closed = Arc::new(ClosedEntity::of(se.entity.as_ref().clone()));
+                let closed = ClosedEntity::of(se.entity.as_ref().clone());
                 out.push(WorkItem {
                     id: id.to_owned(),
                     open,

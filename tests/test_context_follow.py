@@ -40,6 +40,10 @@ from test_context import (
 
 __all__ = ["database_url", "live"]  # fixtures, shared with tests/test_context.py
 
+#: The fetch deadline of the followers below: far past what a busy machine takes, so a check
+#: that misses always sees its fetch land (the deadline itself is tested where it matters).
+FETCH_MS = 30_000
+
 SCHEMA = """
 entity Group in [Group];
 entity WorkItem;
@@ -176,7 +180,9 @@ def test_readiness_waits_for_the_snapshot(live: Live, pdp: Pdp) -> None:
     finally:
         lost.stop()
 
-    follower = follow_context(pdp.engine, pdp.server, live.url, wait_secs=1)
+    follower = follow_context(
+        pdp.engine, pdp.server, live.url, wait_secs=1, fetch_timeout_ms=FETCH_MS
+    )
     try:
         follower.loaded.wait()
         assert follower.status.snapshots == 1
@@ -210,7 +216,9 @@ def test_deactivation_groups_rescore_and_resources_are_followed(live: Live, pdp:
     )
     assert r.status_code == 200, r.text
 
-    follower = follow_context(pdp.engine, pdp.server, live.url, wait_secs=1)
+    follower = follow_context(
+        pdp.engine, pdp.server, live.url, wait_secs=1, fetch_timeout_ms=FETCH_MS
+    )
     try:
         v = principals_version(live)
         follower.wait_for(lambda s: s.loaded and s.principals_version >= v)
@@ -390,7 +398,9 @@ def test_misses_of_every_transport_are_fetched(live: Live, pdp: Pdp) -> None:
         **{"urn:ietf:params:scim:schemas:extension:enterprise:2.0:User": {"department": "eng"}},
     )
     put_docs(live, *((d, "eng", "internal") for d in ("a", "b", "c", "d")))
-    follower = follow_context(pdp.engine, pdp.server, live.url, wait_secs=1)
+    follower = follow_context(
+        pdp.engine, pdp.server, live.url, wait_secs=1, fetch_timeout_ms=FETCH_MS
+    )
     try:
         follower.loaded.wait()
         gus = human("gus@example.com")

@@ -87,6 +87,9 @@ class World:
         self.pdp = Pdp(
             "--bundle", str(bundle), "--port", "0", "--no-watch",
             "--context", self.url, "--context-token-file", str(token_file),
+            # A fetch on a busy machine may take longer than the default 200 ms deadline; the
+            # checks below must see it land, so the deadline is out of their way.
+            "--context-fetch-timeout-ms", "30000",
             "--auth-issuer", LOCAL_ISSUER, "--auth-jwks", self.issuer.jwks_url,
             "--auth-callers", TEST_CALLER,
         )  # fmt: skip

@@ -44,13 +44,64 @@ def corp_up(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 def test_banner_names_every_component_and_each_answers(corp_up: Up) -> None:
     banner = "".join(corp_up.stdout)
-    for url in (corp_up.pdp, corp_up.intake, corp_up.history, corp_up.policy):
+    for url in (corp_up.pdp, corp_up.intake, corp_up.history, corp_up.policy, corp_up.context):
         assert url in banner
         assert get_json(f"{url}/healthz")
         assert httpx.get(f"{url}/readyz", timeout=10).status_code == 200
         assert "version" in get_json(f"{url}/version")
         assert httpx.get(f"{url}/metrics", timeout=10).status_code == 200
     assert str(corp_up.data_dir) in banner
+
+
+@pytest.fixture(scope="module")
+def demo_up(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """`svc up` with the demo company (no --bundle): provisioned through the context service."""
+    up = start_up(tmp_path_factory.mktemp("up-demo"))
+    yield up
+    code, _, err = up.stop()
+    assert code == 0, err
+
+
+def test_the_demo_company_is_provisioned_through_the_context_service(demo_up: Up) -> None:
+    """docs/quickstart.md: people and groups over SCIM, resources and work items through the
+    batch routes, agents through the service-account route."""
+    from svc.demo import company
+
+    co = company.generate()
+    scim = {"authorization": f"Bearer {demo_up.scim_token}"}
+    person = next(p for p in co.people if p.manager and p.active)
+    found = httpx.get(
+        f"{demo_up.context}/scim/v2/Users",
+        params={"filter": f'userName eq "{person.user_name}"'},
+        headers=scim,
+        timeout=10,
+    ).json()
+    assert found["totalResults"] == 1
+    user = found["Resources"][0]
+    assert user["title"] == person.title and user["active"] is True
+    enterprise = user["urn:ietf:params:scim:schemas:extension:enterprise:2.0:User"]
+    assert enterprise["department"] == person.department
+    # The SCIM token is the identity provider's only: the caller token does not open SCIM.
+    assert httpx.get(f"{demo_up.context}/scim/v2/Users", headers=demo_up.auth).status_code == 401
+
+    people = get_json(f"{demo_up.context}/v1/directory/people", headers=demo_up.auth)
+    assert len(people["people"] if isinstance(people, dict) else people) == len(co.people)
+    doc = co.documents[0]
+    got = httpx.post(
+        f"{demo_up.context}/v1/resources/get",
+        json={"resources": [doc.ref]},
+        headers=demo_up.auth,
+        timeout=10,
+    ).json()
+    assert got["resources"][0]["attrs"] == doc.attrs and got["missing"] == []
+    accounts = get_json(f"{demo_up.context}/v1/service-accounts", headers=demo_up.auth)
+    listed = accounts["service_accounts"] if isinstance(accounts, dict) else accounts
+    assert {a["id"] for a in listed} == {sa.id for sa in co.service_accounts if sa.registered}
+    snapshot = get_json(f"{demo_up.context}/v1/principals", headers=demo_up.auth)
+    kinds = defaultdict(int)
+    for p in snapshot["principals"]:
+        kinds[p["kind"]] += 1
+    assert kinds["Human"] == len(co.people) and kinds["RiskScore"] == len(co.risk_scores)
 
 
 def test_a_decision_reaches_the_history(corp_up: Up) -> None:

@@ -252,7 +252,6 @@ class Company:
             attrs: Json = {
                 "department": p.department,
                 "title": p.title,
-                "level": p.level,
                 "active": p.active,
             }
             if p.manager is not None:

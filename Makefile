@@ -30,7 +30,8 @@ build: setup ## Build svc (Rust extension in release) into .venv with the dev ex
 .PHONY: proto
 proto: ## Generate the Python gRPC stubs from proto/ (grpcio-tools; Rust's come from build.rs)
 	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=python --pyi_out=python \
-		--grpc_python_out=python proto/svc/authz/v1/authz.proto proto/svc/policy/v1/policy.proto
+		--grpc_python_out=python proto/svc/authz/v1/authz.proto proto/svc/policy/v1/policy.proto \
+		proto/svc/challenge/v1/challenge.proto
 
 .PHONY: run
 run: build ## Set up and run the main job: svc up (decision point :8080, intake :8081, history :8082)

@@ -217,6 +217,103 @@ def test_scim2_tester_finds_no_failure(live: Live) -> None:
     assert {r.status for r in results} <= {Status.SUCCESS, Status.SKIPPED}
 
 
+# -- lists and the snapshot at directory sizes (docs/context.md#scim, #principals) -----------
+
+
+def test_lists_page_in_the_database_and_the_snapshot_is_the_directory(live: Live) -> None:
+    boss = create_user(live, "boss@example.com", externalId="ext-boss")
+    names = [f"u{i}@example.com" for i in range(5)] + ['zo\u00eb "q" \\ <x>']
+    users = [
+        create_user(
+            live,
+            n,
+            externalId=f"ext-{i}",
+            emails=[{"value": f"e{i}@example.com", "type": "work", "primary": True}],
+            **{ENTERPRISE: {"department": "eng", "manager": {"value": boss["id"]}}},
+        )
+        for i, n in enumerate(names)
+    ]
+    assert live.scim.delete(f"/Users/{users[1]['id']}").status_code == 204
+    present = [boss, users[0], *users[2:]]
+
+    # Without a filter: counted and paged by the database, oldest first, removed users left out.
+    def page(path: str, **params: Any) -> dict[str, Any]:
+        r = live.scim.get(path, params=params)
+        assert r.status_code == 200, r.text
+        return dict(r.json())
+
+    got = page("/Users", startIndex=2, count=3)
+    assert got["totalResults"] == len(present) and got["startIndex"] == 2
+    assert [u["id"] for u in got["Resources"]] == [u["id"] for u in present[1:4]]
+    got = page("/Users", startIndex=6, count=3)
+    assert [u["id"] for u in got["Resources"]] == [present[5]["id"]]
+    got = page("/Users", count=0)
+    assert got["totalResults"] == len(present) and not got.get("Resources")
+    # externalId eq through its index; a removed user is not found.
+    got = page("/Users", filter='externalId eq "ext-3"')
+    assert [u["userName"] for u in got["Resources"]] == [names[3]]
+    assert page("/Users", filter='externalId eq "ext-1"')["totalResults"] == 0
+    # co, sw, ew of a column tried on the column first, then matched whole by scim2-models.
+    for flt, want in (
+        ('userName sw "U"', [names[0], *names[2:5]]),
+        ('userName co "ZO\u00cb \\"Q"', [names[5]]),
+        ('userName ew ".COM" and externalId eq "ext-3"', [names[3]]),
+        ('externalId ew "-4" or userName eq "boss@example.com"', ["boss@example.com", names[4]]),
+        ('externalId sw "EXT-"', []),
+    ):
+        got = page("/Users", filter=flt, count=3)
+        assert got["totalResults"] == len(want), (flt, got)
+        assert [u["userName"] for u in got.get("Resources", [])] == want[:3], flt
+
+    # A group write names many members at once: each member's record gains the group.
+    staff = create_group(live, "staff", [u["id"] for u in present[1:]])
+    create_group(live, "all", [boss["id"], staff["id"]])
+    got = page("/Groups", startIndex=2, count=1)
+    assert got["totalResults"] == 2 and [g["displayName"] for g in got["Resources"]] == ["all"]
+    got = page("/Groups", filter='displayName ew "FF"', excludedAttributes="members")
+    assert [g["displayName"] for g in got["Resources"]] == ["staff"]
+
+    # The snapshot is JSON as the service layer reads it, names escaped as JSON escapes them.
+    r = live.http.get("/v1/principals")
+    assert r.status_code == 200 and r.headers["content-type"] == "application/json"
+    snap = r.json()
+    assert snap == live.service.principals_snapshot()
+    keys = [(p["kind"], p["id"]) for p in snap["principals"]]
+    assert keys == sorted(keys)
+    odd = principal(snap, "Human", names[5])
+    assert odd is not None and odd["value"]["uid"] == {"type": "Human", "id": names[5]}
+    for u in present[1:]:
+        rec = principal(snap, "Human", u["userName"])
+        assert rec is not None and rec["removed"] is False
+        assert rec["value"]["parents"] == [{"type": "Group", "id": "staff"}]
+        assert rec["value"]["attrs"]["manager"] == {
+            "__entity": {"type": "Human", "id": "boss@example.com"}
+        }
+    boss_rec = principal(snap, "Human", "boss@example.com")
+    assert boss_rec is not None and boss_rec["value"]["parents"] == [{"type": "Group", "id": "all"}]
+    gone = principal(snap, "Human", names[1])
+    assert gone is not None and gone["removed"] is True and gone["value"]["parents"] == []
+    staff_rec = principal(snap, "Group", "staff")
+    assert staff_rec is not None and staff_rec["value"]["parents"] == [
+        {"type": "Group", "id": "all"}
+    ]
+
+    # Leaving the group takes it out of the member's record, and only that member's.
+    r = live.scim.patch(
+        f"/Groups/{staff['id']}",
+        json={
+            "schemas": [PATCH],
+            "Operations": [{"op": "remove", "path": f'members[value eq "{users[0]["id"]}"]'}],
+        },
+    )
+    assert r.status_code in (200, 204), r.text
+    after = snapshot(live)
+    rec = principal(after, "Human", names[0])
+    assert rec is not None and rec["value"]["parents"] == []
+    rec = principal(after, "Human", names[2])
+    assert rec is not None and rec["value"]["parents"] == [{"type": "Group", "id": "staff"}]
+
+
 # -- resources and work items ------------------------------------------------------------------
 
 

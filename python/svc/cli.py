@@ -50,6 +50,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 from svc import __version__
+from svc.challenge.cli import app as challenge_app
 from svc.common.auth_settings import PdpAuthSettings
 from svc.common.cli import Options, settings_command
 from svc.context.cli import app as context_app
@@ -473,6 +474,7 @@ def history_load(
 
 
 app.add_typer(context_app, name="context")
+app.add_typer(challenge_app, name="challenge")
 
 if __name__ == "__main__":  # pragma: no cover
     app()

@@ -19,7 +19,7 @@ from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
 import anyio.to_thread
-from fastapi import Body, Depends, FastAPI, Query
+from fastapi import Body, Depends, FastAPI, Query, Response
 from prometheus_client import CollectorRegistry, Gauge
 
 from svc import __version__
@@ -175,10 +175,21 @@ def create_app(
             except TimeoutError:
                 pass
 
-    @app.get("/v1/principals", dependencies=guard, tags=["principals"])
-    async def principals() -> dict[str, Any]:
-        """The snapshot: every principal record and the ``principals_version`` it is at."""
-        return await run(service.principals_snapshot)
+    @app.get(
+        "/v1/principals",
+        dependencies=guard,
+        tags=["principals"],
+        response_class=Response,
+        responses={200: {"content": {"application/json": {}}}},
+    )
+    async def principals() -> Response:
+        """The snapshot: every principal record and the ``principals_version`` it is at.
+
+        Written by the service layer as compact JSON in one pass
+        (``ContextService.principals_snapshot_json``), not through FastAPI's encoder.
+        """
+        body = await run(service.principals_snapshot_json)
+        return Response(body, media_type="application/json")
 
     @app.get("/v1/principals/watch", dependencies=guard, tags=["principals"])
     async def principals_watch(after: After, wait_secs: Wait = 0, limit: Limit = None) -> Any:

@@ -17,8 +17,12 @@ module adds what is svc's:
   ETags, no password change; index pagination (``startIndex``/``count``).
 
 Filters are evaluated by scim2-models (``ScimFilter.match``) over the stored documents of the
-resource type; ``userName``, ``displayName``, ``externalId`` and ``id`` compared with ``eq`` (the
-lookups identity providers make before a create) are answered by an index.
+resource type, after two narrowings that leave the answer as it is: ``userName``,
+``displayName``, ``externalId`` and ``id`` compared with ``eq`` (the lookups identity providers
+make before a create) go through an index, and ``co``/``sw``/``ew`` of ``userName``,
+``displayName`` and ``externalId`` (alone or in an ``and``) are first tested on their column
+alone, the way scim2-models compares them. A list without a filter is counted and paged by the
+database. Figures: docs/benchmarks.md#context-service.
 """
 
 from __future__ import annotations
@@ -59,16 +63,23 @@ from scim2_models import (
     UniquenessException,
     User,
 )
-from scim2_models.path import CompareOperator, Comparison
+from scim2_models.path import CompareOperator, Comparison, LogicalExpr, LogicalOperator
 from scim2_server.applications.asgi import ASGIApplication
 from scim2_server.requests import ScimRequest
 from scim2_server.service import ScimService
 from scim2_server.storage import AsyncScimStorage, ScimStorage, SearchPage
 from sqlalchemy.exc import IntegrityError
-from sqlmodel import Session, col, select
+from sqlmodel import Session, col, func, select
 
 from svc.context.models import MemberRow, ScimGroupRow, ScimUserRow, utc
-from svc.context.service import ContextService, _Tx, refresh_group, refresh_human, refresh_members
+from svc.context.service import (
+    ContextService,
+    _Tx,
+    refresh_group,
+    refresh_human,
+    refresh_members,
+    rows_by_id,
+)
 
 __all__ = ["AsyncSqlStorage", "ScimApp", "SqlStorage", "provider"]
 
@@ -183,7 +194,7 @@ def _user(row: ScimUserRow) -> Resource[Any]:
     return cast(Resource[Any], res)
 
 
-def _group(s: Session, row: ScimGroupRow) -> Resource[Any]:
+def _group(row: ScimGroupRow) -> Resource[Any]:
     res = Group.model_validate(row.doc)
     res.id = row.id
     res.meta = _meta(row, "Group")
@@ -205,6 +216,88 @@ _INDEXED = {
     "id": (col(ScimUserRow.id), col(ScimGroupRow.id)),
     "displayname": (None, col(ScimGroupRow.display_name_key)),
 }
+
+
+#: Attributes whose ``co``, ``sw`` and ``ew`` comparisons are first tried on their column alone
+#: (``_scan_column``): the attribute's URN, lowercase, to its column (users, groups).
+_SCANNED: tuple[dict[str, Any], dict[str, Any]] = (
+    {
+        "urn:ietf:params:scim:schemas:core:2.0:user:username": col(ScimUserRow.user_name),
+        "urn:ietf:params:scim:schemas:core:2.0:user:externalid": col(ScimUserRow.external_id),
+    },
+    {
+        "urn:ietf:params:scim:schemas:core:2.0:group:displayname": col(ScimGroupRow.display_name),
+        "urn:ietf:params:scim:schemas:core:2.0:group:externalid": col(ScimGroupRow.external_id),
+    },
+)
+_STRING_OPS = (CompareOperator.co, CompareOperator.sw, CompareOperator.ew)
+
+
+def _string_test(binding: Any, op: CompareOperator, value: str) -> Callable[[Any], bool] | None:
+    """A test of one stored value: whether ``<attribute> <op> value`` holds for it.
+
+    The comparison is scim2-models' own for ``co``, ``sw`` and ``ew``: both sides in the
+    attribute's comparison form (``AttributeBinding.comparable``: NFC, lowercase unless
+    ``caseExact``), a missing or unpreparable stored value matching nothing. None when
+    ``value`` itself cannot be prepared.
+    """
+    try:
+        right = binding.comparable(value)
+    except ValueError:
+        return None
+    if not isinstance(right, str):
+        return None
+
+    def test(actual: Any) -> bool:
+        if not isinstance(actual, str):
+            return False
+        try:
+            left = binding.comparable(actual)
+        except ValueError:
+            return False
+        if not isinstance(left, str):
+            return False
+        if op == CompareOperator.co:
+            return right in left
+        if op == CompareOperator.sw:
+            return bool(left.startswith(right))
+        return bool(left.endswith(right))
+
+    return test
+
+
+def _scan_column(
+    s: Session, q: Any, order: tuple[Any, ...], scim_filter: ScimFilter[Any], is_user: bool
+) -> list[str] | None:
+    """The ids, in ``order``, of the rows of ``q`` that can match ``scim_filter``, or None.
+
+    For a filter that is, or is a conjunction (``and``) holding, a comparison ``co``, ``sw`` or
+    ``ew`` of ``userName``, ``externalId`` or ``displayName`` with a string: that comparison is
+    tested on the column alone (only ids and the column are read), as scim2-models tests it
+    (``_string_test``). The rows left are read whole and matched against the whole filter by
+    scim2-models, so the answer is the one matching every row gives; only the work shrinks.
+    None for any other filter: every row is matched.
+    """
+    node = scim_filter.ast
+    terms = (
+        node.terms if isinstance(node, LogicalExpr) and node.op == LogicalOperator.and_ else (node,)
+    )
+    for term in terms:
+        if not (
+            isinstance(term, Comparison) and term.op in _STRING_OPS and isinstance(term.value, str)
+        ):
+            continue
+        binding = scim_filter.resolve_comparison(term.attr_path)
+        if binding is None or binding.sub_field_name:
+            continue
+        column = _SCANNED[0 if is_user else 1].get(str(binding.urn).lower())
+        test = None if column is None else _string_test(binding, term.op, term.value)
+        if column is None or test is None:
+            continue
+        row_id = col(ScimUserRow.id) if is_user else col(ScimGroupRow.id)
+        narrowed = q.with_only_columns(row_id, column).order_by(*order)
+        return [rid for rid, value in s.connection().execute(narrowed) if test(value)]
+    return None
 
 
 class SqlStorage(ScimStorage):
@@ -244,7 +337,7 @@ class SqlStorage(ScimStorage):
         else:
             grow = s.get(ScimGroupRow, resource_id)
             if grow is not None:
-                return _group(s, grow)
+                return _group(grow)
         raise NotFoundException(detail=f"{resource_type.name} {resource_id!r} not found")
 
     def search(
@@ -256,6 +349,13 @@ class SqlStorage(ScimStorage):
     ) -> SearchPage:
         """One page of the resources matching the request's filter, oldest first.
 
+        Without a filter, the database counts and pages (``OFFSET``/``LIMIT`` over the index of
+        creation order), so only the page's rows are read. A filter ``<indexed attribute> eq
+        "value"`` is narrowed by an index, and one holding ``co``/``sw``/``ew`` of a column by
+        that column (``_scan_column``), then matched by scim2-models over the rows left; any
+        other filter is matched by scim2-models over every row of the type
+        (docs/context.md#scim).
+
         Raises:
             NotImplementedException: a search across resource types (at the root).
 
@@ -265,27 +365,37 @@ class SqlStorage(ScimStorage):
         rt = resource_types[0]
         is_user = rt.name == "User"
         scim_filter = search_request.filter
+        start = search_request.start_index_0 or 0
+        count = search_request.count
+        stop = None if count is None else start + count
         with self.service.read() as s:
             if is_user:
                 q: Any = select(ScimUserRow).where(col(ScimUserRow.removed_at).is_(None))
             else:
                 q = select(ScimGroupRow)
-            q = self._narrow(q, scim_filter, is_user)
             order = (
                 (col(ScimUserRow.created_at), col(ScimUserRow.id))
                 if is_user
                 else (col(ScimGroupRow.created_at), col(ScimGroupRow.id))
             )
-            rows = s.exec(q.order_by(*order)).all()
-            resources = [_user(r) if is_user else _group(s, r) for r in rows]
-        if scim_filter is not None:
+            if scim_filter is None:
+                total = s.exec(select(func.count()).select_from(q.subquery())).one()
+                page = q.order_by(*order).offset(start)
+                if count is not None:
+                    page = page.limit(count)
+                rows = s.exec(page).all()
+                return SearchPage(int(total), [_user(r) if is_user else _group(r) for r in rows])
             if not scim_filter.models:
                 model = UserModel if is_user else Group
                 scim_filter = ScimFilter[model](str(scim_filter))  # type: ignore[valid-type]
-            resources = [r for r in resources if scim_filter.match(r)]
-        start = search_request.start_index_0 or 0
-        count = search_request.count
-        stop = None if count is None else start + count
+            ids = _scan_column(s, q, order, scim_filter, is_user)
+            if ids is None:
+                rows = s.exec(self._narrow(q, scim_filter, is_user).order_by(*order)).all()
+            else:
+                found: dict[str, Any] = rows_by_id(s, ScimUserRow if is_user else ScimGroupRow, ids)
+                rows = [found[i] for i in ids if i in found]
+            resources = [_user(r) if is_user else _group(r) for r in rows]
+        resources = [r for r in resources if scim_filter.match(r)]
         return SearchPage(len(resources), resources[start:stop])
 
     @staticmethod
@@ -318,18 +428,19 @@ class SqlStorage(ScimStorage):
         """
         now = datetime.now(UTC)
         rid = uuid.uuid4().hex
+        # The documents are made before the write lock is taken and the answer after it is
+        # let go: writes run one at a time, so whatever is done inside delays every writer.
+        doc = _doc(resource)
+        is_user = resource_type.name == "User"
         try:
             with self.service.write() as tx:
-                if resource_type.name == "User":
-                    self._write_user(tx, rid, resource, now, None)
-                    row: Any = tx.session.get(ScimUserRow, rid)
-                    return _user(row)
-                self._write_group(tx, rid, resource, now, None)
-                grow = tx.session.get(ScimGroupRow, rid)
-                assert grow is not None
-                return _group(tx.session, grow)
+                if is_user:
+                    row: Any = self._write_user(tx, rid, doc, now, None)
+                else:
+                    row = self._write_group(tx, rid, doc, now, None)
         except IntegrityError:
             raise UniquenessException() from None
+        return _user(row) if is_user else _group(row)
 
     def update(
         self,
@@ -348,24 +459,23 @@ class SqlStorage(ScimStorage):
         """
         now = datetime.now(UTC)
         rid = cast(str, resource.id)
+        doc = _doc(resource)
+        is_user = resource_type.name == "User"
         try:
             with self.service.write() as tx:
-                if resource_type.name == "User":
+                if is_user:
                     old = tx.session.get(ScimUserRow, rid, with_for_update=True)
                     if old is None or old.removed_at is not None:
                         raise NotFoundException(detail=f"User {rid!r} not found")
-                    self._write_user(tx, rid, resource, now, old)
-                    row: Any = tx.session.get(ScimUserRow, rid)
-                    return _user(row)
-                gold = tx.session.get(ScimGroupRow, rid, with_for_update=True)
-                if gold is None:
-                    raise NotFoundException(detail=f"Group {rid!r} not found")
-                self._write_group(tx, rid, resource, now, gold)
-                grow = tx.session.get(ScimGroupRow, rid)
-                assert grow is not None
-                return _group(tx.session, grow)
+                    row: Any = self._write_user(tx, rid, doc, now, old)
+                else:
+                    gold = tx.session.get(ScimGroupRow, rid, with_for_update=True)
+                    if gold is None:
+                        raise NotFoundException(detail=f"Group {rid!r} not found")
+                    row = self._write_group(tx, rid, doc, now, gold)
         except IntegrityError:
             raise UniquenessException() from None
+        return _user(row) if is_user else _group(row)
 
     def delete(
         self,
@@ -417,12 +527,15 @@ class SqlStorage(ScimStorage):
         self,
         tx: _Tx,
         rid: str,
-        resource: Resource[Any],
+        doc: dict[str, Any],
         now: datetime,
         old: ScimUserRow | None,
-    ) -> None:
+    ) -> ScimUserRow:
+        """Writes user ``rid`` and refreshes the records it touches; returns its row.
+
+        ``doc`` is its stored form (``_doc``); ``old`` its row before (None for a new user).
+        """
         s = tx.session
-        doc = _doc(resource)
         user_name = str(doc.get("userName") or "")
         if not user_name:
             raise InvalidValueException(detail="userName is required")
@@ -444,7 +557,7 @@ class SqlStorage(ScimStorage):
             updated_at=now,
         )
         if old is not None and old.doc == doc:
-            return
+            return old
         row.user_name = user_name
         row.user_name_key = user_name.casefold()
         row.external_id = doc.get("externalId")
@@ -455,10 +568,11 @@ class SqlStorage(ScimStorage):
         row.updated_at = now
         s.add(row)
         s.flush()
-        refresh_human(tx, user_name)
+        refresh_human(tx, user_name, row, groups=[] if old is None else None)
         if old_name is not None and old_name != user_name:
             refresh_human(tx, old_name)
             self._refresh_reports(tx, rid)
+        return row
 
     @staticmethod
     def _refresh_reports(tx: _Tx, manager_id: str) -> None:
@@ -469,41 +583,52 @@ class SqlStorage(ScimStorage):
         ).all():
             refresh_human(tx, r.user_name)
 
-    def _members(self, s: Session, doc: dict[str, Any]) -> list[tuple[str, str]]:
-        """``(member id, "User"|"Group")`` of each member of a group document.
+    def _members(
+        self, s: Session, doc: dict[str, Any]
+    ) -> tuple[list[tuple[str, str]], list[ScimUserRow | ScimGroupRow]]:
+        """``(member id, "User"|"Group")`` of each member of a group document, and their rows.
 
-        The type is looked up, since Okta sends only ``value`` and ``display``.
+        The type is looked up, since Okta sends only ``value`` and ``display``: the users and
+        groups named are read with one query each. The caller keeps the rows while its
+        transaction lasts, so that refreshing the members finds them in the session.
 
         Raises:
             InvalidValueException: a member names no present user and no group.
 
         """
-        out: dict[str, str] = {}
-        for m in doc.get("members") or []:
-            mid = str(m.get("value") or "")
-            user = s.get(ScimUserRow, mid)
-            if user is not None and user.removed_at is None:
-                out[mid] = "User"
-            elif s.get(ScimGroupRow, mid) is not None:
-                out[mid] = "Group"
+        ids = sorted({str(m.get("value") or "") for m in doc.get("members") or []})
+        if not ids:
+            return [], []
+        users = {k: u for k, u in rows_by_id(s, ScimUserRow, ids).items() if u.removed_at is None}
+        groups = rows_by_id(s, ScimGroupRow, [mid for mid in ids if mid not in users])
+        out: list[tuple[str, str]] = []
+        for mid in ids:
+            if mid in users:
+                out.append((mid, "User"))
+            elif mid in groups:
+                out.append((mid, "Group"))
             else:
                 raise InvalidValueException(detail=f"member {mid!r} names no user or group")
-        return sorted(out.items())
+        return out, [*users.values(), *groups.values()]
 
     def _write_group(
         self,
         tx: _Tx,
         rid: str,
-        resource: Resource[Any],
+        doc: dict[str, Any],
         now: datetime,
         old: ScimGroupRow | None,
-    ) -> None:
+    ) -> ScimGroupRow:
+        """Writes group ``rid`` and refreshes the records it touches; returns its row.
+
+        ``doc`` is its stored form (``_doc``; its members get their ``type`` here); ``old`` its
+        row before (None for a new group).
+        """
         s = tx.session
-        doc = _doc(resource)
         name = str(doc.get("displayName") or "")
         if not name:
             raise InvalidValueException(detail="displayName is required")
-        members = self._members(s, doc)
+        members, _rows = self._members(s, doc)
         if any(mid == rid for mid, _ in members):
             raise InvalidValueException(detail="a group cannot be its own member")
         # Store members with their type, as RFC 7643 section 4.2 describes them.
@@ -521,7 +646,7 @@ class SqlStorage(ScimStorage):
             else []
         )
         if old is not None and old.doc == doc:
-            return
+            return old
         row = old or ScimGroupRow(
             id=rid,
             display_name=name,
@@ -552,6 +677,7 @@ class SqlStorage(ScimStorage):
         else:
             changed = set(before) ^ {mid for mid, _ in members}
             refresh_members(tx, changed)
+        return row
 
     def _leave_groups(self, tx: _Tx, member_id: str, now: datetime) -> None:
         s = tx.session

@@ -23,6 +23,7 @@ Refusals are ``svc.common.problems.Problem`` (RFC 9457): a bad batch names every
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import threading
@@ -31,10 +32,11 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from sqlalchemy import Engine, create_engine, func, text
+from sqlalchemy import Engine, Text, create_engine, func, text
+from sqlalchemy import cast as sql_cast
 from sqlmodel import Session, col, select
 
 from svc.common.problems import FieldError, Problem
@@ -86,6 +88,15 @@ _LOCK_COUNTER = text("UPDATE counters SET value = value WHERE name = 'changes'")
 
 def _now() -> datetime:
     return datetime.now(UTC)
+
+
+#: A JSON string literal of a ``str``, escaped as ``json.dumps`` does (ASCII only).
+_json_str: Callable[[str], str] = json.encoder.encode_basestring_ascii
+
+
+def _compact_json(value: Any) -> str:
+    """JSON columns' serializer: ``json.dumps`` without the spaces after separators."""
+    return json.dumps(value, separators=(",", ":"))
 
 
 def principal_key(type_: str, id_: str) -> str:
@@ -190,6 +201,7 @@ class Change:
 
 
 _M = TypeVar("_M", bound=BaseModel)
+_Row = TypeVar("_Row", ScimUserRow, ScimGroupRow)
 
 
 def _bad_batch(what: str, errors: list[FieldError]) -> Problem:
@@ -229,7 +241,8 @@ class ContextService:
 
     Args:
         settings: the component's settings (``database_url`` and the limits).
-        engine: a SQLAlchemy engine to use instead of one made from ``database_url``.
+        engine: a SQLAlchemy engine to use instead of one made from ``database_url`` (which
+            is made with ``pool_pre_ping`` and writes JSON columns without spaces).
 
     Raises:
         sqlalchemy.exc.SQLAlchemyError: the database cannot be reached or migrated.
@@ -240,7 +253,7 @@ class ContextService:
         self.settings = settings
         if engine is None:
             url = settings.database_url
-            kwargs: dict[str, Any] = {"pool_pre_ping": True}
+            kwargs: dict[str, Any] = {"pool_pre_ping": True, "json_serializer": _compact_json}
             if url.startswith("sqlite"):
                 kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
             engine = create_engine(url, **kwargs)
@@ -341,26 +354,49 @@ class ContextService:
     # -- Principals -------------------------------------------------------
 
     def principals_snapshot(self) -> dict[str, Any]:
-        """The snapshot of ``GET /v1/principals`` (docs/context.md#principals).
+        """The snapshot of ``GET /v1/principals`` (docs/context.md#principals), as objects.
 
         Returns:
             ``{"principals_version": int, "principals": [{"kind", "id", "value",
             "removed"}]}``, sorted by kind and id, read in one consistent snapshot together
-            with its version; a watch after that version gives every later change.
+            with its version; a watch after that version gives every later change. The same
+            content as ``principals_snapshot_json``.
 
         """
+        return cast(dict[str, Any], json.loads(self.principals_snapshot_json()))
+
+    def principals_snapshot_json(self) -> bytes:
+        """The body of ``GET /v1/principals``: ``principals_snapshot`` as compact UTF-8 JSON.
+
+        One query per snapshot: the records' values are read as the JSON text the database
+        holds and written into the body as they are, without being decoded and encoded again
+        (a 100,000-person snapshot is tens of megabytes; docs/benchmarks.md#context-service).
+        Strings are escaped as ``json.dumps`` escapes them (ASCII only).
+
+        Returns:
+            ``{"principals_version": int, "principals": [...]}`` (module docs), encoded.
+
+        Raises:
+            sqlalchemy.exc.SQLAlchemyError: the database cannot be read.
+
+        """
+        value = sql_cast(col(PrincipalRow.value), Text)
+        query = select(
+            col(PrincipalRow.kind), col(PrincipalRow.id), value, col(PrincipalRow.removed)
+        ).order_by(col(PrincipalRow.kind), col(PrincipalRow.id))
         with self.read() as s:
             version = self._feed_version(s, "principals")
-            rows = s.exec(
-                select(PrincipalRow).order_by(col(PrincipalRow.kind), col(PrincipalRow.id))
-            ).all()
-            return {
-                "principals_version": version,
-                "principals": [
-                    {"kind": r.kind, "id": r.id, "value": r.value, "removed": r.removed}
-                    for r in rows
-                ],
-            }
+            rows = s.connection().execute(query)
+            parts = [f'{{"principals_version":{version},"principals":[']
+            sep = ""
+            for kind, pid, text_, removed in rows:
+                parts.append(
+                    f'{sep}{{"kind":{_json_str(kind)},"id":{_json_str(pid)},"value":{text_},'
+                    f'"removed":{"true" if removed else "false"}}}'
+                )
+                sep = ","
+        parts.append("]}")
+        return "".join(parts).encode()
 
     # -- Resources --------------------------------------------------------
 
@@ -893,7 +929,7 @@ class ContextService:
 
         """
         with self.read() as s:
-            row = s.exec(select(ScimGroupRow).where(ScimGroupRow.display_name == name)).first()
+            row = _group_by_name(s, name)
             if row is None:
                 raise Problem(404, "not-found", "Not found", f"no group `{name}`")
             return _group_json(s, row)
@@ -1044,18 +1080,34 @@ class _Tx:
 
 
 def _user_by_name(s: Session, user_name: str) -> ScimUserRow | None:
-    """The present user of that exact user name, else the latest removed one."""
+    """The present user of that exact user name, else the latest removed one.
+
+    Looked up through the index of the case-folded name (``user_name_key``), then compared
+    exactly.
+    """
+    key = user_name.casefold()
     present = s.exec(
         select(ScimUserRow).where(
-            ScimUserRow.user_name == user_name, col(ScimUserRow.removed_at).is_(None)
+            ScimUserRow.user_name_key == key,
+            ScimUserRow.user_name == user_name,
+            col(ScimUserRow.removed_at).is_(None),
         )
     ).first()
     if present is not None:
         return present
     return s.exec(
         select(ScimUserRow)
-        .where(ScimUserRow.user_name == user_name)
+        .where(ScimUserRow.user_name_key == key, ScimUserRow.user_name == user_name)
         .order_by(col(ScimUserRow.removed_at).desc())
+    ).first()
+
+
+def _group_by_name(s: Session, name: str) -> ScimGroupRow | None:
+    """The group of that exact display name, found through the unique case-folded key."""
+    return s.exec(
+        select(ScimGroupRow).where(
+            ScimGroupRow.display_name_key == name.casefold(), ScimGroupRow.display_name == name
+        )
     ).first()
 
 
@@ -1068,17 +1120,56 @@ def _group_names(s: Session, member_id: str) -> list[str]:
     return sorted(set(rows))
 
 
+#: Most ids in one ``IN (...)`` list (PostgreSQL takes at most 65,535 parameters a statement).
+_IN_CHUNK = 5_000
+
+
+def _chunks(ids: Sequence[str]) -> Iterator[Sequence[str]]:
+    for i in range(0, len(ids), _IN_CHUNK):
+        yield ids[i : i + _IN_CHUNK]
+
+
+def rows_by_id(s: Session, model: type[_Row], ids: Iterable[str]) -> dict[str, _Row]:
+    """The rows of ``model`` (``ScimUserRow`` or ``ScimGroupRow``) with these ids, by id.
+
+    One query per 5,000 ids, instead of one per id; ids without a row are left out.
+    """
+    wanted = sorted(set(ids))
+    out: dict[str, _Row] = {}
+    for part in _chunks(wanted):
+        for row in s.exec(select(model).where(col(model.id).in_(part))):
+            out[row.id] = row
+    return out
+
+
+def _group_names_of(s: Session, member_ids: Sequence[str]) -> dict[str, list[str]]:
+    """``_group_names`` of many members: one query per 5,000 members."""
+    out: dict[str, set[str]] = {m: set() for m in member_ids}
+    for part in _chunks(sorted(set(member_ids))):
+        for mid, name in s.exec(
+            select(MemberRow.member_id, ScimGroupRow.display_name)
+            .join(ScimGroupRow, col(MemberRow.group_id) == col(ScimGroupRow.id))
+            .where(col(MemberRow.member_id).in_(part))
+        ):
+            out[mid].add(name)
+    return {m: sorted(names) for m, names in out.items()}
+
+
 def _enterprise(doc: dict[str, Any]) -> dict[str, Any]:
     ext = doc.get("urn:ietf:params:scim:schemas:extension:enterprise:2.0:User")
     return ext if isinstance(ext, dict) else {}
 
 
-def human_entity(s: Session, row: ScimUserRow) -> dict[str, Any]:
+def human_entity(
+    s: Session, row: ScimUserRow, *, groups: Sequence[str] | None = None
+) -> dict[str, Any]:
     """The Cedar entity of a SCIM user (docs/context.md#principals).
 
     ``Human::"<userName>"`` with ``active``, ``department`` and ``title`` (``""`` when unset),
     ``manager`` when the enterprise extension names a present person, and the user's groups as
-    parents (none once removed).
+    parents (none once removed). ``groups``: the names of the user's groups, sorted, when the
+    caller has read them already (``[]`` for a user created in this transaction, under a new
+    id no group can list yet); None looks them up.
     """
     ext = _enterprise(row.doc)
     attrs: dict[str, Any] = {
@@ -1090,11 +1181,11 @@ def human_entity(s: Session, row: ScimUserRow) -> dict[str, Any]:
         mgr = s.get(ScimUserRow, row.manager_id)
         if mgr is not None and mgr.removed_at is None:
             attrs["manager"] = {"__entity": {"type": "Human", "id": mgr.user_name}}
-    parents = (
-        []
-        if row.removed_at is not None
-        else [{"type": "Group", "id": g} for g in _group_names(s, row.id)]
-    )
+    if row.removed_at is not None:
+        groups = []
+    elif groups is None:
+        groups = _group_names(s, row.id)
+    parents = [{"type": "Group", "id": g} for g in groups]
     return {"uid": {"type": "Human", "id": row.user_name}, "attrs": attrs, "parents": parents}
 
 
@@ -1107,33 +1198,74 @@ def group_entity(s: Session, row: ScimGroupRow) -> dict[str, Any]:
     }
 
 
-def refresh_human(tx: _Tx, user_name: str) -> None:
-    """Brings the ``Human`` record of ``user_name`` in line with the directory."""
-    row = _user_by_name(tx.session, user_name)
+def refresh_human(
+    tx: _Tx,
+    user_name: str,
+    present: ScimUserRow | None = None,
+    *,
+    groups: Sequence[str] | None = None,
+) -> None:
+    """Brings the ``Human`` record of ``user_name`` in line with the directory.
+
+    ``present``: the present (not removed) user of that name when the caller holds it, which
+    saves looking it up; otherwise it is looked up. ``groups``: ``present``'s group names
+    when the caller has read them (``human_entity``); used only with ``present``.
+    """
+    row = (
+        present
+        if present is not None and present.removed_at is None and present.user_name == user_name
+        else _user_by_name(tx.session, user_name)
+    )
     if row is None:
         tx.set_principal("Human", user_name, None)
     else:
-        tx.set_principal(
-            "Human", user_name, human_entity(tx.session, row), removed=row.removed_at is not None
-        )
+        entity = human_entity(tx.session, row, groups=groups if row is present else None)
+        tx.set_principal("Human", user_name, entity, removed=row.removed_at is not None)
 
 
 def refresh_group(tx: _Tx, name: str) -> None:
     """Brings the ``Group`` record of ``name`` in line with the directory."""
-    row = tx.session.exec(select(ScimGroupRow).where(ScimGroupRow.display_name == name)).first()
+    row = _group_by_name(tx.session, name)
     tx.set_principal("Group", name, None if row is None else group_entity(tx.session, row))
 
 
 def refresh_members(tx: _Tx, member_ids: Iterable[str]) -> None:
-    """Refreshes the records of the users and groups with these SCIM ids."""
-    for mid in sorted(set(member_ids)):
-        user = tx.session.get(ScimUserRow, mid)
+    """Refreshes the records of the users and groups with these SCIM ids.
+
+    What the users' records need is read in a few queries for all of them (the users, their
+    managers, their groups, their current records), not a few per user, so a group write
+    naming many members stays a few round trips.
+    """
+    ids = sorted(set(member_ids))
+    if not ids:
+        return
+    s = tx.session
+    users = rows_by_id(s, ScimUserRow, ids)
+    groups = rows_by_id(s, ScimGroupRow, [mid for mid in ids if mid not in users])
+    present = [u for u in users.values() if u.removed_at is None]
+    # Held while refreshing, so that the session's (weak) identity map answers their gets.
+    managers = rows_by_id(s, ScimUserRow, {u.manager_id for u in present if u.manager_id})
+    names = _group_names_of(s, [u.id for u in present])
+    held = principal_rows(s, "Human", [u.user_name for u in present])
+    for mid in ids:
+        user = users.get(mid)
         if user is not None:
-            refresh_human(tx, user.user_name)
+            refresh_human(tx, user.user_name, user, groups=names.get(user.id))
             continue
-        group = tx.session.get(ScimGroupRow, mid)
+        group = groups.get(mid)
         if group is not None:
             refresh_group(tx, group.display_name)
+    del managers, held
+
+
+def principal_rows(s: Session, kind: str, ids: Iterable[str]) -> list[PrincipalRow]:
+    """The principal records of ``kind`` with these ids (one query per 5,000 ids)."""
+    out: list[PrincipalRow] = []
+    for part in _chunks(sorted(set(ids))):
+        out += s.exec(
+            select(PrincipalRow).where(PrincipalRow.kind == kind, col(PrincipalRow.id).in_(part))
+        ).all()
+    return out
 
 
 def _person_json(s: Session, row: ScimUserRow) -> dict[str, Any]:

@@ -15,23 +15,25 @@ runs it in a thread of its own (tests, ``svc up``).
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import socket
 import threading
 from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI
-from hypercorn.asyncio import serve as hypercorn_serve
-from hypercorn.config import Config
 from sqlalchemy import text
 from starlette.types import Receive, Scope, Send
 
 from svc import __version__, web
-from svc.common.auth import PolicyAuthSettings, Verifier
+from svc.common.auth import PolicyAuthSettings
+from svc.common.connect import (
+    METRICS_CONTENT_TYPE,
+    ThreadedServer,
+    one_port,
+    serve_asgi,
+    verifier_of,
+)
 from svc.common.health import Readiness, probe_router
-from svc.common.net import tcp_listener
 from svc.common.problems import install_problem_handlers
 from svc.policy.service import PolicyService
 from svc.policy.settings import PolicySettings
@@ -40,9 +42,6 @@ from svc.policy.transport import SERVICE_NAME, PolicyConnectApp, PolicyMetrics
 __all__ = ["PolicyServer", "create_app", "health_app", "serve"]
 
 log = logging.getLogger("svc.policy")
-
-#: ``Content-Type`` of the Prometheus text format.
-METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 def health_app(service: PolicyService, metrics: PolicyMetrics) -> FastAPI:
@@ -105,10 +104,7 @@ def create_app(
         AuthConfigError: auth is on and the issuer's keys cannot be loaded.
 
     """
-    verifier: Verifier | None = None
-    if auth is not None and auth.enabled:
-        verifier = Verifier(auth)
-        verifier.source.keys()  # fail at start, not on the first call
+    verifier = verifier_of(auth)
     metrics = PolicyMetrics()
     metrics.active_version.set(service.active_version())
     grpc_app = PolicyConnectApp(
@@ -118,37 +114,7 @@ def create_app(
         verifier=verifier,
     )
     http_app = health_app(service, metrics)
-    prefix = f"/{SERVICE_NAME}/"
-
-    async def app(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith(prefix):
-            await grpc_app(scope, receive, send)
-        else:
-            await http_app(scope, receive, send)
-
-    return app
-
-
-def _config(fd: int) -> Config:
-    cfg = Config()
-    cfg.bind = [f"fd://{fd}"]
-    cfg.graceful_timeout = 1.0  # WatchActive streams never end on their own
-    # Hypercorn closes a connection after 1,000 requests by default, and on HTTP/2 its GOAWAY
-    # fails the call in flight (grpcio reports UNAVAILABLE): gRPC clients keep one connection
-    # for everything, so there is no per-connection request limit here.
-    cfg.keep_alive_max_requests = 2**62
-    # Idle HTTP/2 connections (no stream open) close after this; clients reconnect on use.
-    cfg.keep_alive_timeout = 75.0
-    cfg.accesslog = None
-    cfg.errorlog = logging.getLogger("svc.policy.http")
-    return cfg
-
-
-def _listen(host: str, port: int) -> socket.socket:
-    sock = tcp_listener(host, port)
-    sock.listen(1024)
-    sock.set_inheritable(True)
-    return sock
+    return one_port(grpc_app, http_app, SERVICE_NAME)
 
 
 def serve(
@@ -179,39 +145,13 @@ def serve(
     auth.check_bind(settings.host)
     service = service or PolicyService(settings)
     app = create_app(service, auth)
-    sock = _listen(settings.host, settings.port)
-    port = int(sock.getsockname()[1])
-    # Hypercorn takes the descriptor over (its socket closes it at shutdown).
-    cfg = _config(sock.detach())
-    log.info("svc-policy listening on %s:%d", settings.host, port)
-    if ready is not None:
-        ready(port)
-
-    watchers: list[threading.Thread] = []
-
-    async def main() -> None:
-        trigger = None
-        if stop is not None:
-            loop = asyncio.get_running_loop()
-            done = asyncio.Event()
-            watcher = threading.Thread(
-                target=lambda: (stop.wait(), loop.call_soon_threadsafe(done.set)),
-                name="svc-policy-stop",
-                daemon=True,
-            )
-            watcher.start()
-            watchers.append(watcher)
-            trigger = done.wait
-        await hypercorn_serve(app, cfg, shutdown_trigger=trigger)  # type: ignore[arg-type]
-
-    asyncio.run(main())
-    if stop is not None and stop.is_set():
-        for w in watchers:
-            w.join()  # it has woken the loop already: no thread outlives the server
+    serve_asgi(app, settings.host, settings.port, "svc-policy", ready=ready, stop=stop)
 
 
-class PolicyServer:
+class PolicyServer(ThreadedServer):
     """The service in a thread of its own: ``start()`` returns once it listens.
+
+    ``start``, ``stop``, ``url`` and ``target`` are ``svc.common.connect.ThreadedServer``'s.
 
     Args:
         settings: the service's settings (``port=0`` picks a free port).
@@ -226,57 +166,10 @@ class PolicyServer:
         service: PolicyService | None = None,
         auth: PolicyAuthSettings | None = None,
     ) -> None:
+        super().__init__(settings.host, "svc-policy")
         self.settings = settings
         self.auth = auth
         self.service = service or PolicyService(settings)
-        self.port = 0
-        self._stop = threading.Event()
-        self._listening = threading.Event()
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="svc-policy", daemon=True)
 
-    def _run(self) -> None:
-        try:
-            serve(
-                self.settings,
-                auth=self.auth,
-                service=self.service,
-                ready=self._ready,
-                stop=self._stop,
-            )
-        except BaseException as e:
-            self._error = e
-            self._listening.set()
-
-    def _ready(self, port: int) -> None:
-        self.port = port
-        self._listening.set()
-
-    def start(self) -> PolicyServer:
-        """Starts serving; returns once the socket listens.
-
-        Raises:
-            AuthConfigError: as ``serve``.
-            OSError: the port cannot be bound (or any error that stopped the server).
-
-        """
-        self._thread.start()
-        self._listening.wait()
-        if self._error is not None:
-            raise self._error
-        return self
-
-    @property
-    def url(self) -> str:
-        """``http://host:port``."""
-        return f"http://{self.settings.host}:{self.port}"
-
-    @property
-    def target(self) -> str:
-        """``host:port``, a gRPC channel's target."""
-        return f"{self.settings.host}:{self.port}"
-
-    def stop(self) -> None:
-        """Stops the server (open streams end) and waits for its thread."""
-        self._stop.set()
-        self._thread.join()
+    def _serve(self, ready: Callable[[int], None], stop: threading.Event) -> None:
+        serve(self.settings, auth=self.auth, service=self.service, ready=ready, stop=stop)

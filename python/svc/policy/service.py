@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from sqlalchemy import Engine as SqlEngine
 from sqlalchemy import create_engine, func
@@ -30,6 +30,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
 from svc._pdp_core import BundleError, Engine, RequestError
+from svc.common.errors import ServiceError, Subscribers, Violation
 from svc.policy import signing
 from svc.policy.migrate import migrate
 from svc.policy.models import (
@@ -66,44 +67,19 @@ MODES = ("enforce", "monitor")
 SCOPES = ("install", "containment")
 TIERS = ("fail_closed", "cached", "fail_open")
 
-Code = Literal[
-    "invalid_argument", "not_found", "failed_precondition", "permission_denied", "unavailable"
-]
 
 _NONCE = re.compile(r"[A-Za-z0-9._:-]{16,128}")
 _TOOL = re.compile(r"^(\*|[A-Za-z0-9._-]+/(\*|[A-Za-z0-9._:-]+))$")
 _MAX_LIST = 1000
 
 
-@dataclass(frozen=True)
-class Violation:
-    """One problem of a refused request.
-
-    ``field`` is ``file:line:column`` for a bundle problem
-    (``file`` alone when Cedar gives no position), else the request field; ``description`` the
-    message (with ``policy `name`:`` in front when the problem belongs to a policy).
-    """
-
-    field: str
-    description: str
-
-
-@dataclass(eq=False)
-class PolicyError(Exception):
+class PolicyError(ServiceError):
     """A refused operation.
 
     ``code`` is the gRPC status the transport answers
     (https://grpc.io/docs/guides/status-codes/); ``violations`` names every bad field or bundle
     problem (a ``google.rpc.BadRequest`` on the wire).
     """
-
-    code: Code
-    message: str
-    violations: list[Violation] = field(default_factory=list)
-
-    def __str__(self) -> str:
-        """``<code>: <message>``."""
-        return f"{self.code}: {self.message}"
 
 
 @dataclass(frozen=True)
@@ -326,8 +302,7 @@ class PolicyService:
         self._admins = {
             name: signing.load_public_key(text) for name, text in settings.break_glass_keys.items()
         }
-        self._lock = threading.Lock()
-        self._subscribers: list[Callable[[], None]] = []
+        self._subscribers = Subscribers()
         self._write = threading.Lock()
         self.break_glass_refused = 0
         self._resign_active()
@@ -356,24 +331,10 @@ class PolicyService:
 
         The callback runs in the changing thread; returns the function that unsubscribes it.
         """
-        with self._lock:
-            self._subscribers.append(callback)
-
-        def unsubscribe() -> None:
-            with self._lock:
-                if callback in self._subscribers:
-                    self._subscribers.remove(callback)
-
-        return unsubscribe
+        return self._subscribers.subscribe(callback)
 
     def _notify(self) -> None:
-        with self._lock:
-            subscribers = list(self._subscribers)
-        for cb in subscribers:
-            try:
-                cb()
-            except Exception:  # a watcher's failure must not fail the change
-                log.exception("a change subscriber failed")
+        self._subscribers.notify()
 
     # -- bundles
 

@@ -11,32 +11,25 @@ Callers (docs/auth.md): with a ``Verifier``, a metadata interceptor (``BearerInt
 the ``authorization`` entry of every call before its message is read: ``UNAUTHENTICATED`` without
 a valid bearer token, ``PERMISSION_DENIED`` for a caller not listed.
 
-There is no connectrpc code generator for the ``google.protobuf`` runtime grpcio-tools
-generates, so the endpoints are made here from the service's descriptor; a method without a
-handler is an error at start, never a silent gap.
+The endpoints are made from the service's descriptor (``svc.common.connect.endpoints``); a
+method without a handler is an error at start, never a silent gap.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
 import anyio.to_thread
-from connectrpc.code import Code
 from connectrpc.compat import google_protobuf_codecs
-from connectrpc.errors import ConnectError
-from connectrpc.method import IdempotencyLevel, MethodInfo, StreamType
-from connectrpc.request import RequestContext
-from connectrpc.server import ConnectASGIApplication, Endpoint
-from google.protobuf.timestamp_pb2 import Timestamp
-from google.rpc import error_details_pb2
+from connectrpc.server import ConnectASGIApplication
 from prometheus_client import CollectorRegistry, Counter, Gauge
-from protobuf.wkt import Any as AnyDetail
 
-from svc.common.auth import MISSING_TOKEN, AuthConfigError, AuthError, Verifier
+from svc.common.auth import Verifier
+from svc.common.connect import BearerInterceptor, endpoints, status_error, timestamp
 from svc.policy import service as svc_service
 from svc.policy.service import BundleInfo, PolicyError, PolicyService
 from svc.policy.v1 import policy_pb2 as pb
@@ -44,26 +37,17 @@ from svc.policy.wire import mode_name, mode_value
 
 __all__ = [
     "SERVICE_NAME",
-    "BearerInterceptor",
     "PolicyConnectApp",
     "PolicyMetrics",
     "bundle_message",
     "mode_name",
     "mode_value",
-    "timestamp",
 ]
 
 log = logging.getLogger("svc.policy")
 
 SERVICE_NAME = "svc.policy.v1.PolicyService"
 
-_CODES: dict[str, Code] = {
-    "invalid_argument": Code.INVALID_ARGUMENT,
-    "not_found": Code.NOT_FOUND,
-    "failed_precondition": Code.FAILED_PRECONDITION,
-    "permission_denied": Code.PERMISSION_DENIED,
-    "unavailable": Code.UNAVAILABLE,
-}
 _STATES: dict[str, Any] = {
     "draft": pb.BUNDLE_STATE_DRAFT,
     "active": pb.BUNDLE_STATE_ACTIVE,
@@ -78,15 +62,6 @@ _TIERS: dict[str, Any] = {
     "cached": pb.OUTAGE_TIER_CACHED,
     "fail_open": pb.OUTAGE_TIER_FAIL_OPEN,
 }
-
-
-def timestamp(t: datetime | None) -> Timestamp | None:
-    """A ``google.protobuf.Timestamp`` of an aware time, or None."""
-    if t is None:
-        return None
-    ts = Timestamp()
-    ts.FromDatetime(t.astimezone(UTC))
-    return ts
 
 
 def _name(table: Mapping[str, Any], value: int) -> str:
@@ -137,27 +112,6 @@ def _fallback(f: svc_service.OutageFallback) -> pb.OutageFallback:
     )
 
 
-def _connect_error(e: PolicyError) -> ConnectError:
-    """``PolicyError`` as a gRPC status; violations become a ``google.rpc.BadRequest``."""
-    details = []
-    if e.violations:
-        bad = error_details_pb2.BadRequest(
-            field_violations=[
-                error_details_pb2.BadRequest.FieldViolation(
-                    field=v.field, description=v.description
-                )
-                for v in e.violations
-            ]
-        )
-        details.append(
-            AnyDetail(
-                type_url="type.googleapis.com/google.rpc.BadRequest",
-                value=bad.SerializeToString(),
-            )
-        )
-    return ConnectError(_CODES[e.code], e.message, details=details)
-
-
 class PolicyMetrics:
     """The service's Prometheus metrics (docs/policy.md#metrics), on a registry of their own."""
 
@@ -191,7 +145,7 @@ class _Handlers:
             out = await anyio.to_thread.run_sync(fn)
         except PolicyError as e:
             self.metrics.calls.labels(method, e.code).inc()
-            raise _connect_error(e) from None
+            raise status_error(e) from None
         self.metrics.calls.labels(method, "ok").inc()
         return out
 
@@ -203,7 +157,7 @@ class _Handlers:
                 dup.append(f.name)
             files[f.name] = f.content
         if dup:
-            raise _connect_error(
+            raise status_error(
                 PolicyError(
                     "invalid_argument",
                     "duplicate file names",
@@ -293,7 +247,7 @@ class _Handlers:
 
     async def DryRun(self, req: pb.DryRunRequest) -> pb.DryRunResponse:
         if not req.HasField("since"):
-            raise _connect_error(
+            raise status_error(
                 PolicyError(
                     "invalid_argument",
                     "`since` is required",
@@ -378,91 +332,6 @@ class _Handlers:
             self.metrics.watchers.dec()
 
 
-def _endpoints(handlers: _Handlers) -> dict[str, Any]:
-    """One connectrpc endpoint per method of the proto's service, from its descriptor."""
-    desc = pb.DESCRIPTOR.services_by_name["PolicyService"]
-    out: dict[str, Any] = {}
-    for m in desc.methods:
-        fn = getattr(handlers, m.name, None)
-        if fn is None:
-            raise RuntimeError(f"no handler for {SERVICE_NAME}/{m.name}")
-        streaming = m.server_streaming
-        info: MethodInfo[Any, Any] = MethodInfo(
-            name=m.name,
-            service_name=SERVICE_NAME,
-            input=getattr(pb, m.input_type.name),
-            output=getattr(pb, m.output_type.name),
-            idempotency_level=IdempotencyLevel.UNKNOWN,
-            stream_type=StreamType.SERVER_STREAM if streaming else StreamType.UNARY,
-        )
-        path = f"/{SERVICE_NAME}/{m.name}"
-        if streaming:
-            out[path] = Endpoint.server_stream(method=info, function=_drop_ctx_stream(fn))
-        else:
-            out[path] = Endpoint.unary(method=info, function=_drop_ctx(fn))
-    return out
-
-
-def _drop_ctx(
-    fn: Callable[[Any], Awaitable[Any]],
-) -> Callable[[Any, RequestContext[Any, Any]], Awaitable[Any]]:
-    async def call(req: Any, ctx: RequestContext[Any, Any]) -> Any:
-        return await fn(req)
-
-    return call
-
-
-def _drop_ctx_stream(
-    fn: Callable[[Any], AsyncIterator[Any]],
-) -> Callable[[Any, RequestContext[Any, Any]], AsyncIterator[Any]]:
-    def call(req: Any, ctx: RequestContext[Any, Any]) -> AsyncIterator[Any]:
-        return fn(req)
-
-    return call
-
-
-class BearerInterceptor:
-    """A connectrpc metadata interceptor admitting only the callers a ``Verifier`` accepts.
-
-    Runs before the request message is read (connectrpc's ``MetadataInterceptor``). The token is
-    the ``authorization`` metadata entry, ``Bearer <JWT>`` (RFC 6750 section 2.1; docs/auth.md),
-    verified in a worker thread (a JWKS reload may fetch over the network).
-
-    Args:
-        verifier: the service's verifier (``svc.common.auth.Verifier`` of
-            ``PolicyAuthSettings``).
-
-    Raises (from ``on_start``, answered as the call's status):
-        ConnectError: ``UNAUTHENTICATED`` for no token or one that does not verify,
-            ``PERMISSION_DENIED`` for a caller not listed, ``UNAVAILABLE`` when the issuer's
-            keys cannot be loaded; the message is ``AuthError``'s detail (never the token).
-
-    """
-
-    def __init__(self, verifier: Verifier) -> None:
-        self.verifier = verifier
-
-    async def on_start(self, ctx: RequestContext[Any, Any]) -> None:
-        """Checks the call's bearer token (class docs)."""
-        header = ctx.request_headers.get("authorization", "").strip()
-        scheme, _, token = header.partition(" ")
-        try:
-            if scheme.lower() != "bearer" or not token.strip():
-                raise AuthError(401, MISSING_TOKEN, missing=True)
-            await anyio.to_thread.run_sync(self.verifier.verify, token.strip())
-        except AuthError as e:
-            code = Code.PERMISSION_DENIED if e.status == 403 else Code.UNAUTHENTICATED
-            raise ConnectError(code, e.detail) from None
-        except AuthConfigError as e:
-            log.error("cannot verify bearer tokens: %s", e)
-            raise ConnectError(Code.UNAVAILABLE, "the issuer's keys cannot be loaded") from None
-
-    async def on_end(
-        self, token: None, ctx: RequestContext[Any, Any], error: Exception | None
-    ) -> None:
-        """Nothing to do at the end of a call."""
-
-
 class PolicyConnectApp(ConnectASGIApplication[_Handlers]):
     """The ASGI app serving ``svc.policy.v1.PolicyService`` (gRPC, gRPC-Web and Connect).
 
@@ -485,7 +354,7 @@ class PolicyConnectApp(ConnectASGIApplication[_Handlers]):
     ) -> None:
         super().__init__(
             service=_Handlers(service, metrics),
-            endpoints=_endpoints,
+            endpoints=lambda h: endpoints(pb, SERVICE_NAME, h),
             read_max_bytes=max_message_bytes,
             codecs=google_protobuf_codecs(),
             interceptors=[BearerInterceptor(verifier)] if verifier is not None else (),

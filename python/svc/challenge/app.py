@@ -1,0 +1,182 @@
+"""The challenge service's one port: gRPC ``svc.challenge.v1.ChallengeService`` and the probes.
+
+One ASGI app (``create_app``): requests under ``/svc.challenge.v1.ChallengeService/`` go to the
+connectrpc app (``svc.challenge.transport``), everything else to a small FastAPI app with
+``/healthz``, ``/readyz``, ``/version`` and ``/metrics`` (``svc.common.health.probe_router``,
+docs/architecture.md#what-every-component-serves). Hypercorn serves both on one socket, HTTP/1.1
+and h2c, as for the policy service (``svc.policy.app``; docs/dependencies.md says why).
+
+``serve`` runs it in the calling thread until a signal or ``stop`` event, with the outbox worker
+(``svc.challenge.notify``) beside it when a webhook is set; ``ChallengeServer`` runs both in a
+thread of their own (tests, ``svc up``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import FastAPI
+from sqlalchemy import text
+from starlette.types import Receive, Scope, Send
+
+from svc import __version__, web
+from svc.challenge.notify import OutboxWorker
+from svc.challenge.service import ChallengeService
+from svc.challenge.settings import ChallengeAuthSettings, ChallengeSettings
+from svc.challenge.transport import SERVICE_NAME, ChallengeConnectApp, ChallengeMetrics
+from svc.common.connect import (
+    METRICS_CONTENT_TYPE,
+    ThreadedServer,
+    one_port,
+    serve_asgi,
+    verifier_of,
+)
+from svc.common.health import Readiness, probe_router
+from svc.common.problems import install_problem_handlers
+
+__all__ = ["ChallengeServer", "create_app", "health_app", "serve"]
+
+log = logging.getLogger("svc.challenge")
+
+
+def health_app(service: ChallengeService, metrics: ChallengeMetrics) -> FastAPI:
+    """The four probes every component serves (``svc.common.health.probe_router``), no token.
+
+    ``/readyz``: 200 ``{"ready": true, "migration"}`` when the database answers, else a 503
+    problem. ``/version``: ``{"component": "svc-challenge", "version"}``. ``/metrics``:
+    Prometheus text.
+
+    Args:
+        service: the service layer (its database answers ``/readyz``).
+        metrics: the service's metrics (``/metrics`` renders their registry).
+
+    Returns:
+        The FastAPI app of the probes, answering errors as RFC 9457 problems.
+
+    """
+    app = FastAPI(title="svc-challenge", version=__version__, docs_url=None, redoc_url=None)
+    web.install(app)
+    install_problem_handlers(app)
+
+    def readiness() -> Readiness:
+        try:
+            with service.db.connect() as conn:
+                conn.execute(text("SELECT 1"))
+        except Exception as e:
+            log.error("readiness: the database does not answer: %s", e)
+            return Readiness(("the challenge database does not answer",))
+        return Readiness((), {"migration": service.revision})
+
+    app.include_router(
+        probe_router(
+            ChallengeSettings.component,
+            __version__,
+            readiness,
+            metrics.registry,
+            ready_description="Ready when the challenge database answers.",
+            metrics_content_type=METRICS_CONTENT_TYPE,
+        )
+    )
+    return app
+
+
+def create_app(
+    service: ChallengeService, auth: ChallengeAuthSettings | None = None
+) -> Callable[[Scope, Receive, Send], Any]:
+    """The service's ASGI app: gRPC methods to connectrpc, every other path to the probes.
+
+    Args:
+        service: the service layer.
+        auth: who may call the gRPC methods (docs/auth.md); None or auth off admits everyone
+            (``serve`` allows that on loopback binds only). The probes never take a token.
+
+    Returns:
+        An ASGI 3 callable; lifespan events go to the health app.
+
+    Raises:
+        AuthConfigError: auth is on and the issuer's keys cannot be loaded.
+
+    """
+    verifier = verifier_of(auth)
+    metrics = ChallengeMetrics()
+    grpc_app = ChallengeConnectApp(service, metrics, verifier=verifier)
+    http_app = health_app(service, metrics)
+    return one_port(grpc_app, http_app, SERVICE_NAME)
+
+
+def serve(
+    settings: ChallengeSettings,
+    *,
+    auth: ChallengeAuthSettings | None = None,
+    service: ChallengeService | None = None,
+    ready: Callable[[int], None] | None = None,
+    stop: threading.Event | None = None,
+    outbox: bool = True,
+) -> None:
+    """Runs the service on ``settings.host:port`` in this thread until stopped.
+
+    Args:
+        settings: the service's settings.
+        auth: who may call (docs/auth.md); default ``ChallengeAuthSettings()``
+            (``SVC_CHALLENGE_AUTH*``, off without an issuer).
+        service: the service layer (default: one made from ``settings``, which migrates).
+        ready: called with the bound port once the socket listens.
+        stop: ends the server when set; without it SIGINT/SIGTERM do (main thread only).
+        outbox: run the outbox worker beside the server when ``settings.webhook_url`` is set.
+
+    Raises:
+        AuthConfigError: auth is off and ``settings.host`` is not a loopback address, or the
+            issuer's keys cannot be loaded (nothing is served).
+        OSError: the port cannot be bound.
+
+    """
+    auth = auth if auth is not None else ChallengeAuthSettings()
+    auth.check_bind(settings.host)
+    service = service or ChallengeService(settings)
+    app = create_app(service, auth)
+    worker = OutboxWorker(service).start() if outbox and settings.webhook_url else None
+    try:
+        serve_asgi(app, settings.host, settings.port, "svc-challenge", ready=ready, stop=stop)
+    finally:
+        if worker is not None:
+            worker.stop()
+
+
+class ChallengeServer(ThreadedServer):
+    """The service in a thread of its own: ``start()`` returns once it listens.
+
+    ``start``, ``stop``, ``url`` and ``target`` are ``svc.common.connect.ThreadedServer``'s.
+
+    Args:
+        settings: the service's settings (``port=0`` picks a free port).
+        service: the service layer (default: made from ``settings``).
+        auth: who may call (as ``serve``'s).
+        outbox: run the outbox worker too (as ``serve``'s).
+
+    """
+
+    def __init__(
+        self,
+        settings: ChallengeSettings,
+        service: ChallengeService | None = None,
+        auth: ChallengeAuthSettings | None = None,
+        outbox: bool = True,
+    ) -> None:
+        super().__init__(settings.host, "svc-challenge")
+        self.settings = settings
+        self.auth = auth
+        self.outbox = outbox
+        self.service = service or ChallengeService(settings)
+
+    def _serve(self, ready: Callable[[int], None], stop: threading.Event) -> None:
+        serve(
+            self.settings,
+            auth=self.auth,
+            service=self.service,
+            ready=ready,
+            stop=stop,
+            outbox=self.outbox,
+        )

@@ -1,0 +1,1 @@
+"""Alembic migrations of the challenge service's database (``svc.challenge.migrate`` runs them)."""

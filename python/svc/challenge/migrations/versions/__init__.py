@@ -1,0 +1,1 @@
+"""Numbered schema versions of the challenge service; only appended, never edited."""

@@ -1,0 +1,395 @@
+"""What every gRPC control-plane service shares: endpoints, callers' tokens, one port.
+
+docs/architecture.md#code-layout-and-conventions.
+
+The policy service and the challenge service are each a ``google.protobuf`` service served by
+connectrpc (gRPC, gRPC-Web and Connect) beside the shared probe routes on one port, by
+hypercorn (HTTP/1.1 and HTTP/2 cleartext), in this process or a thread of its own:
+
+* ``endpoints``: one connectrpc endpoint per method of a service descriptor. There is no
+  connectrpc code generator for the runtime grpcio-tools generates, so the table is made from
+  the descriptor; a method without a handler is an error at start, never a silent gap.
+* ``BearerInterceptor``: the callers' bearer tokens (docs/auth.md), checked before a message
+  is read.
+* ``status_error``: a service layer's ``svc.common.errors.ServiceError`` as a gRPC status,
+  its violations as a ``google.rpc.BadRequest`` detail.
+* ``timestamp``: an aware ``datetime`` as ``google.protobuf.Timestamp``.
+* ``serve_asgi``: binds the port (``svc.common.net.tcp_listener``) and runs hypercorn until a
+  stop event or a signal; ``ThreadedServer``: the same in a thread, ``start()`` returning once
+  the port listens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime
+from types import ModuleType
+from typing import Any, Self
+
+import anyio.to_thread
+from connectrpc.code import Code
+from connectrpc.errors import ConnectError
+from connectrpc.method import IdempotencyLevel, MethodInfo, StreamType
+from connectrpc.request import RequestContext
+from connectrpc.server import Endpoint
+from google.protobuf.timestamp_pb2 import Timestamp
+from google.rpc import error_details_pb2
+from hypercorn.asyncio import serve as hypercorn_serve
+from hypercorn.config import Config
+from protobuf.wkt import Any as AnyDetail
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from svc.common.auth import MISSING_TOKEN, AuthConfigError, AuthError, Verifier
+from svc.common.auth_settings import AuthSettings
+from svc.common.errors import Code as ErrorCode
+from svc.common.errors import ServiceError
+from svc.common.net import tcp_listener
+
+__all__ = [
+    "METRICS_CONTENT_TYPE",
+    "BearerInterceptor",
+    "ThreadedServer",
+    "endpoints",
+    "one_port",
+    "serve_asgi",
+    "status_error",
+    "timestamp",
+    "verifier_of",
+]
+
+log = logging.getLogger("svc.common.connect")
+
+#: The Prometheus text exposition format's content type (version 0.0.4).
+METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def timestamp(t: datetime | None) -> Timestamp | None:
+    """A ``google.protobuf.Timestamp`` of an aware time (any zone, stored as UTC), or None."""
+    if t is None:
+        return None
+    ts = Timestamp()
+    ts.FromDatetime(t.astimezone(UTC))
+    return ts
+
+
+_CODES: dict[ErrorCode, Code] = {
+    "invalid_argument": Code.INVALID_ARGUMENT,
+    "not_found": Code.NOT_FOUND,
+    "failed_precondition": Code.FAILED_PRECONDITION,
+    "permission_denied": Code.PERMISSION_DENIED,
+    "unavailable": Code.UNAVAILABLE,
+}
+
+
+def status_error(e: ServiceError) -> ConnectError:
+    """``e`` as the gRPC status a transport answers (https://grpc.io/docs/guides/error/).
+
+    Args:
+        e: the service layer's refusal.
+
+    Returns:
+        A ``ConnectError`` with ``e.code``'s status and ``e.message``; ``e.violations``, when
+        there are any, as one ``google.rpc.BadRequest`` detail of field violations.
+
+    """
+    details = []
+    if e.violations:
+        bad = error_details_pb2.BadRequest(
+            field_violations=[
+                error_details_pb2.BadRequest.FieldViolation(
+                    field=v.field, description=v.description
+                )
+                for v in e.violations
+            ]
+        )
+        details.append(
+            AnyDetail(
+                type_url="type.googleapis.com/google.rpc.BadRequest",
+                value=bad.SerializeToString(),
+            )
+        )
+    return ConnectError(_CODES[e.code], e.message, details=details)
+
+
+def endpoints(pb: ModuleType, service: str, handlers: object) -> dict[str, Any]:
+    """One connectrpc endpoint per method of a proto service, keyed by its gRPC path.
+
+    Args:
+        pb: the grpcio-tools module of the proto (``*_pb2``) holding the service and its
+            messages.
+        service: the service's full name (``svc.policy.v1.PolicyService``).
+        handlers: an object with one coroutine method per unary method (request -> response)
+            and one async-generator method per server-streaming method, named as in the
+            proto.
+
+    Returns:
+        ``{"/<service>/<Method>": Endpoint}`` for ``ConnectASGIApplication``.
+
+    Raises:
+        RuntimeError: a method of the proto has no handler.
+
+    """
+    desc = pb.DESCRIPTOR.services_by_name[service.rsplit(".", 1)[-1]]
+    out: dict[str, Any] = {}
+    for m in desc.methods:
+        fn = getattr(handlers, m.name, None)
+        if fn is None:
+            raise RuntimeError(f"no handler for {service}/{m.name}")
+        streaming = m.server_streaming
+        info: MethodInfo[Any, Any] = MethodInfo(
+            name=m.name,
+            service_name=service,
+            input=getattr(pb, m.input_type.name),
+            output=getattr(pb, m.output_type.name),
+            idempotency_level=IdempotencyLevel.UNKNOWN,
+            stream_type=StreamType.SERVER_STREAM if streaming else StreamType.UNARY,
+        )
+        path = f"/{service}/{m.name}"
+        if streaming:
+            out[path] = Endpoint.server_stream(method=info, function=_drop_ctx_stream(fn))
+        else:
+            out[path] = Endpoint.unary(method=info, function=_drop_ctx(fn))
+    return out
+
+
+def _drop_ctx(
+    fn: Callable[[Any], Awaitable[Any]],
+) -> Callable[[Any, RequestContext[Any, Any]], Awaitable[Any]]:
+    async def call(req: Any, ctx: RequestContext[Any, Any]) -> Any:
+        return await fn(req)
+
+    return call
+
+
+def _drop_ctx_stream(
+    fn: Callable[[Any], AsyncIterator[Any]],
+) -> Callable[[Any, RequestContext[Any, Any]], AsyncIterator[Any]]:
+    def call(req: Any, ctx: RequestContext[Any, Any]) -> AsyncIterator[Any]:
+        return fn(req)
+
+    return call
+
+
+def verifier_of(auth: AuthSettings | None) -> Verifier | None:
+    """The ``Verifier`` of a service's caller settings, its issuer's keys loaded now.
+
+    Args:
+        auth: the service's ``AuthSettings``; None or auth off: no verifier.
+
+    Returns:
+        The verifier for ``BearerInterceptor``, or None (every caller admitted; a loopback
+        bind only, ``AuthSettings.check_bind``).
+
+    Raises:
+        AuthConfigError: the issuer's keys cannot be loaded (at start, not on the first call).
+
+    """
+    if auth is None or not auth.enabled:
+        return None
+    verifier = Verifier(auth)
+    verifier.source.keys()
+    return verifier
+
+
+def one_port(grpc_app: ASGIApp, http_app: ASGIApp, service: str) -> ASGIApp:
+    """One ASGI app: the gRPC paths of ``service`` to ``grpc_app``, the rest to ``http_app``.
+
+    Args:
+        grpc_app: the connectrpc app (``/<service>/<Method>``).
+        http_app: the probes' FastAPI app; it also gets the lifespan events.
+        service: the service's full name (``svc.policy.v1.PolicyService``).
+
+    Returns:
+        An ASGI 3 callable.
+
+    """
+    prefix = f"/{service}/"
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith(prefix):
+            await grpc_app(scope, receive, send)
+        else:
+            await http_app(scope, receive, send)
+
+    return app
+
+
+class BearerInterceptor:
+    """A connectrpc metadata interceptor admitting only the callers a ``Verifier`` accepts.
+
+    Runs before the request message is read (connectrpc's ``MetadataInterceptor``). The token is
+    the ``authorization`` metadata entry, ``Bearer <JWT>`` (RFC 6750 section 2.1; docs/auth.md),
+    verified in a worker thread (a JWKS reload may fetch over the network).
+
+    Args:
+        verifier: the service's verifier (``svc.common.auth.Verifier`` of its auth settings).
+
+    Raises (from ``on_start``, answered as the call's status):
+        ConnectError: ``UNAUTHENTICATED`` for no token or one that does not verify,
+            ``PERMISSION_DENIED`` for a caller not listed, ``UNAVAILABLE`` when the issuer's
+            keys cannot be loaded; the message is ``AuthError``'s detail (never the token).
+
+    """
+
+    def __init__(self, verifier: Verifier) -> None:
+        self.verifier = verifier
+
+    async def on_start(self, ctx: RequestContext[Any, Any]) -> None:
+        """Checks the call's bearer token (class docs)."""
+        header = ctx.request_headers.get("authorization", "").strip()
+        scheme, _, token = header.partition(" ")
+        try:
+            if scheme.lower() != "bearer" or not token.strip():
+                raise AuthError(401, MISSING_TOKEN, missing=True)
+            await anyio.to_thread.run_sync(self.verifier.verify, token.strip())
+        except AuthError as e:
+            code = Code.PERMISSION_DENIED if e.status == 403 else Code.UNAUTHENTICATED
+            raise ConnectError(code, e.detail) from None
+        except AuthConfigError as e:
+            log.error("cannot verify bearer tokens: %s", e)
+            raise ConnectError(Code.UNAVAILABLE, "the issuer's keys cannot be loaded") from None
+
+    async def on_end(
+        self, token: None, ctx: RequestContext[Any, Any], error: Exception | None
+    ) -> None:
+        """Nothing to do at the end of a call."""
+
+
+def _config(fd: int, errorlog: str) -> Config:
+    cfg = Config()
+    cfg.bind = [f"fd://{fd}"]
+    cfg.graceful_timeout = 1.0  # watch streams never end on their own
+    # Hypercorn closes a connection after 1,000 requests by default, and on HTTP/2 its GOAWAY
+    # fails the call in flight (grpcio reports UNAVAILABLE): gRPC clients keep one connection
+    # for everything, so there is no per-connection request limit here.
+    cfg.keep_alive_max_requests = 2**62
+    # Idle HTTP/2 connections (no stream open) close after this; clients reconnect on use.
+    cfg.keep_alive_timeout = 75.0
+    cfg.accesslog = None
+    cfg.errorlog = logging.getLogger(errorlog)
+    return cfg
+
+
+def serve_asgi(
+    app: Any,
+    host: str,
+    port: int,
+    name: str,
+    *,
+    ready: Callable[[int], None] | None = None,
+    stop: threading.Event | None = None,
+) -> None:
+    """Serves an ASGI app with hypercorn on ``host:port`` in this thread until stopped.
+
+    Args:
+        app: the ASGI 3 app (gRPC paths and the probe routes, dispatched by the caller's app).
+        host: the address to bind (IPv6 in brackets or not).
+        port: the port; 0 for a free one.
+        name: the component (``svc-policy``): names the log lines, the error logger
+            (``svc.<component>.http``) and the stop thread.
+        ready: called with the bound port once the socket listens.
+        stop: ends the server when set (open streams are ended after one second); without it
+            SIGINT and SIGTERM do (main thread only).
+
+    Raises:
+        OSError: the port cannot be bound.
+
+    """
+    sock = tcp_listener(host, port)
+    sock.listen(1024)
+    sock.set_inheritable(True)
+    bound = int(sock.getsockname()[1])
+    # Hypercorn takes the descriptor over (its socket closes it at shutdown).
+    cfg = _config(sock.detach(), f"svc.{name.removeprefix('svc-')}.http")
+    log.info("%s listening on %s:%d", name, host, bound)
+    if ready is not None:
+        ready(bound)
+    watchers: list[threading.Thread] = []
+
+    async def main() -> None:
+        trigger = None
+        if stop is not None:
+            loop = asyncio.get_running_loop()
+            done = asyncio.Event()
+            watcher = threading.Thread(
+                target=lambda: (stop.wait(), loop.call_soon_threadsafe(done.set)),
+                name=f"{name}-stop",
+                daemon=True,
+            )
+            watcher.start()
+            watchers.append(watcher)
+            trigger = done.wait
+        await hypercorn_serve(app, cfg, shutdown_trigger=trigger)
+
+    asyncio.run(main())
+    if stop is not None and stop.is_set():
+        for w in watchers:
+            w.join()  # it has woken the loop already: no thread outlives the server
+
+
+class ThreadedServer:
+    """A service's ``serve`` in a thread of its own: ``start()`` returns once the port listens.
+
+    Subclasses implement ``_serve(ready, stop)``: run the service until ``stop`` is set, calling
+    ``ready(port)`` once the socket listens (as ``serve_asgi`` does).
+
+    Args:
+        host: the address the service binds (for ``url`` and ``target``).
+        name: the thread's name.
+
+    """
+
+    def __init__(self, host: str, name: str) -> None:
+        self.host = host
+        self.port = 0
+        self._stop = threading.Event()
+        self._listening = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def _serve(self, ready: Callable[[int], None], stop: threading.Event) -> None:
+        raise NotImplementedError
+
+    def _run(self) -> None:
+        try:
+            self._serve(self._ready, self._stop)
+        except BaseException as e:
+            self._error = e
+            self._listening.set()
+
+    def _ready(self, port: int) -> None:
+        self.port = port
+        self._listening.set()
+
+    def start(self) -> Self:
+        """Starts serving; returns once the socket listens.
+
+        Raises:
+            AuthConfigError: the service's caller settings are refused (``check_bind``) or the
+                issuer's keys cannot be loaded.
+            OSError: the port cannot be bound (or any error that stopped the server).
+
+        """
+        self._thread.start()
+        self._listening.wait()
+        if self._error is not None:
+            raise self._error
+        return self
+
+    @property
+    def url(self) -> str:
+        """``http://host:port``."""
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def target(self) -> str:
+        """``host:port``, a gRPC channel's target."""
+        return f"{self.host}:{self.port}"
+
+    def stop(self) -> None:
+        """Stops the server (open streams end) and waits for its thread."""
+        self._stop.set()
+        self._thread.join()

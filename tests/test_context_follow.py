@@ -13,10 +13,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import httpx
 import pytest
 import uvicorn
 
+from serverkit import check_json, check_request
+from svc.authz.v1 import authz_pb2_grpc
 from svc.common.auth import LOCAL_ISSUER, LocalIssuer
 from svc.common.net import tcp_listener
 from svc.context.app import create_app
@@ -95,13 +98,13 @@ when { context has risk_score && context.risk_score >= 90 };
 
 
 class Pdp:
-    """A real engine behind a real listener whose containment list counts as loaded."""
+    """A real engine behind a real listener that waits for the principals only."""
 
     def __init__(self) -> None:
         self.engine = Engine(POLICIES, SCHEMA)
-        self.server = Server(self.engine, port=0, workers=1)
+        self.server = Server(self.engine, port=0, workers=1, await_principals=True)
         self.server.start()
-        self.server.set_ready(containments=True)
+        self.server.set_ready(bundle=True, containments=True)
         self.http = httpx.Client(base_url=f"http://127.0.0.1:{self.server.port}", timeout=60)
 
     def verdict(self, principal: dict[str, str], doc: str) -> str:
@@ -115,6 +118,13 @@ class Pdp:
         )
         assert r.status_code == 200, r.text
         return str(r.json()["verdict"])
+
+    def metric(self, name: str) -> float:
+        """The value of one series of ``/metrics`` (0 when absent)."""
+        for line in self.http.get("/metrics").text.splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[-1])
+        return 0.0
 
     def readyz(self) -> int:
         return self.http.get("/readyz").status_code
@@ -203,11 +213,15 @@ def test_deactivation_groups_rescore_and_resources_are_followed(live: Live, pdp:
     follower = follow_context(pdp.engine, pdp.server, live.url, wait_secs=1)
     try:
         v = principals_version(live)
-        follower.wait_for(lambda s: s.principals_version >= v and s.resources_version > 0)
+        follower.wait_for(lambda s: s.loaded and s.principals_version >= v)
         assert pdp.readyz() == 200
-        # Dana reads her department's document and, as a reader, the public one.
+        # The feeds start at their head: no resource is held until a check asks for it.
+        assert follower.status.fetched == 0
+        # Dana reads her department's document and, as a reader, the public one: both
+        # fetched on the miss, in one read each.
         assert pdp.verdict(human("dana@example.com"), "plan") == "allow"
         assert pdp.verdict(human("dana@example.com"), "faq") == "allow"
+        assert follower.status.fetches == 2 and follower.status.fetched == 2
         # Erin is in no group and has no department: denied.
         assert pdp.verdict(human("erin@example.com"), "faq") == "deny"
         # A registered service account reads public documents; an unknown one is denied.
@@ -245,6 +259,11 @@ def test_deactivation_groups_rescore_and_resources_are_followed(live: Live, pdp:
         follower.wait_for(lambda s: s.principals_version >= v)
         assert pdp.engine.versions["principals_version"] > before
         assert pdp.verdict(human("erin@example.com"), "faq") == "deny"
+        # Decisions carry the principals_version they were made at.
+        record = pdp.engine.decide(
+            {"principal": human("erin@example.com"), "action": "read", "resource": _doc("faq")}
+        )
+        assert record["principals_version"] == pdp.engine.versions["principals_version"]
 
         # A resource written through the batch route is decided with its attributes.
         version = put_docs(live, ("launch", "eng", "internal"), ("faq", "eng", "internal"))
@@ -347,11 +366,74 @@ def test_deactivation_groups_rescore_and_resources_are_followed(live: Live, pdp:
         status = follower.wait_for(
             lambda s: s.resources_version >= version and s.principals_version >= v
         )
-        assert status.refused == 1
+        assert status.refused == 0  # not held: the feed applies nothing of them
         assert pdp.verdict(human("fay@example.com"), "good") == "allow"
         assert pdp.verdict(human("fay@example.com"), "bad") == "deny"
+        assert follower.status.refused == 1
+        # Refused, so remembered as absent: asked again, not fetched again.
+        fetches = follower.status.fetches
+        assert pdp.verdict(human("fay@example.com"), "bad") == "deny"
+        assert follower.status.fetches == fetches
+        assert pdp.metric('svc_pdp_resource_fetches_total{outcome="ok"}') == fetches
     finally:
         follower.stop()
+
+
+def _doc(doc: str) -> dict[str, str]:
+    return {"type": "Document", "id": doc}
+
+
+def test_misses_of_every_transport_are_fetched(live: Live, pdp: Pdp) -> None:
+    create_user(
+        live,
+        "gus@example.com",
+        **{"urn:ietf:params:scim:schemas:extension:enterprise:2.0:User": {"department": "eng"}},
+    )
+    put_docs(live, *((d, "eng", "internal") for d in ("a", "b", "c", "d")))
+    follower = follow_context(pdp.engine, pdp.server, live.url, wait_secs=1)
+    try:
+        follower.loaded.wait()
+        gus = human("gus@example.com")
+        # An AuthZEN batch: its two misses (and a repeat) are fetched in one call.
+        r = pdp.http.post(
+            "/access/v1/evaluations",
+            json={
+                "subject": {"type": "Human", "id": "gus@example.com"},
+                "action": {"name": "read"},
+                "evaluations": [
+                    {"resource": {"type": "Document", "id": "a"}},
+                    {"resource": {"type": "Document", "id": "b"}},
+                    {"resource": {"type": "Document", "id": "a"}},
+                ],
+            },
+        )
+        assert r.status_code == 200, r.text
+        assert [e["decision"] for e in r.json()["evaluations"]] == [True, True, True]
+        assert follower.status.fetches == 1 and follower.status.fetched == 2
+        # A single AuthZEN evaluation.
+        r = pdp.http.post(
+            "/access/v1/evaluation",
+            json={
+                "subject": {"type": "Human", "id": "gus@example.com"},
+                "action": {"name": "read"},
+                "resource": {"type": "Document", "id": "c"},
+            },
+        )
+        assert r.status_code == 200 and r.json()["decision"] is True, r.text
+        # gRPC Check.
+        with grpc.insecure_channel(f"127.0.0.1:{pdp.server.port}") as ch:
+            answer = authz_pb2_grpc.AuthorizerStub(ch).Check(
+                check_request({"principal": gus, "action": "read", "resource": _doc("d")})
+            )
+        assert check_json(answer)["verdict"] == "allow"
+        assert follower.status.fetches == 3 and follower.status.fetched == 4
+        assert follower.status.fetch_errors == 0
+    finally:
+        follower.stop()
+    # Stopped: the source is removed, and a miss is decided without it.
+    put_docs(live, ("e", "eng", "internal"))
+    assert pdp.verdict(human("gus@example.com"), "e") == "deny"
+    assert follower.status.fetches == 3
 
 
 def _serve(

@@ -18,7 +18,7 @@ Shapes used below (docs/architecture.md#entities-and-the-base-schema, docs/decis
   docs/plans.md), re-exported by ``svc.pdp``.
 """
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from os import PathLike
 from typing import Any, Final, Literal, TypeVar, final
 
@@ -398,6 +398,10 @@ class Server:
         auth_cache_entries: verified tokens kept in the LRU cache (0 verifies every request).
         auth_cache_ttl_secs: longest trust in a cached verification, in seconds (a token's
             ``exp`` ends it sooner; a new JWKS drops every entry).
+        await_principals: the principals come from a feed the control plane loads (the
+            context service, docs/context.md): the ``principals`` readiness flag starts unset
+            and ``/readyz`` answers 503 until ``set_ready(principals=True)``. Otherwise that
+            flag is set at start.
 
     Raises:
         ValueError: ``auth_issuer`` with an empty issuer, audience or caller list.
@@ -423,6 +427,7 @@ class Server:
         auth_leeway_secs: int = 30,
         auth_cache_entries: int = 10_000,
         auth_cache_ttl_secs: int = 60,
+        await_principals: bool = False,
     ) -> Server: ...
     def set_jwks(self, jwks: str) -> int:
         """Loads the issuer's keys (a JWK Set document as JSON text, RFC 7517 section 5).
@@ -466,10 +471,54 @@ class Server:
 
     @property
     def ready(self) -> bool:
-        """Whether ``/readyz`` answers ready (a bundle and the containment list are loaded)."""
+        """Whether ``/readyz`` answers ready (bundle, containment list and principals loaded)."""
 
-    def set_ready(self, bundle: bool | None = None, containments: bool | None = None) -> None:
+    def set_ready(
+        self,
+        bundle: bool | None = None,
+        containments: bool | None = None,
+        principals: bool | None = None,
+    ) -> None:
         """Sets the readiness flags behind ``/readyz`` and gRPC health; ``None`` keeps one.
+
+        Ready when all three are set; ``principals`` starts set unless the server was made
+        with ``await_principals=True`` (docs/context.md).
+
+        Raises:
+            RuntimeError: the server is not running.
+
+        """
+
+    def set_resource_source(
+        self,
+        fetch: Callable[[list[tuple[str, str]], list[str]], tuple[list[tuple[str, str]], list[str]]]
+        | None,
+        timeout_ms: int = 200,
+        max_absent: int = 100_000,
+    ) -> None:
+        """Installs the source of resources and work items checks name and the engine lacks.
+
+        See docs/context.md#the-decision-point-following-it. Before a check (HTTP, AuthZEN,
+        gRPC; an AuthZEN batch's misses together) whose resource (or work item) neither the
+        store nor the bundle holds is decided, ``fetch(resources, work_items)`` is called from a
+        worker thread with the GIL: ``resources`` are ``(type, id)`` pairs, ``work_items`` ids.
+        It writes what it finds into the engine and returns the ``(resources, work_items)`` it
+        does not know; those are not asked for again (at most ``max_absent`` remembered, least
+        recently asked dropped first) until ``forget_absent`` names them. One id is fetched by
+        one request at a time; others wait for it. A call that raises or takes longer than
+        ``timeout_ms`` lets the checks be decided without it (counted in
+        ``svc_pdp_resource_fetches_total{outcome}``). ``None`` removes the source.
+
+        Raises:
+            RuntimeError: the server is not running.
+
+        """
+
+    def forget_absent(self, resources: list[tuple[str, str]], work_items: list[str] = ...) -> None:
+        """Forgets that these resources (``(type, id)`` pairs) and work items are absent.
+
+        The change feed named them, so they may exist now; the next check naming one fetches
+        it. Pairs that are not entity references are skipped; no effect without a source.
 
         Raises:
             RuntimeError: the server is not running.

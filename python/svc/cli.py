@@ -11,7 +11,8 @@ Commands:
 * ``svc pdp --bundle DIR [--port 8080] [--mode monitor|enforce]``: the decision point in
   standalone mode (docs/api.md): gRPC and HTTP on one port, serving one bundle directory and
   reloading it when its files change; ``svc pdp --policy URL --public-key FILE`` follows a
-  policy service's active bundle and mode instead (docs/policy.md); ``--auth-*``
+  policy service's active bundle and mode instead (docs/policy.md); ``--context URL`` follows
+  the context service's principals and fetches resources from it (docs/context.md); ``--auth-*``
   (``SVC_PDP_AUTH_*``) set who may call (docs/auth.md). Runs until Ctrl-C or SIGTERM.
 * ``svc validate --bundle DIR``: load and strictly validate a bundle, listing every problem.
 * ``svc intake [--port 8080] [--dev]``: the event intake (docs/intake.md), settings
@@ -191,6 +192,9 @@ def plan(
             "policy",
             "public_key",
             "policy_token_file",
+            "context",
+            "context_token_file",
+            "context_fetch_timeout_ms",
             "noop_routes",
             "plan_max_age_secs",
             "kafka_url",
@@ -229,7 +233,9 @@ def pdp(
     """Run the decision point (gRPC + HTTP on one port) over a bundle or a policy service.
 
     --bundle DIR serves a bundle directory (reloaded when its files change); --policy URL
-    --public-key FILE follows the policy service's active bundle and mode instead.
+    --public-key FILE follows the policy service's active bundle and mode instead. Either way,
+    --context URL follows the context service's principals and fetches the resources checks
+    name from it (docs/context.md).
 
     Bearer-token settings (--auth-*, SVC_PDP_AUTH_*): docs/auth.md. Without them the decision
     point serves anyone and may only bind a loopback address.

@@ -2,7 +2,9 @@
 //! [`pdp_server`]) from Python, and takes the control plane's readiness and reload signals.
 //! Every method that waits releases the GIL; requests never take it.
 
+use pdp_core::EntityUid;
 use pdp_server::auth::{AuthConfig, Authenticator};
+use pdp_server::resources::{FetchFuture, Fetcher, Missing, ResourceSource};
 use pdp_server::{Config, Running};
 use pyo3::exceptions::{PyOSError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -34,7 +36,7 @@ impl Server {
 #[pymethods]
 impl Server {
     #[new]
-    #[pyo3(signature = (engine, host="127.0.0.1", port=8080, max_body_bytes=1_048_576, workers=0, public_url=None, version=None, noop_routes=false, decision_log=None, pdp_name=None, max_batch_items=1_000, auth_issuer=None, auth_audience="svc-pdp", auth_callers=Vec::new(), auth_leeway_secs=30, auth_cache_entries=10_000, auth_cache_ttl_secs=60))]
+    #[pyo3(signature = (engine, host="127.0.0.1", port=8080, max_body_bytes=1_048_576, workers=0, public_url=None, version=None, noop_routes=false, decision_log=None, pdp_name=None, max_batch_items=1_000, auth_issuer=None, auth_audience="svc-pdp", auth_callers=Vec::new(), auth_leeway_secs=30, auth_cache_entries=10_000, auth_cache_ttl_secs=60, await_principals=false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         engine: &crate::Engine,
@@ -54,6 +56,7 @@ impl Server {
         auth_leeway_secs: u64,
         auth_cache_entries: usize,
         auth_cache_ttl_secs: u64,
+        await_principals: bool,
     ) -> PyResult<Self> {
         let auth = match auth_issuer {
             None => None,
@@ -92,6 +95,7 @@ impl Server {
                 pdp_name: pdp_name.unwrap_or_else(|| "svc-pdp".to_owned()),
                 max_batch_items,
                 auth,
+                await_principals,
             },
             running: Mutex::new(None),
         })
@@ -170,19 +174,67 @@ impl Server {
         self.port().is_some()
     }
 
-    /// Sets the readiness flags (`/readyz`, gRPC health); `None` leaves a flag unchanged.
-    #[pyo3(signature = (bundle=None, containments=None))]
+    /// Sets the readiness flags (`/readyz`, gRPC health: ready when all three are set);
+    /// `None` leaves a flag unchanged. `principals` starts set unless the server was made with
+    /// `await_principals=True` (docs/context.md).
+    #[pyo3(signature = (bundle=None, containments=None, principals=None))]
     fn set_ready(
         &self,
         py: Python<'_>,
         bundle: Option<bool>,
         containments: Option<bool>,
+        principals: Option<bool>,
     ) -> PyResult<()> {
         let shared = self.with_running(|r| r.shared.clone())?;
         py.detach(|| {
-            self.with_running(|r| r.block_on(shared.set_ready(bundle, containments)))
+            self.with_running(|r| r.block_on(shared.set_ready(bundle, containments, principals)))
                 .map(|_| ())
         })
+    }
+
+    /// Installs `fetch` as the source of resources and work items a check names and the engine
+    /// lacks (docs/context.md#the-decision-point-following-it), or removes it (`None`).
+    ///
+    /// `fetch(resources, work_items)` takes the missing resources as `(type, id)` pairs and the
+    /// missing work items' ids, writes what it finds into the engine, and returns the
+    /// `(resources, work_items)` it does not know, which are not asked for again until
+    /// `forget_absent` names them (at most `max_absent` remembered, least recently asked
+    /// dropped first). It is called from a worker thread with the GIL, once for the misses of
+    /// one request; a call that raises or takes longer than `timeout_ms` lets the checks be
+    /// decided without what it fetches (`svc_pdp_resource_fetches_total{outcome}`).
+    /// Raises `RuntimeError` when the server is not running.
+    #[pyo3(signature = (fetch, timeout_ms=200, max_absent=100_000))]
+    fn set_resource_source(
+        &self,
+        fetch: Option<Py<PyAny>>,
+        timeout_ms: u64,
+        max_absent: usize,
+    ) -> PyResult<()> {
+        let fetcher = fetch.map(|f| {
+            Arc::new(Fetcher::new(
+                Arc::new(PySource(Arc::new(f))),
+                Duration::from_millis(timeout_ms),
+                max_absent,
+            ))
+        });
+        self.with_running(|r| r.shared.set_resource_source(fetcher))
+    }
+
+    /// Forgets that these resources (`(type, id)` pairs) and work items are absent: the change
+    /// feed named them. Returns nothing; a pair that is not an entity reference is skipped.
+    /// No effect without a resource source; raises `RuntimeError` when the server is not
+    /// running.
+    #[pyo3(signature = (resources, work_items=Vec::new()))]
+    fn forget_absent(
+        &self,
+        resources: Vec<(String, String)>,
+        work_items: Vec<String>,
+    ) -> PyResult<()> {
+        let Some(f) = self.with_running(|r| r.shared.resource_source())? else {
+            return Ok(());
+        };
+        f.forget(&uids(&resources), &work_items);
+        Ok(())
     }
 
     /// Records a bundle reload: `error=None` for success, else the text shown on `/readyz`.
@@ -203,6 +255,44 @@ impl Server {
             None => format!("Server({}:{}, stopped)", self.config.host, self.config.port),
         }
     }
+}
+
+/// A Python callable as a [`ResourceSource`] (see `Server.set_resource_source`).
+struct PySource(Arc<Py<PyAny>>);
+
+impl ResourceSource for PySource {
+    fn fetch(&self, missing: Missing) -> FetchFuture {
+        let f = self.0.clone();
+        let task = tokio::task::spawn_blocking(move || {
+            let resources: Vec<(String, String)> = missing.resources.iter().map(parts).collect();
+            Python::attach(|py| -> Result<Missing, String> {
+                let answer = f
+                    .call1(py, (resources, missing.work_items))
+                    .map_err(|e| e.to_string())?;
+                let (res, items): (Vec<(String, String)>, Vec<String>) = answer
+                    .extract(py)
+                    .map_err(|e: PyErr| format!("fetch returned {e}"))?;
+                Ok(Missing {
+                    resources: uids(&res),
+                    work_items: items,
+                })
+            })
+        });
+        Box::pin(async move { task.await.map_err(|e| e.to_string())? })
+    }
+}
+
+/// A uid as `(type, id)`, the id unescaped.
+fn parts(u: &EntityUid) -> (String, String) {
+    (u.type_name().to_string(), u.id().unescaped().to_owned())
+}
+
+/// `(type, id)` pairs as uids; a pair that is not a valid reference is skipped.
+fn uids(pairs: &[(String, String)]) -> Vec<EntityUid> {
+    pairs
+        .iter()
+        .filter_map(|(t, i)| pdp_core::request::uid_from_parts(t, i, "resource").ok())
+        .collect()
 }
 
 impl Drop for Server {

@@ -311,6 +311,8 @@ impl Authorizer for AuthorizerService {
     ) -> Result<Response<pb::CheckResponse>, Status> {
         let s = &self.shared;
         let req = check_request(request.into_inner()).map_err(|e| invalid(&e))?;
+        s.ensure_resources(&[&req.resource], req.work_item_id.as_deref().as_slice())
+            .await;
         let d = s.engine.decide(&req).map_err(|e| invalid(&e))?;
         s.decided(&d, Transport::Grpc).written().await?;
         Ok(Response::new(check_response(&d)))

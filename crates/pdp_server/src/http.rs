@@ -16,7 +16,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use pdp_core::request::BodyError;
-use pdp_core::{CheckRequest, Decision, Mode, PlanRequest, RequestError, Verdict};
+use pdp_core::{CheckRequest, Decision, EntityUid, Mode, PlanRequest, RequestError, Verdict};
 use serde_json::{json, Map, Value};
 use std::sync::Arc;
 
@@ -364,6 +364,8 @@ fn body_problem(e: &BodyError) -> Problem {
 async fn evaluation(State(s): St, headers: HeaderMap, body: Body) -> Result<Response, Problem> {
     let bytes = read_body(&s, &headers, body).await?;
     let req = CheckRequest::from_slice(&bytes).map_err(|e| body_problem(&e))?;
+    s.ensure_resources(&[&req.resource], req.work_item_id.as_deref().as_slice())
+        .await;
     let d = s.engine.decide(&req).map_err(|e| Problem::request(&e))?;
     s.decided(&d, Transport::Http).written().await?;
     Ok(json_ok(&d.response()))
@@ -506,6 +508,13 @@ fn authzen_entity<'a>(
     Ok((ty, id, props))
 }
 
+/// The uid of an AuthZEN `resource` (`{type, id}`), for fetching it when the engine lacks it
+/// (`crate::resources`); `None` when it is malformed (the check reports that).
+fn authzen_resource(v: Option<&Value>) -> Option<EntityUid> {
+    let (ty, id, _) = authzen_entity(v, "resource").ok()?;
+    pdp_core::request::uid_from_parts(ty, id, "resource").ok()
+}
+
 /// The inline entity for an AuthZEN entity with `properties`: those attributes and no
 /// parents. Like every inline entity it describes, for one request, an entity the directory and
 /// the store do not hold; for one they hold (and for every `Human`, `ServiceAccount` and
@@ -634,6 +643,9 @@ async fn authzen_evaluation(
 
 /// Decides one AuthZEN evaluation whose members are `o`'s and answers the single response.
 async fn authzen_single(s: &Shared, o: &Map<String, Value>) -> Result<Response, Problem> {
+    if let Some(uid) = authzen_resource(o.get("resource")) {
+        s.ensure_resources(&[&uid], &[]).await;
+    }
     let d = authzen_decide(
         s,
         o.get("subject"),
@@ -727,6 +739,21 @@ async fn authzen_evaluations(
                 items.len()
             ),
         )));
+    }
+    if s.resource_source().is_some() {
+        // The misses of the whole batch are fetched together, before any is decided.
+        let uids: Vec<EntityUid> = items
+            .iter()
+            .filter_map(|it| {
+                let r = it
+                    .get("resource")
+                    .filter(|x| !x.is_null())
+                    .or_else(|| o.get("resource"));
+                authzen_resource(r)
+            })
+            .collect();
+        let refs: Vec<&EntityUid> = uids.iter().collect();
+        s.ensure_resources(&refs, &[]).await;
     }
     let mut out = Vec::with_capacity(items.len());
     let mut logged = Vec::new();
@@ -875,6 +902,9 @@ async fn readyz(State(s): St) -> Response {
     }
     if !s.containments_loaded() {
         missing.push("the containment list");
+    }
+    if !s.principals_loaded() {
+        missing.push("the principals snapshot");
     }
     let mut detail = format!("not ready: waiting for {}", missing.join(" and "));
     if let Some(e) = err {

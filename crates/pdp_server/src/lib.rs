@@ -24,6 +24,8 @@
 //! * [`decision_log`]: the queue and on-disk spool (a write-ahead log with group commit) that
 //!   decision records wait in for the broker (docs/history.md, "Durability of the decision
 //!   log"); `svc._pdp_core.DecisionLog` in Python.
+//! * [`resources`]: resources and work items fetched on a miss from a source the control
+//!   plane installs (the context service's reads by id, docs/context.md).
 //! * [`bundle_dir`]: reads a bundle directory into [`pdp_core::BundleSources`]
 //!   (docs/bundles.md).
 
@@ -34,7 +36,9 @@ pub mod decision_log;
 pub mod grpc;
 pub mod http;
 pub mod metrics;
+pub mod resources;
 
+use arc_swap::ArcSwapOption;
 use decision_log::{DecisionLog, Durability, NotWritten, Record, Ticket};
 use metrics::Transport;
 use pdp_core::decision::{uid_key, Call};
@@ -73,6 +77,10 @@ pub struct Config {
     /// Who may call (docs/auth.md): every route but the probes needs a bearer token when set;
     /// `None` serves everyone (loopback only, which `svc.pdp.server` enforces).
     pub auth: Option<Arc<auth::Authenticator>>,
+    /// Whether the principals come from a feed the control plane loads (the context service,
+    /// docs/context.md): the `principals` readiness flag then starts unset, and `/readyz`
+    /// answers 503 until the control plane sets it. Otherwise it is set at start.
+    pub await_principals: bool,
 }
 
 /// What every request handler shares.
@@ -88,6 +96,11 @@ pub struct Shared {
     pub log: Option<Arc<DecisionLog>>,
     bundle_loaded: AtomicBool,
     containments_loaded: AtomicBool,
+    principals_loaded: AtomicBool,
+    /// Whether `resources` holds a fetcher: read first, so a check without a source pays one
+    /// relaxed load.
+    has_resources: AtomicBool,
+    resources: ArcSwapOption<resources::Fetcher>,
     bundle_error: RwLock<Option<String>>,
     health: tonic_health::server::HealthReporter,
 }
@@ -207,11 +220,47 @@ impl Shared {
     }
 
     /// Whether the decision point can serve (docs/architecture.md#what-every-component-serves): a
-    /// bundle and the containment list are
-    /// loaded.
+    /// bundle, the containment list and the principals (docs/context.md) are loaded.
     pub fn ready(&self) -> bool {
         self.bundle_loaded.load(Ordering::Acquire)
             && self.containments_loaded.load(Ordering::Acquire)
+            && self.principals_loaded.load(Ordering::Acquire)
+    }
+
+    /// Whether the control plane has loaded the principals snapshot (set at start unless
+    /// [`Config::await_principals`]).
+    pub fn principals_loaded(&self) -> bool {
+        self.principals_loaded.load(Ordering::Acquire)
+    }
+
+    /// Installs (`Some`) or removes (`None`) the fetcher of missing resources
+    /// ([`resources::Fetcher`]); checks in flight keep the one they started with.
+    pub fn set_resource_source(&self, fetcher: Option<Arc<resources::Fetcher>>) {
+        let on = fetcher.is_some();
+        self.resources.store(fetcher);
+        self.has_resources.store(on, Ordering::Release);
+    }
+
+    /// The installed fetcher of missing resources, if any.
+    pub fn resource_source(&self) -> Option<Arc<resources::Fetcher>> {
+        if self.has_resources.load(Ordering::Acquire) {
+            self.resources.load_full()
+        } else {
+            None
+        }
+    }
+
+    /// Before checks are decided: fetches what they name and the engine lacks, when a source is
+    /// installed ([`resources::Fetcher::ensure`]; `resources`, `work_items`: every check's).
+    /// Without a source it returns at once, after one relaxed atomic load.
+    pub async fn ensure_resources(&self, resources: &[&EntityUid], work_items: &[&str]) {
+        if !self.has_resources.load(Ordering::Relaxed) {
+            return;
+        }
+        if let Some(f) = self.resources.load_full() {
+            f.ensure(&self.engine, &self.metrics, resources, work_items)
+                .await;
+        }
     }
 
     /// Whether the control plane has loaded a policy bundle.
@@ -232,14 +281,23 @@ impl Shared {
             .clone()
     }
 
-    /// Sets the readiness flags the control plane owns; `None` leaves a flag as it is. gRPC
-    /// health (`grpc.health.v1`) follows: SERVING when ready, else NOT_SERVING.
-    pub async fn set_ready(&self, bundle: Option<bool>, containments: Option<bool>) {
+    /// Sets the readiness flags the control plane owns (a policy bundle, the containment list,
+    /// the principals snapshot); `None` leaves a flag as it is. gRPC health
+    /// (`grpc.health.v1`) follows: SERVING when all three are set, else NOT_SERVING.
+    pub async fn set_ready(
+        &self,
+        bundle: Option<bool>,
+        containments: Option<bool>,
+        principals: Option<bool>,
+    ) {
         if let Some(b) = bundle {
             self.bundle_loaded.store(b, Ordering::Release);
         }
         if let Some(c) = containments {
             self.containments_loaded.store(c, Ordering::Release);
+        }
+        if let Some(p) = principals {
+            self.principals_loaded.store(p, Ordering::Release);
         }
         let status = if self.ready() {
             tonic_health::ServingStatus::Serving
@@ -296,6 +354,7 @@ pub fn start(
         let commit = metrics.log_commit.clone();
         l.observe_commits(move |c| commit.observe(c.duration.as_secs_f64()));
     }
+    let principals_at_start = !config.await_principals;
     let shared = Arc::new(Shared {
         engine,
         metrics,
@@ -303,13 +362,16 @@ pub fn start(
         log,
         bundle_loaded: AtomicBool::new(false),
         containments_loaded: AtomicBool::new(false),
+        principals_loaded: AtomicBool::new(principals_at_start),
+        has_resources: AtomicBool::new(false),
+        resources: ArcSwapOption::empty(),
         bundle_error: RwLock::new(None),
         health,
     });
     let addr = format!("{}:{}", shared.config.host, shared.config.port);
     let listener = runtime.block_on(TcpListener::bind(&addr))?;
     let local_addr = listener.local_addr()?;
-    runtime.block_on(shared.set_ready(None, None));
+    runtime.block_on(shared.set_ready(None, None, None));
     let app = http::router(
         shared.clone(),
         grpc::routes(shared.clone(), health_service)?,

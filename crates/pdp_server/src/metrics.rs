@@ -4,6 +4,7 @@
 //! once at start and then only incremented (one atomic add; no label lookup per request).
 
 use crate::decision_log::LogStats;
+use crate::resources::Outcome as FetchOutcome;
 use pdp_core::{Mode, Verdict};
 use prometheus::{
     Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
@@ -42,6 +43,12 @@ impl Transport {
         }
     }
 }
+
+const FETCH_OUTCOMES: [FetchOutcome; 3] = [
+    FetchOutcome::Ok,
+    FetchOutcome::Failed,
+    FetchOutcome::Timeout,
+];
 
 const VERDICTS: [Verdict; 3] = [Verdict::Allow, Verdict::Challenge, Verdict::Deny];
 const MODES: [Mode; 2] = [Mode::Enforce, Mode::Monitor];
@@ -93,6 +100,9 @@ pub struct Metrics {
     principals_version: IntGauge,
     ready: IntGauge,
     challenge_unavailable: IntCounter,
+    /// `svc_pdp_resource_fetches_total{outcome}`: fetches of missing resources
+    /// (`crate::resources`), indexed as [`crate::resources::Outcome`].
+    resource_fetches: Vec<IntCounter>,
     /// `svc_pdp_record_errors_total`: decision records that did not serialise (not written).
     record_errors: IntCounter,
     log_records: IntCounterVec,
@@ -186,7 +196,18 @@ impl Metrics {
         )
         .unwrap_or_else(|e| unreachable_metric("svc_pdp_plan_duration_seconds", &e));
         let _ = registry.register(Box::new(plan_latency.clone()));
+        let fetches_vec = counter_vec(
+            &registry,
+            "svc_pdp_resource_fetches_total",
+            "Fetches of resources and work items a check named and the engine lacked, by outcome (ok, failed, timeout: the check was decided without them).",
+            &["outcome"],
+        );
+        let resource_fetches = FETCH_OUTCOMES
+            .iter()
+            .map(|o| fetches_vec.with_label_values(&[o.as_str()]))
+            .collect();
         Self {
+            resource_fetches,
             decisions,
             decision_latency,
             plans: counter_vec(
@@ -241,7 +262,7 @@ impl Metrics {
             ready: gauge(
                 &registry,
                 "svc_pdp_ready",
-                "1 once a bundle and the containment list are loaded.",
+                "1 once a bundle, the containment list and the principals are loaded.",
             ),
             challenge_unavailable: counter(
                 &registry,
@@ -364,6 +385,18 @@ impl Metrics {
     /// Counts a challenge wait refused for want of a challenge service.
     pub fn challenge_unavailable(&self) {
         self.challenge_unavailable.inc();
+    }
+
+    /// Counts one fetch of missing resources by its outcome.
+    pub fn resource_fetch(&self, outcome: FetchOutcome) {
+        let i = match outcome {
+            FetchOutcome::Ok => 0,
+            FetchOutcome::Failed => 1,
+            FetchOutcome::Timeout => 2,
+        };
+        if let Some(c) = self.resource_fetches.get(i) {
+            c.inc();
+        }
     }
 
     /// Counts a decision record that could not be serialised (and was not written).

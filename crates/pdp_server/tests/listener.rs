@@ -14,6 +14,7 @@
 
 use pdp_core::Engine;
 use pdp_server::decision_log::{DecisionLog, Durability, LogConfig};
+use pdp_server::resources::{FetchFuture, Fetcher, Missing, ResourceSource};
 use pdp_server::{bundle_dir, Config, Running};
 use serde_json::{json, Value};
 use std::io::{Read, Write};
@@ -38,6 +39,7 @@ fn config() -> Config {
         pdp_name: "pdp-test".into(),
         max_batch_items: 1000,
         auth: None,
+        await_principals: false,
     }
 }
 
@@ -94,7 +96,7 @@ fn serves_checks_from_a_bundle_directory_and_spools_their_records() {
         "not ready: waiting for a policy bundle and the containment list"
     );
     running
-        .block_on(running.shared.set_ready(Some(true), Some(true)))
+        .block_on(running.shared.set_ready(Some(true), Some(true), None))
         .unwrap();
     let (status, body) = call(addr, "GET", "/readyz", None);
     assert_eq!(status, 200, "{body}");
@@ -133,4 +135,213 @@ fn serves_checks_from_a_bundle_directory_and_spools_their_records() {
     );
     log.close().unwrap();
     let _ = std::fs::remove_dir_all(&spool);
+}
+
+/// A source that upserts `Document::"fresh"` when asked for it, knows no other id, and counts
+/// the ids it was asked for.
+struct Source {
+    engine: Arc<Engine>,
+    asked: Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl ResourceSource for Source {
+    fn fetch(&self, missing: Missing) -> FetchFuture {
+        let engine = self.engine.clone();
+        let asked = self.asked.clone();
+        Box::pin(async move {
+            let mut absent = Missing::default();
+            for u in missing.resources {
+                asked.lock().unwrap().push(u.to_string());
+                if u.to_string() == r#"Document::"fresh""# {
+                    engine
+                        .upsert_entities(vec![json!({
+                            "uid": {"type": "Document", "id": "fresh"},
+                            "attrs": {"owner": {"__entity": {"type": "Human", "id": "alice"}},
+                                      "department": "sales", "sensitivity": "internal", "tags": []},
+                            "parents": [],
+                        })])
+                        .unwrap();
+                } else {
+                    absent.resources.push(u);
+                }
+            }
+            Ok(absent)
+        })
+    }
+}
+
+#[test]
+fn fetches_missing_resources_once_and_waits_for_the_principals() {
+    let engine = Arc::new(Engine::new(
+        bundle_dir::load(&testdata().join("bundles/corp")).unwrap(),
+    ));
+    let mut cfg = config();
+    cfg.await_principals = true;
+    let running: Running = pdp_server::start(engine.clone(), cfg, None).unwrap();
+    let addr = running.local_addr;
+    running
+        .block_on(running.shared.set_ready(Some(true), Some(true), None))
+        .unwrap();
+    let (status, body) = call(addr, "GET", "/readyz", None);
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(
+        body["detail"],
+        "not ready: waiting for the principals snapshot"
+    );
+    running
+        .block_on(running.shared.set_ready(None, None, Some(true)))
+        .unwrap();
+    assert_eq!(call(addr, "GET", "/readyz", None).0, 200);
+
+    let check = |id: &str| {
+        let request = json!({
+            "principal": {"type": "Human", "id": "alice"},
+            "action": "view",
+            "resource": {"type": "Document", "id": id},
+        });
+        let (status, answer) = call(addr, "POST", "/v1/access/evaluation", Some(&request));
+        assert_eq!(status, 200, "{answer}");
+        answer
+    };
+    // Without a source, a resource the engine lacks is decided without its attributes.
+    assert_eq!(check("fresh")["verdict"], "deny");
+    let asked = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let source = Source {
+        engine: engine.clone(),
+        asked: asked.clone(),
+    };
+    running
+        .shared
+        .set_resource_source(Some(Arc::new(Fetcher::new(
+            Arc::new(source),
+            Duration::from_secs(5),
+            100,
+        ))));
+    // Fetched on the miss: alice owns it.
+    let answer = check("fresh");
+    assert_eq!(answer["verdict"], "allow", "{answer}");
+    assert_eq!(answer["policies"], json!(["owner-full-access"]));
+    // Held now: not fetched again. An unknown id is fetched once, then remembered absent.
+    check("fresh");
+    for _ in 0..3 {
+        assert_eq!(check("nowhere")["verdict"], "deny");
+    }
+    // A bundle entity is held: never fetched.
+    check("design");
+    assert_eq!(
+        *asked.lock().unwrap(),
+        [r#"Document::"fresh""#, r#"Document::"nowhere""#]
+    );
+    // Once the feed names it, an absent id is fetched again.
+    let fetcher = running.shared.resource_source().unwrap();
+    assert_eq!(fetcher.absent_len(), 1);
+    fetcher.forget(&[r#"Document::"nowhere""#.parse().unwrap()], &[]);
+    check("nowhere");
+    assert_eq!(asked.lock().unwrap().len(), 3);
+    let (_, metrics) = call_text(addr, "/metrics");
+    assert!(
+        metrics.contains(r#"svc_pdp_resource_fetches_total{outcome="ok"} 3"#),
+        "{metrics}"
+    );
+}
+
+/// `GET path` over HTTP/1.1: the status and the body as text.
+fn call_text(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).unwrap();
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap();
+    (
+        head.split(' ').nth(1).unwrap().parse().unwrap(),
+        body.to_owned(),
+    )
+}
+
+/// A source that answers after `delay`, upserting `Document::"late"`, or fails when `fail`.
+struct Slow {
+    engine: Arc<Engine>,
+    delay: Duration,
+    fail: bool,
+}
+
+impl ResourceSource for Slow {
+    fn fetch(&self, missing: Missing) -> FetchFuture {
+        let (engine, delay, fail) = (self.engine.clone(), self.delay, self.fail);
+        Box::pin(async move {
+            tokio::time::sleep(delay).await;
+            if fail {
+                return Err("the source is down".to_owned());
+            }
+            for u in &missing.resources {
+                engine
+                    .upsert_entities(vec![json!({
+                        "uid": {"type": "Document", "id": u.id().unescaped()},
+                        "attrs": {"owner": {"__entity": {"type": "Human", "id": "alice"}},
+                                  "department": "sales", "sensitivity": "internal", "tags": []},
+                        "parents": [],
+                    })])
+                    .unwrap();
+            }
+            Ok(Missing::default())
+        })
+    }
+}
+
+#[test]
+fn a_late_or_failed_fetch_decides_without_the_resource() {
+    let engine = Arc::new(Engine::new(
+        bundle_dir::load(&testdata().join("bundles/corp")).unwrap(),
+    ));
+    let running: Running = pdp_server::start(engine.clone(), config(), None).unwrap();
+    running
+        .block_on(running.shared.set_ready(Some(true), Some(true), None))
+        .unwrap();
+    let addr = running.local_addr;
+    let verdict = |id: &str| {
+        let request = json!({
+            "principal": {"type": "Human", "id": "alice"},
+            "action": "view",
+            "resource": {"type": "Document", "id": id},
+        });
+        let (status, answer) = call(addr, "POST", "/v1/access/evaluation", Some(&request));
+        assert_eq!(status, 200, "{answer}");
+        answer["verdict"].as_str().unwrap().to_owned()
+    };
+    let install = |delay_ms: u64, fail: bool| {
+        let source = Slow {
+            engine: engine.clone(),
+            delay: Duration::from_millis(delay_ms),
+            fail,
+        };
+        running
+            .shared
+            .set_resource_source(Some(Arc::new(Fetcher::new(
+                Arc::new(source),
+                Duration::from_millis(50),
+                100,
+            ))));
+    };
+    install(0, true);
+    assert_eq!(verdict("down"), "deny");
+    install(300, false);
+    // Past the deadline: decided without it; the answer lands later, for the next check.
+    assert_eq!(verdict("late"), "deny");
+    let late = r#"Document::"late""#.parse().unwrap();
+    let landed = (0..1500).any(|_| {
+        std::thread::sleep(Duration::from_millis(20));
+        engine.missing(&[&late], &[]).0.is_empty()
+    });
+    assert!(landed, "the late answer never landed");
+    assert_eq!(verdict("late"), "allow");
+    running.shared.set_resource_source(None);
+    let (_, metrics) = call_text(addr, "/metrics");
+    for (outcome, n) in [("ok", 0), ("failed", 1), ("timeout", 1)] {
+        let line = format!(r#"svc_pdp_resource_fetches_total{{outcome="{outcome}"}} {n}"#);
+        assert!(metrics.contains(&line), "{line} in {metrics}");
+    }
 }

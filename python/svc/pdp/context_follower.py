@@ -17,23 +17,31 @@
   Risk scores go to ``Engine.set_risk_scores``; every rescore raises the engine's
   ``principals_version`` (docs/architecture.md#versioning), so pinned plans of that principal
   are remade (docs/plans.md).
-* **Resources and work items.** The engine decides in Rust without calling back into Python
-  (the listener never takes the GIL), so it has no hook to fetch a resource it does not hold
-  while a check runs. The follower therefore follows the resources' change feed
-  (``GET /v1/resources/changes?after=C``, from cursor 0: the feed keeps every change) into the
-  store, and the work items' feed into ``Engine.upsert_work_items``/``remove_work_items``: a
-  resource written through the batch route is in the store once its change is applied.
+* **Resources and work items, fetched on a miss.** The resources' and work items' change
+  feeds (``GET /v1/resources/changes?after=C``, ``/v1/work-items/changes``) are followed from
+  their head at start (learnt from a read by id, whose answer carries the feed's version), not
+  from 0: the store holds only what checks asked for. ``fetch`` is installed on the listener
+  (``Server.set_resource_source``): before a check whose resource (or work item) the engine
+  does not hold is decided, the listener calls it with every miss of the request; it reads
+  them by id (``POST /v1/resources/get``, ``/v1/work-items/get``), upserts what the service
+  holds and answers what it does not, which the listener remembers as absent until the feed
+  names it (``Server.forget_absent``). A fetched resource stays in the store ("cached") and
+  the feed keeps it current: a change it names is applied, a deletion removes it; a change
+  naming something not held only forgets it as absent. A feed change applied while a fetch is
+  in flight wins over that fetch's answer for what it names (the answer may be older).
 * **Readiness.** ``loaded`` is set once the first snapshot is in the store; then
-  ``on_loaded`` is called (``follow_context`` makes it ``Server.set_ready(bundle=True)``: the
-  listener has two readiness flags, the bundle's and the containment list's, so the snapshot
-  rides on the first; see ``follow_context``).
+  ``on_loaded`` is called (``follow_context`` makes it ``Server.set_ready(principals=True)``:
+  the listener's third readiness flag, unset at start for a server made with
+  ``await_principals=True``).
 * **Failures.** A request that fails (connection refused or lost, a status other than 200, a
   body that is not the documented shape) leaves what is loaded serving; the feed is asked again
   after a delay that doubles from ``backoff_secs`` up to ``max_backoff_secs``. After such a
   gap, the principals are reloaded from a fresh snapshot (people and groups the new snapshot
   no longer holds are removed, service accounts it no longer names unregistered, risk scores
-  replaced); the resource and work-item feeds carry on from their cursor, or from 0 when the
-  service answers a version below it (a database restored from a backup).
+  replaced); the resource and work-item feeds carry on from their cursor, or, when the service
+  answers a version below it (a database restored from a backup), drop what they fetched and
+  start again from the head. A fetch that fails lets the check be decided without the
+  resource (the listener counts it, ``svc_pdp_resource_fetches_total``).
 * **Entities the schema refuses.** A batch the engine refuses is applied one record at a time;
   a record still refused is left out of the store (a person then has no attributes and no
   groups, docs/architecture.md#entities-and-the-base-schema), counted in ``status.refused``
@@ -139,7 +147,9 @@ class ContextStatus:
     snapshot is in the store; ``snapshots``: snapshots loaded (1 plus one per gap);
     ``applied``: changes applied; ``refused``: records the engine refused (left out);
     ``reconnects``: failed requests followed by a retry; ``error``: the last failure, empty
-    once the feed that failed answers again.
+    once the feed that failed answers again; ``fetches``: calls of ``fetch`` (one per request
+    with misses); ``fetched``: resources and work items they upserted; ``fetch_errors``:
+    calls that failed (the checks were decided without what they asked for).
     """
 
     principals_version: int = 0
@@ -151,6 +161,9 @@ class ContextStatus:
     refused: int = 0
     reconnects: int = 0
     error: str = ""
+    fetches: int = 0
+    fetched: int = 0
+    fetch_errors: int = 0
     history: list[str] = field(default_factory=list)
 
 
@@ -160,6 +173,18 @@ class _FeedError(Exception):
 
 def _ref(kind: str, pid: str) -> dict[str, str]:
     return {"type": kind, "id": pid}
+
+
+def _parse_key(key: str) -> tuple[str, str]:
+    """``(type, id)`` of a feed key ``Type::"id"`` (the service writes it unescaped)."""
+    ty, sep, rest = key.partition('::"')
+    if not sep or not rest.endswith('"'):
+        raise ValueError(f'{key!r} is not a Type::"id" key')
+    return ty, rest[:-1]
+
+
+#: Most references one by-id read carries (the service's default ``max_batch_items`` is 1000).
+FETCH_CHUNK = 500
 
 
 class ContextFollower:
@@ -182,7 +207,13 @@ class ContextFollower:
         on_loaded: called (from a follower thread) once, when the first snapshot is in the
             store and before ``loaded`` and ``status.loaded`` are set, so that whoever waits for
             those sees its effect (``follow_context`` marks the listener ready with it).
-        follow_resources: also follow the resources' and work items' change feeds.
+        follow_resources: also follow the resources' and work items' change feeds (from their
+            head) and serve ``fetch``.
+        server: the listener whose absent set ``fetch`` fills; the feeds tell it what they name
+            (``Server.forget_absent``). ``None``: no listener.
+        fetch_timeout_secs: the connect, read and write timeout of ``fetch``'s reads (the
+            listener gives up waiting sooner, after its own ``timeout_ms``; a late answer still
+            lands in the store).
 
     """
 
@@ -198,6 +229,8 @@ class ContextFollower:
         timeout_secs: float = 10.0,
         on_loaded: Callable[[], None] | None = None,
         follow_resources: bool = True,
+        server: Server | None = None,
+        fetch_timeout_secs: float = 2.0,
     ) -> None:
         self.engine = engine
         self.url = url.rstrip("/")
@@ -216,6 +249,28 @@ class ContextFollower:
         self._entities: set[tuple[str, str]] = set()
         self._accounts: set[str] = set()
         self._scores: dict[str, dict[str, Any]] = {}
+        self.server = server
+        # Resources and work items fetched into the store (kept current by the feeds).
+        self._held: set[tuple[str, str]] = set()
+        self._held_items: set[str] = set()
+        # Fetches in flight, and what the feeds named meanwhile (their answers may be older).
+        self._fetching = 0
+        self._touched: set[tuple[str, str]] = set()
+        self._touched_items: set[str] = set()
+        self._installed: int | None = None  # the timeout_ms it was installed with
+        # Readiness needs the snapshot and, when following them, both feeds' heads: a fetch
+        # before a head is known could miss a change between its read and that head.
+        self._ready_lock = threading.Lock()
+        self._snapshot_in = False
+        self._heads_needed = 2 if follow_resources else 0
+        self._heads = threading.Event()
+        if not follow_resources:
+            self._heads.set()
+        self.follows_resources = follow_resources
+        self._fetch_timeout_secs = fetch_timeout_secs
+        self._fetch_client = httpx.Client(
+            base_url=self.url, auth=auth, timeout=httpx.Timeout(fetch_timeout_secs)
+        )
         self._threads = [
             threading.Thread(target=self._follow_principals, name="svc-ctx-principals", daemon=True)
         ]
@@ -246,11 +301,31 @@ class ContextFollower:
     def stop(self) -> None:
         """Stops following and waits for the threads (up to ``wait_secs`` plus a request)."""
         self._stop.set()
+        if self._installed is not None and self.server is not None and self.server.running:
+            self.server.set_resource_source(None)
+            self._installed = None
         with self._cond:
             self._cond.notify_all()
         for t in self._threads:
             if t.is_alive():
                 t.join()
+        self._fetch_client.close()
+
+    def install(self, timeout_ms: int = 200) -> None:
+        """Installs ``fetch`` as the listener's resource source (``Server.set_resource_source``).
+
+        Installing again (a restored database) starts a new absent set; ``stop`` removes it.
+        No effect without a running ``server`` or with ``follow_resources=False`` (nothing
+        would keep fetched resources current).
+
+        Args:
+            timeout_ms: how long a check waits for what it lacks before it is decided without.
+
+        """
+        if self.server is None or not self.server.running or not self.follows_resources:
+            return
+        self.server.set_resource_source(self.fetch, timeout_ms=timeout_ms)
+        self._installed = timeout_ms
 
     def wait_for(self, predicate: Callable[[ContextStatus], bool]) -> ContextStatus:
         """Blocks until ``predicate(status)`` holds (checked after every change) or ``stop``.
@@ -360,13 +435,8 @@ class ContextFollower:
             self._accounts = set(accounts)
             self._scores = scores
             self._set_scores(replace=True)
-        first = not self.status.loaded
-        if first and self.on_loaded is not None:
-            # Before ``loaded`` is set: whoever waits for it sees the listener marked ready.
-            self.on_loaded()
         with self._cond:
             self.status.principals_version = version
-            self.status.loaded = True
             self.status.snapshots += 1
             self.status.error = ""
         log.info(
@@ -377,9 +447,21 @@ class ContextFollower:
             len(accounts),
             len(scores),
         )
-        if first:
-            self.loaded.set()
+        self._snapshot_in = True
+        self._maybe_loaded()
         self._changed(f"snapshot {version}")
+
+    def _maybe_loaded(self) -> None:
+        """Marks the follower loaded once the snapshot and the feeds' heads are in."""
+        with self._ready_lock:
+            if self.loaded.is_set() or not self._snapshot_in or not self._heads.is_set():
+                return
+            if self.on_loaded is not None:
+                # Before ``loaded`` is set: whoever waits for it sees the listener marked ready.
+                self.on_loaded()
+            with self._cond:
+                self.status.loaded = True
+            self.loaded.set()
 
     def _apply_principals(self, changes: Sequence[Mapping[str, Any]], version: int) -> None:
         """Applies one watch answer: the last state of each record, grouped by operation."""
@@ -450,26 +532,32 @@ class ContextFollower:
             self.status.refused += 1
         log.error("context service: %s", why)
 
-    def _upsert(self, entities: list[dict[str, Any]]) -> None:
-        """Upserts entities; a refused batch is retried one by one, refused ones removed."""
+    def _upsert(self, entities: list[dict[str, Any]]) -> list[Any]:
+        """Upserts entities; a refused batch is retried one by one, refused ones removed.
+
+        Returns the ``uid`` of each entity refused.
+        """
         if not entities:
-            return
+            return []
         try:
             self.engine.upsert_entities(entities)
-            return
+            return []
         except RequestError:
             pass
+        refused = []
         for e in entities:
             try:
                 self.engine.upsert_entities([e])
             except RequestError as err:
                 self._refused(f"entity {e.get('uid')} refused and left out: {err}")
                 uid = e.get("uid")
+                refused.append(uid)
                 if isinstance(uid, dict):
                     try:
                         self.engine.remove_entities([uid])
                     except RequestError:
                         pass
+        return refused
 
     def _register(self, records: list[dict[str, Any]]) -> None:
         """Registers service accounts; a refused batch is retried one by one."""
@@ -490,25 +578,63 @@ class ContextFollower:
 
     # -- resources and work items --------------------------------------------------------
 
+    def _head(self, client: httpx.Client, feed: str) -> int:
+        """The feed's current version: a read by id answers it (``version``), whatever it finds."""
+        if feed == "resources":
+            body = self._post(
+                client, "/v1/resources/get", {"resources": [{"type": "svc", "id": "head"}]}
+            )
+        else:
+            body = self._post(client, "/v1/work-items/get", {"ids": ["svc:head"]})
+        return int(body["version"])
+
+    def _drop_fetched(self, feed: str) -> None:
+        """Removes what was fetched for `feed` from the store (it is fetched again on a miss)."""
+        with self._engine_lock:
+            if feed == "resources":
+                held = sorted(self._held)
+                self._held.clear()
+                if held:
+                    self.engine.remove_entities([_ref(t, i) for t, i in held])
+            else:
+                items = sorted(self._held_items)
+                self._held_items.clear()
+                if items:
+                    self.engine.remove_work_items(items)
+        if self._installed is not None:
+            self.install(self._installed)  # what was absent may exist in the restored data
+
     def _follow_feed(self, feed: str, path: str) -> None:
         attr = f"{feed}_version"
         delay = self.backoff_secs
+        started = False
         with self._client() as client:
             while not self._stop.is_set():
-                after = getattr(self.status, attr)
                 try:
+                    if not started:
+                        head = self._head(client, feed)
+                        with self._cond:
+                            setattr(self.status, attr, head)
+                        started = True
+                        with self._ready_lock:
+                            self._heads_needed -= 1
+                            if self._heads_needed <= 0:
+                                self._heads.set()
+                        self._maybe_loaded()
+                        self._changed(f"{feed} head {head}")
+                    after = getattr(self.status, attr)
                     answer = self._get(client, path, after=after, wait_secs=self.wait_secs)
                     version = int(answer["version"])
                     if version < after:
                         log.warning(
                             "context service: the %s feed is at %d, below the %d applied; "
-                            "reading it again from the start",
+                            "dropping what was fetched and starting again from the head",
                             feed,
                             version,
                             after,
                         )
-                        with self._cond:
-                            setattr(self.status, attr, 0)
+                        self._drop_fetched(feed)
+                        started = False
                         continue
                     changes = answer["changes"]
                     with self._engine_lock:
@@ -529,34 +655,183 @@ class ContextFollower:
                     delay = self._failed(str(e) or type(e).__name__, delay)
 
     def _apply_resources(self, changes: Sequence[Mapping[str, Any]]) -> None:
-        """Applies resource changes: the last state of each, upserted or removed."""
-        last: dict[str, Any] = {}
+        """Applies resource changes (the last state of each) to what is held.
+
+        What is not held is only forgotten as absent (module docs). Called with the engine
+        lock held.
+        """
+        last: dict[tuple[str, str], Any] = {}
         for c in changes:
-            last[c["id"]] = c["value"]
-        upserts = [v for v in last.values() if v is not None]
-        removals = [k for k, v in last.items() if v is None]  # 'Type::"id"' references
+            last[_parse_key(c["id"])] = c["value"]
+        upserts: list[dict[str, Any]] = []
+        removals: list[dict[str, str]] = []
+        forget: list[tuple[str, str]] = []
+        for ref, value in last.items():
+            if self._fetching:
+                self._touched.add(ref)
+            if ref not in self._held:
+                forget.append(ref)
+            elif value is None:
+                removals.append(_ref(*ref))
+                self._held.discard(ref)
+            else:
+                upserts.append(value)
         self._upsert(upserts)
         if removals:
             self.engine.remove_entities(removals)
+        if forget and self.server is not None and self.server.running:
+            self.server.forget_absent(forget)
 
     def _apply_work_items(self, changes: Sequence[Mapping[str, Any]]) -> None:
-        """Applies work-item changes: the last state of each, upserted or removed."""
+        """Applies work-item changes (the last state of each) to what is held.
+
+        What is not held is only forgotten as absent. Called with the engine lock held.
+        """
         last: dict[str, Any] = {}
         for c in changes:
             last[c["id"]] = c["value"]
-        items = [v for v in last.values() if v is not None]
-        gone = [k for k, v in last.items() if v is None]
-        if items:
-            try:
-                self.engine.upsert_work_items(items)
-            except RequestError:
-                for item in items:
-                    try:
-                        self.engine.upsert_work_items([item])
-                    except RequestError as err:
-                        self._refused(f"work item {item.get('id')} refused: {err}")
+        items: list[dict[str, Any]] = []
+        gone: list[str] = []
+        forget: list[str] = []
+        for wid, value in last.items():
+            if self._fetching:
+                self._touched_items.add(wid)
+            if wid not in self._held_items:
+                forget.append(wid)
+            elif value is None:
+                gone.append(wid)
+                self._held_items.discard(wid)
+            else:
+                items.append(value)
+        self._upsert_work_items(items)
         if gone:
             self.engine.remove_work_items(gone)
+        if forget and self.server is not None and self.server.running:
+            self.server.forget_absent([], forget)
+
+    def _upsert_work_items(self, items: list[dict[str, Any]]) -> list[str]:
+        """Upserts work items; a refused batch is retried one by one. Returns the refused ids."""
+        if not items:
+            return []
+        try:
+            self.engine.upsert_work_items(items)
+            return []
+        except RequestError:
+            pass
+        refused = []
+        for item in items:
+            try:
+                self.engine.upsert_work_items([item])
+            except RequestError as err:
+                self._refused(f"work item {item.get('id')} refused: {err}")
+                refused.append(str(item.get("id")))
+        return refused
+
+    # -- fetched on a miss -----------------------------------------------------------------
+
+    def _post(self, client: httpx.Client, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """``POST path`` with a JSON body, answered as JSON; raises ``_FeedError``."""
+        try:
+            r = client.post(path, json=body)
+        except (httpx.HTTPError, OSError) as e:
+            raise _FeedError(f"POST {path}: {type(e).__name__}: {e}") from e
+        if r.status_code != 200:
+            raise _FeedError(f"POST {path}: HTTP {r.status_code}: {r.text[:300]}")
+        try:
+            answer = r.json()
+        except ValueError as e:
+            raise _FeedError(f"POST {path}: the answer is not JSON") from e
+        if not isinstance(answer, dict):
+            raise _FeedError(f"POST {path}: the answer is not an object")
+        return answer
+
+    def fetch(
+        self, resources: list[tuple[str, str]], work_items: list[str]
+    ) -> tuple[list[tuple[str, str]], list[str]]:
+        """Reads missing resources and work items by id into the store.
+
+        The listener calls it (``Server.set_resource_source``) before deciding checks whose
+        resource or work item the engine lacks.
+
+        Args:
+            resources: ``(type, id)`` of each resource a request's checks name and the engine
+                lacks.
+            work_items: ids of the work items they name and the engine lacks.
+
+        Returns:
+            ``(resources, work_items)`` the service does not hold, or whose record the engine
+            refuses (the listener remembers them as absent until the feed names them). What
+            a feed change named while this call was in flight is left out of both: the feed's
+            state is the newer.
+
+        Raises:
+            RuntimeError: a read failed (transport, status, shape); the listener counts it and
+                decides without them. Nothing read is applied then.
+
+        """
+        if not self._heads.wait(self._fetch_timeout_secs):
+            raise RuntimeError("the context service's feeds are not followed yet")
+        with self._engine_lock:
+            self._fetching += 1
+        with self._cond:
+            self.status.fetches += 1
+        try:
+            found: list[dict[str, Any]] = []
+            missing: list[tuple[str, str]] = []
+            found_items: list[dict[str, Any]] = []
+            missing_items: list[str] = []
+            try:
+                for i in range(0, len(resources), FETCH_CHUNK):
+                    part = resources[i : i + FETCH_CHUNK]
+                    body = self._post(
+                        self._fetch_client,
+                        "/v1/resources/get",
+                        {"resources": [_ref(t, r) for t, r in part]},
+                    )
+                    found += body["resources"]
+                    missing += [(m["type"], m["id"]) for m in body["missing"]]
+                for i in range(0, len(work_items), FETCH_CHUNK):
+                    body = self._post(
+                        self._fetch_client,
+                        "/v1/work-items/get",
+                        {"ids": work_items[i : i + FETCH_CHUNK]},
+                    )
+                    found_items += body["work_items"]
+                    missing_items += [str(m) for m in body["missing"]]
+            except (_FeedError, KeyError, TypeError, ValueError) as e:
+                with self._cond:
+                    self.status.fetch_errors += 1
+                log.warning("context service: fetching %s failed: %s", resources or work_items, e)
+                raise RuntimeError(str(e) or type(e).__name__) from e
+            with self._engine_lock:
+                fresh = [
+                    f for f in found if (f["uid"]["type"], f["uid"]["id"]) not in self._touched
+                ]
+                absent = [m for m in missing if m not in self._touched]
+                refused = self._upsert(fresh)
+                for f in fresh:
+                    ref = (f["uid"]["type"], f["uid"]["id"])
+                    if f["uid"] in refused:
+                        absent.append(ref)
+                    else:
+                        self._held.add(ref)
+                fresh_items = [w for w in found_items if w.get("id") not in self._touched_items]
+                absent_items = [w for w in missing_items if w not in self._touched_items]
+                refused_items = self._upsert_work_items(fresh_items)
+                self._held_items.update(
+                    str(w.get("id")) for w in fresh_items if w.get("id") not in refused_items
+                )
+                absent_items += refused_items
+            with self._cond:
+                self.status.fetched += len(fresh) + len(fresh_items)
+            self._changed("fetched")
+            return absent, absent_items
+        finally:
+            with self._engine_lock:
+                self._fetching -= 1
+                if not self._fetching:
+                    self._touched.clear()
+                    self._touched_items.clear()
 
 
 def follow_context(
@@ -564,20 +839,25 @@ def follow_context(
     server: Server | None,
     url: str,
     auth: httpx.Auth | None = None,
+    *,
+    fetch_timeout_ms: int = 200,
     **options: Any,
 ) -> ContextFollower:
     """Starts a ``ContextFollower`` for a decision point; what ``svc pdp --context URL`` calls.
 
     Args:
         engine: the decision point's engine.
-        server: its listener, started; the first snapshot marks its bundle flag ready
-            (``Server.set_ready(bundle=True)``). The listener's ``/readyz`` knows two flags,
-            the bundle's and the containment list's; so the caller leaves the bundle flag
-            unset until the snapshot is loaded (with a bundle loaded before the listener
-            starts, it sets ``containments`` only). ``None``: no listener to mark.
+        server: its listener, started, made with ``await_principals=True``: the follower marks
+            its principals flag ready once the snapshot (and the feeds' heads) are loaded
+            (``Server.set_ready(principals=True)``), and is installed as its resource source
+            (``Server.set_resource_source(follower.fetch)``; removed by ``stop``). ``None``:
+            no listener.
         url: the context service's base URL.
         auth: the bearer token to send (``BearerToken``), or ``None`` (docs/auth.md).
-        options: more ``ContextFollower`` keyword arguments (``wait_secs``, backoff).
+        fetch_timeout_ms: how long a check waits for the resources it lacks before it is
+            decided without them (``Server.set_resource_source``'s ``timeout_ms``).
+        options: more ``ContextFollower`` keyword arguments (``wait_secs``, backoff,
+            ``follow_resources``).
 
     Returns:
         The started follower; ``stop()`` it on shutdown.
@@ -586,6 +866,8 @@ def follow_context(
 
     def ready() -> None:
         if server is not None and server.running:
-            server.set_ready(bundle=True)
+            server.set_ready(principals=True)
 
-    return ContextFollower(engine, url, auth, on_loaded=ready, **options).start()
+    follower = ContextFollower(engine, url, auth, on_loaded=ready, server=server, **options)
+    follower.install(fetch_timeout_ms)
+    return follower.start()

@@ -6,7 +6,10 @@ mode: load one bundle directory, serve it, and reload it atomically when its fil
 follow a policy service's active bundle and mode (``svc.pdp.follower``, docs/policy.md).
 
 ``serve_bundle`` is what ``svc pdp --bundle DIR`` and ``svc pdp --policy URL --public-key FILE``
-run. A reload that fails (the bundle does
+run; with ``--context URL`` (``StandaloneOptions.context``) it also follows the context
+service (``svc.pdp.context_follower``, docs/context.md): the principals snapshot and watch fill
+the entity store, resources a check lacks are fetched by id, and ``/readyz`` answers 503 until
+the snapshot is loaded. A reload that fails (the bundle does
 not parse or validate) keeps the previous bundle serving; the error is logged, shown in
 ``/readyz``'s body and reported by the ``svc_pdp_bundle_error`` metric until a good reload.
 
@@ -28,10 +31,11 @@ import json
 import logging
 import re
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import httpx
 import watchfiles
 from pydantic import Field
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
@@ -39,6 +43,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 from svc._pdp_core import BundleError, DecisionLog, Engine, Server, set_limits
 from svc.common.auth import AuthConfigError, JwksSource, PdpAuthSettings
 from svc.common.topics import bootstrap_servers
+from svc.pdp.context_follower import BearerToken, ContextFollower, follow_context
 from svc.pdp.decision_log import Shipper
 from svc.pdp.follower import Follower, bundle_sources, fetch_active
 from svc.pdp.settings import PdpSettings
@@ -48,6 +53,7 @@ __all__ = [
     "BundleWatcher",
     "JwksRefresher",
     "StandaloneOptions",
+    "context_token",
     "policy_token",
     "run_standalone",
     "serve_bundle",
@@ -81,6 +87,21 @@ def policy_token(path: Path) -> Callable[[], str | None]:
             return None
 
     return read
+
+
+def context_token(path: Path) -> BearerToken:
+    """Sends the bearer token in `path` to the context service, read again for every request.
+
+    Args:
+        path: a file holding one token for audience ``svc-context`` (docs/auth.md; a projected
+            service-account token, which the kubelet renews in place).
+
+    Returns:
+        ``BearerToken.from_file(path)``: a request whose token cannot be read is not sent,
+        and the follower retries (``ContextFollower``'s failure handling).
+
+    """
+    return BearerToken.from_file(path)
 
 
 def _bundle_file(path: Path) -> bool:
@@ -268,6 +289,7 @@ def serve_bundle(
     options: StandaloneOptions | None = None,
     prepare: Callable[[Engine], None] | None = None,
     token: Callable[[], str | None] | None = None,
+    context_token: Callable[[], str | None] | None = None,
 ) -> Iterator[Server]:
     """Serves one bundle directory, or follows a policy service, until the ``with`` block ends.
 
@@ -283,10 +305,17 @@ def serve_bundle(
         token: when following, returns the bearer token for the policy service at each
             (re)connect (default: ``policy_token(options.policy_token_file)`` when that is set,
             else none).
+        context_token: with ``options.context``, returns the bearer token for the context
+            service (audience ``svc-context``) for every request (default: the content of
+            ``options.context_token_file`` when that is set, else none; ``svc up`` passes a
+            local-issuer minter). A request without a token is sent bare (a service with auth
+            off); a callable returning ``None`` is treated the same.
 
     Yields:
         The running ``Server`` (read ``server.port`` when ``port=0``). Serving a directory, it
-        is ready; following, ``/readyz`` answers 503 until the first verified bundle.
+        is ready; following, ``/readyz`` answers 503 until the first verified bundle; with
+        ``options.context``, also until the principals snapshot is loaded (no time limit:
+        the follower retries, docs/context.md).
 
     Raises:
         AuthConfigError: auth is off and ``options.host`` is not a loopback address, or the
@@ -347,6 +376,7 @@ def serve_bundle(
     for w in engine.warnings:
         log.warning("bundle %s: %s", bundle_dir, w)
     server: Server | None = None
+    context: ContextFollower | None = None
     refresher: JwksRefresher | None = None
     watcher: BundleWatcher | None = None
     shipping = False
@@ -376,6 +406,7 @@ def serve_bundle(
             auth_leeway_secs=auth.auth_leeway_secs,
             auth_cache_entries=auth.auth_cache_entries,
             auth_cache_ttl_secs=auth.auth_cache_ttl_secs,
+            await_principals=opts.context is not None,
         )
         jwks: JwksRefresher | None = None
         if auth.enabled:
@@ -390,6 +421,14 @@ def serve_bundle(
         if shipper is not None:
             shipper.start()
             shipping = True
+        if opts.context:
+            context = follow_context(
+                engine,
+                server,
+                opts.context,
+                _context_auth(opts, context_token),
+                fetch_timeout_ms=opts.context_fetch_timeout_ms,
+            )
         if follower is None:
             # Standalone: the bundle is loaded and the containment list is the bundle's own.
             server.set_ready(bundle=True, containments=True)
@@ -406,6 +445,8 @@ def serve_bundle(
                 server.bundle_reloaded(follower.status.error or None)
         yield server
     finally:
+        if context is not None:
+            context.stop()
         if follower is not None:
             follower.stop()
         if watcher is not None:
@@ -418,6 +459,33 @@ def serve_bundle(
             shipper.stop()
         if decision_log is not None:
             decision_log.close()
+
+
+def _context_auth(
+    opts: StandaloneOptions, token: Callable[[], str | None] | None
+) -> BearerToken | None:
+    """How requests to the context service authenticate: `token`, else the token file."""
+    if token is not None:
+        minted = token
+
+        def send() -> str:
+            return minted() or ""
+
+        return _OptionalBearer(send)
+    if opts.context_token_file is not None:
+        return context_token(opts.context_token_file)
+    return None
+
+
+class _OptionalBearer(BearerToken):
+    """``BearerToken`` that sends no header when the callable returns an empty token."""
+
+    def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
+        """Adds ``Authorization: Bearer`` unless the token is empty."""
+        t = self.token()
+        if t:
+            request.headers["Authorization"] = f"Bearer {t}"
+        yield request
 
 
 def run_standalone(
@@ -433,7 +501,8 @@ def run_standalone(
         a = options.auth
         log.info(
             "svc-pdp serving %s on http://%s:%d (gRPC and HTTP), mode %s, %s",
-            bundle_dir or f"the active bundle of the policy service {options.policy}",
+            (str(bundle_dir) if bundle_dir else f"the active bundle of {options.policy}")
+            + (f", principals of the context service {options.context}" if options.context else ""),
             options.host,
             server.port or 0,
             options.mode,

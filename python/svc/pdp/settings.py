@@ -51,6 +51,18 @@ class PdpSettings(ServiceSettings, DecisionLogSettings, component="pdp"):
     policy_token_file: Path | None = None
     """A file holding the bearer token sent to the policy service (read again at each
     reconnect, as a projected service-account token is renewed); none: no token."""
+    context: str | None = None
+    """The context service to follow (http://host:port; docs/context.md): its principals
+    snapshot and watch fill the entity store, and resources and work items a check names and
+    the store lacks are fetched from it by id. /readyz answers 503 until the snapshot is
+    loaded. None: the bundle's entities only."""
+    context_token_file: Path | None = None
+    """A file holding the bearer token sent to the context service (audience svc-context;
+    read again for every request, as a projected service-account token is renewed); none:
+    no token."""
+    context_fetch_timeout_ms: int = Field(default=200, ge=1, le=60_000)
+    """How long a check waits for a resource it lacks to be fetched from the context service;
+    past it the check is decided without it (svc_pdp_resource_fetches_total{outcome})."""
     noop_routes: bool = False
     """Also serve the benchmark ceiling (POST /v1/noop, NoopAuthorizer)."""
     plan_max_age_secs: int = Field(default=300, ge=0)

@@ -479,3 +479,37 @@ pub(super) fn check_entity_ids(se: &StoredEntity, field: &str) -> Result<(), Req
     }
     Ok(())
 }
+
+impl Engine {
+    /// Which of a check's resource and work item the engine lacks and a resource source could
+    /// supply (docs/context.md#the-decision-point-following-it): of `resources`, those whose
+    /// type the bundle declares (any, without a schema), is not a directory type (`Human`,
+    /// `Group`, `ServiceAccount`: the principals snapshot brings those) and which neither the
+    /// store nor the bundle holds; of `work_items`, those the store does not hold. Reads one
+    /// snapshot; returns the two lists in the order given (empty when nothing is missing).
+    #[must_use]
+    pub fn missing(
+        &self,
+        resources: &[&EntityUid],
+        work_items: &[&str],
+    ) -> (Vec<EntityUid>, Vec<String>) {
+        let st = self.state.load();
+        let b = &*st.bundle;
+        let res = resources
+            .iter()
+            .filter(|u| {
+                let ty = u.type_name();
+                !b.is_directory_type(ty)
+                    && b.check_type(ty, "resource.type").is_ok()
+                    && st.entity(u).is_none()
+            })
+            .map(|u| (*u).clone())
+            .collect();
+        let items = work_items
+            .iter()
+            .filter(|id| !st.store.work_items.contains_key(**id))
+            .map(|id| (*id).to_owned())
+            .collect();
+        (res, items)
+    }
+}

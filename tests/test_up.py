@@ -104,6 +104,88 @@ def test_the_demo_company_is_provisioned_through_the_context_service(demo_up: Up
     assert kinds["Human"] == len(co.people) and kinds["RiskScore"] == len(co.risk_scores)
 
 
+def test_the_decision_point_follows_the_context_service(demo_up: Up) -> None:
+    """docs/context.md: a person deactivated over SCIM is denied, reactivated allowed again;
+    a resource written through the batch route after the start is fetched on the first check
+    that names it."""
+    from svc.demo import company
+
+    co = company.generate()
+    scim = {"authorization": f"Bearer {demo_up.scim_token}"}
+    assert httpx.get(f"{demo_up.pdp}/readyz", timeout=10).status_code == 200
+    reader = next(
+        p
+        for p in co.people
+        if p.active
+        and p.user_name not in co.contained
+        and p.user_name not in co.risk_scores
+        and not {"interns", "contractors"} & set(p.groups)
+    )
+    doc = next(
+        d
+        for d in co.documents
+        if d.attrs["department"] == reader.department and d.attrs["sensitivity"] == "internal"
+    )
+
+    def verdict(resource: dict[str, str]) -> str:
+        check = {
+            "principal": {"type": "Human", "id": reader.user_name},
+            "action": {"type": "Action", "id": "read"},
+            "resource": resource,
+        }
+        r = httpx.post(
+            f"{demo_up.pdp}/v1/access/evaluation", json=check, headers=demo_up.auth, timeout=10
+        )
+        assert r.status_code == 200, r.text
+        return str(r.json()["verdict"])
+
+    # The document was provisioned before the decision point started: fetched on this miss.
+    assert verdict(doc.ref) == "allow"
+    found = httpx.get(
+        f"{demo_up.context}/scim/v2/Users",
+        params={"filter": f'userName eq "{reader.user_name}"'},
+        headers=scim,
+        timeout=10,
+    ).json()
+    user_id = found["Resources"][0]["id"]
+
+    def set_active(active: bool) -> None:
+        patch = {
+            "schemas": ["urn:ietf:params:scim:api:messages:2.0:PatchOp"],
+            "Operations": [{"op": "replace", "path": "active", "value": active}],
+        }
+        r = httpx.patch(
+            f"{demo_up.context}/scim/v2/Users/{user_id}", json=patch, headers=scim, timeout=10
+        )
+        assert r.status_code == 200, r.text
+
+    set_active(False)
+    wait_until(lambda: verdict(doc.ref) == "deny", timeout=30)
+    set_active(True)
+    wait_until(lambda: verdict(doc.ref) == "allow", timeout=30)
+
+    # A document written after the start, in another department: denied, then moved into the
+    # reader's department through the batch route, allowed (the change feed applies it).
+    new = {"type": "Document", "id": "written-after-start"}
+    attrs = {**doc.attrs, "department": "nowhere", "tags": []}
+    put = httpx.post(
+        f"{demo_up.context}/v1/resources",
+        json={"resources": [{**new, "attrs": attrs}]},
+        headers=demo_up.auth,
+        timeout=10,
+    )
+    assert put.status_code == 200, put.text
+    assert verdict(new) == "deny"
+    put = httpx.post(
+        f"{demo_up.context}/v1/resources",
+        json={"resources": [{**new, "attrs": {**attrs, "department": reader.department}}]},
+        headers=demo_up.auth,
+        timeout=10,
+    )
+    assert put.status_code == 200, put.text
+    wait_until(lambda: verdict(new) == "allow", timeout=30)
+
+
 def test_a_decision_reaches_the_history(corp_up: Up) -> None:
     r = httpx.post(
         f"{corp_up.pdp}/v1/access/evaluation", json=ALICE_DELETE, headers=corp_up.auth, timeout=10
@@ -326,8 +408,11 @@ def test_svc_demo_runs_to_its_summary_read_from_history(tmp_path: Path) -> None:
         assert outcome in lines["plans"], summary
     assert "rows listed" in lines["list"] and "agents" in lines
     assert "stopped; data kept in" in r.stderr
-    # The bundle, the intake token and the history stay for the next start.
-    assert (tmp_path / "bundle" / "entities.json").exists()
+    # The bundle (policies, no entities: those are the context service's), the directory,
+    # the intake token and the history stay for the next start.
+    assert (tmp_path / "bundle" / "company.cedarschema").exists()
+    assert not (tmp_path / "bundle" / "entities.json").exists()
+    assert (tmp_path / "context.db").exists()
     assert (tmp_path / "intake.token").exists()
 
 

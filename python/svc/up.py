@@ -416,12 +416,16 @@ def _history_store(
 
 
 def _write_demo_bundle(company: Company, bundle_dir: Path) -> None:
-    """Writes the demo company's bundle to `bundle_dir` (through ``<name>.new``, renamed)."""
+    """Writes the demo company's bundle to `bundle_dir` (through ``<name>.new``, renamed).
+
+    Without ``entities.json``: the decision point takes people, groups and resources from the
+    context service, where ``Stack._provision_context`` puts them.
+    """
     from svc.demo.company import write_bundle
 
     tmp = bundle_dir.with_name(bundle_dir.name + ".new")
     tmp.mkdir(parents=True, exist_ok=True)
-    write_bundle(company, tmp)
+    write_bundle(company, tmp, entities=False)
     tmp.rename(bundle_dir)
 
 
@@ -671,16 +675,17 @@ class Stack:
         return company.generate()
 
     def _provision_engine(self, engine: Engine) -> None:
-        """Loads the demo company's work items, containments and risk scores (``svc.demo``).
+        """Loads the demo company's containment list into the decision point.
 
-        Until svc-context and svc-challenge exist, these have no other way into the decision
-        point; a bundle that is no longer the demo company's (edited by hand) only gets a
-        warning.
+        People, groups, resources, work items and risk scores come from the context service
+        (``_provision_context``); the containment list is the challenge service's, which
+        ``svc up`` does not run yet, so it has no other way in. A bundle that is no longer the
+        demo company's (edited by hand) only gets a warning.
         """
-        from svc.demo import company
-
         try:
-            company.provision(engine, self.demo_company)
+            engine.set_containments(
+                [{"type": "Human", "id": u} for u in self.demo_company.contained]
+            )
         except RequestError as e:
             log.warning("the bundle is not the demo company's; not provisioned: %s", e)
 
@@ -813,6 +818,7 @@ class Stack:
             mode=o.mode,
             policy=self.policy.target,
             public_key=d / "policy-signing.pub",
+            context=self.urls.context,
             kafka_url=self.broker_url,
             spool_dir=d / "pdp-spool",
             auth=PdpAuthSettings(**common_auth, auth_callers=[LOCAL_CALLER, DEMO_CALLER]),
@@ -823,7 +829,12 @@ class Stack:
         prepare = self._provision_engine if o.bundle is None else None
         enter(
             serve_bundle(
-                None, pdp_opts, prepare, token=lambda: issuer.mint(PDP_CALLER, "svc-policy", 3600)
+                None,
+                pdp_opts,
+                prepare,
+                token=lambda: issuer.mint(PDP_CALLER, "svc-policy", 3600),
+                context_token=lambda: issuer.mint(PDP_CALLER, "svc-context", 3600),
+                context_wait_secs=START_TIMEOUT,
             )
         )
 
@@ -912,8 +923,8 @@ class Stack:
 
         The order is the reverse of ``start``: the history routes, the intake, the decision
         point (its shipper's last records reach the topic log), the context service, the
-        policy service, the caller-token renewal, the loader (it stores what it read; the rest is loaded on the next start), the topic log,
-        and the data directory's lock.
+        policy service, the caller-token renewal, the loader (it stores what it read; the rest
+        is loaded on the next start), the topic log, and the data directory's lock.
         """
         try:
             self._exit.close()

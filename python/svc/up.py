@@ -429,6 +429,27 @@ def _write_demo_bundle(company: Company, bundle_dir: Path) -> None:
     tmp.rename(bundle_dir)
 
 
+def _is_demo_bundle(bundle_dir: Path) -> bool:
+    """Whether `bundle_dir` is the demo bundle of ``_write_demo_bundle``.
+
+    That is: the demo schema, and no ``entities.json`` (its entities come from the context
+    service).
+
+    A data directory of an earlier release, or one whose bundle was replaced, is not: the demo
+    company is then not provisioned into the directory (its records would not fit the schema).
+    """
+    from svc.demo.company import SCHEMA
+
+    schema = bundle_dir / "company.cedarschema"
+    try:
+        return (
+            schema.read_text(encoding="utf-8") == SCHEMA
+            and not (bundle_dir / "entities.json").exists()
+        )
+    except OSError:
+        return False
+
+
 @contextmanager
 def _caller_tokens(issuer: LocalIssuer, path: Path) -> Iterator[None]:
     """Writes a caller token to `path` now and every half of its lifetime while the block runs.
@@ -806,7 +827,11 @@ class Stack:
                 ContextAuthSettings(**common_auth, auth_callers=[LOCAL_CALLER, PDP_CALLER]),
             )
         )
-        if o.bundle is None and self.context.counts()["people"] == 0:
+        if (
+            o.bundle is None
+            and _is_demo_bundle(self.bundle_dir)
+            and self.context.counts()["people"] == 0
+        ):
             self.progress("provisioning the demo company through the context service")
             self._provision_context()
 

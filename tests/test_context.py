@@ -346,6 +346,7 @@ def test_resources_all_or_nothing_and_change_feed(live: Live) -> None:
     ]
     feed = live.http.get("/v1/resources/changes", params={"after": 0}).json()
     assert feed["changes"] == [] and feed["version"] == 0
+    assert live.http.get("/v1/feeds").json() == {"principals": 0, "resources": 0, "work_items": 0}
 
     ok = live.http.post(
         "/v1/resources",
@@ -370,8 +371,10 @@ def test_resources_all_or_nothing_and_change_feed(live: Live) -> None:
         ('Folder::"f1"', True),
     ]
     assert feed["changes"][0]["value"]["parents"] == [{"type": "Folder", "id": "f1"}]
-    # The resource feed does not move the principals version.
+    # The resource feed does not move the principals version; /v1/feeds names each head.
     assert snapshot(live)["principals_version"] == 0
+    heads = live.http.get("/v1/feeds").json()
+    assert heads == {"principals": 0, "resources": feed["version"], "work_items": 0}
 
 
 def test_work_items_all_or_nothing(live: Live) -> None:

@@ -44,13 +44,156 @@ def corp_up(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 def test_banner_names_every_component_and_each_answers(corp_up: Up) -> None:
     banner = "".join(corp_up.stdout)
-    for url in (corp_up.pdp, corp_up.intake, corp_up.history, corp_up.policy):
+    for url in (corp_up.pdp, corp_up.intake, corp_up.history, corp_up.policy, corp_up.context):
         assert url in banner
         assert get_json(f"{url}/healthz")
         assert httpx.get(f"{url}/readyz", timeout=10).status_code == 200
         assert "version" in get_json(f"{url}/version")
         assert httpx.get(f"{url}/metrics", timeout=10).status_code == 200
     assert str(corp_up.data_dir) in banner
+
+
+@pytest.fixture(scope="module")
+def demo_up(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """`svc up` with the demo company (no --bundle): provisioned through the context service."""
+    up = start_up(tmp_path_factory.mktemp("up-demo"))
+    yield up
+    code, _, err = up.stop()
+    assert code == 0, err
+
+
+def test_the_demo_company_is_provisioned_through_the_context_service(demo_up: Up) -> None:
+    """docs/quickstart.md: people and groups over SCIM, resources and work items through the
+    batch routes, agents through the service-account route."""
+    from svc.demo import company
+
+    co = company.generate()
+    scim = {"authorization": f"Bearer {demo_up.scim_token}"}
+    person = next(p for p in co.people if p.manager and p.active)
+    found = httpx.get(
+        f"{demo_up.context}/scim/v2/Users",
+        params={"filter": f'userName eq "{person.user_name}"'},
+        headers=scim,
+        timeout=10,
+    ).json()
+    assert found["totalResults"] == 1
+    user = found["Resources"][0]
+    assert user["title"] == person.title and user["active"] is True
+    enterprise = user["urn:ietf:params:scim:schemas:extension:enterprise:2.0:User"]
+    assert enterprise["department"] == person.department
+    # The SCIM token is the identity provider's only: the caller token does not open SCIM.
+    assert httpx.get(f"{demo_up.context}/scim/v2/Users", headers=demo_up.auth).status_code == 401
+
+    people = get_json(f"{demo_up.context}/v1/directory/people", headers=demo_up.auth)
+    assert len(people["people"] if isinstance(people, dict) else people) == len(co.people)
+    doc = co.documents[0]
+    got = httpx.post(
+        f"{demo_up.context}/v1/resources/get",
+        json={"resources": [doc.ref]},
+        headers=demo_up.auth,
+        timeout=10,
+    ).json()
+    assert got["resources"][0]["attrs"] == doc.attrs and got["missing"] == []
+    accounts = get_json(f"{demo_up.context}/v1/service-accounts", headers=demo_up.auth)
+    listed = accounts["service_accounts"] if isinstance(accounts, dict) else accounts
+    assert {a["id"] for a in listed} == {sa.id for sa in co.service_accounts if sa.registered}
+    snapshot = get_json(f"{demo_up.context}/v1/principals", headers=demo_up.auth)
+    kinds = defaultdict(int)
+    for p in snapshot["principals"]:
+        kinds[p["kind"]] += 1
+    assert kinds["Human"] == len(co.people) and kinds["RiskScore"] == len(co.risk_scores)
+
+
+def test_the_decision_point_follows_the_context_service(demo_up: Up) -> None:
+    """docs/context.md: a person deactivated over SCIM is denied, reactivated allowed again;
+    a resource written through the batch route after the start is fetched on the first check
+    that names it."""
+    from svc.demo import company
+
+    co = company.generate()
+    scim = {"authorization": f"Bearer {demo_up.scim_token}"}
+    assert httpx.get(f"{demo_up.pdp}/readyz", timeout=10).status_code == 200
+    reader = next(
+        p
+        for p in co.people
+        if p.active
+        and p.user_name not in co.contained
+        and p.user_name not in co.risk_scores
+        and not {"interns", "contractors"} & set(p.groups)
+    )
+    doc = next(
+        d
+        for d in co.documents
+        if d.attrs["department"] == reader.department and d.attrs["sensitivity"] == "internal"
+    )
+
+    def verdict(resource: dict[str, str]) -> str:
+        check = {
+            "principal": {"type": "Human", "id": reader.user_name},
+            "action": {"type": "Action", "id": "read"},
+            "resource": resource,
+        }
+        r = httpx.post(
+            f"{demo_up.pdp}/v1/access/evaluation", json=check, headers=demo_up.auth, timeout=10
+        )
+        assert r.status_code == 200, r.text
+        return str(r.json()["verdict"])
+
+    # The document was provisioned before the decision point started: fetched on this miss
+    # (on a busy machine the fetch may land after the first check's 200 ms deadline, and
+    # that check is decided without it; the next one has it).
+    wait_until(lambda: verdict(doc.ref) == "allow", timeout=30)
+    found = httpx.get(
+        f"{demo_up.context}/scim/v2/Users",
+        params={"filter": f'userName eq "{reader.user_name}"'},
+        headers=scim,
+        timeout=10,
+    ).json()
+    user_id = found["Resources"][0]["id"]
+
+    def set_active(active: bool) -> None:
+        patch = {
+            "schemas": ["urn:ietf:params:scim:api:messages:2.0:PatchOp"],
+            "Operations": [{"op": "replace", "path": "active", "value": active}],
+        }
+        r = httpx.patch(
+            f"{demo_up.context}/scim/v2/Users/{user_id}", json=patch, headers=scim, timeout=10
+        )
+        assert r.status_code in (200, 204), r.text  # RFC 7644 section 3.5.2
+
+    set_active(False)
+    wait_until(lambda: verdict(doc.ref) == "deny", timeout=30)
+    set_active(True)
+    wait_until(lambda: verdict(doc.ref) == "allow", timeout=30)
+
+    # A document written after the start, in another department: denied, then moved into the
+    # reader's department through the batch route, allowed (the change feed applies it).
+    new = {"type": "Document", "id": "written-after-start"}
+    other = next(
+        p for p in co.people if p.department != reader.department and p.manager != reader.user_name
+    )
+    attrs = {
+        **doc.attrs,
+        "owner": {"__entity": {"type": "Human", "id": other.user_name}},
+        "department": "nowhere",
+        "tags": [],
+    }
+    put = httpx.post(
+        f"{demo_up.context}/v1/resources",
+        json={"resources": [{**new, "attrs": attrs}]},
+        headers=demo_up.auth,
+        timeout=10,
+    )
+    assert put.status_code == 200, put.text
+    assert verdict(new) == "deny"
+    put = httpx.post(
+        f"{demo_up.context}/v1/resources",
+        json={"resources": [{**new, "attrs": {**attrs, "department": reader.department}}]},
+        headers=demo_up.auth,
+        timeout=10,
+    )
+    assert put.status_code == 200, put.text
+    wait_until(lambda: verdict(new) == "allow", timeout=30)
 
 
 def test_a_decision_reaches_the_history(corp_up: Up) -> None:
@@ -275,8 +418,11 @@ def test_svc_demo_runs_to_its_summary_read_from_history(tmp_path: Path) -> None:
         assert outcome in lines["plans"], summary
     assert "rows listed" in lines["list"] and "agents" in lines
     assert "stopped; data kept in" in r.stderr
-    # The bundle, the intake token and the history stay for the next start.
-    assert (tmp_path / "bundle" / "entities.json").exists()
+    # The bundle (policies, no entities: those are the context service's), the directory,
+    # the intake token and the history stay for the next start.
+    assert (tmp_path / "bundle" / "company.cedarschema").exists()
+    assert not (tmp_path / "bundle" / "entities.json").exists()
+    assert (tmp_path / "context.db").exists()
     assert (tmp_path / "intake.token").exists()
 
 

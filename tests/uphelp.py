@@ -20,16 +20,16 @@ SVC = [sys.executable, "-m", "svc.cli"]
 
 
 def free_base_port(host: str = "127.0.0.1") -> int:
-    """A port N with N to N+3 free (what svc up binds)."""
+    """A port N with N to N+4 free (what svc up binds)."""
     rng = random.Random()
     for _ in range(200):
         n = rng.randrange(20_000, 60_000)
         try:
-            check_ports(host, {"a": n, "b": n + 1, "c": n + 2, "d": n + 3})
+            check_ports(host, {f"port {k}": n + k for k in range(5)})
         except PortTaken:
             continue
         return n
-    raise RuntimeError("no four free consecutive ports")
+    raise RuntimeError("no five free consecutive ports")
 
 
 @dataclass
@@ -57,6 +57,15 @@ class Up:
     @property
     def policy(self) -> str:
         return f"http://127.0.0.1:{self.port + 3}"
+
+    @property
+    def context(self) -> str:
+        return f"http://127.0.0.1:{self.port + 4}"
+
+    @property
+    def scim_token(self) -> str:
+        """The identity provider's SCIM token svc up keeps."""
+        return (self.data_dir / "scim.token").read_text().strip()
 
     @property
     def token(self) -> str:

@@ -304,7 +304,10 @@ UpPortOpt = Annotated[
     typer.Option(
         min=1,
         max=65532,
-        help="Decision point port; intake on PORT+1, history on PORT+2, policy service on PORT+3.",
+        help=(
+            "Decision point port; intake on PORT+1, history on PORT+2, policy service on "
+            "PORT+3, context service on PORT+4."
+        ),
     ),
 ]
 UpHostOpt = Annotated[str, typer.Option(help="Address every component binds.")]

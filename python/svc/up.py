@@ -6,6 +6,8 @@ One process on 127.0.0.1 (docs/architecture.md#embedded-defaults-and-production-
 * the intake (``svc.intake``) on ``port + 1``,
 * the history loader (``svc.history``) and its query routes on ``port + 2``,
 * the policy service (``svc.policy``, gRPC ``svc.policy.v1.PolicyService``) on ``port + 3``,
+* the context service (``svc.context``: SCIM 2.0 and the principals, resources and work
+  items the decision point follows) on ``port + 4``,
   its database a SQLite file ``<data_dir>/policy.db`` and its signing key
   ``<data_dir>/policy-signing.key`` (public key beside it, ``policy-signing.pub``),
 
@@ -82,6 +84,8 @@ from svc.common.auth import (
 )
 from svc.common.net import tcp_listener
 from svc.common.topics import DECISIONS_TOPIC, EVENTS_TOPIC
+from svc.context.service import ContextService
+from svc.context.settings import ContextAuthSettings, ContextSettings
 from svc.history.loader import Loader
 from svc.history.service import create_app as history_app
 from svc.history.service import totals
@@ -121,7 +125,7 @@ DEMO_CALLER = "svc-demo"
 PDP_CALLER = "svc-up-pdp"
 
 #: The audiences of the caller token: every component that checks callers.
-CALLER_AUDIENCE = ["svc-pdp", "svc-history", "svc-policy"]
+CALLER_AUDIENCE = ["svc-pdp", "svc-history", "svc-policy", "svc-context"]
 
 #: Lifetime of a caller token (a working day and then some), in seconds; ``svc up`` writes a
 #: new one every half of it.
@@ -163,7 +167,8 @@ class UpOptions:
         data_dir: where everything is kept (``default_data_dir()``).
         host: address every component binds (127.0.0.1).
         port: the decision point's port; the intake listens on ``port + 1``, the history on
-            ``port + 2`` and the policy service on ``port + 3``.
+            ``port + 2``, the policy service on ``port + 3`` and the context service on
+            ``port + 4``.
         bundle: a bundle directory to publish (module docs); None publishes
             ``<data_dir>/bundle`` on the first start, provisioned with the demo company's
             bundle when missing.
@@ -197,6 +202,7 @@ class Urls:
     intake: str
     history: str
     policy: str
+    context: str
 
 
 def _bind(host: str, port: int, name: str) -> socket.socket:
@@ -215,7 +221,7 @@ def _bind(host: str, port: int, name: str) -> socket.socket:
             why = "in use" if e.errno == errno.EADDRINUSE else "not allowed"
             raise PortTaken(
                 f"port {port} on {host} (the {name}) is {why}; stop whatever holds it "
-                "or start on other ports with --port N (svc up uses N to N+3)"
+                "or start on other ports with --port N (svc up uses N to N+4)"
             ) from None
         raise
 
@@ -410,13 +416,38 @@ def _history_store(
 
 
 def _write_demo_bundle(company: Company, bundle_dir: Path) -> None:
-    """Writes the demo company's bundle to `bundle_dir` (through ``<name>.new``, renamed)."""
+    """Writes the demo company's bundle to `bundle_dir` (through ``<name>.new``, renamed).
+
+    Without ``entities.json``: the decision point takes people, groups and resources from the
+    context service, where ``Stack._provision_context`` puts them.
+    """
     from svc.demo.company import write_bundle
 
     tmp = bundle_dir.with_name(bundle_dir.name + ".new")
     tmp.mkdir(parents=True, exist_ok=True)
-    write_bundle(company, tmp)
+    write_bundle(company, tmp, entities=False)
     tmp.rename(bundle_dir)
+
+
+def _is_demo_bundle(bundle_dir: Path) -> bool:
+    """Whether `bundle_dir` is the demo bundle of ``_write_demo_bundle``.
+
+    That is: the demo schema, and no ``entities.json`` (its entities come from the context
+    service).
+
+    A data directory of an earlier release, or one whose bundle was replaced, is not: the demo
+    company is then not provisioned into the directory (its records would not fit the schema).
+    """
+    from svc.demo.company import SCHEMA
+
+    schema = bundle_dir / "company.cedarschema"
+    try:
+        return (
+            schema.read_text(encoding="utf-8") == SCHEMA
+            and not (bundle_dir / "entities.json").exists()
+        )
+    except OSError:
+        return False
 
 
 @contextmanager
@@ -578,6 +609,41 @@ def _policy_service(
         service.close()
 
 
+@contextmanager
+def _context_service(
+    settings: ContextSettings, auth: ContextAuthSettings
+) -> Iterator[ContextService]:
+    """The context service (``svc.context``) on ``settings.port``, until the block ends.
+
+    Its database is migrated first (``ContextService``); the app is served by
+    ``_serve_http``.
+
+    Args:
+        settings: the service's settings (SQLite under the data directory, ``port + 4``, the
+            SCIM token).
+        auth: who may call its ``/v1`` routes (docs/auth.md).
+
+    Yields:
+        The service layer (the provisioning reads its counts).
+
+    Raises:
+        PortTaken, OSError: as ``_serve_http``.
+        AuthConfigError: the issuer's keys cannot be loaded.
+        sqlalchemy.exc.SQLAlchemyError: the database cannot be opened or migrated.
+
+    """
+    from svc.context.app import create_app as context_app
+
+    service = ContextService(settings)
+    try:
+        with _serve_http(
+            context_app(service, settings, auth), settings.host, settings.port, "context service"
+        ):
+            yield service
+    finally:
+        service.close()
+
+
 # -- the supervisor
 
 
@@ -607,6 +673,7 @@ class Stack:
             intake=f"http://{options.host}:{p + 1}",
             history=f"http://{options.host}:{p + 2}",
             policy=f"http://{options.host}:{p + 3}",
+            context=f"http://{options.host}:{p + 4}",
         )
         self.bundle_dir = options.bundle or d / "bundle"
         self.intake_token = ""
@@ -616,6 +683,8 @@ class Stack:
         self.loader: Loader | None = None
         self.log: LocalLog | None = None
         self.policy: PolicyServer | None = None
+        self.context: ContextService | None = None
+        self.scim_token = ""
         self._exit = ExitStack()
         self._stored = _Stored()
 
@@ -627,18 +696,42 @@ class Stack:
         return company.generate()
 
     def _provision_engine(self, engine: Engine) -> None:
-        """Loads the demo company's work items, containments and risk scores (``svc.demo``).
+        """Loads the demo company's containment list into the decision point.
 
-        Until svc-context and svc-challenge exist, these have no other way into the decision
-        point; a bundle that is no longer the demo company's (edited by hand) only gets a
-        warning.
+        People, groups, resources, work items and risk scores come from the context service
+        (``_provision_context``); the containment list is the challenge service's, which
+        ``svc up`` does not run yet, so it has no other way in. A bundle that is no longer the
+        demo company's (edited by hand) only gets a warning.
         """
-        from svc.demo import company
-
         try:
-            company.provision(engine, self.demo_company)
+            engine.set_containments(
+                [{"type": "Human", "id": u} for u in self.demo_company.contained]
+            )
         except RequestError as e:
             log.warning("the bundle is not the demo company's; not provisioned: %s", e)
+
+    def _provision_context(self) -> None:
+        """Writes the demo company into the context service as a real install would.
+
+        People and groups over SCIM, resources and work items through the batch routes, the
+        agents through the service-account route, the reasoner's scores through ``/v1/risk``
+        (``svc.demo.directory.provision_context``).
+
+        Raises:
+            svc.demo.directory.ProvisionError: the service refused a request.
+
+        """
+        from svc.demo.directory import provision_context
+
+        issuer = self.issuer
+        assert issuer is not None
+        done = provision_context(
+            self.urls.context,
+            self.demo_company,
+            scim_token=self.scim_token,
+            token=lambda: issuer.mint(LOCAL_CALLER, "svc-context", 600),
+        )
+        log.info("provisioned the demo company through the context service: %s", done)
 
     def start(self) -> None:
         """Starts every component in order; on failure stops what started and re-raises.
@@ -675,6 +768,7 @@ class Stack:
                 "intake": o.port + 1,
                 "history": o.port + 2,
                 "policy service": o.port + 3,
+                "context service": o.port + 4,
             },
         )
 
@@ -719,6 +813,28 @@ class Stack:
             )
         )
 
+        self.progress("starting the context service")
+        self.scim_token = _token(d / "scim.token")
+        context_settings = ContextSettings(
+            host=o.host,
+            port=o.port + 4,
+            database_url=f"sqlite:///{(d / 'context.db').resolve()}",
+            scim_token=SecretStr(self.scim_token),
+        )
+        self.context = enter(
+            _context_service(
+                context_settings,
+                ContextAuthSettings(**common_auth, auth_callers=[LOCAL_CALLER, PDP_CALLER]),
+            )
+        )
+        if (
+            o.bundle is None
+            and _is_demo_bundle(self.bundle_dir)
+            and self.context.counts()["people"] == 0
+        ):
+            self.progress("provisioning the demo company through the context service")
+            self._provision_context()
+
         self.progress("starting the decision point")
         issuer = self.issuer
         pdp_opts = StandaloneOptions(
@@ -727,6 +843,7 @@ class Stack:
             mode=o.mode,
             policy=self.policy.target,
             public_key=d / "policy-signing.pub",
+            context=self.urls.context,
             kafka_url=self.broker_url,
             spool_dir=d / "pdp-spool",
             auth=PdpAuthSettings(**common_auth, auth_callers=[LOCAL_CALLER, DEMO_CALLER]),
@@ -737,7 +854,12 @@ class Stack:
         prepare = self._provision_engine if o.bundle is None else None
         enter(
             serve_bundle(
-                None, pdp_opts, prepare, token=lambda: issuer.mint(PDP_CALLER, "svc-policy", 3600)
+                None,
+                pdp_opts,
+                prepare,
+                token=lambda: issuer.mint(PDP_CALLER, "svc-policy", 3600),
+                context_token=lambda: issuer.mint(PDP_CALLER, "svc-context", 3600),
+                context_wait_secs=START_TIMEOUT,
             )
         )
 
@@ -825,10 +947,9 @@ class Stack:
         """Stops every component that started, newest first. Idempotent.
 
         The order is the reverse of ``start``: the history routes, the intake, the decision
-        point (its shipper's last records reach the topic log), the policy service, the
-        caller-token renewal, the
-        loader (it stores what it read; the rest is loaded on the next start), the topic log,
-        and the data directory's lock.
+        point (its shipper's last records reach the topic log), the context service, the
+        policy service, the caller-token renewal, the loader (it stores what it read; the rest
+        is loaded on the next start), the topic log, and the data directory's lock.
         """
         try:
             self._exit.close()
@@ -836,6 +957,7 @@ class Stack:
             self.loader = None
             self.log = None
             self.policy = None
+            self.context = None
 
 
 # -- the command
@@ -856,8 +978,10 @@ def _banner(stack: Stack, seconds: float) -> str:
             f"  history         {u.history}   GET /v1/history/decisions?principal=Type::id",
             f"  policy service  {u.policy}   gRPC svc.policy.v1.PolicyService "
             f"(svc policy active --url {u.policy})",
+            f"  context service {u.context}   SCIM 2.0 at /scim/v2 (bearer token in "
+            f"{d / 'scim.token'}), /v1/principals, /v1/resources, /v1/directory/people",
             f"  caller token    {stack.caller_token_path} (Authorization: Bearer, for the "
-            "decision point, the history and the policy service)",
+            "decision point, the history, the policy and the context service)",
             f"  bundle          version {active} active, from {stack.bundle_dir} (change it "
             "with svc policy draft and publish)",
             f"  mode            {o.mode}",

@@ -27,7 +27,7 @@ from svc.common.auth import Verifier, bearer_dependency
 from svc.common.health import Readiness, probe_router
 from svc.common.problems import Problem, install_problem_handlers
 from svc.context.scim import ScimApp
-from svc.context.service import FEEDS, ContextService, Feed, Ref
+from svc.context.service import ContextService, Feed, Ref
 from svc.context.settings import ContextAuthSettings, ContextSettings
 
 __all__ = ["Watcher", "create_app"]
@@ -126,8 +126,8 @@ def create_app(
     def refresh() -> None:
         for kind, n in service.counts().items():
             rows.labels(kind).set(n)
-        for feed in FEEDS:
-            versions.labels(feed).set(service.changes_after(feed, 0, 1)[1])
+        for feed, version in service.feed_versions().items():
+            versions.labels(feed).set(version)
 
     def readiness() -> Readiness:
         try:
@@ -196,6 +196,14 @@ def create_app(
         """The changes after ``after``, oldest first; waits up to ``wait_secs`` for one."""
         out = await watch("principals", after, wait_secs, limit)
         return {"principals_version": out.pop("version"), **out}
+
+    @app.get("/v1/feeds", dependencies=guard, tags=["principals"])
+    async def feeds() -> Any:
+        """Each feed's current version: ``{"principals", "resources", "work_items"}``.
+
+        A decision point starts the resource and work-item feeds here (docs/context.md).
+        """
+        return await run(service.feed_versions)
 
     # -- resources ---------------------------------------------------------------
 

@@ -319,6 +319,19 @@ class ContextService:
         v = session.exec(select(func.max(ChangeRow.seq)).where(ChangeRow.feed == feed)).one()
         return int(v or 0)
 
+    def feed_versions(self) -> dict[Feed, int]:
+        """Each feed's current version (its latest change's number; 0 before any change).
+
+        A follower that starts a feed here misses nothing written after this read
+        (docs/context.md#versions-and-feeds).
+        """
+        with self.read() as s:
+            rows = s.exec(
+                select(ChangeRow.feed, func.max(ChangeRow.seq)).group_by(col(ChangeRow.feed))
+            ).all()
+        found = {str(f): int(v or 0) for f, v in rows}
+        return {feed: found.get(feed, 0) for feed in FEEDS}
+
     def changes_after(
         self, feed: Feed, after: int, limit: int | None = None
     ) -> tuple[list[Change], int, bool]:

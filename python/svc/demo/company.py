@@ -252,7 +252,6 @@ class Company:
             attrs: Json = {
                 "department": p.department,
                 "title": p.title,
-                "level": p.level,
                 "active": p.active,
             }
             if p.manager is not None:
@@ -521,7 +520,7 @@ POLICIES: dict[str, str] = {
 }
 
 
-def write_bundle(company: Company, dir: Path) -> None:
+def write_bundle(company: Company, dir: Path, *, entities: bool = True) -> None:
     """Writes the company's policy bundle directory (docs/bundles.md, docs/decisions.md).
 
     Files: ``company.cedarschema`` (``SCHEMA``), the ``POLICIES`` files, ``entities.json``
@@ -533,6 +532,10 @@ def write_bundle(company: Company, dir: Path) -> None:
     Args:
         company: from ``generate``.
         dir: the directory (created with its parents when missing).
+        entities: write ``entities.json``; False for a decision point that takes people,
+            groups and resources from the context service (``svc up``,
+            ``svc.demo.directory.provision_context``): a bundle's entity wins over the
+            service's, so the bundle must not carry them.
 
     Raises:
         OSError: the directory or a file cannot be written.
@@ -542,9 +545,10 @@ def write_bundle(company: Company, dir: Path) -> None:
     (dir / "company.cedarschema").write_text(SCHEMA, encoding="utf-8")
     for name, text in POLICIES.items():
         (dir / name).write_text(text, encoding="utf-8")
-    (dir / "entities.json").write_text(
-        json.dumps(company.entities(), indent=1) + "\n", encoding="utf-8"
-    )
+    if entities:
+        (dir / "entities.json").write_text(
+            json.dumps(company.entities(), indent=1) + "\n", encoding="utf-8"
+        )
     links = [
         {
             "template_id": "document-reader",

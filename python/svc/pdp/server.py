@@ -290,6 +290,7 @@ def serve_bundle(
     prepare: Callable[[Engine], None] | None = None,
     token: Callable[[], str | None] | None = None,
     context_token: Callable[[], str | None] | None = None,
+    context_wait_secs: float | None = None,
 ) -> Iterator[Server]:
     """Serves one bundle directory, or follows a policy service, until the ``with`` block ends.
 
@@ -310,6 +311,9 @@ def serve_bundle(
             ``options.context_token_file`` when that is set, else none; ``svc up`` passes a
             local-issuer minter). A request without a token is sent bare (a service with auth
             off); a callable returning ``None`` is treated the same.
+        context_wait_secs: with ``options.context``, wait up to this many seconds for the
+            principals snapshot before yielding (``svc up`` does, so its banner comes once the
+            decision point is ready); None: yield at once and let ``/readyz`` say when.
 
     Yields:
         The running ``Server`` (read ``server.port`` when ``port=0``). Serving a directory, it
@@ -322,8 +326,8 @@ def serve_bundle(
             issuer's JWKS cannot be loaded (nothing is served).
         BundleError: the bundle does not load at start (nothing is served).
         RequestError: ``options.mode`` is neither ``monitor`` nor ``enforce``.
-        OSError: the port cannot be bound, the spool directory cannot be opened, or the public
-            key cannot be read.
+        OSError: the port cannot be bound, the spool directory cannot be opened, the public
+            key cannot be read, or the principals did not load in ``context_wait_secs``.
         ValueError: ``options.kafka_url`` is not a broker URL, ``log_commit_ms`` is over
             1000 or ``log_durability`` is neither ``window`` nor ``durable``; neither a bundle
             directory nor ``options.policy`` is given; the public key is not Ed25519.
@@ -429,6 +433,11 @@ def serve_bundle(
                 _context_auth(opts, context_token),
                 fetch_timeout_ms=opts.context_fetch_timeout_ms,
             )
+            if context_wait_secs is not None and not context.loaded.wait(context_wait_secs):
+                raise OSError(
+                    f"the context service's principals did not load in {context_wait_secs:g} s: "
+                    f"{context.status.error or 'no answer yet'}"
+                )
         if follower is None:
             # Standalone: the bundle is loaded and the containment list is the bundle's own.
             server.set_ready(bundle=True, containments=True)

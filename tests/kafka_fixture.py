@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +22,35 @@ def _script(*args: str, timeout: float = 600) -> str:
     return subprocess.run(
         [str(SCRIPT), *args], check=True, capture_output=True, text=True, timeout=timeout
     ).stdout.strip()
+
+
+def create_topics(bootstrap: str, *names: str, partitions: int = 3, within: float = 120) -> None:
+    """Creates `names` on the broker, retrying while it does not answer (other work may be
+    restarting it). A topic that already exists counts as made: a retry after an answer lost
+    under load finds the topics its first try created.
+
+    Raises:
+        confluent_kafka.KafkaException: the broker still refuses after `within` seconds.
+
+    """
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    deadline = time.monotonic() + within
+    while True:
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        try:
+            for f in admin.create_topics([NewTopic(n, partitions, 1) for n in names]).values():
+                try:
+                    f.result(30)
+                except KafkaException as e:
+                    if "TOPIC_ALREADY_EXISTS" not in str(e):
+                        raise
+            return
+        except KafkaException:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1)
 
 
 @pytest.fixture(scope="session")

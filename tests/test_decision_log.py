@@ -27,8 +27,8 @@ import grpc
 import httpx
 import pytest
 from confluent_kafka import Consumer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
 
+from kafka_fixture import create_topics
 from serverkit import assert_problem, metric, serve, wait_until
 from svc._pdp_core import DecisionLog, Engine, Server
 from svc.authz.v1 import authz_pb2, authz_pb2_grpc
@@ -45,9 +45,7 @@ DESIGN_DOC = {"type": "Document", "id": "design"}
 @pytest.fixture
 def topic(kafka_bootstrap: str) -> str:
     name = f"test.decisions.{uuid.uuid4().hex[:10]}"
-    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
-    for f in admin.create_topics([NewTopic(name, PARTITIONS, 1)]).values():
-        f.result(30)
+    create_topics(kafka_bootstrap, name, partitions=PARTITIONS)
     return name
 
 

@@ -26,8 +26,8 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
-from confluent_kafka.admin import AdminClient, NewTopic
 
+from kafka_fixture import create_topics
 from svc._pdp_core import DecisionLog, Server
 from svc.common.net import tcp_listener
 from svc.common.topics import bootstrap_servers
@@ -319,17 +319,7 @@ def test_drive_report_round_trips() -> None:
 
 
 def make_topics(bootstrap: str, *names: str) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            for f in admin.create_topics([NewTopic(n, 3, 1) for n in names]).values():
-                f.result(30)
-            return
-        except Exception:
-            if time.monotonic() > deadline:  # the shared broker may be restarting
-                raise
-            time.sleep(1)
+    create_topics(bootstrap, *names, partitions=3)
 
 
 @dataclass

@@ -28,12 +28,11 @@ import httpx
 import pytest
 from clickhouse_connect.driver.client import Client
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
 import apifuzz
-from kafka_fixture import dev_kafka, kafka_bootstrap  # noqa: F401  (fixtures)
+from kafka_fixture import create_topics, dev_kafka, kafka_bootstrap  # noqa: F401  (fixtures)
 from serverkit import serve, wait_until
 from svc import history
 from svc._pdp_core import DecisionLog
@@ -201,25 +200,11 @@ def retry(what: str, fn: Callable[[], Any], attempts: int = 8) -> Any:
     raise AssertionError("unreachable")
 
 
-def create_topics(bootstrap: str, *names: str) -> None:
-    def once() -> None:
-        admin = AdminClient({"bootstrap.servers": bootstrap})
-        futures = admin.create_topics([NewTopic(n, PARTITIONS, 1) for n in names])
-        for f in futures.values():
-            try:
-                f.result(30)
-            except KafkaException as e:
-                if "TOPIC_ALREADY_EXISTS" not in str(e):
-                    raise
-
-    retry("create topics", once)
-
-
 @pytest.fixture
 def topics(kafka_bootstrap: str) -> tuple[str, str]:  # noqa: F811
     tag = uuid.uuid4().hex[:10]
     names = (f"test.history.decisions.{tag}", f"test.history.events.{tag}")
-    create_topics(kafka_bootstrap, *names)
+    create_topics(kafka_bootstrap, *names, partitions=PARTITIONS)
     return names
 
 

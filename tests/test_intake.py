@@ -28,13 +28,13 @@ import httpx
 import pytest
 import schemathesis
 from confluent_kafka import Consumer, KafkaError, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import apifuzz
 from conftest import CLOUDTRAIL
+from kafka_fixture import create_topics
 from svc.intake import IntakeSettings, create_app
 from svc.intake.cloudtrail import map_file, map_record
 from svc.intake.models import MAX_EVENTS
@@ -51,17 +51,8 @@ CLOUD = "/v1/events/cloud-audit-trail"
 
 def make_topic(bootstrap: str) -> str:
     name = f"test.events.{uuid.uuid4().hex[:10]}"
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            for f in admin.create_topics([NewTopic(name, PARTITIONS, 1)]).values():
-                f.result(30)
-            return name
-        except confluent_kafka.KafkaException:
-            if time.monotonic() > deadline:  # the shared broker may be restarting
-                raise
-            time.sleep(1)
+    create_topics(bootstrap, name, partitions=PARTITIONS)
+    return name
 
 
 class Intake:

@@ -6,7 +6,9 @@ A real challenge service on PostgreSQL (as tests/test_challenge.py starts it) an
 answers `challenge` with a `challenge_qid`; a wait answers pending, then passed once the person
 justifies through the service; the retry of the same check is allowed; anyone else waiting gets
 NOT_FOUND; another resource opens another challenge; many waits held at once all end when the
-challenge passes. Over HTTP, AuthZEN and gRPC.
+challenge passes; a rejected challenge ends a wait held by a second decision point (which asks
+the service for a challenge it did not resolve) and denies the request. Over HTTP, AuthZEN and
+gRPC.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ __all__ = ["database_url"]  # the fixture, used by name
 SCHEMA = """
 entity Human;
 entity Document;
-action read, delete appliesTo { principal: [Human], resource: [Document] };
+action read, delete, share appliesTo { principal: [Human], resource: [Document] };
 """
 
 POLICIES = """
@@ -42,6 +44,9 @@ permit (principal is Human, action == Action::"read", resource is Document);
 
 @id("delete-needs-reason") @challenge("justification")
 permit (principal is Human, action == Action::"delete", resource is Document);
+
+@id("share-needs-approval") @challenge("approval")
+permit (principal is Human, action == Action::"share", resource is Document);
 """
 
 EVAL = "/v1/access/evaluation"
@@ -72,6 +77,7 @@ class World:
             # A busy machine must not make Resolve miss its deadline in these checks.
             "--challenge-timeout-ms", "30000",
         )  # fmt: skip
+        self.bundle = bundle
         self.base = f"http://127.0.0.1:{self.pdp.port()}"
         self.http = httpx.Client(base_url=self.base, timeout=60)
         self.channel = grpc.insecure_channel(self.challenge.target)
@@ -107,11 +113,7 @@ class World:
         return resp.challenge
 
     def metric(self, name: str) -> float:
-        total = 0.0
-        for line in self.http.get("/metrics").text.splitlines():
-            if line.startswith(name + " ") or line.startswith(name + "{"):
-                total += float(line.split()[-1])
-        return total
+        return _metric(self.http, name)
 
 
 @pytest.fixture
@@ -267,3 +269,66 @@ def test_grpc_and_authzen(world: World) -> None:
     assert again.verdict == authz_pb2.VERDICT_ALLOW
     assert again.challenge_qid == qid
     assert world.http.post("/access/v1/evaluation", json=z).json()["decision"] is True
+
+
+def test_rejected_and_waited_on_another_decision_point(world: World) -> None:
+    # A second decision point, which resolved nothing: it asks the service for the challenge.
+    other = Pdp(
+        "--bundle", str(world.bundle), "--port", "0", "--no-watch",
+        "--challenge", world.challenge.url, "--challenge-timeout-ms", "30000",
+    )  # fmt: skip
+    try:
+        base = f"http://127.0.0.1:{other.port()}"
+        with httpx.Client(base_url=base, timeout=60) as http:
+            shared = world.check("ana", "share", "s1")
+            assert shared["verdict"] == "challenge"
+            assert shared["challenges"] == ["approval"]
+            qid = shared["challenge_qid"]
+
+            def wait(who: str, secs: int) -> httpx.Response:
+                body = {"challenge_qid": qid, "principal": human(who), "wait_secs": secs}
+                return http.post(WAIT, json=body)
+
+            # The service answers GetChallenge to ana only.
+            assert wait("bo", 0).status_code == 404
+            r = wait("ana", 0)
+            assert r.status_code == 200, r.text
+            assert r.json()["outcome"] == "pending"
+
+            async def held_then_rejected() -> httpx.Response:
+                async with httpx.AsyncClient(base_url=base, timeout=60) as c:
+                    body = {"challenge_qid": qid, "principal": human("ana"), "wait_secs": 25}
+                    task = asyncio.create_task(c.post(WAIT, json=body))
+                    while _metric(http, "svc_pdp_challenge_waits") < 1:
+                        await asyncio.sleep(0.05)
+                    # ana's manager (the test directory's) rejects it.
+                    await asyncio.to_thread(
+                        world.stub.Decide,
+                        pb.DecideRequest(qid=qid, approver="bo", approve=False, reason="no"),
+                        timeout=30,
+                    )
+                    return await task
+
+            r = asyncio.run(held_then_rejected())
+            assert r.status_code == 200, r.text
+            rejected = r.json()
+            assert rejected["outcome"] == "rejected"
+            assert rejected["retry"] is False
+            assert rejected["expires_at"]
+            assert _metric(http, "svc_pdp_challenge_calls_total") == 2  # two GetChallenge
+
+        # Rejected: the same request is denied until the challenge expires, on both.
+        again = world.check("ana", "share", "s1")
+        assert again["verdict"] == "deny"
+        assert "svc:challenge_rejected" in again["policies"]
+        assert again["challenge_qid"] == qid
+    finally:
+        assert other.stop() == 0, other.log
+
+
+def _metric(http: httpx.Client, name: str) -> float:
+    total = 0.0
+    for line in http.get("/metrics").text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            total += float(line.split()[-1])
+    return total

@@ -475,7 +475,12 @@ def test_svc_up_writes_a_caller_token_for_both_components(up: Up) -> None:
     assert stat.S_IMODE((d / "issuer").stat().st_mode) == 0o700
     assert str(token_file) in "".join(up.stdout)
     got = jwt.decode(up.caller_token, options={"verify_signature": False})
-    assert got["sub"] == "svc-local" and set(got["aud"]) == {"svc-pdp", "svc-history", "svc-policy"}
+    assert got["sub"] == "svc-local" and set(got["aud"]) == {
+        "svc-pdp",
+        "svc-history",
+        "svc-policy",
+        "svc-context",
+    }
     assert got["exp"] - got["iat"] >= 8 * 3600  # a working day
     r = httpx.post(f"{up.pdp}/v1/access/evaluation", json=CHECK, headers=up.auth, timeout=10)
     assert r.status_code == 200, r.text

@@ -28,7 +28,8 @@
   names it (``Server.forget_absent``). A fetched resource stays in the store ("cached") and
   the feed keeps it current: a change it names is applied, a deletion removes it; a change
   naming something not held only forgets it as absent. A feed change applied while a fetch is
-  in flight wins over that fetch's answer for what it names (the answer may be older).
+  in flight wins over that fetch's answer for what it names (the answer may be older): the
+  feed's state is stored and held from then on.
 * **Readiness.** ``loaded`` is set once the first snapshot is in the store; then
   ``on_loaded`` is called (``follow_context`` makes it ``Server.set_ready(principals=True)``:
   the listener's third readiness flag, unset at start for a server made with
@@ -685,17 +686,25 @@ class ContextFollower:
         upserts: list[dict[str, Any]] = []
         removals: list[dict[str, str]] = []
         forget: list[tuple[str, str]] = []
+        adopted: list[tuple[str, str]] = []
         for ref, value in last.items():
             if self._fetching:
                 self._touched.add(ref)
             if ref not in self._held:
                 forget.append(ref)
+                if self._fetching and value is not None:
+                    # A fetch in flight may be reading it, and will drop its (maybe older)
+                    # answer: the feed's state is stored instead, or the check would be
+                    # decided without a resource that exists.
+                    upserts.append(value)
+                    adopted.append(ref)
             elif value is None:
                 removals.append(_ref(*ref))
                 self._held.discard(ref)
             else:
                 upserts.append(value)
-        self._upsert(upserts)
+        refused = self._upsert(upserts)
+        self._held.update(r for r in adopted if _ref(*r) not in refused)
         if removals:
             self.engine.remove_entities(removals)
         if forget and self.server is not None and self.server.running:
@@ -712,17 +721,22 @@ class ContextFollower:
         items: list[dict[str, Any]] = []
         gone: list[str] = []
         forget: list[str] = []
+        adopted: list[str] = []
         for wid, value in last.items():
             if self._fetching:
                 self._touched_items.add(wid)
             if wid not in self._held_items:
                 forget.append(wid)
+                if self._fetching and value is not None:
+                    items.append(value)  # as for resources: a fetch in flight drops its answer
+                    adopted.append(wid)
             elif value is None:
                 gone.append(wid)
                 self._held_items.discard(wid)
             else:
                 items.append(value)
-        self._upsert_work_items(items)
+        refused_items = self._upsert_work_items(items)
+        self._held_items.update(w for w in adopted if w not in refused_items)
         if gone:
             self.engine.remove_work_items(gone)
         if forget and self.server is not None and self.server.running:

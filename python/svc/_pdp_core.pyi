@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from os import PathLike
 from typing import Any, Final, Literal, TypeVar, final
 
+from svc.pdp.challenge_client import ChallengeSource
 from svc.pdp.shapes import Decision, DecisionRecord, Plan
 
 __all__ = [
@@ -524,6 +525,63 @@ class Server:
             RuntimeError: the server is not running.
 
         """
+
+    def set_challenge_source(
+        self,
+        source: ChallengeSource | None,
+        timeout_ms: int = 2_000,
+        max_entries: int = 100_000,
+    ) -> None:
+        """Installs the challenge service (docs/challenges.md#the-decision-point).
+
+        ``source`` has ``resolve``, ``get`` and ``follow``
+        (``svc.pdp.challenge_client.ChallengeSource``), each called from a worker thread
+        with the GIL. ``resolve(principal, on_behalf_of, action, resource, challenges,
+        decision_qid)`` is called on a ``challenge`` verdict in enforce mode (entity references
+        as ``(type, id)`` pairs, ``on_behalf_of`` possibly ``None``, the sorted kinds) and
+        returns ``(qid, state, expires_at_ms, grant_expires_at_ms, pending)``: ``state`` is
+        ``pending``, ``passed``, ``rejected`` or ``expired``, times are epoch milliseconds or
+        ``None``, ``pending`` the kinds not answered yet. A passed challenge (grant live)
+        turns the verdict into ``allow`` (``svc:challenge_passed`` in ``policies``), a
+        rejected one into ``deny`` (``svc:challenge_rejected``); the answer and the decision
+        record carry ``challenge_qid``. ``get(qid, principal, on_behalf_of)`` answers a wait
+        for a challenge the listener does not hold yet: the same tuple, or ``None`` when the
+        service does not know it for them (the wait answers NOT_FOUND).
+        ``follow(qid, principal, on_behalf_of)`` is called once per pending challenge when its
+        first wait starts; it must return at once and push the challenge's changes with
+        ``challenge_changed``. A call that raises or takes longer than ``timeout_ms`` leaves
+        the verdict ``challenge`` without a qid (a wait answers 503), counted in
+        ``svc_pdp_challenge_calls_total{outcome}``. At most ``max_entries`` challenges are
+        held. ``None`` removes the source: verdicts carry no qid and waits answer 503.
+
+        Raises:
+            RuntimeError: the server is not running.
+
+        """
+
+    def challenge_changed(
+        self,
+        qid: str,
+        state: str,
+        expires_at_ms: int | None = None,
+        grant_expires_at_ms: int | None = None,
+        pending: list[str] = ...,
+    ) -> bool:
+        """Pushes a change of challenge ``qid``, waking its waits at once.
+
+        ``state`` is ``pending``, ``passed``, ``rejected`` or ``expired``; times are epoch
+        milliseconds; ``pending`` the kinds not answered yet. Returns whether the listener
+        holds that challenge (a change of another is ignored).
+
+        Raises:
+            ValueError: an unknown state.
+            RuntimeError: the server is not running, or has no challenge source.
+
+        """
+
+    @property
+    def challenges_held(self) -> int:
+        """How many challenges the listener holds (0 without a challenge source)."""
 
     def bundle_reloaded(self, error: str | None = None) -> None:
         """Records a bundle reload: ``None`` for success, else the error text.

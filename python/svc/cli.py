@@ -12,7 +12,9 @@ Commands:
   standalone mode (docs/api.md): gRPC and HTTP on one port, serving one bundle directory and
   reloading it when its files change; ``svc pdp --policy URL --public-key FILE`` follows a
   policy service's active bundle and mode instead (docs/policy.md); ``--context URL`` follows
-  the context service's principals and fetches resources from it (docs/context.md); ``--auth-*``
+  the context service's principals and fetches resources from it (docs/context.md);
+  ``--challenge URL`` resolves challenge verdicts with the challenge service and answers
+  challenge waits (docs/challenges.md#the-decision-point); ``--auth-*``
   (``SVC_PDP_AUTH_*``) set who may call (docs/auth.md). Runs until Ctrl-C or SIGTERM.
 * ``svc validate --bundle DIR``: load and strictly validate a bundle, listing every problem.
 * ``svc intake [--port 8080] [--dev]``: the event intake (docs/intake.md), settings
@@ -195,6 +197,9 @@ def plan(
             "context",
             "context_token_file",
             "context_fetch_timeout_ms",
+            "challenge",
+            "challenge_token_file",
+            "challenge_timeout_ms",
             "noop_routes",
             "plan_max_age_secs",
             "kafka_url",
@@ -235,7 +240,8 @@ def pdp(
     --bundle DIR serves a bundle directory (reloaded when its files change); --policy URL
     --public-key FILE follows the policy service's active bundle and mode instead. Either way,
     --context URL follows the context service's principals and fetches the resources checks
-    name from it (docs/context.md).
+    name from it (docs/context.md); --challenge URL resolves challenge verdicts with the
+    challenge service and answers challenge waits (docs/challenges.md).
 
     Bearer-token settings (--auth-*, SVC_PDP_AUTH_*): docs/auth.md. Without them the decision
     point serves anyone and may only bind a loopback address.

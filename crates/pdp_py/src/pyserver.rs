@@ -4,6 +4,9 @@
 
 use pdp_core::EntityUid;
 use pdp_server::auth::{AuthConfig, Authenticator};
+use pdp_server::challenges::{
+    Ask, ChallengeSource, Challenges, Found, GetFuture, ResolveFuture, State, Status,
+};
 use pdp_server::resources::{FetchFuture, Fetcher, Missing, ResourceSource};
 use pdp_server::{Config, Running};
 use pyo3::exceptions::{PyOSError, PyRuntimeError, PyValueError};
@@ -237,6 +240,82 @@ impl Server {
         Ok(())
     }
 
+    /// Installs `source` as the challenge service (docs/challenges.md#the-decision-point), or
+    /// removes it (`None`: challenge verdicts carry no `challenge_qid`, waits answer 503).
+    ///
+    /// `source` has three methods, each called from a worker thread with the GIL:
+    ///
+    /// * `resolve(principal, on_behalf_of, action, resource, challenges, decision_qid)`: on a
+    ///   `challenge` verdict in enforce mode; entity references are `(type, id)` pairs
+    ///   (`on_behalf_of` may be `None`), `challenges` the sorted kinds. Returns the challenge
+    ///   as `(qid, state, expires_at_ms, grant_expires_at_ms, pending)`: `state` one of
+    ///   `pending`, `passed`, `rejected`, `expired`; times in epoch milliseconds or `None`;
+    ///   `pending` the kinds not answered yet.
+    /// * `get(qid, principal, on_behalf_of)`: on a wait for a challenge this listener does not
+    ///   hold yet; the same tuple, or `None` when the service does not know it for them.
+    /// * `follow(qid, principal, on_behalf_of)`: once per pending challenge, when its first
+    ///   wait starts; must return at once and push the challenge's changes with
+    ///   `challenge_changed` until it is final.
+    ///
+    /// A call that raises or takes longer than `timeout_ms` leaves the verdict `challenge`
+    /// without a qid (or answers the wait 503), counted in
+    /// `svc_pdp_challenge_calls_total{outcome}`. At most `max_entries` challenges are held
+    /// (least recently used dropped first). Raises `RuntimeError` when the server is not
+    /// running.
+    #[pyo3(signature = (source, timeout_ms=2_000, max_entries=100_000))]
+    fn set_challenge_source(
+        &self,
+        source: Option<Py<PyAny>>,
+        timeout_ms: u64,
+        max_entries: usize,
+    ) -> PyResult<()> {
+        let challenges = source.map(|s| {
+            Arc::new(Challenges::new(
+                Arc::new(PyChallenges(Arc::new(s))),
+                Duration::from_millis(timeout_ms),
+                max_entries,
+            ))
+        });
+        self.with_running(|r| r.shared.set_challenge_source(challenges))
+    }
+
+    /// Pushes a change of challenge `qid` (from the challenge service's watch): wakes its
+    /// waits at once. `state` is `pending`, `passed`, `rejected` or `expired`; times are
+    /// epoch milliseconds; `pending` the kinds not answered yet. Returns whether the listener
+    /// holds that challenge (changes of others are ignored). Raises `ValueError` for an
+    /// unknown state, `RuntimeError` when the server is not running or has no challenge
+    /// source.
+    #[pyo3(signature = (qid, state, expires_at_ms=None, grant_expires_at_ms=None, pending=Vec::new()))]
+    fn challenge_changed(
+        &self,
+        qid: &str,
+        state: &str,
+        expires_at_ms: Option<u64>,
+        grant_expires_at_ms: Option<u64>,
+        pending: Vec<String>,
+    ) -> PyResult<bool> {
+        let state = parse_state(state).map_err(PyValueError::new_err)?;
+        let c = self
+            .with_running(|r| r.shared.challenge_source())?
+            .ok_or_else(|| PyRuntimeError::new_err("no challenge source is installed"))?;
+        Ok(c.changed(
+            qid,
+            Status {
+                state,
+                expires_at_ms,
+                grant_expires_at_ms,
+                pending,
+            },
+        ))
+    }
+
+    /// How many challenges the listener holds (0 without a challenge source).
+    #[getter]
+    fn challenges_held(&self) -> usize {
+        self.with_running(|r| r.shared.challenge_source().map_or(0, |c| c.len()))
+            .unwrap_or(0)
+    }
+
     /// Records a bundle reload: `error=None` for success, else the text shown on `/readyz`.
     #[pyo3(signature = (error=None))]
     fn bundle_reloaded(&self, error: Option<String>) -> PyResult<()> {
@@ -279,6 +358,99 @@ impl ResourceSource for PySource {
             })
         });
         Box::pin(async move { task.await.map_err(|e| e.to_string())? })
+    }
+}
+
+/// A state's name as a [`State`].
+fn parse_state(s: &str) -> Result<State, String> {
+    State::parse(s).ok_or_else(|| {
+        format!("unknown challenge state `{s}`: expected pending, passed, rejected or expired")
+    })
+}
+
+/// A challenge as Python answers it: `(qid, state, expires_at_ms, grant_expires_at_ms,
+/// pending)`.
+type PyChallenge = (String, String, Option<u64>, Option<u64>, Vec<String>);
+
+fn found(c: PyChallenge) -> Result<Found, String> {
+    let (qid, state, expires_at_ms, grant_expires_at_ms, pending) = c;
+    Ok(Found {
+        qid,
+        status: Status {
+            state: parse_state(&state)?,
+            expires_at_ms,
+            grant_expires_at_ms,
+            pending,
+        },
+    })
+}
+
+/// A Python object with `resolve`, `get` and `follow` as a [`ChallengeSource`] (see
+/// `Server.set_challenge_source`).
+struct PyChallenges(Arc<Py<PyAny>>);
+
+impl ChallengeSource for PyChallenges {
+    fn resolve(&self, ask: Ask) -> ResolveFuture {
+        let src = self.0.clone();
+        let task = tokio::task::spawn_blocking(move || {
+            Python::attach(|py| -> Result<Found, String> {
+                let answer = src
+                    .call_method1(
+                        py,
+                        "resolve",
+                        (
+                            parts(&ask.principal),
+                            ask.on_behalf_of.as_ref().map(parts),
+                            ask.action,
+                            parts(&ask.resource),
+                            ask.challenges,
+                            ask.decision_qid,
+                        ),
+                    )
+                    .map_err(|e| e.to_string())?;
+                let c: PyChallenge = answer
+                    .extract(py)
+                    .map_err(|e: PyErr| format!("resolve returned {e}"))?;
+                found(c)
+            })
+        });
+        Box::pin(async move { task.await.map_err(|e| e.to_string())? })
+    }
+
+    fn get(&self, qid: String, principal: EntityUid, on_behalf_of: Option<EntityUid>) -> GetFuture {
+        let src = self.0.clone();
+        let task = tokio::task::spawn_blocking(move || {
+            Python::attach(|py| -> Result<Option<Found>, String> {
+                let answer = src
+                    .call_method1(
+                        py,
+                        "get",
+                        (qid, parts(&principal), on_behalf_of.as_ref().map(parts)),
+                    )
+                    .map_err(|e| e.to_string())?;
+                let c: Option<PyChallenge> = answer
+                    .extract(py)
+                    .map_err(|e: PyErr| format!("get returned {e}"))?;
+                c.map(found).transpose()
+            })
+        });
+        Box::pin(async move { task.await.map_err(|e| e.to_string())? })
+    }
+
+    fn follow(&self, qid: String, principal: EntityUid, on_behalf_of: Option<EntityUid>) {
+        let src = self.0.clone();
+        drop(tokio::task::spawn_blocking(move || {
+            Python::attach(|py| {
+                let args = (
+                    qid.clone(),
+                    parts(&principal),
+                    on_behalf_of.as_ref().map(parts),
+                );
+                if let Err(e) = src.call_method1(py, "follow", args) {
+                    eprintln!("svc pdp: following challenge {qid} failed: {e}");
+                }
+            });
+        }));
     }
 }
 

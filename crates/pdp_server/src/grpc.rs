@@ -9,7 +9,7 @@
 //! `INVALID_ARGUMENT` with the same text as the HTTP problem's `detail`, plus a
 //! `google.rpc.BadRequest` detail naming the field (tonic-types' rich error model).
 
-use super::http::{bounded, check_challenge_wait, NO_CHALLENGE_SERVICE};
+use super::http::{bounded, challenge_wait, wait_for_challenge};
 use super::metrics::Transport;
 use super::Shared;
 use pdp_core::request::{action_text, check_identifier, resource_type_text, uid_from_parts};
@@ -313,9 +313,14 @@ impl Authorizer for AuthorizerService {
         let req = check_request(request.into_inner()).map_err(|e| invalid(&e))?;
         s.ensure_resources(&[&req.resource], req.work_item_id.as_deref().as_slice())
             .await;
-        let d = s.engine.decide(&req).map_err(|e| invalid(&e))?;
-        s.decided(&d, Transport::Grpc).written().await?;
-        Ok(Response::new(check_response(&d)))
+        let mut d = s.engine.decide(&req).map_err(|e| invalid(&e))?;
+        let challenge_qid = s.resolve_challenge(&mut d).await;
+        s.decided(&d, Transport::Grpc, challenge_qid.as_deref())
+            .written()
+            .await?;
+        let mut resp = check_response(&d);
+        resp.challenge_qid = challenge_qid.unwrap_or_default();
+        Ok(Response::new(resp))
     }
 
     async fn wait_for_challenge(
@@ -330,9 +335,9 @@ impl Authorizer for AuthorizerService {
             m.insert("on_behalf_of".into(), uid_json(r.on_behalf_of.as_ref()));
         }
         m.insert("wait_secs".into(), r.wait_secs.into());
-        check_challenge_wait(&Value::Object(m)).map_err(|e| invalid(&e))?;
-        self.shared.metrics.challenge_unavailable();
-        Err(Status::unavailable(NO_CHALLENGE_SERVICE))
+        let w = challenge_wait(&Value::Object(m)).map_err(|e| invalid(&e))?;
+        let st = wait_for_challenge(&self.shared, &w).await?;
+        Ok(Response::new(wait_response(&st)))
     }
 
     async fn plan(
@@ -344,6 +349,37 @@ impl Authorizer for AuthorizerService {
         let p = s.engine.plan(&req).map_err(|e| invalid(&e))?;
         s.planned(&p, Transport::Grpc).written().await?;
         Ok(Response::new(plan_response(&p)))
+    }
+}
+
+/// A protobuf `Timestamp` of epoch milliseconds.
+fn timestamp(ms: u64) -> prost_types::Timestamp {
+    prost_types::Timestamp {
+        seconds: i64::try_from(ms / 1000).unwrap_or(i64::MAX),
+        // Below 1,000,000,000: fits.
+        nanos: i32::try_from((ms % 1000) * 1_000_000).unwrap_or(0),
+    }
+}
+
+/// The gRPC answer of a challenge wait: the fields of [`super::http::wait_answer`].
+pub fn wait_response(st: &crate::challenges::Status) -> pb::WaitForChallengeResponse {
+    use crate::challenges::State;
+    let outcome = match st.state {
+        State::Pending => pb::ChallengeOutcome::Pending,
+        State::Passed => pb::ChallengeOutcome::Passed,
+        State::Rejected => pb::ChallengeOutcome::Rejected,
+        State::Expired => pb::ChallengeOutcome::Expired,
+    };
+    pb::WaitForChallengeResponse {
+        outcome: outcome as i32,
+        expires_at: st.expires_at_ms.map(timestamp),
+        grant_expires_at: st.grant_expires_at_ms.map(timestamp),
+        pending: if st.state == State::Pending {
+            st.pending.clone()
+        } else {
+            Vec::new()
+        },
+        retry: st.retry(crate::now_ms()),
     }
 }
 

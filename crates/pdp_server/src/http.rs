@@ -366,9 +366,28 @@ async fn evaluation(State(s): St, headers: HeaderMap, body: Body) -> Result<Resp
     let req = CheckRequest::from_slice(&bytes).map_err(|e| body_problem(&e))?;
     s.ensure_resources(&[&req.resource], req.work_item_id.as_deref().as_slice())
         .await;
-    let d = s.engine.decide(&req).map_err(|e| Problem::request(&e))?;
-    s.decided(&d, Transport::Http).written().await?;
-    Ok(json_ok(&d.response()))
+    let mut d = s.engine.decide(&req).map_err(|e| Problem::request(&e))?;
+    let challenge_qid = s.resolve_challenge(&mut d).await;
+    s.decided(&d, Transport::Http, challenge_qid.as_deref())
+        .written()
+        .await?;
+    Ok(json_ok(&CheckAnswer {
+        base: d.response(),
+        challenge_qid: challenge_qid.as_deref(),
+    }))
+}
+
+/// The answer of `POST /v1/access/evaluation`: the check response
+/// ([`pdp_core::decision::CheckResponse`]) plus `challenge_qid` when a `challenge` verdict was
+/// resolved by the challenge service (left out otherwise, docs/api.md#http-routes).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct CheckAnswer<'a> {
+    /// `qid`, `verdict`, `challenges`, `policies`, `on_behalf_of`, `mode`.
+    #[serde(flatten)]
+    pub base: pdp_core::decision::CheckResponse<'a>,
+    /// The challenge to pass before retrying; left out when there is none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub challenge_qid: Option<&'a str>,
 }
 
 async fn plan(State(s): St, headers: HeaderMap, body: Body) -> Result<Response, Problem> {
@@ -428,20 +447,155 @@ pub fn check_challenge_wait(v: &Value) -> Result<(), RequestError> {
 /// connected (standalone mode).
 pub const NO_CHALLENGE_SERVICE: &str = "no challenge service (svc-challenge) is connected to this decision point, so no challenge can be waited for; in standalone mode challenge verdicts carry no challenge_qid";
 
+/// A challenge wait's fields, read from a request [`check_challenge_wait`] accepted.
+#[derive(Debug, Clone)]
+pub struct ChallengeWait {
+    /// The challenge's qid.
+    pub challenge_qid: String,
+    /// Who waits: the principal of the check.
+    pub principal: EntityUid,
+    /// The person it acts for, if any.
+    pub on_behalf_of: Option<EntityUid>,
+    /// Seconds to wait, 0 to 25 (absent: 0, only look).
+    pub wait_secs: u64,
+}
+
+/// Reads a challenge wait (the JSON of `POST /v1/access/challenge`).
+///
+/// # Errors
+/// As [`check_challenge_wait`].
+pub fn challenge_wait(v: &Value) -> Result<ChallengeWait, RequestError> {
+    check_challenge_wait(v)?;
+    let principal =
+        pdp_core::request::parse_uid(v.get("principal").unwrap_or(&Value::Null), "principal")?;
+    let on_behalf_of = match v.get("on_behalf_of").filter(|o| !o.is_null()) {
+        Some(o) => Some(pdp_core::request::parse_uid(o, "on_behalf_of")?),
+        None => None,
+    };
+    Ok(ChallengeWait {
+        challenge_qid: v
+            .get("challenge_qid")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned(),
+        principal,
+        on_behalf_of,
+        wait_secs: v.get("wait_secs").and_then(Value::as_u64).unwrap_or(0),
+    })
+}
+
+/// The text of a wait on a challenge this decision point cannot find for the caller.
+pub const CHALLENGE_NOT_FOUND: &str = "no such challenge for this principal and on_behalf_of: the challenge_qid must be one a check of this principal (acting for this on_behalf_of) was answered with";
+
+/// How a wait ended without a status: no challenge service, not found, or the service
+/// did not answer.
+#[derive(Debug)]
+pub enum WaitRefused {
+    /// No challenge service is connected (standalone mode).
+    NoService,
+    /// [`crate::challenges::WaitError`].
+    Wait(crate::challenges::WaitError),
+}
+
+/// Waits as the request says (docs/architecture.md#challenge-resolution), through the
+/// installed challenge source.
+///
+/// # Errors
+/// [`WaitRefused`]: no source installed, or the wait's error.
+pub async fn wait_for_challenge(
+    s: &Shared,
+    w: &ChallengeWait,
+) -> Result<crate::challenges::Status, WaitRefused> {
+    let Some(c) = s.challenge_source() else {
+        s.metrics.challenge_unavailable();
+        return Err(WaitRefused::NoService);
+    };
+    c.wait(
+        &w.challenge_qid,
+        &w.principal,
+        w.on_behalf_of.as_ref(),
+        std::time::Duration::from_secs(w.wait_secs.min(25)),
+        &s.metrics,
+    )
+    .await
+    .map_err(WaitRefused::Wait)
+}
+
+impl From<WaitRefused> for Problem {
+    fn from(e: WaitRefused) -> Self {
+        use crate::challenges::WaitError;
+        match e {
+            WaitRefused::NoService => Problem::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "challenge-service-unavailable",
+                "The challenge service is not available",
+                NO_CHALLENGE_SERVICE,
+            ),
+            WaitRefused::Wait(WaitError::NotFound) => Problem::new(
+                StatusCode::NOT_FOUND,
+                "challenge-not-found",
+                "No such challenge",
+                CHALLENGE_NOT_FOUND,
+            ),
+            WaitRefused::Wait(WaitError::Unavailable(detail)) => Problem::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "challenge-service-unavailable",
+                "The challenge service is not available",
+                format!("the challenge could not be read: {detail}"),
+            ),
+        }
+    }
+}
+
+impl From<WaitRefused> for tonic::Status {
+    fn from(e: WaitRefused) -> Self {
+        use crate::challenges::WaitError;
+        match e {
+            WaitRefused::NoService => Self::unavailable(NO_CHALLENGE_SERVICE),
+            WaitRefused::Wait(WaitError::NotFound) => Self::not_found(CHALLENGE_NOT_FOUND),
+            WaitRefused::Wait(WaitError::Unavailable(detail)) => {
+                Self::unavailable(format!("the challenge could not be read: {detail}"))
+            }
+        }
+    }
+}
+
+/// The answer of a challenge wait (docs/api.md#challenge-waits): `outcome` (`pending`,
+/// `passed`, `rejected`, `expired`), `expires_at` and `grant_expires_at` (RFC 3339 or
+/// `null`), `retry` (whether retrying the check now gets another answer) and `pending` (the
+/// kinds not answered yet, when known).
+pub fn wait_answer(qid: &str, st: &crate::challenges::Status) -> Value {
+    let now = super::now_ms();
+    let t = |ms: Option<u64>| ms.map(pdp_core::decision::rfc3339_ms);
+    json!({
+        "challenge_qid": qid,
+        "outcome": st.state.as_str(),
+        "expires_at": t(st.expires_at_ms),
+        "grant_expires_at": t(st.grant_expires_at_ms),
+        "retry": st.retry(now),
+        "pending": if st.state == crate::challenges::State::Pending { st.pending.clone() } else { Vec::new() },
+    })
+}
+
 async fn challenge(State(s): St, headers: HeaderMap, body: Body) -> Result<Response, Problem> {
     let v = read_json(&s, &headers, body).await?;
-    check_challenge_wait(&v).map_err(|e| Problem::request(&e))?;
-    s.metrics.challenge_unavailable();
-    let mut resp = Problem::new(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "challenge-service-unavailable",
-        "The challenge service is not available",
-        NO_CHALLENGE_SERVICE,
-    )
-    .into_response();
-    resp.headers_mut()
-        .insert("retry-after", HeaderValue::from_static("30"));
-    Ok(resp)
+    let w = challenge_wait(&v).map_err(|e| Problem::request(&e))?;
+    match wait_for_challenge(&s, &w).await {
+        Ok(st) => Ok(json_ok(&wait_answer(&w.challenge_qid, &st))),
+        Err(e) => {
+            let retry_after = match &e {
+                WaitRefused::NoService => Some("30"),
+                WaitRefused::Wait(crate::challenges::WaitError::Unavailable(_)) => Some("1"),
+                WaitRefused::Wait(_) => None,
+            };
+            let mut resp = Problem::from(e).into_response();
+            if let Some(r) = retry_after {
+                resp.headers_mut()
+                    .insert("retry-after", HeaderValue::from_static(r));
+            }
+            Ok(resp)
+        }
+    }
 }
 
 async fn noop(State(s): St, headers: HeaderMap, body: Body) -> Result<Response, Problem> {
@@ -592,12 +746,19 @@ pub struct AuthzenContext<'a> {
     pub policies: &'a [String],
     /// The mode in force.
     pub mode: Mode,
+    /// The challenge to pass before retrying, when a challenge service resolved one; left
+    /// out otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub challenge_qid: Option<&'a str>,
 }
 
 /// AuthZEN's decision: `true` when the verdict is allow, or in monitor mode (which allows
 /// whatever the verdict says, docs/architecture.md#monitor-and-enforce); the verdict itself is in
-/// `context.verdict`.
-pub fn authzen_response(d: &Decision) -> AuthzenResponse<'_> {
+/// `context.verdict`, with `challenge_qid` when the challenge service resolved one.
+pub fn authzen_response<'a>(
+    d: &'a Decision,
+    challenge_qid: Option<&'a str>,
+) -> AuthzenResponse<'a> {
     AuthzenResponse {
         decision: d.verdict == Verdict::Allow || d.mode == Mode::Monitor,
         context: AuthzenContext {
@@ -606,6 +767,7 @@ pub fn authzen_response(d: &Decision) -> AuthzenResponse<'_> {
             challenges: &d.challenges,
             policies: &d.principal_outcome.policies,
             mode: d.mode,
+            challenge_qid,
         },
     }
 }
@@ -654,8 +816,12 @@ async fn authzen_single(s: &Shared, o: &Map<String, Value>) -> Result<Response, 
         o.get("context"),
     )
     .map_err(|e| Problem::request(&e))?;
-    s.decided(&d, Transport::Authzen).written().await?;
-    Ok(json_ok(&authzen_response(&d)))
+    let mut d = d;
+    let challenge_qid = s.resolve_challenge(&mut d).await;
+    s.decided(&d, Transport::Authzen, challenge_qid.as_deref())
+        .written()
+        .await?;
+    Ok(json_ok(&authzen_response(&d, challenge_qid.as_deref())))
 }
 
 /// `evaluations_semantic` of AuthZEN 1.0 section 7.
@@ -775,9 +941,10 @@ async fn authzen_evaluations(
             )
         });
         let (entry, decision) = match res {
-            Ok(d) => {
-                logged.push(s.decided(&d, Transport::Authzen));
-                let r = authzen_response(&d);
+            Ok(mut d) => {
+                let challenge_qid = s.resolve_challenge(&mut d).await;
+                logged.push(s.decided(&d, Transport::Authzen, challenge_qid.as_deref()));
+                let r = authzen_response(&d, challenge_qid.as_deref());
                 // A view of the decision model cannot fail to serialise (string keys only).
                 (serde_json::to_value(&r).unwrap_or_default(), r.decision)
             }

@@ -26,12 +26,15 @@
 //!   log"); `svc._pdp_core.DecisionLog` in Python.
 //! * [`resources`]: resources and work items fetched on a miss from a source the control
 //!   plane installs (the context service's reads by id, docs/context.md).
+//! * [`challenges`]: challenges resolved on a `challenge` verdict and waited for, through a
+//!   source the control plane installs (the challenge service, docs/challenges.md).
 //! * [`bundle_dir`]: reads a bundle directory into [`pdp_core::BundleSources`]
 //!   (docs/bundles.md).
 
 #![warn(missing_docs)]
 pub mod auth;
 pub mod bundle_dir;
+pub mod challenges;
 pub mod decision_log;
 pub mod grpc;
 pub mod http;
@@ -101,6 +104,9 @@ pub struct Shared {
     /// relaxed load.
     has_resources: AtomicBool,
     resources: ArcSwapOption<resources::Fetcher>,
+    /// Whether `challenges` holds a source: read first, as `has_resources`.
+    has_challenges: AtomicBool,
+    challenges: ArcSwapOption<challenges::Challenges>,
     bundle_error: RwLock<Option<String>>,
     health: tonic_health::server::HealthReporter,
 }
@@ -182,8 +188,9 @@ impl Shared {
     }
 
     /// Counts a decision and queues its record (key = principal, `Type::id`;
-    /// docs/architecture.md#how-records-flow).
-    pub fn decided(&self, d: &Decision, t: Transport) -> Logged {
+    /// docs/architecture.md#how-records-flow), with the `challenge_qid` its challenge
+    /// verdict resolved to (`None`: no challenge service, or not a challenge).
+    pub fn decided(&self, d: &Decision, t: Transport, challenge_qid: Option<&str>) -> Logged {
         self.metrics.decision(t, d.verdict, d.mode, d.latency_us);
         if self.log.is_none() {
             return Logged(None);
@@ -191,7 +198,39 @@ impl Shared {
         let mut rec = d.record(&self.config.pdp_name);
         rec.call = Some(Call::Check);
         rec.transport = Some(t.as_str());
+        rec.challenge_qid = challenge_qid;
         self.log_view(&d.principal, &d.qid, &rec)
+    }
+
+    /// Installs (`Some`) or removes (`None`) the challenge service's source
+    /// ([`challenges::Challenges`]); checks and waits in flight keep the one they started
+    /// with.
+    pub fn set_challenge_source(&self, source: Option<Arc<challenges::Challenges>>) {
+        let on = source.is_some();
+        self.challenges.store(source);
+        self.has_challenges.store(on, Ordering::Release);
+    }
+
+    /// The installed challenge source, if any.
+    pub fn challenge_source(&self) -> Option<Arc<challenges::Challenges>> {
+        if self.has_challenges.load(Ordering::Acquire) {
+            self.challenges.load_full()
+        } else {
+            None
+        }
+    }
+
+    /// After a check is decided: resolves its `challenge` verdict when a challenge source is
+    /// installed ([`challenges::Challenges::resolve`]), which may turn it into `allow` or
+    /// `deny`; returns the challenge's qid. Any other verdict, or no source, returns `None`
+    /// after one relaxed atomic load.
+    pub async fn resolve_challenge(&self, d: &mut Decision) -> Option<String> {
+        if d.verdict != pdp_core::Verdict::Challenge || !self.has_challenges.load(Ordering::Relaxed)
+        {
+            return None;
+        }
+        let c = self.challenges.load_full()?;
+        c.resolve(d, &self.metrics).await
     }
 
     /// Queues the record `view` of decision `qid` under `principal`'s key. A record that does
@@ -365,6 +404,8 @@ pub fn start(
         principals_loaded: AtomicBool::new(principals_at_start),
         has_resources: AtomicBool::new(false),
         resources: ArcSwapOption::empty(),
+        has_challenges: AtomicBool::new(false),
+        challenges: ArcSwapOption::empty(),
         bundle_error: RwLock::new(None),
         health,
     });

@@ -3,6 +3,7 @@
 //! every series used on the request path is resolved
 //! once at start and then only incremented (one atomic add; no label lookup per request).
 
+use crate::challenges::CallOutcome;
 use crate::decision_log::LogStats;
 use crate::resources::Outcome as FetchOutcome;
 use pdp_core::{Mode, Verdict};
@@ -100,6 +101,11 @@ pub struct Metrics {
     principals_version: IntGauge,
     ready: IntGauge,
     challenge_unavailable: IntCounter,
+    /// `svc_pdp_challenge_calls_total{outcome}`: calls of the challenge service (`Resolve`,
+    /// `GetChallenge`), indexed as [`CallOutcome`].
+    challenge_calls: Vec<IntCounter>,
+    /// `svc_pdp_challenge_waits`: challenge waits in progress.
+    challenge_waits: IntGauge,
     /// `svc_pdp_resource_fetches_total{outcome}`: fetches of missing resources
     /// (`crate::resources`), indexed as [`crate::resources::Outcome`].
     resource_fetches: Vec<IntCounter>,
@@ -206,8 +212,25 @@ impl Metrics {
             .iter()
             .map(|o| fetches_vec.with_label_values(&[o.as_str()]))
             .collect();
+        let calls_vec = counter_vec(
+            &registry,
+            "svc_pdp_challenge_calls_total",
+            "Calls of the challenge service (Resolve on a challenge verdict, GetChallenge on a wait for a challenge not held yet), by outcome (ok, failed, timeout: the verdict stays challenge without a challenge_qid, or the wait answers 503).",
+            &["outcome"],
+        );
+        let challenge_calls = [CallOutcome::Ok, CallOutcome::Failed, CallOutcome::Timeout]
+            .iter()
+            .map(|o| calls_vec.with_label_values(&[o.as_str()]))
+            .collect();
+        let challenge_waits = gauge(
+            &registry,
+            "svc_pdp_challenge_waits",
+            "Challenge waits in progress (WaitForChallenge, POST /v1/access/challenge).",
+        );
         Self {
             resource_fetches,
+            challenge_calls,
+            challenge_waits,
             decisions,
             decision_latency,
             plans: counter_vec(
@@ -387,6 +410,24 @@ impl Metrics {
         self.challenge_unavailable.inc();
     }
 
+    /// Counts one call of the challenge service by its outcome.
+    pub fn challenge_call(&self, outcome: CallOutcome) {
+        let i = match outcome {
+            CallOutcome::Ok => 0,
+            CallOutcome::Failed => 1,
+            CallOutcome::Timeout => 2,
+        };
+        if let Some(c) = self.challenge_calls.get(i) {
+            c.inc();
+        }
+    }
+
+    /// Counts a challenge wait in progress until the returned guard is dropped.
+    pub fn challenge_wait_started(&self) -> WaitGuard {
+        self.challenge_waits.inc();
+        WaitGuard(self.challenge_waits.clone())
+    }
+
     /// Counts one fetch of missing resources by its outcome.
     pub fn resource_fetch(&self, outcome: FetchOutcome) {
         let i = match outcome {
@@ -435,6 +476,15 @@ impl Metrics {
         let mut buf = Vec::new();
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
         String::from_utf8(buf).unwrap_or_default()
+    }
+}
+
+/// A challenge wait counted in `svc_pdp_challenge_waits` until dropped.
+pub struct WaitGuard(IntGauge);
+
+impl Drop for WaitGuard {
+    fn drop(&mut self) {
+        self.0.dec();
     }
 }
 

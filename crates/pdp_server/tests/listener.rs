@@ -4,7 +4,8 @@
 //! transport through the binding; this checks the crate's own wiring: readiness as the control
 //! plane sets it (docs/architecture.md#what-every-component-serves), a check answered over
 //! HTTP/1.1 (docs/api.md), and its record in the spool before the answer in durable mode
-//! (docs/history.md, "Durability of the decision log").
+//! (docs/history.md, "Durability of the decision log"); challenges resolved and waited for
+//! through a challenge source (docs/challenges.md#the-decision-point).
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -13,6 +14,9 @@
 )]
 
 use pdp_core::Engine;
+use pdp_server::challenges::{
+    Ask, ChallengeSource, Challenges, Found, GetFuture, ResolveFuture, State, Status,
+};
 use pdp_server::decision_log::{DecisionLog, Durability, LogConfig};
 use pdp_server::resources::{FetchFuture, Fetcher, Missing, ResourceSource};
 use pdp_server::{bundle_dir, Config, Running};
@@ -344,4 +348,242 @@ fn a_late_or_failed_fetch_decides_without_the_resource() {
         let line = format!(r#"svc_pdp_resource_fetches_total{{outcome="{outcome}"}} {n}"#);
         assert!(metrics.contains(&line), "{line} in {metrics}");
     }
+}
+
+/// The challenge service as a map in memory: `Resolve` opens one pending challenge per
+/// fingerprint (or answers the one there), `GetChallenge` answers it to its owner only,
+/// `follow` records what it was asked to follow. `fail` makes every call fail.
+#[derive(Default)]
+struct FakeChallenges {
+    /// fingerprint text -> (qid, owner, status)
+    book: std::sync::Mutex<Vec<(String, String, String, Status)>>,
+    followed: std::sync::Mutex<Vec<String>>,
+    fail: std::sync::atomic::AtomicBool,
+}
+
+fn owner_text(p: &pdp_core::EntityUid, o: Option<&pdp_core::EntityUid>) -> String {
+    format!("{p}/{}", o.map(ToString::to_string).unwrap_or_default())
+}
+
+impl ChallengeSource for FakeChallenges {
+    fn resolve(&self, ask: Ask) -> ResolveFuture {
+        let fp = format!(
+            "{}|{}|{}|{}",
+            owner_text(&ask.principal, ask.on_behalf_of.as_ref()),
+            ask.action,
+            ask.resource,
+            ask.challenges.join(",")
+        );
+        let mut book = self.book.lock().unwrap();
+        let answer = if self.fail.load(std::sync::atomic::Ordering::Relaxed) {
+            Err("the challenge service is down".to_owned())
+        } else if let Some((_, qid, _, st)) = book.iter().find(|e| e.0 == fp) {
+            Ok(Found {
+                qid: qid.clone(),
+                status: st.clone(),
+            })
+        } else {
+            let qid = format!("c{}", book.len() + 1);
+            let st = Status {
+                state: State::Pending,
+                expires_at_ms: Some(u64::MAX / 2),
+                grant_expires_at_ms: None,
+                pending: ask.challenges.clone(),
+            };
+            let owner = owner_text(&ask.principal, ask.on_behalf_of.as_ref());
+            book.push((fp, qid.clone(), owner, st.clone()));
+            Ok(Found { qid, status: st })
+        };
+        Box::pin(async move { answer })
+    }
+
+    fn get(
+        &self,
+        qid: String,
+        principal: pdp_core::EntityUid,
+        on_behalf_of: Option<pdp_core::EntityUid>,
+    ) -> GetFuture {
+        let owner = owner_text(&principal, on_behalf_of.as_ref());
+        let found = self
+            .book
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|e| e.1 == qid && e.2 == owner)
+            .map(|e| Found {
+                qid: e.1.clone(),
+                status: e.3.clone(),
+            });
+        Box::pin(async move { Ok(found) })
+    }
+
+    fn follow(&self, qid: String, _: pdp_core::EntityUid, _: Option<pdp_core::EntityUid>) {
+        self.followed.lock().unwrap().push(qid);
+    }
+}
+
+impl FakeChallenges {
+    /// Sets a challenge's status, as an answer through the service would.
+    fn set(&self, qid: &str, st: &Status) {
+        for e in self.book.lock().unwrap().iter_mut() {
+            if e.1 == qid {
+                e.3 = st.clone();
+            }
+        }
+    }
+}
+
+fn metric(addr: SocketAddr, name: &str) -> String {
+    let (_, text) = call_text(addr, "/metrics");
+    text.lines()
+        .find(|l| l.starts_with(name))
+        .map(|l| l.rsplit(' ').next().unwrap().to_owned())
+        .unwrap_or_default()
+}
+
+#[test]
+fn resolves_challenges_and_holds_waits_until_a_change_is_pushed() {
+    let dir = std::env::temp_dir().join(format!("svc-listener-challenge-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("schema.cedarschema"),
+        "entity Human;\nentity Document;\naction delete appliesTo { principal: [Human], resource: [Document] };\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("policies.cedar"),
+        "@id(\"delete-needs-reason\") @challenge(\"justification\")\npermit (principal is Human, action == Action::\"delete\", resource is Document);\n",
+    )
+    .unwrap();
+    let engine = Arc::new(Engine::new(bundle_dir::load(&dir).unwrap()));
+    let running: Running = pdp_server::start(engine, config(), None).unwrap();
+    let addr = running.local_addr;
+    running
+        .block_on(running.shared.set_ready(Some(true), Some(true), None))
+        .unwrap();
+    let check = |who: &str, doc: &str| {
+        let request = json!({
+            "principal": {"type": "Human", "id": who},
+            "action": "delete",
+            "resource": {"type": "Document", "id": doc},
+        });
+        let (status, answer) = call(addr, "POST", "/v1/access/evaluation", Some(&request));
+        assert_eq!(status, 200, "{answer}");
+        answer
+    };
+    let wait = |qid: &str, who: &str, secs: u64| {
+        let request = json!({
+            "challenge_qid": qid,
+            "principal": {"type": "Human", "id": who},
+            "wait_secs": secs,
+        });
+        call(addr, "POST", "/v1/access/challenge", Some(&request))
+    };
+
+    // No source: no qid, and waits answer 503 as in standalone mode.
+    assert!(check("ana", "d1").get("challenge_qid").is_none());
+    assert_eq!(wait("c1", "ana", 0).0, 503);
+
+    let fake = Arc::new(FakeChallenges::default());
+    running
+        .shared
+        .set_challenge_source(Some(Arc::new(Challenges::new(
+            fake.clone(),
+            Duration::from_secs(5),
+            100,
+        ))));
+    let first = check("ana", "d1");
+    assert_eq!(first["verdict"], "challenge");
+    assert_eq!(first["challenge_qid"], "c1");
+    assert_eq!(check("ana", "d2")["challenge_qid"], "c2");
+
+    // Only ana may wait on c1; an unknown qid is not found either.
+    let (status, answer) = wait("c1", "bo", 0);
+    assert_eq!(status, 404, "{answer}");
+    assert_eq!(answer["type"], "urn:svc:problem:challenge-not-found");
+    assert_eq!(wait("c9", "ana", 0).0, 404);
+    let (status, look) = wait("c1", "ana", 0);
+    assert_eq!(status, 200, "{look}");
+    assert_eq!(look["outcome"], "pending");
+    assert_eq!(look["pending"], json!(["justification"]));
+    assert_eq!(look["retry"], false);
+
+    // A wait is held until the change is pushed.
+    let waiter = std::thread::spawn(move || wait_owned(addr, "c1", "ana", 25));
+    while metric(addr, "svc_pdp_challenge_waits ") != "1" {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let passed = Status {
+        state: State::Passed,
+        expires_at_ms: Some(u64::MAX / 2),
+        grant_expires_at_ms: Some(u64::MAX / 2),
+        pending: Vec::new(),
+    };
+    fake.set("c1", &passed);
+    let challenges = running.shared.challenge_source().unwrap();
+    assert!(challenges.changed("c1", passed));
+    assert!(!challenges.changed("c404", look_status()));
+    let (status, done) = waiter.join().unwrap();
+    assert_eq!(status, 200, "{done}");
+    assert_eq!(done["outcome"], "passed");
+    assert_eq!(done["retry"], true);
+    assert_eq!(*fake.followed.lock().unwrap(), ["c1"]);
+
+    // The retry is allowed and names the challenge.
+    let retry = check("ana", "d1");
+    assert_eq!(retry["verdict"], "allow", "{retry}");
+    assert_eq!(retry["challenge_qid"], "c1");
+    assert_eq!(
+        retry["policies"],
+        json!(["delete-needs-reason", "svc:challenge_passed"])
+    );
+
+    // A challenge this listener does not hold is asked for once, then held.
+    fake.book.lock().unwrap().push((
+        "elsewhere".into(),
+        "c7".into(),
+        owner_text(&r#"Human::"ana""#.parse().unwrap(), None),
+        Status {
+            state: State::Pending,
+            expires_at_ms: Some(1),
+            grant_expires_at_ms: None,
+            pending: vec!["justification".into()],
+        },
+    ));
+    let (status, expired) = wait("c7", "ana", 25);
+    assert_eq!(status, 200, "{expired}");
+    assert_eq!(expired["outcome"], "expired");
+    assert_eq!(expired["retry"], true);
+    assert_eq!(challenges.len(), 3);
+
+    // A source that fails leaves the verdict a challenge without a qid, counted.
+    fake.fail.store(true, std::sync::atomic::Ordering::Relaxed);
+    let failed = check("ana", "d3");
+    assert_eq!(failed["verdict"], "challenge");
+    assert!(failed.get("challenge_qid").is_none(), "{failed}");
+    assert_eq!(
+        metric(addr, r#"svc_pdp_challenge_calls_total{outcome="failed"}"#),
+        "1"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn look_status() -> Status {
+    Status {
+        state: State::Pending,
+        expires_at_ms: None,
+        grant_expires_at_ms: None,
+        pending: Vec::new(),
+    }
+}
+
+/// A challenge wait over HTTP/1.1 (owned arguments, for a thread).
+fn wait_owned(addr: SocketAddr, qid: &str, who: &str, secs: u64) -> (u16, Value) {
+    let request = json!({
+        "challenge_qid": qid,
+        "principal": {"type": "Human", "id": who},
+        "wait_secs": secs,
+    });
+    call(addr, "POST", "/v1/access/challenge", Some(&request))
 }

@@ -19,10 +19,13 @@ bearer token, checked by the Rust listener against the issuer's JWKS, which this
 ``auth_jwks_refresh_secs`` for key rotation (``JwksRefresher``). With auth off, only a loopback
 bind is allowed: ``serve_bundle`` refuses any other host before anything starts.
 
-Standalone mode has no svc-challenge (docs/architecture.md#components), so challenge verdicts carry
-no ``challenge_qid`` and ``POST /v1/access/challenge`` answers 503 naming the missing service. It
-has no containment feed either: the containment list is the (empty) one of the bundle, so it
-counts as loaded.
+With ``--challenge URL`` (``StandaloneOptions.challenge``) a challenge verdict is resolved by
+the challenge service and answered with its ``challenge_qid``, and challenge waits are answered
+from its challenges (``svc.pdp.challenge_client``, docs/challenges.md#the-decision-point).
+Without it there is no svc-challenge (docs/architecture.md#components): challenge verdicts carry
+no ``challenge_qid`` and ``POST /v1/access/challenge`` answers 503 naming the missing service.
+Standalone mode has no containment feed either: the containment list is the (empty) one of the
+bundle, so it counts as loaded.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 from svc._pdp_core import BundleError, DecisionLog, Engine, Server, set_limits
 from svc.common.auth import AuthConfigError, JwksSource, PdpAuthSettings
 from svc.common.topics import bootstrap_servers
+from svc.pdp.challenge_client import ChallengeClient, follow_challenges
 from svc.pdp.context_follower import BearerToken, ContextFollower, follow_context
 from svc.pdp.decision_log import Shipper
 from svc.pdp.follower import Follower, bundle_sources, fetch_active
@@ -53,6 +57,7 @@ __all__ = [
     "BundleWatcher",
     "JwksRefresher",
     "StandaloneOptions",
+    "challenge_token",
     "context_token",
     "policy_token",
     "run_standalone",
@@ -102,6 +107,29 @@ def context_token(path: Path) -> BearerToken:
 
     """
     return BearerToken.from_file(path)
+
+
+def challenge_token(path: Path) -> Callable[[], str | None]:
+    """Reads the bearer token for the challenge service from `path` at each call.
+
+    Args:
+        path: a file holding one token for audience ``svc-challenge`` (docs/auth.md).
+
+    Returns:
+        A callable for ``svc.pdp.challenge_client.ChallengeClient(token=...)``: the file's
+        stripped content, or None (logged) when it cannot be read or is empty, so the call is
+        made without a token and refused by a service that checks callers.
+
+    """
+
+    def read() -> str | None:
+        try:
+            return path.read_text(encoding="utf-8").strip() or None
+        except OSError as e:
+            log.error("cannot read the challenge service's token %s: %s", path, e)
+            return None
+
+    return read
 
 
 def _bundle_file(path: Path) -> bool:
@@ -291,6 +319,7 @@ def serve_bundle(
     token: Callable[[], str | None] | None = None,
     context_token: Callable[[], str | None] | None = None,
     context_wait_secs: float | None = None,
+    challenge_token: Callable[[], str | None] | None = None,
 ) -> Iterator[Server]:
     """Serves one bundle directory, or follows a policy service, until the ``with`` block ends.
 
@@ -314,6 +343,10 @@ def serve_bundle(
         context_wait_secs: with ``options.context``, wait up to this many seconds for the
             principals snapshot before yielding (``svc up`` does, so its banner comes once the
             decision point is ready); None: yield at once and let ``/readyz`` say when.
+        challenge_token: with ``options.challenge``, returns the bearer token for the
+            challenge service (audience ``svc-challenge``) for every call (default: the
+            content of ``options.challenge_token_file`` when that is set, else none); ``None``
+            from it sends no token.
 
     Yields:
         The running ``Server`` (read ``server.port`` when ``port=0``). Serving a directory, it
@@ -381,6 +414,7 @@ def serve_bundle(
         log.warning("bundle %s: %s", bundle_dir, w)
     server: Server | None = None
     context: ContextFollower | None = None
+    challenges: ChallengeClient | None = None
     refresher: JwksRefresher | None = None
     watcher: BundleWatcher | None = None
     shipping = False
@@ -438,6 +472,14 @@ def serve_bundle(
                     f"the context service's principals did not load in {context_wait_secs:g} s: "
                     f"{context.status.error or 'no answer yet'}"
                 )
+        if opts.challenge:
+            # Challenge verdicts resolved, waits answered from the challenge service.
+            challenges = follow_challenges(
+                server,
+                opts.challenge,
+                _challenge_auth(opts, challenge_token),
+                timeout_ms=opts.challenge_timeout_ms,
+            )
         if follower is None:
             # Standalone: the bundle is loaded and the containment list is the bundle's own.
             server.set_ready(bundle=True, containments=True)
@@ -454,6 +496,10 @@ def serve_bundle(
                 server.bundle_reloaded(follower.status.error or None)
         yield server
     finally:
+        if challenges is not None:
+            if server is not None and server.running:
+                server.set_challenge_source(None)
+            challenges.stop()
         if context is not None:
             context.stop()
         if follower is not None:
@@ -468,6 +514,17 @@ def serve_bundle(
             shipper.stop()
         if decision_log is not None:
             decision_log.close()
+
+
+def _challenge_auth(
+    opts: StandaloneOptions, token: Callable[[], str | None] | None
+) -> Callable[[], str | None] | None:
+    """The challenge service's bearer token: `token`, else the token file, else none."""
+    if token is not None:
+        return token
+    if opts.challenge_token_file is not None:
+        return challenge_token(opts.challenge_token_file)
+    return None
 
 
 def _context_auth(
@@ -511,7 +568,8 @@ def run_standalone(
         log.info(
             "svc-pdp serving %s on http://%s:%d (gRPC and HTTP), mode %s, %s",
             (str(bundle_dir) if bundle_dir else f"the active bundle of {options.policy}")
-            + (f", principals of the context service {options.context}" if options.context else ""),
+            + (f", principals of the context service {options.context}" if options.context else "")
+            + (f", challenges of {options.challenge}" if options.challenge else ""),
             options.host,
             server.port or 0,
             options.mode,

@@ -63,6 +63,17 @@ class PdpSettings(ServiceSettings, DecisionLogSettings, component="pdp"):
     context_fetch_timeout_ms: int = Field(default=200, ge=1, le=60_000)
     """How long a check waits for a resource it lacks to be fetched from the context service;
     past it the check is decided without it (svc_pdp_resource_fetches_total{outcome})."""
+    challenge: str | None = None
+    """The challenge service (http://host:port; docs/challenges.md#the-decision-point): a
+    challenge verdict calls its Resolve and answers the challenge_qid (a passed challenge
+    allows the retry, a rejected one denies), and challenge waits are answered from its
+    challenges. None: challenge verdicts carry no challenge_qid and waits answer 503."""
+    challenge_token_file: Path | None = None
+    """A file holding the bearer token sent to the challenge service (audience
+    svc-challenge; read again for every call); none: no token."""
+    challenge_timeout_ms: int = Field(default=2_000, ge=1, le=60_000)
+    """How long a check waits for Resolve (and a wait for GetChallenge); past it the verdict
+    stays challenge without a challenge_qid (svc_pdp_challenge_calls_total{outcome})."""
     noop_routes: bool = False
     """Also serve the benchmark ceiling (POST /v1/noop, NoopAuthorizer)."""
     plan_max_age_secs: int = Field(default=300, ge=0)

@@ -43,6 +43,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 from svc._pdp_core import BundleError, DecisionLog, Engine, Server, set_limits
 from svc.common.auth import AuthConfigError, JwksSource, PdpAuthSettings
 from svc.common.topics import bootstrap_servers
+from svc.pdp.containment_follower import ContainmentFollower, follow_containments
 from svc.pdp.context_follower import BearerToken, ContextFollower, follow_context
 from svc.pdp.decision_log import Shipper
 from svc.pdp.follower import Follower, bundle_sources, fetch_active
@@ -291,6 +292,7 @@ def serve_bundle(
     token: Callable[[], str | None] | None = None,
     context_token: Callable[[], str | None] | None = None,
     context_wait_secs: float | None = None,
+    challenge_token: Callable[[], str | None] | None = None,
 ) -> Iterator[Server]:
     """Serves one bundle directory, or follows a policy service, until the ``with`` block ends.
 
@@ -313,13 +315,18 @@ def serve_bundle(
             off); a callable returning ``None`` is treated the same.
         context_wait_secs: with ``options.context``, wait up to this many seconds for the
             principals snapshot before yielding (``svc up`` does, so its banner comes once the
-            decision point is ready); None: yield at once and let ``/readyz`` say when.
+            decision point is ready); None: yield at once and let ``/readyz`` say when. With
+            ``options.challenge``, the containment list is waited for as long too.
+        challenge_token: with ``options.challenge``, returns the bearer token for the
+            challenge service (audience ``svc-challenge``) at each (re)connect; None from it,
+            or no callable, sends none.
 
     Yields:
         The running ``Server`` (read ``server.port`` when ``port=0``). Serving a directory, it
         is ready; following, ``/readyz`` answers 503 until the first verified bundle; with
         ``options.context``, also until the principals snapshot is loaded (no time limit:
-        the follower retries, docs/context.md).
+        the follower retries, docs/context.md); with ``options.challenge``, also until the
+        challenge service's containment list is (``svc.pdp.containment_follower``).
 
     Raises:
         AuthConfigError: auth is off and ``options.host`` is not a loopback address, or the
@@ -381,6 +388,7 @@ def serve_bundle(
         log.warning("bundle %s: %s", bundle_dir, w)
     server: Server | None = None
     context: ContextFollower | None = None
+    containments: ContainmentFollower | None = None
     refresher: JwksRefresher | None = None
     watcher: BundleWatcher | None = None
     shipping = False
@@ -438,22 +446,34 @@ def serve_bundle(
                     f"the context service's principals did not load in {context_wait_secs:g} s: "
                     f"{context.status.error or 'no answer yet'}"
                 )
+        if opts.challenge:
+            # The containment list is the challenge service's: ready once its list is in.
+            containments = follow_containments(engine, server, opts.challenge, challenge_token)
+            if context_wait_secs is not None and not containments.loaded.wait(context_wait_secs):
+                raise OSError(
+                    f"the challenge service's containment list did not load in "
+                    f"{context_wait_secs:g} s: {containments.status.error or 'no answer yet'}"
+                )
         if follower is None:
-            # Standalone: the bundle is loaded and the containment list is the bundle's own.
-            server.set_ready(bundle=True, containments=True)
+            # Standalone: the bundle is loaded and the containment list is the bundle's own
+            # (or the challenge service's, whose follower marks it).
+            server.set_ready(bundle=True, containments=True if not opts.challenge else None)
             if opts.watch:
                 watcher = BundleWatcher(engine, server, bundle_dir)  # type: ignore[arg-type]
                 watcher.start()
         else:
             # The follower reports swaps and refusals to the listener from now on; a bundle
             # verified before it started serving counts as loaded.
-            server.set_ready(containments=True)
+            if not opts.challenge:
+                server.set_ready(containments=True)
             follower.server = server
             if follower.status.version > 0:
                 server.set_ready(bundle=True)
                 server.bundle_reloaded(follower.status.error or None)
         yield server
     finally:
+        if containments is not None:
+            containments.stop()
         if context is not None:
             context.stop()
         if follower is not None:

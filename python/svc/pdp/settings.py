@@ -63,6 +63,10 @@ class PdpSettings(ServiceSettings, DecisionLogSettings, component="pdp"):
     context_fetch_timeout_ms: int = Field(default=200, ge=1, le=60_000)
     """How long a check waits for a resource it lacks to be fetched from the context service;
     past it the check is decided without it (svc_pdp_resource_fetches_total{outcome})."""
+    challenge: str | None = None
+    """The challenge service (http://host:port; docs/challenges.md): its containment list is
+    followed (WatchContainments) and /readyz answers 503 until it is loaded. None: the bundle's
+    (empty) containment list."""
     noop_routes: bool = False
     """Also serve the benchmark ceiling (POST /v1/noop, NoopAuthorizer)."""
     plan_max_age_secs: int = Field(default=300, ge=0)

@@ -195,6 +195,7 @@ def plan(
             "context",
             "context_token_file",
             "context_fetch_timeout_ms",
+            "challenge",
             "noop_routes",
             "plan_max_age_secs",
             "kafka_url",

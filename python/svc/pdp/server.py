@@ -20,9 +20,11 @@ bearer token, checked by the Rust listener against the issuer's JWKS, which this
 bind is allowed: ``serve_bundle`` refuses any other host before anything starts.
 
 Standalone mode has no svc-challenge (docs/architecture.md#components), so challenge verdicts carry
-no ``challenge_qid`` and ``POST /v1/access/challenge`` answers 503 naming the missing service. It
-has no containment feed either: the containment list is the (empty) one of the bundle, so it
-counts as loaded.
+no ``challenge_qid`` and ``POST /v1/access/challenge`` answers 503 naming the missing service.
+With ``--challenge URL`` (``StandaloneOptions.challenge``) the challenge service's containment
+list is followed (``svc.pdp.containment_follower``, docs/challenges.md#containments) and
+``/readyz`` answers 503 until it is loaded; without it the containment list is the (empty) one
+of the bundle, so it counts as loaded.
 """
 
 from __future__ import annotations

@@ -480,6 +480,7 @@ def test_svc_up_writes_a_caller_token_for_both_components(up: Up) -> None:
         "svc-history",
         "svc-policy",
         "svc-context",
+        "svc-challenge",
     }
     assert got["exp"] - got["iat"] >= 8 * 3600  # a working day
     r = httpx.post(f"{up.pdp}/v1/access/evaluation", json=CHECK, headers=up.auth, timeout=10)

@@ -44,7 +44,8 @@ def corp_up(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 def test_banner_names_every_component_and_each_answers(corp_up: Up) -> None:
     banner = "".join(corp_up.stdout)
-    for url in (corp_up.pdp, corp_up.intake, corp_up.history, corp_up.policy, corp_up.context):
+    urls = (corp_up.pdp, corp_up.intake, corp_up.history, corp_up.policy, corp_up.context)
+    for url in (*urls, corp_up.challenge):
         assert url in banner
         assert get_json(f"{url}/healthz")
         assert httpx.get(f"{url}/readyz", timeout=10).status_code == 200
@@ -194,6 +195,70 @@ def test_the_decision_point_follows_the_context_service(demo_up: Up) -> None:
     )
     assert put.status_code == 200, put.text
     wait_until(lambda: verdict(new) == "allow", timeout=30)
+
+
+def test_the_decision_point_follows_the_challenge_services_containments(demo_up: Up) -> None:
+    """docs/challenges.md#containments: the demo's contained person was written with Contain;
+    a person contained through the challenge service is denied `svc:contained` at the decision
+    point, and allowed again once lifted."""
+    import grpc
+
+    from svc.challenge.v1 import challenge_pb2 as pb
+    from svc.challenge.v1 import challenge_pb2_grpc as pb_grpc
+    from svc.demo import company
+
+    co = company.generate()
+    reader = next(
+        p
+        for p in co.people
+        if p.active
+        and p.user_name not in co.contained
+        and p.user_name not in co.risk_scores
+        and not {"interns", "contractors"} & set(p.groups)
+    )
+    doc = next(
+        d
+        for d in co.documents
+        if d.attrs["department"] == reader.department and d.attrs["sensitivity"] == "internal"
+    )
+
+    def answer(user: str) -> dict[str, Any]:
+        check = {
+            "principal": {"type": "Human", "id": user},
+            "action": {"type": "Action", "id": "read"},
+            "resource": doc.ref,
+        }
+        r = httpx.post(
+            f"{demo_up.pdp}/v1/access/evaluation", json=check, headers=demo_up.auth, timeout=10
+        )
+        assert r.status_code == 200, r.text
+        return dict(r.json())
+
+    def contained(user: str) -> bool:
+        a = answer(user)
+        return a["verdict"] == "deny" and "svc:contained" in a["policies"]
+
+    md = [("authorization", f"Bearer {demo_up.caller_token}")]
+    with grpc.insecure_channel(demo_up.challenge.removeprefix("http://")) as channel:
+        stub = pb_grpc.ChallengeServiceStub(channel)
+        listed = stub.ListContainments(pb.ListContainmentsRequest(), metadata=md, timeout=30)
+        assert [(c.principal.id, c.author) for c in listed.containments] == [
+            (u, "svc-up-demo") for u in co.contained
+        ]
+        assert all(contained(u) for u in co.contained)
+        wait_until(lambda: answer(reader.user_name)["verdict"] == "allow", timeout=30)
+
+        who = pb.EntityRef(type="Human", id=reader.user_name)
+        r = stub.Contain(
+            pb.ContainRequest(principal=who, reason="odd downloads", author="test"),
+            metadata=md,
+            timeout=30,
+        )
+        assert r.changed
+        wait_until(lambda: contained(reader.user_name), timeout=30)
+        lifted = stub.Lift(pb.LiftRequest(principal=who, author="test"), metadata=md, timeout=30)
+        assert lifted.changed
+        wait_until(lambda: answer(reader.user_name)["verdict"] == "allow", timeout=30)
 
 
 def test_a_decision_reaches_the_history(corp_up: Up) -> None:

@@ -20,16 +20,16 @@ SVC = [sys.executable, "-m", "svc.cli"]
 
 
 def free_base_port(host: str = "127.0.0.1") -> int:
-    """A port N with N to N+4 free (what svc up binds)."""
+    """A port N with N to N+5 free (what svc up binds)."""
     rng = random.Random()
     for _ in range(200):
         n = rng.randrange(20_000, 60_000)
         try:
-            check_ports(host, {f"port {k}": n + k for k in range(5)})
+            check_ports(host, {f"port {k}": n + k for k in range(6)})
         except PortTaken:
             continue
         return n
-    raise RuntimeError("no five free consecutive ports")
+    raise RuntimeError("no six free consecutive ports")
 
 
 @dataclass
@@ -61,6 +61,10 @@ class Up:
     @property
     def context(self) -> str:
         return f"http://127.0.0.1:{self.port + 4}"
+
+    @property
+    def challenge(self) -> str:
+        return f"http://127.0.0.1:{self.port + 5}"
 
     @property
     def scim_token(self) -> str:

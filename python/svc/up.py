@@ -8,8 +8,13 @@ One process on 127.0.0.1 (docs/architecture.md#embedded-defaults-and-production-
 * the policy service (``svc.policy``, gRPC ``svc.policy.v1.PolicyService``) on ``port + 3``,
 * the context service (``svc.context``: SCIM 2.0 and the principals, resources and work
   items the decision point follows) on ``port + 4``,
-  its database a SQLite file ``<data_dir>/policy.db`` and its signing key
-  ``<data_dir>/policy-signing.key`` (public key beside it, ``policy-signing.pub``),
+* the challenge service (``svc.challenge``, gRPC ``svc.challenge.v1.ChallengeService``: the
+  containment list the decision point follows, challenges, security keys) on ``port + 5``,
+  its database a SQLite file ``<data_dir>/challenge.db``, the owners and managers who answer
+  challenges read from the context service,
+
+the policy service's database a SQLite file ``<data_dir>/policy.db`` and its signing key
+``<data_dir>/policy-signing.key`` (public key beside it, ``policy-signing.pub``),
 
 with the embedded defaults in place of the real parts: the topic log of ``svc.broker``
 (``local://<data_dir>/broker.db``) instead of Kafka, chDB in ``<data_dir>/history`` instead of
@@ -18,15 +23,17 @@ the intake's transactional producers and the loader run unchanged on top.
 
 The data directory keeps everything across restarts: the topic log (records not loaded yet are
 loaded after a restart), the history, the decision-log spool, the intake token, the local token
-issuer's key, the policy service's database and key, and the bundle directory first published.
+issuer's key, the policy, context and challenge services' databases, and the bundle directory
+first published.
 
 Callers (docs/auth.md): the decision point, the history and the policy service take bearer
 tokens of a local issuer (``svc.common.auth.LocalIssuer``, an ES256 key in ``<data_dir>/issuer/``).
 Each start writes a fresh caller token for the person at this machine to
 ``<data_dir>/caller.token`` (mode 0600, ``sub`` ``svc-local``, audience the three components,
 valid 24 hours and renewed every 12 hours while ``svc up`` runs); the demo traffic calls as
-``svc-demo``, the decision point calls the policy service as ``svc-up-pdp``. The intake keeps its
-own token.
+``svc-demo``, the decision point calls the policy, context and challenge services as
+``svc-up-pdp``, the challenge service calls the context service's directory as
+``svc-up-challenge``. The intake keeps its own token.
 
 The decision point follows the policy service (``svc.pdp.follower``): it serves the active
 bundle once its signature verifies. On the first start (nothing published yet) the bundle
@@ -34,6 +41,11 @@ directory is published as version 1: ``--bundle``'s, else ``<data_dir>/bundle``,
 company's (``svc.demo``), written when missing (a data directory of an earlier release keeps
 its ``bundle/``). A later start with ``--bundle`` publishes it as the next version when its
 files differ from the active bundle's. Later changes are drafts and publishes (``svc policy``).
+
+The decision point also follows the challenge service's containment list
+(``svc.pdp.containment_follower``); ``svc up`` is ready once that list is loaded. With the demo
+company, its contained person is written with ``Contain`` when ``challenge.db`` is created (a
+later ``Lift`` stays lifted across restarts).
 
 Refusals happen before anything starts: a port in use, or another ``svc up`` on the same data
 directory (an exclusive ``flock`` on ``<data_dir>/svc-up.lock``).
@@ -74,6 +86,10 @@ from rich.status import Status
 
 from svc import history
 from svc.broker import LOCAL_SCHEME, LocalLog
+from svc.challenge.app import ChallengeServer
+from svc.challenge.directory import ContextDirectory
+from svc.challenge.service import ChallengeService
+from svc.challenge.settings import ChallengeAuthSettings, ChallengeSettings
 from svc.common.auth import (
     AuthConfigError,
     HistoryAuthSettings,
@@ -91,7 +107,6 @@ from svc.history.service import create_app as history_app
 from svc.history.service import totals
 from svc.intake.producer import TransactionalPool
 from svc.intake.settings import IntakeSettings
-from svc.pdp import Engine, RequestError
 from svc.pdp.log_settings import LOG_COMMIT_MS, LOG_DURABILITY, LOG_FSYNC, Durability
 from svc.pdp.server import StandaloneOptions, serve_bundle
 from svc.policy import signing
@@ -125,7 +140,10 @@ DEMO_CALLER = "svc-demo"
 PDP_CALLER = "svc-up-pdp"
 
 #: The audiences of the caller token: every component that checks callers.
-CALLER_AUDIENCE = ["svc-pdp", "svc-history", "svc-policy", "svc-context"]
+CALLER_AUDIENCE = ["svc-pdp", "svc-history", "svc-policy", "svc-context", "svc-challenge"]
+
+#: ``sub`` of the token the challenge service sends to the context service's directory.
+CHALLENGE_CALLER = "svc-up-challenge"
 
 #: Lifetime of a caller token (a working day and then some), in seconds; ``svc up`` writes a
 #: new one every half of it.
@@ -167,8 +185,8 @@ class UpOptions:
         data_dir: where everything is kept (``default_data_dir()``).
         host: address every component binds (127.0.0.1).
         port: the decision point's port; the intake listens on ``port + 1``, the history on
-            ``port + 2``, the policy service on ``port + 3`` and the context service on
-            ``port + 4``.
+            ``port + 2``, the policy service on ``port + 3``, the context service on
+            ``port + 4`` and the challenge service on ``port + 5``.
         bundle: a bundle directory to publish (module docs); None publishes
             ``<data_dir>/bundle`` on the first start, provisioned with the demo company's
             bundle when missing.
@@ -203,6 +221,7 @@ class Urls:
     history: str
     policy: str
     context: str
+    challenge: str
 
 
 def _bind(host: str, port: int, name: str) -> socket.socket:
@@ -221,7 +240,7 @@ def _bind(host: str, port: int, name: str) -> socket.socket:
             why = "in use" if e.errno == errno.EADDRINUSE else "not allowed"
             raise PortTaken(
                 f"port {port} on {host} (the {name}) is {why}; stop whatever holds it "
-                "or start on other ports with --port N (svc up uses N to N+4)"
+                "or start on other ports with --port N (svc up uses N to N+5)"
             ) from None
         raise
 
@@ -644,6 +663,52 @@ def _context_service(
         service.close()
 
 
+@contextmanager
+def _challenge_service(
+    settings: ChallengeSettings,
+    auth: ChallengeAuthSettings,
+    directory_token: Callable[[], str | None],
+) -> Iterator[ChallengeServer]:
+    """The challenge service (``svc.challenge``) on ``settings.port``, until the block ends.
+
+    Its database is migrated first (``ChallengeService``); who answers a challenge (owners,
+    managers) is read from the context service at ``settings.context_url`` with
+    `directory_token`. Served in a thread of its own (``ChallengeServer``, hypercorn), ready
+    once it listens. No webhook: notifications stay in its outbox.
+
+    Args:
+        settings: the service's settings (SQLite under the data directory, ``port + 5``).
+        auth: who may call it (docs/auth.md, audience ``svc-challenge``).
+        directory_token: the bearer token for the context service's directory.
+
+    Yields:
+        The running server (``server.service`` is the service layer).
+
+    Raises:
+        OSError: the port cannot be bound (``PortTaken`` when it is in use).
+        AuthConfigError: the issuer's keys cannot be loaded.
+        sqlalchemy.exc.SQLAlchemyError: the database cannot be opened or migrated.
+
+    """
+    assert settings.context_url is not None
+    service = ChallengeService(
+        settings, directory=ContextDirectory(settings.context_url, directory_token)
+    )
+    try:
+        try:
+            server = ChallengeServer(settings, service, auth=auth).start()
+        except OSError as e:
+            if e.errno in (errno.EADDRINUSE, errno.EACCES):
+                _bind(settings.host, settings.port, "challenge service").close()
+            raise
+        try:
+            yield server
+        finally:
+            server.stop()
+    finally:
+        service.close()
+
+
 # -- the supervisor
 
 
@@ -674,6 +739,7 @@ class Stack:
             history=f"http://{options.host}:{p + 2}",
             policy=f"http://{options.host}:{p + 3}",
             context=f"http://{options.host}:{p + 4}",
+            challenge=f"http://{options.host}:{p + 5}",
         )
         self.bundle_dir = options.bundle or d / "bundle"
         self.intake_token = ""
@@ -684,6 +750,7 @@ class Stack:
         self.log: LocalLog | None = None
         self.policy: PolicyServer | None = None
         self.context: ContextService | None = None
+        self.challenge: ChallengeServer | None = None
         self.scim_token = ""
         self._exit = ExitStack()
         self._stored = _Stored()
@@ -695,20 +762,27 @@ class Stack:
 
         return company.generate()
 
-    def _provision_engine(self, engine: Engine) -> None:
-        """Loads the demo company's containment list into the decision point.
+    def _provision_containments(self) -> None:
+        """Contains the demo company's contained people through the challenge service.
 
-        People, groups, resources, work items and risk scores come from the context service
-        (``_provision_context``); the containment list is the challenge service's, which
-        ``svc up`` does not run yet, so it has no other way in. A bundle that is no longer the
-        demo company's (edited by hand) only gets a warning.
+        ``Contain`` as the reasoner or the portal would (``svc.demo.directory``); the decision
+        point follows the list (``WatchContainments``). Done once, when ``challenge.db`` is
+        created, so a later ``Lift`` stays lifted.
+
+        Raises:
+            svc.demo.directory.ProvisionError: the service refused a call.
+
         """
-        try:
-            engine.set_containments(
-                [{"type": "Human", "id": u} for u in self.demo_company.contained]
-            )
-        except RequestError as e:
-            log.warning("the bundle is not the demo company's; not provisioned: %s", e)
+        from svc.demo.directory import provision_containments
+
+        issuer = self.issuer
+        assert issuer is not None
+        n = provision_containments(
+            self.urls.challenge,
+            self.demo_company,
+            token=lambda: issuer.mint(LOCAL_CALLER, "svc-challenge", 600),
+        )
+        log.info("contained %d people of the demo company through the challenge service", n)
 
     def _provision_context(self) -> None:
         """Writes the demo company into the context service as a real install would.
@@ -769,6 +843,7 @@ class Stack:
                 "history": o.port + 2,
                 "policy service": o.port + 3,
                 "context service": o.port + 4,
+                "challenge service": o.port + 5,
             },
         )
 
@@ -824,7 +899,9 @@ class Stack:
         self.context = enter(
             _context_service(
                 context_settings,
-                ContextAuthSettings(**common_auth, auth_callers=[LOCAL_CALLER, PDP_CALLER]),
+                ContextAuthSettings(
+                    **common_auth, auth_callers=[LOCAL_CALLER, PDP_CALLER, CHALLENGE_CALLER]
+                ),
             )
         )
         if (
@@ -835,8 +912,30 @@ class Stack:
             self.progress("provisioning the demo company through the context service")
             self._provision_context()
 
-        self.progress("starting the decision point")
+        self.progress("starting the challenge service")
         issuer = self.issuer
+        challenge_db = d / "challenge.db"
+        fresh = not challenge_db.exists()
+        challenge_settings = ChallengeSettings(
+            host=o.host,
+            port=o.port + 5,
+            database_url=f"sqlite:///{challenge_db.resolve()}",
+            context_url=self.urls.context,
+            origins=[f"http://localhost:{o.port + 5}"],
+            page_url=f"http://localhost:{o.port + 5}/challenge",
+        )
+        self.challenge = enter(
+            _challenge_service(
+                challenge_settings,
+                ChallengeAuthSettings(**common_auth, auth_callers=[LOCAL_CALLER, PDP_CALLER]),
+                lambda: issuer.mint(CHALLENGE_CALLER, "svc-context", 600),
+            )
+        )
+        if fresh and o.bundle is None and _is_demo_bundle(self.bundle_dir):
+            self.progress("containing the demo company's contained person")
+            self._provision_containments()
+
+        self.progress("starting the decision point")
         pdp_opts = StandaloneOptions(
             host=o.host,
             port=o.port,
@@ -844,6 +943,7 @@ class Stack:
             policy=self.policy.target,
             public_key=d / "policy-signing.pub",
             context=self.urls.context,
+            challenge=self.urls.challenge,
             kafka_url=self.broker_url,
             spool_dir=d / "pdp-spool",
             auth=PdpAuthSettings(**common_auth, auth_callers=[LOCAL_CALLER, DEMO_CALLER]),
@@ -851,15 +951,14 @@ class Stack:
             log_durability=o.log_durability,
             log_fsync=o.log_fsync,
         )
-        prepare = self._provision_engine if o.bundle is None else None
         enter(
             serve_bundle(
                 None,
                 pdp_opts,
-                prepare,
                 token=lambda: issuer.mint(PDP_CALLER, "svc-policy", 3600),
                 context_token=lambda: issuer.mint(PDP_CALLER, "svc-context", 3600),
                 context_wait_secs=START_TIMEOUT,
+                challenge_token=lambda: issuer.mint(PDP_CALLER, "svc-challenge", 3600),
             )
         )
 
@@ -947,9 +1046,10 @@ class Stack:
         """Stops every component that started, newest first. Idempotent.
 
         The order is the reverse of ``start``: the history routes, the intake, the decision
-        point (its shipper's last records reach the topic log), the context service, the
-        policy service, the caller-token renewal, the loader (it stores what it read; the rest
-        is loaded on the next start), the topic log, and the data directory's lock.
+        point (its shipper's last records reach the topic log), the challenge service, the
+        context service, the policy service, the caller-token renewal, the loader (it stores
+        what it read; the rest is loaded on the next start), the topic log, and the data
+        directory's lock.
         """
         try:
             self._exit.close()
@@ -958,6 +1058,7 @@ class Stack:
             self.log = None
             self.policy = None
             self.context = None
+            self.challenge = None
 
 
 # -- the command
@@ -980,8 +1081,10 @@ def _banner(stack: Stack, seconds: float) -> str:
             f"(svc policy active --url {u.policy})",
             f"  context service {u.context}   SCIM 2.0 at /scim/v2 (bearer token in "
             f"{d / 'scim.token'}), /v1/principals, /v1/resources, /v1/directory/people",
+            f"  challenges      {u.challenge}   gRPC svc.challenge.v1.ChallengeService "
+            "(Contain, Lift, ListContainments: the decision point follows the containments)",
             f"  caller token    {stack.caller_token_path} (Authorization: Bearer, for the "
-            "decision point, the history, the policy and the context service)",
+            "decision point, the history, and the policy, context and challenge services)",
             f"  bundle          version {active} active, from {stack.bundle_dir} (change it "
             "with svc policy draft and publish)",
             f"  mode            {o.mode}",

@@ -5,8 +5,10 @@ resources and work items through the batch routes, agents are registered through
 service-account route and the reasoner posts risk scores (docs/context.md). ``provision_context``
 does each of these for a ``Company`` against a running context service, over HTTP with the same
 requests, so ``svc up`` exercises the paths a real install uses. The containment list is not the
-context service's (it belongs to the challenge service): ``company.provision`` still loads it
-into the engine.
+context service's: ``provision_containments`` writes it to the challenge service with
+``Contain``, as the reasoner or the portal would (docs/challenges.md#containments), and every
+decision point following that service denies the contained (``company.provision`` loads it
+straight into an engine for the tests without services).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import httpx
 
 from svc.demo.company import Company, Person
 
-__all__ = ["ContextProvisioned", "ProvisionError", "provision_context"]
+__all__ = ["ContextProvisioned", "ProvisionError", "provision_containments", "provision_context"]
 
 #: SCIM schema URNs (RFC 7643 sections 4.1, 4.2 and 4.3; RFC 7644 section 3.5.2).
 USER_SCHEMA = "urn:ietf:params:scim:schemas:core:2.0:User"
@@ -225,3 +227,55 @@ def provision_context(
         risk_scores=len(scores),
         principals_version=int(snap["principals_version"]),
     )
+
+
+#: ``author`` of the demo's containments (the challenge service records who contained).
+CONTAIN_AUTHOR = "svc-up-demo"
+
+
+def provision_containments(
+    url: str, company: Company, token: Callable[[], str | None] = lambda: None
+) -> int:
+    """Contains the demo company's contained people through the challenge service (``Contain``).
+
+    Args:
+        url: the challenge service (``http://host:port``; gRPC over h2c).
+        company: the demo company; ``company.contained`` names the people (``Human``).
+        token: returns the bearer token for each call (audience ``svc-challenge``), or None.
+
+    Returns:
+        How many were newly contained (one already contained keeps its first containment).
+
+    Raises:
+        ProvisionError: the service refused a call, or could not be reached (the message names
+            the person and the gRPC status).
+
+    """
+    import grpc
+
+    from svc.challenge.v1 import challenge_pb2 as pb
+    from svc.challenge.v1 import challenge_pb2_grpc as pb_grpc
+
+    target = url.removeprefix("http://").rstrip("/")
+    new = 0
+    with grpc.insecure_channel(target) as channel:
+        stub = pb_grpc.ChallengeServiceStub(channel)  # type: ignore[no-untyped-call]
+        for user in company.contained:
+            bearer = token()
+            metadata = [("authorization", f"Bearer {bearer}")] if bearer else []
+            try:
+                r = stub.Contain(
+                    pb.ContainRequest(
+                        principal=pb.EntityRef(type="Human", id=user),
+                        reason="demo: the reasoner saw odd downloads",
+                        author=CONTAIN_AUTHOR,
+                    ),
+                    metadata=metadata,
+                    timeout=30,
+                )
+            except grpc.RpcError as e:
+                code = e.code() if isinstance(e, grpc.Call) else None
+                details = e.details() if isinstance(e, grpc.Call) else str(e)
+                raise ProvisionError(f"Contain Human::{user}: {code}: {details}") from e
+            new += int(r.changed)
+    return new

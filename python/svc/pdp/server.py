@@ -20,12 +20,13 @@ bearer token, checked by the Rust listener against the issuer's JWKS, which this
 bind is allowed: ``serve_bundle`` refuses any other host before anything starts.
 
 With ``--challenge URL`` (``StandaloneOptions.challenge``) a challenge verdict is resolved by
-the challenge service and answered with its ``challenge_qid``, and challenge waits are answered
-from its challenges (``svc.pdp.challenge_client``, docs/challenges.md#the-decision-point).
-Without it there is no svc-challenge (docs/architecture.md#components): challenge verdicts carry
-no ``challenge_qid`` and ``POST /v1/access/challenge`` answers 503 naming the missing service.
-Standalone mode has no containment feed either: the containment list is the (empty) one of the
-bundle, so it counts as loaded.
+the challenge service and answered with its ``challenge_qid``, challenge waits are answered
+from its challenges (``svc.pdp.challenge_client``, docs/challenges.md#the-decision-point), and
+its containment list is followed (``svc.pdp.containment_follower``,
+docs/challenges.md#containments): ``/readyz`` answers 503 until it is loaded. Without it there
+is no svc-challenge (docs/architecture.md#components): challenge verdicts carry no
+``challenge_qid``, ``POST /v1/access/challenge`` answers 503 naming the missing service, and
+the containment list is the (empty) one of the bundle, so it counts as loaded.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from svc._pdp_core import BundleError, DecisionLog, Engine, Server, set_limits
 from svc.common.auth import AuthConfigError, JwksSource, PdpAuthSettings
 from svc.common.topics import bootstrap_servers
 from svc.pdp.challenge_client import ChallengeClient, follow_challenges
+from svc.pdp.containment_follower import ContainmentFollower, follow_containments
 from svc.pdp.context_follower import BearerToken, ContextFollower, follow_context
 from svc.pdp.decision_log import Shipper
 from svc.pdp.follower import Follower, bundle_sources, fetch_active
@@ -342,17 +344,19 @@ def serve_bundle(
             off); a callable returning ``None`` is treated the same.
         context_wait_secs: with ``options.context``, wait up to this many seconds for the
             principals snapshot before yielding (``svc up`` does, so its banner comes once the
-            decision point is ready); None: yield at once and let ``/readyz`` say when.
+            decision point is ready); None: yield at once and let ``/readyz`` say when. With
+            ``options.challenge``, the containment list is waited for as long too.
         challenge_token: with ``options.challenge``, returns the bearer token for the
-            challenge service (audience ``svc-challenge``) for every call (default: the
-            content of ``options.challenge_token_file`` when that is set, else none); ``None``
-            from it sends no token.
+            challenge service (audience ``svc-challenge``) for every call and each
+            (re)connect (default: the content of ``options.challenge_token_file`` when that is
+            set, else none); ``None`` from it sends no token.
 
     Yields:
         The running ``Server`` (read ``server.port`` when ``port=0``). Serving a directory, it
         is ready; following, ``/readyz`` answers 503 until the first verified bundle; with
         ``options.context``, also until the principals snapshot is loaded (no time limit:
-        the follower retries, docs/context.md).
+        the follower retries, docs/context.md); with ``options.challenge``, also until the
+        challenge service's containment list is (``svc.pdp.containment_follower``).
 
     Raises:
         AuthConfigError: auth is off and ``options.host`` is not a loopback address, or the
@@ -415,6 +419,7 @@ def serve_bundle(
     server: Server | None = None
     context: ContextFollower | None = None
     challenges: ChallengeClient | None = None
+    containments: ContainmentFollower | None = None
     refresher: JwksRefresher | None = None
     watcher: BundleWatcher | None = None
     shipping = False
@@ -474,28 +479,40 @@ def serve_bundle(
                 )
         if opts.challenge:
             # Challenge verdicts resolved, waits answered from the challenge service.
+            challenge_auth = _challenge_auth(opts, challenge_token)
             challenges = follow_challenges(
                 server,
                 opts.challenge,
-                _challenge_auth(opts, challenge_token),
+                challenge_auth,
                 timeout_ms=opts.challenge_timeout_ms,
             )
+            # The containment list is the challenge service's: ready once its list is in.
+            containments = follow_containments(engine, server, opts.challenge, challenge_auth)
+            if context_wait_secs is not None and not containments.loaded.wait(context_wait_secs):
+                raise OSError(
+                    f"the challenge service's containment list did not load in "
+                    f"{context_wait_secs:g} s: {containments.status.error or 'no answer yet'}"
+                )
         if follower is None:
-            # Standalone: the bundle is loaded and the containment list is the bundle's own.
-            server.set_ready(bundle=True, containments=True)
+            # Standalone: the bundle is loaded and the containment list is the bundle's own
+            # (or the challenge service's, whose follower marks it).
+            server.set_ready(bundle=True, containments=True if not opts.challenge else None)
             if opts.watch:
                 watcher = BundleWatcher(engine, server, bundle_dir)  # type: ignore[arg-type]
                 watcher.start()
         else:
             # The follower reports swaps and refusals to the listener from now on; a bundle
             # verified before it started serving counts as loaded.
-            server.set_ready(containments=True)
+            if not opts.challenge:
+                server.set_ready(containments=True)
             follower.server = server
             if follower.status.version > 0:
                 server.set_ready(bundle=True)
                 server.bundle_reloaded(follower.status.error or None)
         yield server
     finally:
+        if containments is not None:
+            containments.stop()
         if challenges is not None:
             if server is not None and server.running:
                 server.set_challenge_source(None)

@@ -66,8 +66,10 @@ class PdpSettings(ServiceSettings, DecisionLogSettings, component="pdp"):
     challenge: str | None = None
     """The challenge service (http://host:port; docs/challenges.md#the-decision-point): a
     challenge verdict calls its Resolve and answers the challenge_qid (a passed challenge
-    allows the retry, a rejected one denies), and challenge waits are answered from its
-    challenges. None: challenge verdicts carry no challenge_qid and waits answer 503."""
+    allows the retry, a rejected one denies), challenge waits are answered from its
+    challenges, and its containment list is followed (WatchContainments; /readyz answers 503
+    until it is loaded). None: challenge verdicts carry no challenge_qid, waits answer 503,
+    and the containment list is the bundle's (empty)."""
     challenge_token_file: Path | None = None
     """A file holding the bearer token sent to the challenge service (audience
     svc-challenge; read again for every call); none: no token."""

@@ -15,7 +15,7 @@ service's gRPC API, then ``Lift`` it. For each call, every decision point is ask
 until its answer changes: denied ``svc:contained`` after ``Contain``, allowed after ``Lift``.
 Reported per direction: p50, p99 and max over every (round, decision point) pair of the time
 from the moment the call is sent until that decision point's answer changed, and the call's
-own latency. Target (issue 26): p99 under 1 s.
+own latency. Target: p99 under 1 s.
 
 Run: ``.venv/bin/python benches/bench_containment.py`` (about half a minute), ``--rounds 20``
 for a smoke run. Needs the release build of the extension (``make build``). Benches report;

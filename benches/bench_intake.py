@@ -1,4 +1,4 @@
-"""Audit intake throughput: 1,000-event batches over HTTP into Kafka transactions (issue 6, item 5).
+"""Audit intake throughput: 1,000-event batches over HTTP into Kafka transactions.
 
 Runs `svc intake` under uvicorn in a subprocess against the local broker of
 scripts/dev-kafka.sh (or `--kafka`), on a topic of its own (3 partitions, deleted afterwards).

@@ -12,6 +12,8 @@
 //! * [`limits`]: bounds on inline entities and on hierarchy depth, process-wide settings.
 //! * [`residual_filter`]: partial-evaluation residuals to filter trees; [`plan_outcome`]: what
 //!   they mean together (outcomes, challenges, agent and person), and the plan cache.
+//! * [`search`]: the AuthZEN 1.0 searches (subject, resource, action) and their page tokens
+//!   (docs/search.md).
 //!
 //! The crate knows nothing of Python or of the network; `crates/pdp_server` serves it over gRPC
 //! and HTTP, and `crates/pdp_py` wraps it as `svc._pdp_core`.
@@ -30,6 +32,7 @@ pub mod plan_outcome;
 pub mod request;
 pub mod residual_filter;
 mod scope;
+pub mod search;
 pub mod store;
 
 pub use bundle::{Bundle, BundleSources, PolicyMeta, TemplateLink, CHALLENGE_KINDS};
@@ -39,4 +42,5 @@ pub use engine::{Engine, Prefetcher, Versions};
 pub use error::{BundleError, RequestError, SourceError};
 pub use request::{CheckRequest, PlanRequest};
 pub use residual_filter::{Cmp, Filter, PlanError, Residual};
+pub use search::{SearchError, SearchKind, SearchPage, SearchRequest};
 pub use store::{Prefetch, Store, StoredEntity, WorkItem};

@@ -2,7 +2,7 @@
 //!
 //! One file per job: `state` (the state, its caches and versions, [`Engine`] itself),
 //! `writes` (bundle and store writes), `check` (checks), `plan` (query plans) and `slice` (the
-//! entities a check or plan reads).
+//! entities a check or plan reads), `search` (the AuthZEN searches, docs/search.md).
 //!
 //! Check semantics (docs/decisions.md, docs/architecture.md#verdicts-challenges-and-mode):
 //!
@@ -18,6 +18,7 @@
 
 mod check;
 mod plan;
+mod search;
 mod slice;
 mod state;
 mod writes;

@@ -13,7 +13,7 @@ use crate::scope::{ScopeIndex, Scoped};
 use crate::store::{Hierarchy, Prefetch, Store, Written};
 use arc_swap::ArcSwap;
 use cedar_policy::{EntityTypeName, EntityUid};
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex};
 
 /// What the engine memoises about one bundle, built alongside it and replaced with it: the
@@ -265,6 +265,11 @@ pub struct Engine {
     /// Whether check slices leave out references no policy looks into
     /// ([`Engine::set_slice_pruning`]).
     pub(super) slice_pruning: AtomicBool,
+    /// The largest `page.limit` a search takes ([`Engine::configure_search`]).
+    pub(super) search_max_limit: AtomicUsize,
+    /// The entities by type of the latest snapshot a search ran on, with its versions
+    /// (policy, principals, resources).
+    pub(super) search_index: Mutex<Option<([u64; 3], Arc<super::search::TypeIndex>)>>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -299,6 +304,8 @@ impl Engine {
             plan_max_age_secs: AtomicU64::new(DEFAULT_PLAN_MAX_AGE_SECS),
             plan_memo: AtomicBool::new(true),
             slice_pruning: AtomicBool::new(true),
+            search_max_limit: AtomicUsize::new(crate::search::DEFAULT_MAX_SEARCH_LIMIT),
+            search_index: Mutex::new(None),
         }
     }
 

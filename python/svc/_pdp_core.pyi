@@ -215,6 +215,58 @@ class Engine:
         tests and benchmarks. Default on.
         """
 
+    def search_subjects(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        """AuthZEN subject search: who may do ``action`` on ``resource`` (docs/search.md).
+
+        ``request`` is the body of ``POST /access/v1/search/subject``: ``subject``
+        (``{"type"}`` only), ``action`` (``{"name"}``), ``resource`` (``{"type", "id"}``),
+        optional ``context`` and ``page`` (``{"token", "limit"}``). Returns that route's answer:
+        ``results`` (``[{"type", "id"}]``, allowed, ascending id), ``page``
+        (``{"next_token", "count"}``, ``next_token`` ``""`` on the last page) and ``context``
+        (``qid``, ``method``, ``mode``, ``challenges``: ``[{"type", "id", "challenges"}]``).
+        One check per candidate; the GIL is released while searching.
+
+        Raises:
+            RequestError: ``field`` names the AuthZEN field (``subject.type``,
+                ``action.name``, ``page.limit``, ...); ``page.token`` when the token belongs to
+                another request or the policies or entities changed since the first page.
+
+        """
+
+    def search_resources(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        """AuthZEN resource search: which resources of ``resource.type`` the subject may do
+        ``action`` on (docs/search.md).
+
+        ``request``: ``subject`` (``{"type", "id"}``), ``action``, ``resource``
+        (``{"type"}`` only), optional ``context`` and ``page``. Returns the answer of
+        ``POST /access/v1/search/resource`` (as ``search_subjects``). Found with the query
+        plan (docs/plans.md) evaluated on the stored rows; rows the plan cannot decide are
+        checked one by one.
+
+        Raises:
+            RequestError: as ``search_subjects``.
+
+        """
+
+    def search_actions(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        """AuthZEN action search: which of the schema's actions for the subject's and
+        resource's types the subject may do on the resource (docs/search.md).
+
+        ``request``: ``subject`` and ``resource`` (``{"type", "id"}``), optional ``context``
+        and ``page``; no ``action``. Returns the answer of ``POST /access/v1/search/action``
+        with ``results`` ``[{"name"}]`` in ascending name order.
+
+        Raises:
+            RequestError: as ``search_subjects``; ``request`` when the bundle has no schema.
+
+        """
+
+    def configure_search(self, max_limit: int = 1000) -> None:
+        """Sets the largest ``page.limit`` a search takes (at least 1; larger limits are
+        lowered to it). A request without ``page.limit`` gets pages of 100, or of
+        ``max_limit`` when that is smaller.
+        """
+
     @property
     def plans_cached(self) -> int:
         """Number of plans currently kept for paging."""

@@ -27,6 +27,7 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 mod pylog;
 mod pyplan;
+mod pysearch;
 mod pyserver;
 
 /// The extension's Rust heap: mimalloc (docs/dependencies.md). A check allocates and frees
@@ -92,7 +93,7 @@ fn bundle_err(py: Python<'_>, e: &CoreBundleError) -> PyErr {
     err
 }
 
-fn request_err(py: Python<'_>, e: &CoreRequestError) -> PyErr {
+pub(crate) fn request_err(py: Python<'_>, e: &CoreRequestError) -> PyErr {
     let err = RequestError::new_err(e.to_string());
     let _ = err.value(py).setattr("field", &e.field);
     let _ = err.value(py).setattr("reason", &e.message);
@@ -100,7 +101,7 @@ fn request_err(py: Python<'_>, e: &CoreRequestError) -> PyErr {
 }
 
 /// Converts a Python object built of dict/list/tuple/str/int/float/bool/None to JSON.
-fn to_json(obj: &Bound<'_, PyAny>, depth: u32) -> PyResult<Value> {
+pub(crate) fn to_json(obj: &Bound<'_, PyAny>, depth: u32) -> PyResult<Value> {
     if depth > 64 {
         return Err(PyValueError::new_err("value nests deeper than 64 levels"));
     }
@@ -744,6 +745,42 @@ impl Engine {
     fn configure_plans(&self, max_age_secs: u64, capacity: usize, memo: bool) {
         self.inner.configure_plans(max_age_secs, capacity);
         self.inner.set_plan_memo(memo);
+    }
+
+    /// AuthZEN subject search: who may do `action` on `resource` (docs/search.md); one page, as the dict
+    /// `POST /access/v1/search/...` answers. Raises `RequestError` naming the field.
+    fn search_subjects<'py>(
+        &self,
+        py: Python<'py>,
+        request: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        pysearch::search(py, &self.inner, pdp_core::SearchKind::Subject, request)
+    }
+
+    /// AuthZEN resource search: which resources of `resource.type` the subject may do `action` on (docs/search.md); one page, as the dict
+    /// `POST /access/v1/search/...` answers. Raises `RequestError` naming the field.
+    fn search_resources<'py>(
+        &self,
+        py: Python<'py>,
+        request: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        pysearch::search(py, &self.inner, pdp_core::SearchKind::Resource, request)
+    }
+
+    /// AuthZEN action search: what the subject may do to the resource (docs/search.md); one page, as the dict
+    /// `POST /access/v1/search/...` answers. Raises `RequestError` naming the field.
+    fn search_actions<'py>(
+        &self,
+        py: Python<'py>,
+        request: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        pysearch::search(py, &self.inner, pdp_core::SearchKind::Action, request)
+    }
+
+    /// Sets the largest `page.limit` a search takes (larger ones are lowered to it).
+    #[pyo3(signature = (max_limit=1000))]
+    fn configure_search(&self, max_limit: usize) {
+        self.inner.configure_search(max_limit);
     }
 
     #[pyo3(signature = (prune_slices=true))]

@@ -16,6 +16,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use pdp_core::request::BodyError;
+use pdp_core::search::{SearchError, SearchKind};
 use pdp_core::{CheckRequest, Decision, EntityUid, Mode, PlanRequest, RequestError, Verdict};
 use serde_json::{json, Map, Value};
 use std::sync::Arc;
@@ -155,6 +156,9 @@ pub fn router(shared: Arc<Shared>, grpc: Router) -> Router {
         .route("/v1/access/challenge", post(challenge))
         .route("/access/v1/evaluation", post(authzen_evaluation))
         .route("/access/v1/evaluations", post(authzen_evaluations))
+        .route("/access/v1/search/subject", post(search_subject))
+        .route("/access/v1/search/resource", post(search_resource))
+        .route("/access/v1/search/action", post(search_action))
         .route(
             "/.well-known/authzen-configuration",
             get(authzen_configuration),
@@ -974,6 +978,63 @@ async fn authzen_evaluations(
     Ok(json_ok(&json!({ "evaluations": out })))
 }
 
+// ---------------------------------------------------------------- AuthZEN 1.0 searches
+
+/// The problem for a refused search: `400 invalid-request` naming the field, or
+/// `410 search-restart` when its page token was issued on policies or entities that have
+/// changed since (docs/search.md#paging).
+fn search_problem(e: &SearchError) -> Problem {
+    match e {
+        SearchError::Request(e) => Problem::request(e),
+        SearchError::Stale => Problem {
+            status: StatusCode::GONE,
+            slug: "search-restart",
+            title: "The search must start again",
+            detail: pdp_core::search::STALE_MESSAGE.to_owned(),
+            field: Some("page.token".to_owned()),
+        },
+    }
+}
+
+/// One AuthZEN search (`POST /access/v1/search/<kind>`, docs/search.md): fetches the known
+/// resource when a resource source is installed, answers one page and writes one decision
+/// record for it.
+async fn search(
+    s: &Shared,
+    kind: SearchKind,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Response, Problem> {
+    let v = read_json(s, headers, body).await?;
+    if kind != SearchKind::Resource {
+        if let Some(uid) = authzen_resource(v.get("resource")) {
+            s.ensure_resources(&[&uid], &[]).await;
+        }
+    }
+    let page = s
+        .engine
+        .search_json(kind, &v)
+        .map_err(|e| search_problem(&e))?;
+    s.searched(&page, Transport::Authzen).written().await?;
+    Ok(json_ok(&page.to_response()))
+}
+
+async fn search_subject(State(s): St, headers: HeaderMap, body: Body) -> Result<Response, Problem> {
+    search(&s, SearchKind::Subject, &headers, body).await
+}
+
+async fn search_resource(
+    State(s): St,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, Problem> {
+    search(&s, SearchKind::Resource, &headers, body).await
+}
+
+async fn search_action(State(s): St, headers: HeaderMap, body: Body) -> Result<Response, Problem> {
+    search(&s, SearchKind::Action, &headers, body).await
+}
+
 async fn authzen_configuration(State(s): St, headers: HeaderMap) -> Response {
     let base = match &s.config.public_url {
         Some(u) => u.clone(),
@@ -999,6 +1060,9 @@ async fn authzen_configuration(State(s): St, headers: HeaderMap) -> Response {
         "policy_decision_point": base,
         "access_evaluation_endpoint": format!("{base}/access/v1/evaluation"),
         "access_evaluations_endpoint": format!("{base}/access/v1/evaluations"),
+        "search_subject_endpoint": format!("{base}/access/v1/search/subject"),
+        "search_resource_endpoint": format!("{base}/access/v1/search/resource"),
+        "search_action_endpoint": format!("{base}/access/v1/search/action"),
     }));
     if s.config.public_url.is_none() {
         resp.headers_mut()

@@ -258,6 +258,21 @@ impl Shared {
         self.log_view(&p.principal, &p.qid, &rec)
     }
 
+    /// Queues the record of one search page (docs/search.md, docs/history.md#schema): one
+    /// record per search call, `call` `search`, with the number of results. Its key is the
+    /// subject's (`Type::id`), or the resource's for a subject search.
+    pub fn searched(&self, p: &pdp_core::SearchPage, t: Transport) -> Logged {
+        if self.log.is_none() {
+            return Logged(None);
+        }
+        let Some(key) = p.subject.as_ref().or(p.resource.as_ref()) else {
+            return Logged(None);
+        };
+        let at = pdp_core::decision::rfc3339_ms(now_ms());
+        let rec = p.to_record(&self.config.pdp_name, t.as_str(), &at);
+        self.log_view(key, &p.qid, &rec)
+    }
+
     /// Whether the decision point can serve (docs/architecture.md#what-every-component-serves): a
     /// bundle, the containment list and the principals (docs/context.md) are loaded.
     pub fn ready(&self) -> bool {

@@ -413,6 +413,10 @@ pub struct SearchPage {
     /// Candidates of this page's range whose verdict is `challenge`, with the challenge kinds
     /// to pass; never among `results`.
     pub challenges: Vec<(SearchResult, Vec<String>)>,
+    /// Candidates of this page's range that could not be checked with the request's context
+    /// (action search: the action's context type does not fit it), with the reason; never
+    /// among `results`.
+    pub undecided: Vec<(SearchResult, String)>,
     /// The next page's token; empty on the last page (AuthZEN 1.0).
     pub next_token: String,
     /// How the results were found.
@@ -436,7 +440,8 @@ pub struct SearchPage {
 impl SearchPage {
     /// The AuthZEN response: `results`, `page` (`next_token`, `count`; `total` is left out, it
     /// would need the whole result) and `context` (`qid`, `method`, `mode`, `challenges` as
-    /// `[{type, id, challenges}]` or `[{name, challenges}]`).
+    /// `[{type, id, challenges}]` or `[{name, challenges}]`, and `undecided`,
+    /// `[{name, error}]`, only when some candidate could not be checked).
     pub fn to_response(&self) -> Value {
         let challenges: Vec<Value> = self
             .challenges
@@ -449,7 +454,7 @@ impl SearchPage {
                 v
             })
             .collect();
-        json!({
+        let mut out = json!({
             "results": self.results.iter().map(SearchResult::to_json).collect::<Vec<_>>(),
             "page": {"next_token": self.next_token, "count": self.results.len()},
             "context": {
@@ -458,7 +463,24 @@ impl SearchPage {
                 "mode": self.mode.as_str(),
                 "challenges": challenges,
             },
-        })
+        });
+        if !self.undecided.is_empty() {
+            let undecided: Vec<Value> = self
+                .undecided
+                .iter()
+                .map(|(r, why)| {
+                    let mut v = r.to_json();
+                    if let Value::Object(m) = &mut v {
+                        m.insert("error".into(), json!(why));
+                    }
+                    v
+                })
+                .collect();
+            if let Some(Value::Object(c)) = out.get_mut("context") {
+                c.insert("undecided".into(), Value::Array(undecided));
+            }
+        }
+        out
     }
 
     /// The decision-log record of this search (docs/history.md#schema): `call` `search`,
@@ -495,7 +517,8 @@ impl SearchPage {
     }
 }
 
-/// What a candidate's check found, for a page being filled.
+/// What a candidate's check found, for a page being filled: `Some(true)` allowed,
+/// `Some(false)` a challenge, `None` denied.
 pub(crate) fn verdict_kind(v: Verdict) -> Option<bool> {
     match v {
         Verdict::Allow => Some(true),

@@ -76,52 +76,67 @@ fn authzen_error(e: RequestError) -> SearchError {
     SearchError::Request(RequestError::new(field, e.message))
 }
 
-/// A candidate and what its check found: `Some((true, _))` allowed, `Some((false, kinds))` a
-/// challenge with its kinds, `None` denied.
-type Found = (SearchResult, Option<(bool, Vec<String>)>);
+/// What a candidate's check found.
+enum Seen {
+    /// `allow`: a result.
+    Allowed,
+    /// `challenge`, with the kinds to pass.
+    Challenge(Vec<String>),
+    /// The check could not be made with the request's context (action search: an action
+    /// whose context type the context does not match); the reason.
+    Undecided(String),
+    /// `deny`.
+    Denied,
+}
 
 /// One page being filled.
+#[derive(Default)]
 struct Filled {
     results: Vec<SearchResult>,
     challenges: Vec<(SearchResult, Vec<String>)>,
+    undecided: Vec<(SearchResult, String)>,
     more: bool,
 }
 
 /// Fills one page from `next`, which yields the candidates in order: stops when the page
 /// holds `limit` results and one more allowed candidate shows there is a next page (`more`).
+/// Challenges and undecided candidates after the page's last result belong to the next page
+/// when there is one.
 fn fill(
     limit: usize,
-    mut next: impl FnMut() -> Option<Result<Found, SearchError>>,
+    mut next: impl FnMut() -> Option<Result<(SearchResult, Seen), SearchError>>,
 ) -> Result<Filled, SearchError> {
-    let mut f = Filled {
-        results: Vec::new(),
-        challenges: Vec::new(),
-        more: false,
-    };
-    // Challenges after the page's last result belong to the next page, if there is one.
-    let mut after = Vec::new();
+    let mut f = Filled::default();
+    let mut after = Filled::default();
     while let Some(item) = next() {
-        let (r, found) = item?;
-        match found {
-            Some((true, _)) if f.results.len() == limit => {
+        let (r, seen) = item?;
+        let full = f.results.len() == limit;
+        let into = if full { &mut after } else { &mut f };
+        match seen {
+            Seen::Allowed if full => {
                 f.more = true;
                 break;
             }
-            Some((true, _)) => f.results.push(r),
-            Some((false, kinds)) if f.results.len() < limit => f.challenges.push((r, kinds)),
-            Some((false, kinds)) => after.push((r, kinds)),
-            None => {}
+            Seen::Allowed => f.results.push(r),
+            Seen::Challenge(kinds) => into.challenges.push((r, kinds)),
+            Seen::Undecided(why) => into.undecided.push((r, why)),
+            Seen::Denied => {}
         }
     }
     if !f.more {
-        f.challenges.extend(after);
+        f.challenges.extend(after.challenges);
+        f.undecided.extend(after.undecided);
     }
     Ok(f)
 }
 
 /// A check's verdict as [`fill`] takes it.
-fn found(d: &Decision) -> Option<(bool, Vec<String>)> {
-    verdict_kind(d.verdict).map(|allowed| (allowed, d.challenges.clone()))
+fn found(d: &Decision) -> Seen {
+    match verdict_kind(d.verdict) {
+        Some(true) => Seen::Allowed,
+        Some(false) => Seen::Challenge(d.challenges.clone()),
+        None => Seen::Denied,
+    }
 }
 
 impl Engine {
@@ -235,6 +250,7 @@ impl Engine {
             kind: req.kind,
             results: filled.results,
             challenges: filled.challenges,
+            undecided: filled.undecided,
             next_token,
             method,
             mode: st.mode,
@@ -345,8 +361,8 @@ impl Engine {
                 _ => None,
             });
             Some(match said {
-                Some(true) => Ok((r, Some((true, Vec::new())))),
-                Some(false) => Ok((r, None)),
+                Some(true) => Ok((r, Seen::Allowed)),
+                Some(false) => Ok((r, Seen::Denied)),
                 None => self
                     .search_check(req, subject, action, uid)
                     .map(|d| (r, found(&d))),
@@ -428,10 +444,16 @@ impl Engine {
         let mut rows = actions.get(from..).unwrap_or(&[]).iter();
         let filled = fill(limit, || {
             let (name, _) = rows.next()?;
-            Some(
-                self.search_check(req, subject, name, resource)
-                    .map(|d| (SearchResult::Action(name.clone()), found(&d))),
-            )
+            Some(match self.search_check(req, subject, name, resource) {
+                Ok(d) => Ok((SearchResult::Action(name.clone()), found(&d))),
+                // The context is typed per action: one it does not fit is not allowed,
+                // and is listed with the reason.
+                Err(SearchError::Request(e)) if e.field.starts_with("context") => Ok((
+                    SearchResult::Action(name.clone()),
+                    Seen::Undecided(e.to_string()),
+                )),
+                Err(e) => Err(e),
+            })
         })?;
         Ok((filled, SearchMethod::Checks))
     }

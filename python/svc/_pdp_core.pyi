@@ -234,8 +234,9 @@ class Engine:
         """
 
     def search_resources(self, request: Mapping[str, Any]) -> dict[str, Any]:
-        """AuthZEN resource search: which resources of ``resource.type`` the subject may do
-        ``action`` on (docs/search.md).
+        """AuthZEN resource search: the resources the subject may do ``action`` on.
+
+        Which resources of ``resource.type`` (docs/search.md).
 
         ``request``: ``subject`` (``{"type", "id"}``), ``action``, ``resource``
         (``{"type"}`` only), optional ``context`` and ``page``. Returns the answer of
@@ -249,8 +250,9 @@ class Engine:
         """
 
     def search_actions(self, request: Mapping[str, Any]) -> dict[str, Any]:
-        """AuthZEN action search: which of the schema's actions for the subject's and
-        resource's types the subject may do on the resource (docs/search.md).
+        """AuthZEN action search: what the subject may do to the resource (docs/search.md).
+
+        The actions are the schema's actions for the subject's and resource's types.
 
         ``request``: ``subject`` and ``resource`` (``{"type", "id"}``), optional ``context``
         and ``page``; no ``action``. Returns the answer of ``POST /access/v1/search/action``
@@ -262,8 +264,9 @@ class Engine:
         """
 
     def configure_search(self, max_limit: int = 1000) -> None:
-        """Sets the largest ``page.limit`` a search takes (at least 1; larger limits are
-        lowered to it). A request without ``page.limit`` gets pages of 100, or of
+        """Sets the largest ``page.limit`` a search takes.
+
+        At least 1; larger limits are lowered to it. A request without ``page.limit`` gets pages of 100, or of
         ``max_limit`` when that is smaller.
         """
 

@@ -266,8 +266,8 @@ class Engine:
     def configure_search(self, max_limit: int = 1000) -> None:
         """Sets the largest ``page.limit`` a search takes.
 
-        At least 1; larger limits are lowered to it. A request without ``page.limit`` gets pages of 100, or of
-        ``max_limit`` when that is smaller.
+        At least 1; larger limits are lowered to it. A request without ``page.limit`` gets
+        pages of 100, or of ``max_limit`` when that is smaller.
         """
 
     @property

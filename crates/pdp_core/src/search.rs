@@ -661,7 +661,8 @@ fn value_eq(v: &CedarValue, j: &Value) -> Option<bool> {
         (ValueKind::Lit(Literal::Long(n)), Value::Number(x)) => x.as_i64().map(|x| x == *n),
         (ValueKind::Lit(Literal::String(s)), Value::String(x)) => Some(s.as_str() == x),
         (ValueKind::Lit(Literal::EntityUID(u)), Value::Object(o)) => match json_uid(o) {
-            Some((t, id)) => Some(u.entity_type().to_string() == t && u.eid().as_ref() == id),
+            // The id first: it tells most rows apart without writing out the type's name.
+            Some((t, id)) => Some(u.eid().as_ref() == id && u.entity_type().to_string() == t),
             None => Some(false),
         },
         (ValueKind::Set(s), Value::Array(a)) => {

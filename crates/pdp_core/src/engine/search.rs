@@ -102,9 +102,10 @@ struct Filled {
 /// holds `limit` results and one more allowed candidate shows there is a next page (`more`).
 /// Challenges and undecided candidates after the page's last result belong to the next page
 /// when there is one.
-fn fill(
+fn fill<T>(
     limit: usize,
-    mut next: impl FnMut() -> Option<Result<(SearchResult, Seen), SearchError>>,
+    mut next: impl FnMut() -> Option<Result<(T, Seen), SearchError>>,
+    make: impl Fn(T) -> SearchResult,
 ) -> Result<Filled, SearchError> {
     let mut f = Filled::default();
     let mut after = Filled::default();
@@ -117,9 +118,9 @@ fn fill(
                 f.more = true;
                 break;
             }
-            Seen::Allowed => f.results.push(r),
-            Seen::Challenge(kinds) => into.challenges.push((r, kinds)),
-            Seen::Undecided(why) => into.undecided.push((r, why)),
+            Seen::Allowed => f.results.push(make(r)),
+            Seen::Challenge(kinds) => into.challenges.push((make(r), kinds)),
+            Seen::Undecided(why) => into.undecided.push((make(r), why)),
             Seen::Denied => {}
         }
     }
@@ -329,45 +330,49 @@ impl Engine {
             .as_ref()
             .is_some_and(|p| p.outcome == PlanOutcome::AlwaysDenied)
         {
-            return Ok((fill(limit, || None)?, method));
+            return Ok((Filled::default(), method));
         }
-        let filled = fill(limit, || {
-            let (_, uid) = rows.next()?;
-            let r = SearchResult::Entity(uid.clone());
-            // What the plan says of the row: Some(true) allowed, Some(false) denied, None: ask.
-            let said = plan.as_ref().and_then(|p| match (p.outcome, &p.filter) {
-                (PlanOutcome::AlwaysAllowed, _) => Some(true),
-                (PlanOutcome::Conditional, Some(f)) => {
-                    let rec = st.hierarchy.get(uid)?;
-                    let m = row_matches(f, uid, Written::Record(rec), &|e| {
-                        rec.is_descendant_of(e.as_ref())
-                    });
-                    // A row the filter leaves out may still be a challenge when one could
-                    // widen the plan: that row is checked.
-                    match m {
-                        Some(false) if p.challenge_could_widen => None,
-                        m => m,
+        let filled = fill(
+            limit,
+            || {
+                let (_, uid) = rows.next()?;
+                let r = uid;
+                // What the plan says of the row: Some(true) allowed, Some(false) denied, None: ask.
+                let said = plan.as_ref().and_then(|p| match (p.outcome, &p.filter) {
+                    (PlanOutcome::AlwaysAllowed, _) => Some(true),
+                    (PlanOutcome::Conditional, Some(f)) => {
+                        let rec = st.hierarchy.get(uid)?;
+                        let m = row_matches(f, uid, Written::Record(rec), &|e| {
+                            rec.is_descendant_of(e.as_ref())
+                        });
+                        // A row the filter leaves out may still be a challenge when one could
+                        // widen the plan: that row is checked.
+                        match m {
+                            Some(false) if p.challenge_could_widen => None,
+                            m => m,
+                        }
                     }
-                }
-                (PlanOutcome::Challenge, Some(f)) => {
-                    let rec = st.hierarchy.get(uid)?;
-                    match row_matches(f, uid, Written::Record(rec), &|e| {
-                        rec.is_descendant_of(e.as_ref())
-                    }) {
-                        Some(false) => Some(false),
-                        _ => None,
+                    (PlanOutcome::Challenge, Some(f)) => {
+                        let rec = st.hierarchy.get(uid)?;
+                        match row_matches(f, uid, Written::Record(rec), &|e| {
+                            rec.is_descendant_of(e.as_ref())
+                        }) {
+                            Some(false) => Some(false),
+                            _ => None,
+                        }
                     }
-                }
-                _ => None,
-            });
-            Some(match said {
-                Some(true) => Ok((r, Seen::Allowed)),
-                Some(false) => Ok((r, Seen::Denied)),
-                None => self
-                    .search_check(req, subject, action, uid)
-                    .map(|d| (r, found(&d))),
-            })
-        })?;
+                    _ => None,
+                });
+                Some(match said {
+                    Some(true) => Ok((r, Seen::Allowed)),
+                    Some(false) => Ok((r, Seen::Denied)),
+                    None => self
+                        .search_check(req, subject, action, uid)
+                        .map(|d| (r, found(&d))),
+                })
+            },
+            |u: &EntityUid| SearchResult::Entity(u.clone()),
+        )?;
         Ok((filled, method))
     }
 
@@ -392,13 +397,17 @@ impl Engine {
             .map_err(authzen_error)?;
         let index = self.type_index(st);
         let mut rows = index.after(&stype, cursor).iter();
-        let filled = fill(limit, || {
-            let (_, uid) = rows.next()?;
-            Some(
-                self.search_check(req, uid, action, resource)
-                    .map(|d| (SearchResult::Entity(uid.clone()), found(&d))),
-            )
-        })?;
+        let filled = fill(
+            limit,
+            || {
+                let (_, uid) = rows.next()?;
+                Some(
+                    self.search_check(req, uid, action, resource)
+                        .map(|d| (uid, found(&d))),
+                )
+            },
+            |u: &EntityUid| SearchResult::Entity(u.clone()),
+        )?;
         Ok((filled, SearchMethod::Checks))
     }
 
@@ -442,19 +451,22 @@ impl Engine {
         actions.dedup_by(|x, y| x.0 == y.0);
         let from = cursor.map_or(0, |c| actions.partition_point(|(n, _)| n.as_str() <= c));
         let mut rows = actions.get(from..).unwrap_or(&[]).iter();
-        let filled = fill(limit, || {
-            let (name, _) = rows.next()?;
-            Some(match self.search_check(req, subject, name, resource) {
-                Ok(d) => Ok((SearchResult::Action(name.clone()), found(&d))),
-                // The context is typed per action: one it does not fit is not allowed,
-                // and is listed with the reason.
-                Err(SearchError::Request(e)) if e.field.starts_with("context") => Ok((
-                    SearchResult::Action(name.clone()),
-                    Seen::Undecided(e.to_string()),
-                )),
-                Err(e) => Err(e),
-            })
-        })?;
+        let filled = fill(
+            limit,
+            || {
+                let (name, _) = rows.next()?;
+                Some(match self.search_check(req, subject, name, resource) {
+                    Ok(d) => Ok((name, found(&d))),
+                    // The context is typed per action: one it does not fit is not allowed,
+                    // and is listed with the reason.
+                    Err(SearchError::Request(e)) if e.field.starts_with("context") => {
+                        Ok((name, Seen::Undecided(e.to_string())))
+                    }
+                    Err(e) => Err(e),
+                })
+            },
+            |n: &String| SearchResult::Action(n.clone()),
+        )?;
         Ok((filled, SearchMethod::Checks))
     }
 }

@@ -478,6 +478,9 @@ def test_authzen_well_known_configuration(corp: Served) -> None:
         "policy_decision_point": base,
         "access_evaluation_endpoint": f"{base}{AZ}",
         "access_evaluations_endpoint": f"{base}{AZS}",
+        "search_subject_endpoint": f"{base}/access/v1/search/subject",
+        "search_resource_endpoint": f"{base}/access/v1/search/resource",
+        "search_action_endpoint": f"{base}/access/v1/search/action",
     }
     # The published endpoints are the ones served.
     assert httpx.post(r.json()["access_evaluation_endpoint"], json=ALLOW).json()["decision"]

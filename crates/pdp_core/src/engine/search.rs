@@ -11,29 +11,35 @@ use crate::search::{
     row_matches, verdict_kind, PageToken, SearchError, SearchKind, SearchMethod, SearchPage,
     SearchRequest, SearchResult, DEFAULT_SEARCH_LIMIT,
 };
-use crate::store::Written;
+use crate::store::{ClosedEntity, Written};
 use cedar_policy::{EntityTypeName, EntityUid};
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
+/// One entity of a [`TypeIndex`]: its id (unescaped), uid and closed record (the one the
+/// snapshot's hierarchy holds, so a row is read without looking it up).
+type Indexed = (String, EntityUid, Option<Arc<ClosedEntity>>);
+
 /// The entities of one snapshot by type, each list in ascending order of id (bytes of the
 /// unescaped id), for paging with a cursor.
 #[derive(Debug, Default)]
 pub(crate) struct TypeIndex {
-    by_type: HashMap<EntityTypeName, Vec<(String, EntityUid)>>,
+    by_type: HashMap<EntityTypeName, Vec<Indexed>>,
 }
 
 impl TypeIndex {
     /// Indexes every stored and bundle entity of `st` (not the actions).
     fn build(st: &State) -> Self {
-        let mut by_type: HashMap<EntityTypeName, Vec<(String, EntityUid)>> = HashMap::new();
+        let mut by_type: HashMap<EntityTypeName, Vec<Indexed>> = HashMap::new();
         let mut add = |u: EntityUid| {
-            by_type
-                .entry(u.type_name().clone())
-                .or_default()
-                .push((u.id().unescaped().to_owned(), u));
+            let rec = st.hierarchy.get(&u).map(Arc::clone);
+            by_type.entry(u.type_name().clone()).or_default().push((
+                u.id().unescaped().to_owned(),
+                u,
+                rec,
+            ));
         };
         for u in st.store.entities.keys() {
             add(EntityUid::from(u.clone()));
@@ -50,12 +56,12 @@ impl TypeIndex {
     }
 
     /// The entities of type `ty` whose id comes after `cursor` (all of them without one).
-    fn after<'a>(&'a self, ty: &EntityTypeName, cursor: Option<&str>) -> &'a [(String, EntityUid)] {
+    fn after<'a>(&'a self, ty: &EntityTypeName, cursor: Option<&str>) -> &'a [Indexed] {
         let list = self.by_type.get(ty).map_or(&[][..], Vec::as_slice);
         match cursor {
             None => list,
             Some(c) => {
-                let from = list.partition_point(|(id, _)| id.as_str() <= c);
+                let from = list.partition_point(|(id, _, _)| id.as_str() <= c);
                 list.get(from..).unwrap_or(&[])
             }
         }
@@ -335,13 +341,13 @@ impl Engine {
         let filled = fill(
             limit,
             || {
-                let (_, uid) = rows.next()?;
+                let (_, uid, rec) = rows.next()?;
                 let r = uid;
                 // What the plan says of the row: Some(true) allowed, Some(false) denied, None: ask.
                 let said = plan.as_ref().and_then(|p| match (p.outcome, &p.filter) {
                     (PlanOutcome::AlwaysAllowed, _) => Some(true),
                     (PlanOutcome::Conditional, Some(f)) => {
-                        let rec = st.hierarchy.get(uid)?;
+                        let rec = rec.as_ref()?;
                         let m = row_matches(f, uid, Written::Record(rec), &|e| {
                             rec.is_descendant_of(e.as_ref())
                         });
@@ -353,7 +359,7 @@ impl Engine {
                         }
                     }
                     (PlanOutcome::Challenge, Some(f)) => {
-                        let rec = st.hierarchy.get(uid)?;
+                        let rec = rec.as_ref()?;
                         match row_matches(f, uid, Written::Record(rec), &|e| {
                             rec.is_descendant_of(e.as_ref())
                         }) {
@@ -400,7 +406,7 @@ impl Engine {
         let filled = fill(
             limit,
             || {
-                let (_, uid) = rows.next()?;
+                let (_, uid, _) = rows.next()?;
                 Some(
                     self.search_check(req, uid, action, resource)
                         .map(|d| (uid, found(&d))),

@@ -123,7 +123,8 @@ def main() -> None:
     t = time.perf_counter()
     e = build(a.size)
     print(
-        f"store: {a.size:,} documents and {a.size:,} humans, built in {time.perf_counter() - t:.1f} s"
+        f"store: {a.size:,} documents and {a.size:,} humans, "
+        f"built in {time.perf_counter() - t:.1f} s"
     )
 
     rbody = {
@@ -160,7 +161,8 @@ def main() -> None:
     s_all = whole(e.search_subjects, sbody)
     assert s_all == brute(e, sreqs, "principal"), "subject search differs from brute force"
     print(
-        f"checked: resource search {len(r_all):,} results, subject search {len(s_all):,} results, both equal brute force"
+        f"checked: resource search {len(r_all):,} results, "
+        f"subject search {len(s_all):,} results, both equal brute force"
     )
 
     rows = []
@@ -175,7 +177,8 @@ def main() -> None:
 
     print()
     print(
-        f"{'search':17} {'first 100 p50':>13} {'p99':>8} {'whole p50':>10} {'p99':>8} {'brute p50':>10} {'p99':>8} {'speedup':>8}"
+        f"{'search':17} {'first 100 p50':>13} {'p99':>8} {'whole p50':>10} {'p99':>8} "
+        f"{'brute p50':>10} {'p99':>8} {'speedup':>8}"
     )
     print("-" * 90)
     for name, first, all_, bf in rows:

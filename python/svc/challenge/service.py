@@ -57,6 +57,7 @@ from svc.challenge.models import (
     OutboxRow,
     SecurityKeyRow,
 )
+from svc.challenge.pdp_client import ApproverCheck, PdpUnavailable, token_file_reader
 from svc.challenge.settings import ChallengeSettings
 from svc.common.errors import ServiceError, Subscribers, Violation
 
@@ -319,6 +320,10 @@ class ChallengeService:
         directory: who answers (owners, managers); default: a ``ContextDirectory`` over
             ``settings.context_url`` when set, else an empty ``StaticDirectory``.
         clock: the current time, aware UTC (tests of expiry inject their own).
+        approvers: the decision point asked whether an approver may ``approve``
+            (``svc.challenge.pdp_client``); default: an ``ApproverCheck`` over
+            ``settings.pdp_url`` (token from ``pdp_token_file``) when set, else none (approvers
+            are not checked).
 
     On construction the database is migrated (``svc.challenge.migrate``).
 
@@ -333,6 +338,7 @@ class ChallengeService:
         db: SqlEngine | None = None,
         directory: Directory | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        approvers: ApproverCheck | None = None,
     ) -> None:
         self.settings = settings
         self.clock = clock
@@ -346,6 +352,9 @@ class ChallengeService:
         if directory is None:
             directory = self._default_directory()
         self.directory = directory
+        if approvers is None and settings.pdp_url:
+            approvers = ApproverCheck(settings.pdp_url, token_file_reader(settings.pdp_token_file))
+        self.approvers = approvers
         self._subscribers = Subscribers()
 
     def _default_directory(self) -> Directory:
@@ -459,6 +468,25 @@ class ChallengeService:
             )
         return person, chosen
 
+    def _may_approve(self, approver: str, resource: Ref) -> bool:
+        """Whether the decision point lets ``approver`` ``approve`` ``resource``.
+
+        True without ``approvers`` (nothing is checked).
+
+        Raises:
+            ChallengeError: ``unavailable`` when the decision point does not answer.
+
+        """
+        if self.approvers is None:
+            return True
+        try:
+            return self.approvers.may_approve(approver, resource.type, resource.id)
+        except PdpUnavailable as e:
+            log.error("approve check of %s: %s", approver, e)
+            raise ChallengeError(
+                "unavailable", "the decision point does not answer whether the approver may approve"
+            ) from None
+
     def resolve(
         self,
         principal: Ref,
@@ -492,8 +520,10 @@ class ChallengeService:
 
         Raises:
             ChallengeError: ``invalid_argument`` naming every bad field; ``failed_precondition``
-                when nobody can answer (no owner, no manager, a self-approval);
-                ``unavailable`` when the directory does not answer.
+                when nobody can answer (no owner, no manager, a self-approval) or the decision
+                point does not allow the approver to ``approve`` the resource ("approver may
+                not approve"); ``unavailable`` when the directory or the decision point does not
+                answer.
 
         """
         bad: list[Violation] = []
@@ -540,6 +570,12 @@ class ChallengeService:
                     s.add(row)
                 if answerers is None:
                     answerers = self._answerers(principal, on_behalf_of, kinds, approver)
+                    if answerers[1] and not self._may_approve(answerers[1], resource):
+                        raise ChallengeError(
+                            "failed_precondition",
+                            f"approver may not approve: the decision point does not allow "
+                            f"`{answerers[1]}` to approve {resource}",
+                        )
                 person, chosen = answerers
                 new = ChallengeRow(
                     qid=str(uuid_utils.uuid7()),
@@ -766,13 +802,27 @@ class ChallengeService:
                 ``not_found`` for an unknown qid; ``permission_denied`` for anyone but the
                 challenge's approver (and for a challenge without ``approval``);
                 ``failed_precondition`` while the justification is missing or when the
-                challenge is not pending.
+                challenge is not pending; ``permission_denied`` too when the decision point
+                no longer allows the approver to ``approve`` the resource, ``unavailable`` when
+                it does not answer (docs/challenges.md#who-answers).
 
         """
         bad: list[Violation] = []
         _check_text(approver, "approver", bad)
         _check_free_text(reason, "reason", self.settings.max_justification_chars, bad)
         _refuse(bad, "bad decision")
+        if self.approvers is not None:
+            with Session(self.db) as s:
+                row = self._row(s, qid)
+                mine = "approval" in row.kinds and approver == row.approver
+                resource = Ref(row.resource_type, row.resource_id)
+            # Only the challenge's approver is asked about; anyone else is refused below.
+            if mine and not self._may_approve(approver, resource):
+                raise ChallengeError(
+                    "permission_denied",
+                    f"`{approver}` may not approve {resource}: the decision point does not "
+                    "allow it",
+                )
 
         def check(row: ChallengeRow, now: datetime) -> None:
             if "approval" not in row.kinds or approver != row.approver:
@@ -1171,8 +1221,10 @@ class ChallengeService:
         )
 
     def close(self) -> None:
-        """Releases the database connections and the directory's client."""
+        """Releases the database connections, the directory's and the decision point's clients."""
         close = getattr(self.directory, "close", None)
         if callable(close):
             close()
+        if self.approvers is not None:
+            self.approvers.close()
         self.db.dispose()

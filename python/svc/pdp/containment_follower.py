@@ -22,6 +22,10 @@ its ``principals_version`` (docs/architecture.md#versioning).
   stays silent longer than ``stale_secs`` (the service sends a heartbeat every
   ``heartbeat_secs``, 5 s by default) counts as lost: a connection that died without closing is
   noticed.
+* **Challenge waits.** After every list or change it applies, the follower calls
+  ``on_changed`` (``follow_containments`` makes it ``Server.containments_changed``): the
+  listener's held challenge waits look again, and those of a principal now contained answer
+  ``rejected`` at once (docs/challenges.md#containment-during-a-wait).
 * **Callers' tokens.** Every stream carries ``authorization: Bearer <JWT>`` when ``token``
   returns one (docs/auth.md, audience ``svc-challenge``); it is called again at each
   (re)connect, so a renewed token is picked up.

@@ -490,7 +490,7 @@ def test_drive_fills_history_and_the_summary_reads_it_back(
     for access in ("read", "written", "exported", "listed"):
         assert f"{access} {report.events_by_access[access]:,}" in lines[8]
     assert f"({report.failures:,} failures)" in lines[8]
-    assert lines[8].split()[4].startswith("row")
+    assert lines[9].split()[4].startswith("row")
 
 
 def test_drive_raises_when_intake_refuses(company: Company, stack: Stack) -> None:

@@ -536,6 +536,18 @@ def test_the_decision_point_is_asked_whether_the_approver_may_approve(
             timeout=30,
         )
     assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION  # type: ignore[attr-defined]
+    # An agent acting alone: its owner (ana) approves as its person, without being asked about.
+    alone = world.stub.Resolve(
+        pb.ResolveRequest(
+            principal=pb.EntityRef(type="ServiceAccount", id="copilot.assistant"),
+            action="share",
+            resource=pb.EntityRef(type="Document", id="locked"),
+            challenges=["approval"],
+        ),
+        timeout=30,
+    ).challenge
+    assert alone.approver == "ana"
+    assert world.decide(alone.qid, True, "ana").state == pb.CHALLENGE_STATE_PASSED
 
     # bo may approve d1: the challenge opens with bo as approver.
     qid = dp.check("ana", "share", "d1").challenge_qid

@@ -1,9 +1,10 @@
 """Asking the decision point whether an approver may ``approve`` (docs/challenges.md#who-answers).
 
 An ``approval`` challenge is answered by the approver a policy names, else the person's manager
-(for an agent acting alone, its owner). With ``pdp_url`` set, the challenge service asks the
-decision point whether that person may ``approve`` the challenge's resource before recording
-them (``Resolve``) and before accepting their decision (``Decide``): ``ApproverCheck.may_approve``
+(for an agent acting alone, its owner, who answers as the agent's person and is not asked
+about). With ``pdp_url`` set, the challenge service asks the decision point whether the named
+approver or the manager may ``approve`` the challenge's resource before recording them
+(``Resolve``) and before accepting their decision (``Decide``): ``ApproverCheck.may_approve``
 sends ``POST /v1/access/evaluation`` (docs/api.md#http-routes) with the
 approver as a ``Human`` principal, the action ``approve`` and the challenge's resource, and takes
 only the verdict ``allow`` as yes.

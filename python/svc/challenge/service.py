@@ -302,6 +302,11 @@ def _base_type(entity_type: str) -> str:
     return entity_type.rsplit("::", 1)[-1]
 
 
+def _lone_agent(principal: Ref, on_behalf_of: Ref | None) -> bool:
+    """Whether the principal is a service account acting alone (its owner answers)."""
+    return on_behalf_of is None and _base_type(principal.type) == "ServiceAccount"
+
+
 def _user_handle(person: str) -> bytes:
     """The WebAuthn user handle of a person: SHA-256 of ``svc-person:<user name>``.
 
@@ -429,7 +434,7 @@ class ChallengeService:
         self, principal: Ref, on_behalf_of: Ref | None, kinds: Sequence[str], approver: str
     ) -> tuple[str, str]:
         """(person, approver) of a new challenge (docs/challenges.md#who-answers)."""
-        lone_agent = on_behalf_of is None and _base_type(principal.type) == "ServiceAccount"
+        lone_agent = _lone_agent(principal, on_behalf_of)
         try:
             if on_behalf_of is not None:
                 person = on_behalf_of.id
@@ -521,9 +526,9 @@ class ChallengeService:
         Raises:
             ChallengeError: ``invalid_argument`` naming every bad field; ``failed_precondition``
                 when nobody can answer (no owner, no manager, a self-approval) or the decision
-                point does not allow the approver to ``approve`` the resource ("approver may
-                not approve"); ``unavailable`` when the directory or the decision point does not
-                answer.
+                point does not allow the approver (the manager or the named approver; not a
+                lone agent's owner) to ``approve`` the resource ("approver may not approve");
+                ``unavailable`` when the directory or the decision point does not answer.
 
         """
         bad: list[Violation] = []
@@ -570,7 +575,14 @@ class ChallengeService:
                     s.add(row)
                 if answerers is None:
                     answerers = self._answerers(principal, on_behalf_of, kinds, approver)
-                    if answerers[1] and not self._may_approve(answerers[1], resource):
+                    # A lone agent's owner answers as its person, unchecked
+                    # (docs/challenges.md#who-answers).
+                    owner_approves = not approver and _lone_agent(principal, on_behalf_of)
+                    if (
+                        answerers[1]
+                        and not owner_approves
+                        and not self._may_approve(answerers[1], resource)
+                    ):
                         raise ChallengeError(
                             "failed_precondition",
                             f"approver may not approve: the decision point does not allow "
@@ -816,8 +828,13 @@ class ChallengeService:
                 row = self._row(s, qid)
                 mine = "approval" in row.kinds and approver == row.approver
                 resource = Ref(row.resource_type, row.resource_id)
+                # A lone agent's owner approves as its person, unchecked (as at Resolve).
+                owner = approver == row.person and _lone_agent(
+                    Ref(row.principal_type, row.principal_id),
+                    Ref(row.obo_type, row.obo_id) if row.obo_type and row.obo_id else None,
+                )
             # Only the challenge's approver is asked about; anyone else is refused below.
-            if mine and not self._may_approve(approver, resource):
+            if mine and not owner and not self._may_approve(approver, resource):
                 raise ChallengeError(
                     "permission_denied",
                     f"`{approver}` may not approve {resource}: the decision point does not "

@@ -25,27 +25,19 @@ they do not assert, but for the sanity checks they make on their own setup.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import subprocess
-import sys
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import grpc
 import httpx
-import psycopg
-from sqlalchemy.engine import make_url
 
+from _support import Schema, ServiceProcess, free_port, pct, postgres_url
 from svc.challenge.v1 import challenge_pb2 as pb
 from svc.challenge.v1 import challenge_pb2_grpc as pb_grpc
-from svc.common.net import tcp_listener
 from svc.pdp import Engine, Server
 from svc.pdp.containment_follower import ContainmentFollower, follow_containments
 
-REPO = Path(__file__).resolve().parent.parent
 SCHEMA = """
 entity Human;
 entity Document;
@@ -55,87 +47,13 @@ POLICIES = '@id("people-read") permit (principal is Human, action == Action::"re
 PDPS = 4
 
 
-def pct(values: list[float], q: float) -> float:
-    """The `q` quantile (0..1) of `values`, nearest rank."""
-    s = sorted(values)
-    return s[min(len(s) - 1, max(0, round(q * len(s)) - 1))]
-
-
-def postgres_url() -> str:
-    """``SVC_TEST_POSTGRES_URL``, else the URL of ``scripts/dev-postgres.sh`` (started)."""
-    url = os.environ.get("SVC_TEST_POSTGRES_URL")
-    if url:
-        return url
-    script = REPO / "scripts" / "dev-postgres.sh"
-    subprocess.run([str(script), "start"], check=True, capture_output=True, timeout=600)
-    out = subprocess.run([str(script), "url"], check=True, capture_output=True, text=True)
-    return out.stdout.strip()
-
-
-class Schema:
-    """A fresh PostgreSQL schema; ``url`` selects it through the search path."""
-
-    def __init__(self, base: str) -> None:
-        url = make_url(base)
-        self.name = f"chbench_{uuid.uuid4().hex[:10]}"
-        self.admin = url.set(drivername="postgresql").render_as_string(hide_password=False)
-        with psycopg.connect(self.admin, autocommit=True) as conn:
-            conn.execute(f'CREATE SCHEMA "{self.name}"')
-        scoped = url.update_query_dict({"options": f"-csearch_path={self.name}"})
-        self.url = scoped.render_as_string(hide_password=False)
-
-    def drop(self) -> None:
-        with psycopg.connect(self.admin, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA IF EXISTS "{self.name}" CASCADE')
-
-
-def free_port() -> int:
-    """A port free now (``svc.common.net.tcp_listener`` on port 0, closed)."""
-    s = tcp_listener("127.0.0.1", 0)
-    try:
-        return int(s.getsockname()[1])
-    finally:
-        s.close()
-
-
-class ChallengeProcess:
+class ChallengeProcess(ServiceProcess):
     """``svc challenge serve`` on a free port, no caller auth (loopback); ``url`` once ready."""
 
     def __init__(self, database_url: str) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "svc.cli",
-                "challenge",
-                "serve",
-                "--port",
-                str(self.port),
-                "--database-url",
-                database_url,
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        deadline = time.monotonic() + 120
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"svc challenge serve exited: {self.proc.stderr.read()}")  # type: ignore[union-attr]
-            try:
-                if httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("svc challenge serve did not get ready in 120 s")
-            time.sleep(0.1)
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=30)
+        port = free_port()
+        args = ["challenge", "serve", "--port", str(port), "--database-url", database_url]
+        super().__init__(args, port)
 
 
 class Pdp:
@@ -176,8 +94,8 @@ def main() -> None:
     args = ap.parse_args()
     poll = args.poll_ms / 1000
 
-    schema = Schema(postgres_url())
-    service = ChallengeProcess(schema.url)
+    schema = Schema(postgres_url(), "chbench")
+    service = ChallengeProcess(schema.url_text)
     pdps = [Pdp(service.url) for _ in range(PDPS)]
     channel = grpc.insecure_channel(service.url.removeprefix("http://"))
     stub = pb_grpc.ChallengeServiceStub(channel)  # type: ignore[no-untyped-call]

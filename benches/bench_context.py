@@ -45,11 +45,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import signal
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -60,11 +56,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import psycopg
 from sqlalchemy import insert
-from sqlalchemy.engine import make_url
 from sqlmodel import select
 
+from _support import Schema, ServiceProcess, free_port, pct, postgres_url
 from svc.common.auth import LOCAL_ISSUER, LocalIssuer
 from svc.context.models import MemberRow, PrincipalRow, ScimGroupRow, ScimUserRow
 from svc.context.scim import UserModel, _doc
@@ -73,8 +68,6 @@ from svc.context.settings import ContextSettings
 from svc.pdp import Engine, Server
 from svc.pdp.context_follower import BearerToken, follow_context
 
-REPO = Path(__file__).resolve().parent.parent
-SVC = Path(sys.executable).parent / "svc"
 SCIM_TOKEN = "bench-" + "s" * 40
 CALLER = "svc-bench"
 USER = "urn:ietf:params:scim:schemas:core:2.0:User"
@@ -122,79 +115,19 @@ TITLES = ["Engineer", "Analyst", "Manager", "Designer", "Recruiter", "Accountant
 PROBES = 4
 
 
-def pct(values: list[float], q: float) -> float:
-    """The `q` quantile (0..1) of `values`, nearest rank."""
-    s = sorted(values)
-    return s[min(len(s) - 1, max(0, round(q * len(s)) - 1))]
-
-
-def postgres_url() -> str:
-    """``SVC_TEST_POSTGRES_URL``, else the URL of ``scripts/dev-postgres.sh`` (started)."""
-    url = os.environ.get("SVC_TEST_POSTGRES_URL")
-    if url:
-        return url
-    script = REPO / "scripts" / "dev-postgres.sh"
-    subprocess.run([str(script), "start"], check=True, capture_output=True, timeout=600)
-    out = subprocess.run([str(script), "url"], check=True, capture_output=True, text=True)
-    return out.stdout.strip()
-
-
-class Schema:
-    """A fresh PostgreSQL schema; ``url`` selects it through the search path."""
-
-    def __init__(self, base: str) -> None:
-        url = make_url(base)
-        self.name = f"ctxbench_{uuid.uuid4().hex[:10]}"
-        self.admin = url.set(drivername="postgresql").render_as_string(hide_password=False)
-        with psycopg.connect(self.admin, autocommit=True) as conn:
-            conn.execute(f'CREATE SCHEMA "{self.name}"')
-        self.url = url.update_query_dict({"options": f"-csearch_path={self.name}"})
-        self.url_text = self.url.render_as_string(hide_password=False)
-
-    def drop(self) -> None:
-        with psycopg.connect(self.admin, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA IF EXISTS "{self.name}" CASCADE')
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class ContextProcess:
+class ContextProcess(ServiceProcess):
     """``svc context serve`` on a free port, JWT auth from `issuer`; ``url`` once ready."""
 
     def __init__(self, database_url: str, issuer: LocalIssuer) -> None:
         port = free_port()
         env = {
-            **os.environ,
             "SVC_CONTEXT_SCIM_TOKEN": SCIM_TOKEN,
             "SVC_CONTEXT_AUTH_ISSUER": LOCAL_ISSUER,
             "SVC_CONTEXT_AUTH_JWKS": issuer.jwks_url,
             "SVC_CONTEXT_AUTH_CALLERS": CALLER,
         }
-        cmd = [str(SVC), "context", "serve", "--port", str(port), "--database-url", database_url]
-        self.proc = subprocess.Popen(
-            cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-        )
-        self.url = f"http://127.0.0.1:{port}"
-        assert self.proc.stderr is not None
-        threading.Thread(target=self.proc.stderr.read, daemon=True).start()
-        with httpx.Client(base_url=self.url, timeout=5) as c:
-            while True:
-                if self.proc.poll() is not None:
-                    raise RuntimeError("svc context serve exited before it was ready")
-                try:
-                    if c.get("/readyz").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                time.sleep(0.05)
-
-    def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        self.proc.wait()
+        args = ["context", "serve", "--port", str(port), "--database-url", database_url]
+        super().__init__(args, port, env)
 
 
 def person_doc(i: int, manager_id: str | None, scim_base: str, tag: str = "p") -> dict[str, Any]:
@@ -673,12 +606,12 @@ def main() -> None:
         args.creates, args.concurrent, args.group_creates = 100, 200, 20
         args.people, args.groups, args.runs, args.changes = 2_000, 200, 3, 40
     print(f"load average at start: {os.getloadavg()[0]:.1f} ({os.cpu_count()} cores)")
-    schema = Schema(postgres_url())
+    schema = Schema(postgres_url(), "ctxbench")
     try:
         with tempfile.TemporaryDirectory(prefix="bench-context-") as tmp:
             issuer = LocalIssuer(Path(tmp) / "issuer")
             if "a" not in args.skip:
-                sub = Schema(postgres_url())
+                sub = Schema(postgres_url(), "ctxbench")
                 ctx = ContextProcess(sub.url_text, issuer)
                 try:
                     scim_creates(ctx, args.creates, args.concurrent, args.group_creates)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -24,6 +23,7 @@ from sqlmodel import Session, col, select
 from svc.challenge.models import OutboxRow
 from svc.challenge.notify import IDEMPOTENCY_HEADER, OutboxWorker
 from svc.challenge.service import ChallengeError, ChallengeService, Ref
+from svc.common.net import tcp_listener
 from test_challenge import database_url, make_service  # noqa: F401
 
 REPO = Path(__file__).resolve().parent.parent
@@ -76,8 +76,7 @@ class Receiver:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+    with tcp_listener("127.0.0.1", 0) as s:
         return int(s.getsockname()[1])
 
 

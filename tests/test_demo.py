@@ -147,6 +147,7 @@ def test_generation_is_deterministic(company: Company, tmp_path: Path) -> None:
         "30-customers.cedar",
         "40-agents.cedar",
         "50-people.cedar",
+        "60-approvals.cedar",
         "company.cedarschema",
         "entities.json",
         "linked",
@@ -210,7 +211,7 @@ def test_bundle_loads_strictly_without_warnings(
     names = set(fresh.policy_names)
     text = "".join((bundle / f).read_text() for f in sorted(p.name for p in bundle.glob("*.cedar")))
     declared = {line[5:-2] for line in text.splitlines() if line.startswith('@id("')}
-    assert len(declared) == 32  # 31 policies and the `document-reader` template
+    assert len(declared) == 34  # 33 policies and the `document-reader` template
     links = {f"reader-{u}-{d}" for u, d in company.grants}
     assert names == (declared - {"document-reader"}) | links
     # provision() loaded what the bundle cannot carry
@@ -458,10 +459,20 @@ def test_drive_fills_history_and_the_summary_reads_it_back(
     summary: str = got["summary"]
     print(summary)
     lines = summary.splitlines()
-    assert len(lines) == 9
+    assert len(lines) == 10
     assert lines[0].endswith(f"{decisions:,} decisions, {events:,} events")
     labels = [ln.split()[0] for ln in lines[1:]]
-    assert labels == ["mode", "checks", "challenges", "agents", "plans", "list", "events", "moved"]
+    assert labels == [
+        "mode",
+        "checks",
+        "challenges",
+        "challenged",
+        "agents",
+        "plans",
+        "list",
+        "events",
+        "moved",
+    ]
     assert lines[1].split() == ["mode", "enforce", f"{decisions:,}"]
     v = report.verdicts
     assert lines[2].endswith(
@@ -469,15 +480,17 @@ def test_drive_fills_history_and_the_summary_reads_it_back(
     )
     for kind, n in report.challenges.items():
         assert f"{kind} {n:,}" in lines[3]
-    assert f"agents        {report.on_behalf_of:,} checks by " in lines[4]
+    # No challenge service behind this decision point: no qids, so no outcomes.
+    assert lines[4].split() == ["challenged", "0", "challenges", "opened:", "none"]
+    assert f"agents        {report.on_behalf_of:,} checks by " in lines[5]
     for outcome, n in report.plan_outcomes.items():
-        assert f"{outcome} {n:,}" in lines[5]
-    assert f"({report.pinned:,} pages pinned)" in lines[5]
-    assert f"{report.list_reports:,} reports of {len(report.plan_qids):,} plans" in lines[6]
+        assert f"{outcome} {n:,}" in lines[6]
+    assert f"({report.pinned:,} pages pinned)" in lines[6]
+    assert f"{report.list_reports:,} reports of {len(report.plan_qids):,} plans" in lines[7]
     for access in ("read", "written", "exported", "listed"):
-        assert f"{access} {report.events_by_access[access]:,}" in lines[7]
-    assert f"({report.failures:,} failures)" in lines[7]
-    assert lines[8].split()[4].startswith("row")
+        assert f"{access} {report.events_by_access[access]:,}" in lines[8]
+    assert f"({report.failures:,} failures)" in lines[8]
+    assert lines[9].split()[4].startswith("row")
 
 
 def test_drive_raises_when_intake_refuses(company: Company, stack: Stack) -> None:

@@ -479,6 +479,8 @@ def test_svc_demo_runs_to_its_summary_read_from_history(tmp_path: Path) -> None:
         assert f"{verdict} " in lines["checks"], summary
     for kind in ("verification", "approval", "justification"):
         assert kind in lines["challenges"], summary
+    # The challenge verdicts carried qids; nobody answered them during the drive.
+    assert "challenges opened: pending " in lines["challenged"], summary
     for outcome in ("conditional", "always_allowed", "always_denied", "challenge"):
         assert outcome in lines["plans"], summary
     assert "rows listed" in lines["list"] and "agents" in lines

@@ -607,7 +607,9 @@ class Server:
         ``challenge_changed``. A call that raises or takes longer than ``timeout_ms`` leaves
         the verdict ``challenge`` without a qid (a wait answers 503), counted in
         ``svc_pdp_challenge_calls_total{outcome}``. At most ``max_entries`` challenges are
-        held. ``None`` removes the source: verdicts carry no qid and waits answer 503.
+        held. ``None`` removes the source: verdicts carry no qid and waits answer 503. A
+        wait whose principal or on_behalf_of the engine holds contained answers ``rejected``
+        at once (see ``containments_changed``).
 
         Raises:
             RuntimeError: the server is not running.
@@ -631,6 +633,20 @@ class Server:
         Raises:
             ValueError: an unknown state.
             RuntimeError: the server is not running, or has no challenge source.
+
+        """
+
+    def containments_changed(self) -> int:
+        """Tells the listener the engine's containment list changed.
+
+        Every held challenge wait looks again; the waits of a principal (or on_behalf_of)
+        now contained answer ``rejected`` at once (docs/challenges.md). Call it after
+        ``Engine.contain``, ``lift`` or ``set_containments``. Returns how many held
+        challenges belong to a contained principal or on_behalf_of now (0 without a
+        challenge source).
+
+        Raises:
+            RuntimeError: the server is not running.
 
         """
 

@@ -32,8 +32,8 @@ Each start writes a fresh caller token for the person at this machine to
 ``<data_dir>/caller.token`` (mode 0600, ``sub`` ``svc-local``, audience the three components,
 valid 24 hours and renewed every 12 hours while ``svc up`` runs); the demo traffic calls as
 ``svc-demo``, the decision point calls the policy, context and challenge services as
-``svc-up-pdp``, the challenge service calls the context service's directory as
-``svc-up-challenge``. The intake keeps its own token.
+``svc-up-pdp``, the challenge service calls the context service's directory and the decision
+point (whether an approver may ``approve``) as ``svc-up-challenge``. The intake keeps its own token.
 
 The decision point follows the policy service (``svc.pdp.follower``): it serves the active
 bundle once its signature verifies. On the first start (nothing published yet) the bundle
@@ -88,6 +88,7 @@ from svc import history
 from svc.broker import LOCAL_SCHEME, LocalLog
 from svc.challenge.app import ChallengeServer
 from svc.challenge.directory import ContextDirectory
+from svc.challenge.pdp_client import ApproverCheck
 from svc.challenge.service import ChallengeService
 from svc.challenge.settings import ChallengeAuthSettings, ChallengeSettings
 from svc.common.auth import (
@@ -142,7 +143,8 @@ PDP_CALLER = "svc-up-pdp"
 #: The audiences of the caller token: every component that checks callers.
 CALLER_AUDIENCE = ["svc-pdp", "svc-history", "svc-policy", "svc-context", "svc-challenge"]
 
-#: ``sub`` of the token the challenge service sends to the context service's directory.
+#: ``sub`` of the token the challenge service sends to the context service's directory and to
+#: the decision point (the approver check).
 CHALLENGE_CALLER = "svc-up-challenge"
 
 #: Lifetime of a caller token (a working day and then some), in seconds; ``svc up`` writes a
@@ -668,6 +670,7 @@ def _challenge_service(
     settings: ChallengeSettings,
     auth: ChallengeAuthSettings,
     directory_token: Callable[[], str | None],
+    pdp_token: Callable[[], str | None] = lambda: None,
 ) -> Iterator[ChallengeServer]:
     """The challenge service (``svc.challenge``) on ``settings.port``, until the block ends.
 
@@ -680,6 +683,8 @@ def _challenge_service(
         settings: the service's settings (SQLite under the data directory, ``port + 5``).
         auth: who may call it (docs/auth.md, audience ``svc-challenge``).
         directory_token: the bearer token for the context service's directory.
+        pdp_token: the bearer token for the decision point at ``settings.pdp_url``, asked
+            whether an approver may ``approve`` (docs/challenges.md#who-answers).
 
     Yields:
         The running server (``server.service`` is the service layer).
@@ -691,8 +696,11 @@ def _challenge_service(
 
     """
     assert settings.context_url is not None
+    approvers = ApproverCheck(settings.pdp_url, pdp_token) if settings.pdp_url else None
     service = ChallengeService(
-        settings, directory=ContextDirectory(settings.context_url, directory_token)
+        settings,
+        directory=ContextDirectory(settings.context_url, directory_token),
+        approvers=approvers,
     )
     try:
         try:
@@ -923,12 +931,14 @@ class Stack:
             context_url=self.urls.context,
             origins=[f"http://localhost:{o.port + 5}"],
             page_url=f"http://localhost:{o.port + 5}/challenge",
+            pdp_url=f"http://{o.host}:{o.port}",
         )
         self.challenge = enter(
             _challenge_service(
                 challenge_settings,
                 ChallengeAuthSettings(**common_auth, auth_callers=[LOCAL_CALLER, PDP_CALLER]),
                 lambda: issuer.mint(CHALLENGE_CALLER, "svc-context", 600),
+                lambda: issuer.mint(CHALLENGE_CALLER, "svc-pdp", 600),
             )
         )
         if fresh and o.bundle is None and _is_demo_bundle(self.bundle_dir):
@@ -946,7 +956,9 @@ class Stack:
             challenge=self.urls.challenge,
             kafka_url=self.broker_url,
             spool_dir=d / "pdp-spool",
-            auth=PdpAuthSettings(**common_auth, auth_callers=[LOCAL_CALLER, DEMO_CALLER]),
+            auth=PdpAuthSettings(
+                **common_auth, auth_callers=[LOCAL_CALLER, DEMO_CALLER, CHALLENGE_CALLER]
+            ),
             log_commit_ms=o.log_commit_ms,
             log_durability=o.log_durability,
             log_fsync=o.log_fsync,

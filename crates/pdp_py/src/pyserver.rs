@@ -260,8 +260,10 @@ impl Server {
     /// A call that raises or takes longer than `timeout_ms` leaves the verdict `challenge`
     /// without a qid (or answers the wait 503), counted in
     /// `svc_pdp_challenge_calls_total{outcome}`. At most `max_entries` challenges are held
-    /// (least recently used dropped first). Raises `RuntimeError` when the server is not
-    /// running.
+    /// (least recently used dropped first). A wait whose principal or on_behalf_of the
+    /// engine holds contained answers `rejected` at once; call `containments_changed` after
+    /// changing the engine's containment list so held waits see it. Raises `RuntimeError`
+    /// when the server is not running.
     #[pyo3(signature = (source, timeout_ms=2_000, max_entries=100_000))]
     fn set_challenge_source(
         &self,
@@ -270,11 +272,14 @@ impl Server {
         max_entries: usize,
     ) -> PyResult<()> {
         let challenges = source.map(|s| {
-            Arc::new(Challenges::new(
-                Arc::new(PyChallenges(Arc::new(s))),
-                Duration::from_millis(timeout_ms),
-                max_entries,
-            ))
+            Arc::new(
+                Challenges::new(
+                    Arc::new(PyChallenges(Arc::new(s))),
+                    Duration::from_millis(timeout_ms),
+                    max_entries,
+                )
+                .with_containments(self.engine.clone()),
+            )
         });
         self.with_running(|r| r.shared.set_challenge_source(challenges))
     }
@@ -307,6 +312,20 @@ impl Server {
                 pending,
             },
         ))
+    }
+
+    /// Tells the listener that the engine's containment list changed (`Engine.contain`,
+    /// `lift`, `set_containments`): every held challenge wait looks again, and the waits of a
+    /// principal (or on_behalf_of) now contained answer `rejected` at once
+    /// (docs/challenges.md#containment-during-a-wait). Returns how many held challenges
+    /// belong to a contained principal or on_behalf_of now (0 without a challenge source).
+    /// Raises `RuntimeError` when the server is not running.
+    fn containments_changed(&self) -> PyResult<usize> {
+        self.with_running(|r| {
+            r.shared
+                .challenge_source()
+                .map_or(0, |c| c.containments_changed())
+        })
     }
 
     /// How many challenges the listener holds (0 without a challenge source).

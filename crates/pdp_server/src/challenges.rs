@@ -26,12 +26,20 @@
 //!   [`WaitError::NotFound`], as an unknown qid does. The first wait of a pending challenge asks
 //!   the source to follow it ([`ChallengeSource::follow`]); a pending challenge past
 //!   `expires_at` is `EXPIRED` without anyone saying so.
+//! * **Containment** ([`Challenges::containments_changed`]): with the engine installed
+//!   ([`Challenges::with_containments`]), a wait whose principal or on_behalf_of is contained
+//!   in the engine answers [`State::Rejected`] at once (`retry` false: the retry is denied
+//!   `svc:contained` before any policy runs), whether it was held when the containment came or
+//!   started after it. The control plane calls `containments_changed` after every change to
+//!   the engine's containment list, which wakes every held wait to look again. The challenge
+//!   itself is left as the service has it: once the principal is lifted, waits answer the
+//!   service's state again (docs/challenges.md#containment-during-a-wait).
 //! * **Bounds**: at most `max_entries` challenges are held (least recently used dropped first;
 //!   a wait on a dropped one ends with the state it last saw); at most
 //!   [`MAX_CONCURRENT_CALLS`] source calls run at once.
 
 use crate::metrics::Metrics;
-use pdp_core::{Decision, EntityUid, Mode, Verdict};
+use pdp_core::{Decision, Engine, EntityUid, Mode, Verdict};
 use std::future::Future;
 use std::num::NonZeroUsize;
 use std::pin::Pin;
@@ -221,6 +229,10 @@ pub struct Challenges {
     timeout: Duration,
     entries: Mutex<lru::LruCache<String, Entry, foldhash::fast::RandomState>>,
     permits: Arc<Semaphore>,
+    /// The engine whose containment list ends waits; `None`: containment ends no wait.
+    engine: Option<Arc<Engine>>,
+    /// Moves on every [`Challenges::containments_changed`]: wakes every held wait.
+    containments: watch::Sender<u64>,
 }
 
 /// Current time in epoch milliseconds.
@@ -241,7 +253,47 @@ impl Challenges {
                 foldhash::fast::RandomState::default(),
             )),
             permits: Arc::new(Semaphore::new(MAX_CONCURRENT_CALLS)),
+            engine: None,
+            containments: watch::Sender::new(0),
         }
+    }
+
+    /// These challenges with `engine`'s containment list ending waits (module docs): a wait
+    /// whose principal or on_behalf_of `engine` holds contained answers [`State::Rejected`].
+    /// Returns the challenges; call [`Challenges::containments_changed`] after each change
+    /// to that list.
+    #[must_use]
+    pub fn with_containments(mut self, engine: Arc<Engine>) -> Self {
+        self.engine = Some(engine);
+        self
+    }
+
+    /// Whether `owner`'s principal or on_behalf_of is contained in the installed engine
+    /// (false without one).
+    fn contained(&self, owner: &Owner) -> bool {
+        self.engine.as_ref().is_some_and(|e| {
+            let store = e.store();
+            store.is_contained(&owner.0) || owner.1.as_ref().is_some_and(|o| store.is_contained(o))
+        })
+    }
+
+    /// The engine's containment list changed: wakes every held wait, so that the waits of a
+    /// principal now contained answer [`State::Rejected`] at once (module docs). Returns how
+    /// many held challenges belong to a contained principal or on_behalf_of now (0 without
+    /// an engine installed).
+    pub fn containments_changed(&self) -> usize {
+        self.containments.send_modify(|g| *g = g.wrapping_add(1));
+        let Some(engine) = &self.engine else {
+            return 0;
+        };
+        let store = engine.store();
+        self.entries()
+            .iter()
+            .filter(|(_, e)| {
+                store.is_contained(&e.owner.0)
+                    || e.owner.1.as_ref().is_some_and(|o| store.is_contained(o))
+            })
+            .count()
     }
 
     fn entries(
@@ -436,11 +488,22 @@ impl Challenges {
             }
         };
         if first && !rx.borrow().state.is_final() {
-            self.source.follow(qid.to_owned(), owner.0, owner.1);
+            self.source
+                .follow(qid.to_owned(), owner.0.clone(), owner.1.clone());
         }
         let _waiting = metrics.challenge_wait_started();
+        let mut contained_rx = self.containments.subscribe();
         loop {
+            contained_rx.borrow_and_update();
             let status = rx.borrow_and_update().clone();
+            if self.contained(&owner) {
+                // Contained: the wait ends with a deny (module docs).
+                return Ok(Status {
+                    state: State::Rejected,
+                    grant_expires_at_ms: None,
+                    ..status
+                });
+            }
             let now = now_ms();
             let state = status.effective(now);
             if state.is_final() {
@@ -451,7 +514,14 @@ impl Challenges {
                 deadline
                     .min(tokio::time::Instant::now() + Duration::from_millis(e.saturating_sub(now)))
             });
-            match tokio::time::timeout_at(until, rx.changed()).await {
+            let woken = tokio::time::timeout_at(until, async {
+                tokio::select! {
+                    changed = rx.changed() => changed,
+                    // A containment change: look again (the sender lives as long as `self`).
+                    _ = contained_rx.changed() => Ok(()),
+                }
+            });
+            match woken.await {
                 Ok(Ok(())) => {}
                 // The entry was dropped (the bound): answer what was last seen.
                 Ok(Err(_)) => return Ok(Status { state, ..status }),

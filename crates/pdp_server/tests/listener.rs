@@ -569,6 +569,110 @@ fn resolves_challenges_and_holds_waits_until_a_change_is_pushed() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Containment during a wait (docs/challenges.md#containment-during-a-wait): a held wait of
+/// the contained principal answers `rejected` at once (retry false) and the retry is denied
+/// `svc:contained`; another principal's wait stays held; after the lift the challenge's own
+/// state answers again.
+#[test]
+fn containment_ends_held_waits_with_a_deny() {
+    let dir = std::env::temp_dir().join(format!("svc-listener-contain-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("schema.cedarschema"),
+        "entity Human;\nentity Document;\naction delete appliesTo { principal: [Human], resource: [Document] };\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("policies.cedar"),
+        "@id(\"delete-needs-reason\") @challenge(\"justification\")\npermit (principal is Human, action == Action::\"delete\", resource is Document);\n",
+    )
+    .unwrap();
+    let engine = Arc::new(Engine::new(bundle_dir::load(&dir).unwrap()));
+    let running: Running = pdp_server::start(engine.clone(), config(), None).unwrap();
+    let addr = running.local_addr;
+    running
+        .block_on(running.shared.set_ready(Some(true), Some(true), None))
+        .unwrap();
+    let fake = Arc::new(FakeChallenges::default());
+    running.shared.set_challenge_source(Some(Arc::new(
+        Challenges::new(fake.clone(), Duration::from_secs(5), 100)
+            .with_containments(engine.clone()),
+    )));
+    let check = |who: &str| {
+        let request = json!({
+            "principal": {"type": "Human", "id": who},
+            "action": "delete",
+            "resource": {"type": "Document", "id": "d1"},
+        });
+        let (status, answer) = call(addr, "POST", "/v1/access/evaluation", Some(&request));
+        assert_eq!(status, 200, "{answer}");
+        answer
+    };
+    let ana_qid = check("ana")["challenge_qid"].as_str().unwrap().to_owned();
+    let bo_qid = check("bo")["challenge_qid"].as_str().unwrap().to_owned();
+
+    // Two waits of ana and one of bo are held.
+    let waits: Vec<_> = [
+        (ana_qid.clone(), "ana"),
+        (ana_qid.clone(), "ana"),
+        (bo_qid.clone(), "bo"),
+    ]
+    .into_iter()
+    .map(|(qid, who)| std::thread::spawn(move || wait_owned(addr, &qid, who, 25)))
+    .collect();
+    while metric(addr, "svc_pdp_challenge_waits ") != "3" {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let challenges = running.shared.challenge_source().unwrap();
+    // A change that contains nobody ends nothing.
+    assert_eq!(challenges.containments_changed(), 0);
+    engine
+        .set_contained(&json!([{"type": "Human", "id": "ana"}]), true)
+        .unwrap();
+    assert_eq!(challenges.containments_changed(), 1);
+    let mut waits = waits.into_iter();
+    for w in waits.by_ref().take(2) {
+        let (status, answer) = w.join().unwrap();
+        assert_eq!(status, 200, "{answer}");
+        assert_eq!(answer["outcome"], "rejected");
+        assert_eq!(answer["retry"], false);
+        assert_eq!(answer["grant_expires_at"], Value::Null);
+    }
+    // bo's wait is still held; ana's retry is denied as contained; a new wait ends at once.
+    assert_eq!(metric(addr, "svc_pdp_challenge_waits "), "1");
+    let retry = check("ana");
+    assert_eq!(retry["verdict"], "deny", "{retry}");
+    assert_eq!(retry["policies"], json!(["svc:contained"]));
+    let (status, again) = wait_owned(addr, &ana_qid, "ana", 25);
+    assert_eq!(status, 200, "{again}");
+    assert_eq!(again["outcome"], "rejected");
+    // Another principal still learns nothing of ana's challenge.
+    assert_eq!(wait_owned(addr, &ana_qid, "bo", 0).0, 404);
+
+    // Lifted: the challenge answers as the service has it (still pending).
+    engine
+        .set_contained(&json!([{"type": "Human", "id": "ana"}]), false)
+        .unwrap();
+    assert_eq!(challenges.containments_changed(), 0);
+    let (status, look) = wait_owned(addr, &ana_qid, "ana", 0);
+    assert_eq!(status, 200, "{look}");
+    assert_eq!(look["outcome"], "pending");
+
+    // bo's wait ends with its own answer.
+    let passed = Status {
+        state: State::Passed,
+        expires_at_ms: Some(u64::MAX / 2),
+        grant_expires_at_ms: Some(u64::MAX / 2),
+        pending: Vec::new(),
+    };
+    assert!(challenges.changed(&bo_qid, passed));
+    let (status, done) = waits.next().unwrap().join().unwrap();
+    assert_eq!(status, 200, "{done}");
+    assert_eq!(done["outcome"], "passed");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 fn look_status() -> Status {
     Status {
         state: State::Pending,

@@ -57,6 +57,7 @@ from svc.challenge.models import (
     OutboxRow,
     SecurityKeyRow,
 )
+from svc.challenge.pdp_client import ApproverCheck, PdpUnavailable, token_file_reader
 from svc.challenge.settings import ChallengeSettings
 from svc.common.errors import ServiceError, Subscribers, Violation
 
@@ -301,6 +302,11 @@ def _base_type(entity_type: str) -> str:
     return entity_type.rsplit("::", 1)[-1]
 
 
+def _lone_agent(principal: Ref, on_behalf_of: Ref | None) -> bool:
+    """Whether the principal is a service account acting alone (its owner answers)."""
+    return on_behalf_of is None and _base_type(principal.type) == "ServiceAccount"
+
+
 def _user_handle(person: str) -> bytes:
     """The WebAuthn user handle of a person: SHA-256 of ``svc-person:<user name>``.
 
@@ -319,6 +325,10 @@ class ChallengeService:
         directory: who answers (owners, managers); default: a ``ContextDirectory`` over
             ``settings.context_url`` when set, else an empty ``StaticDirectory``.
         clock: the current time, aware UTC (tests of expiry inject their own).
+        approvers: the decision point asked whether an approver may ``approve``
+            (``svc.challenge.pdp_client``); default: an ``ApproverCheck`` over
+            ``settings.pdp_url`` (token from ``pdp_token_file``) when set, else none (approvers
+            are not checked).
 
     On construction the database is migrated (``svc.challenge.migrate``).
 
@@ -333,6 +343,7 @@ class ChallengeService:
         db: SqlEngine | None = None,
         directory: Directory | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        approvers: ApproverCheck | None = None,
     ) -> None:
         self.settings = settings
         self.clock = clock
@@ -346,6 +357,9 @@ class ChallengeService:
         if directory is None:
             directory = self._default_directory()
         self.directory = directory
+        if approvers is None and settings.pdp_url:
+            approvers = ApproverCheck(settings.pdp_url, token_file_reader(settings.pdp_token_file))
+        self.approvers = approvers
         self._subscribers = Subscribers()
 
     def _default_directory(self) -> Directory:
@@ -420,7 +434,7 @@ class ChallengeService:
         self, principal: Ref, on_behalf_of: Ref | None, kinds: Sequence[str], approver: str
     ) -> tuple[str, str]:
         """(person, approver) of a new challenge (docs/challenges.md#who-answers)."""
-        lone_agent = on_behalf_of is None and _base_type(principal.type) == "ServiceAccount"
+        lone_agent = _lone_agent(principal, on_behalf_of)
         try:
             if on_behalf_of is not None:
                 person = on_behalf_of.id
@@ -459,6 +473,25 @@ class ChallengeService:
             )
         return person, chosen
 
+    def _may_approve(self, approver: str, resource: Ref) -> bool:
+        """Whether the decision point lets ``approver`` ``approve`` ``resource``.
+
+        True without ``approvers`` (nothing is checked).
+
+        Raises:
+            ChallengeError: ``unavailable`` when the decision point does not answer.
+
+        """
+        if self.approvers is None:
+            return True
+        try:
+            return self.approvers.may_approve(approver, resource.type, resource.id)
+        except PdpUnavailable as e:
+            log.error("approve check of %s: %s", approver, e)
+            raise ChallengeError(
+                "unavailable", "the decision point does not answer whether the approver may approve"
+            ) from None
+
     def resolve(
         self,
         principal: Ref,
@@ -492,8 +525,10 @@ class ChallengeService:
 
         Raises:
             ChallengeError: ``invalid_argument`` naming every bad field; ``failed_precondition``
-                when nobody can answer (no owner, no manager, a self-approval);
-                ``unavailable`` when the directory does not answer.
+                when nobody can answer (no owner, no manager, a self-approval) or the decision
+                point does not allow the approver (the manager or the named approver; not a
+                lone agent's owner) to ``approve`` the resource ("approver may not approve");
+                ``unavailable`` when the directory or the decision point does not answer.
 
         """
         bad: list[Violation] = []
@@ -540,6 +575,19 @@ class ChallengeService:
                     s.add(row)
                 if answerers is None:
                     answerers = self._answerers(principal, on_behalf_of, kinds, approver)
+                    # A lone agent's owner answers as its person, unchecked
+                    # (docs/challenges.md#who-answers).
+                    owner_approves = not approver and _lone_agent(principal, on_behalf_of)
+                    if (
+                        answerers[1]
+                        and not owner_approves
+                        and not self._may_approve(answerers[1], resource)
+                    ):
+                        raise ChallengeError(
+                            "failed_precondition",
+                            f"approver may not approve: the decision point does not allow "
+                            f"`{answerers[1]}` to approve {resource}",
+                        )
                 person, chosen = answerers
                 new = ChallengeRow(
                     qid=str(uuid_utils.uuid7()),
@@ -766,13 +814,32 @@ class ChallengeService:
                 ``not_found`` for an unknown qid; ``permission_denied`` for anyone but the
                 challenge's approver (and for a challenge without ``approval``);
                 ``failed_precondition`` while the justification is missing or when the
-                challenge is not pending.
+                challenge is not pending; ``permission_denied`` too when the decision point
+                no longer allows the approver to ``approve`` the resource, ``unavailable`` when
+                it does not answer (docs/challenges.md#who-answers).
 
         """
         bad: list[Violation] = []
         _check_text(approver, "approver", bad)
         _check_free_text(reason, "reason", self.settings.max_justification_chars, bad)
         _refuse(bad, "bad decision")
+        if self.approvers is not None:
+            with Session(self.db) as s:
+                row = self._row(s, qid)
+                mine = "approval" in row.kinds and approver == row.approver
+                resource = Ref(row.resource_type, row.resource_id)
+                # A lone agent's owner approves as its person, unchecked (as at Resolve).
+                owner = approver == row.person and _lone_agent(
+                    Ref(row.principal_type, row.principal_id),
+                    Ref(row.obo_type, row.obo_id) if row.obo_type and row.obo_id else None,
+                )
+            # Only the challenge's approver is asked about; anyone else is refused below.
+            if mine and not owner and not self._may_approve(approver, resource):
+                raise ChallengeError(
+                    "permission_denied",
+                    f"`{approver}` may not approve {resource}: the decision point does not "
+                    "allow it",
+                )
 
         def check(row: ChallengeRow, now: datetime) -> None:
             if "approval" not in row.kinds or approver != row.approver:
@@ -1171,8 +1238,10 @@ class ChallengeService:
         )
 
     def close(self) -> None:
-        """Releases the database connections and the directory's client."""
+        """Releases the database connections, the directory's and the decision point's clients."""
         close = getattr(self.directory, "close", None)
         if callable(close):
             close()
+        if self.approvers is not None:
+            self.approvers.close()
         self.db.dispose()

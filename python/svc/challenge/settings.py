@@ -51,6 +51,13 @@ class ChallengeSettings(ServiceSettings, component="challenge"):
     context_token_file: str | None = None
     """File holding the bearer token sent to the context service (read at each call, so a
     renewed token is picked up)."""
+    pdp_url: str | None = None
+    """The decision point (``http://host:port``) asked whether an approver may ``approve`` the
+    challenge's resource, at ``Resolve`` and at ``Decide`` (docs/challenges.md#who-answers);
+    unset: approvers are not checked."""
+    pdp_token_file: str | None = None
+    """File holding the bearer token sent to the decision point (audience ``svc-pdp``; read at
+    each call)."""
     rp_id: str = "localhost"
     """The WebAuthn relying party id: the host name of the page people touch their key on
     (WebAuthn Level 3, section 5.1.4)."""

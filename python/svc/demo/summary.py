@@ -1,9 +1,11 @@
 """What the demo left in the history store, read back from it (docs/history.md#queries).
 
-``summarize`` answers from the ``decisions`` and ``events`` tables only, never from the
-``DriveReport``, whose sole use is the time window to read: so the summary shows what went
-through the decision log, the intake, the broker and the loader, not what the demo meant to
-send. Every query reads with ``FINAL`` (records delivered twice count once).
+``summarize`` answers from the ``decisions`` and ``events`` tables, never from what the
+``DriveReport`` says was sent, whose use is the time window to read: so the summary shows what
+went through the decision log, the intake, the broker and the loader, not what the demo meant to
+send. Every query reads with ``FINAL`` (records delivered twice count once). The one exception
+is what became of the challenges (``challenge_outcomes``), which the history does not hold: the
+report's answers of the decision point's challenge waits at the end of the drive.
 """
 
 from __future__ import annotations
@@ -72,13 +74,15 @@ def summarize(client: Client, report: DriveReport) -> str:
 
     Reads the decisions and events whose ``at`` lies in ``report.window()``: checks by verdict
     and decisions by mode (with monitor mode's would-deny and would-challenge), challenges by
-    kind, agents' checks on behalf of people, plans by outcome, the list reports that name a
+    kind and what became of them (the report's ``challenge_outcomes``: pending, passed,
+    rejected, expired), agents' checks on behalf of people, plans by outcome, the list reports
+    that name a
     plan in the history and the rows they showed, events by kind of access, and the principals
     that moved the most rows out (``exported`` rows, ``download``/``export`` actions).
 
     Args:
         client: a ``svc.history.connect`` client on a migrated database the loader fills.
-        report: the drive's report; only its time window is used.
+        report: the drive's report; its time window and ``challenge_outcomes`` are used.
 
     Returns:
         The summary, lines joined with newlines, no trailing newline.
@@ -160,6 +164,11 @@ def summarize(client: Client, report: DriveReport) -> str:
             f"{_n(checks)}: allow {_n(allow)}, deny {_n(deny)}, challenge {_n(challenge)}",
         ),
         line("challenges", _pairs(kinds)),
+        line(
+            "challenged",
+            f"{_n(sum(report.challenge_outcomes.values()))} challenges opened: "
+            + _pairs(sorted(report.challenge_outcomes.items(), key=lambda kv: (-kv[1], kv[0]))),
+        ),
         line(
             "agents",
             f"{_n(a_checks)} checks by {_n(a_agents)} agents for {_n(a_people)} people: "

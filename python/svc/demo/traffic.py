@@ -506,6 +506,12 @@ class DriveReport:
         verdicts: checks by verdict (``allow``, ``deny``, ``challenge``).
         challenges: challenge verdicts by kind (``verification``, ``approval``,
             ``justification``); a check with two kinds counts under both.
+        challenge_qids: the challenges those verdicts named (``challenge_qid``, present when
+            the decision point resolves challenges with the challenge service), each with the
+            ``principal`` and ``on_behalf_of`` of its check (what a wait must name).
+        challenge_outcomes: what became of those challenges by the end of the drive
+            (``pending``, ``passed``, ``rejected``, ``expired``, from a wait with
+            ``wait_secs`` 0; ``unknown`` when the wait answered an error), each qid once.
         reasons: built-in denials by reason (``svc:contained``, ``svc:unregistered``,
             ``svc:human_not_present``).
         routes: checks by route (``evaluation``, ``authzen``, ``authzen-batch``, ``row-check``).
@@ -528,6 +534,8 @@ class DriveReport:
     checks: int = 0
     verdicts: Counter[str] = field(default_factory=Counter)
     challenges: Counter[str] = field(default_factory=Counter)
+    challenge_qids: dict[str, Json] = field(default_factory=dict)
+    challenge_outcomes: Counter[str] = field(default_factory=Counter)
     reasons: Counter[str] = field(default_factory=Counter)
     routes: Counter[str] = field(default_factory=Counter)
     on_behalf_of: int = 0
@@ -609,6 +617,11 @@ class DriveReport:
         self.verdicts[response["verdict"]] += 1
         if response["verdict"] == "challenge":
             self.challenges.update(response["challenges"])
+        qid = response.get("challenge_qid")
+        if qid and qid not in self.challenge_qids:
+            self.challenge_qids[qid] = {
+                k: request[k] for k in ("principal", "on_behalf_of") if request.get(k)
+            }
         self.reasons.update(p for p in response["policies"] if p.startswith("svc:"))
         if isinstance(response.get("on_behalf_of"), dict):
             self.reasons.update(
@@ -702,7 +715,12 @@ class _Driver:
             if "error" in ctx:
                 raise TrafficError(f"AuthZEN refused {case.request}: {ctx['error']}")
             resp = {k: ctx[k] for k in ("qid", "verdict", "challenges", "policies", "mode")}
+            qid = ctx.get("challenge_qid")
+            if qid:
+                resp["challenge_qid"] = qid
             self.report.record_check(case.request, resp, route)
+            if qid:  # AuthZEN sends no on_behalf_of: the challenge is the subject's alone
+                self.report.challenge_qids[qid] = {"principal": subject}
             out.append(resp)
         return out
 
@@ -816,6 +834,22 @@ class _Driver:
         r._principal(req)
         return resp
 
+    def challenge_outcomes(self) -> None:
+        """Asks what became of every challenge the drive was named (docs/api.md#challenge-waits).
+
+        One ``POST /v1/access/challenge`` with ``wait_secs`` 0 per qid, as the principal (and
+        on_behalf_of) of its check; counts the outcomes into ``report.challenge_outcomes``
+        (``unknown`` for an answer other than 200).
+        """
+        for qid, who in self.report.challenge_qids.items():
+            r = self.http.post(
+                f"{self.pdp}/v1/access/challenge",
+                json={"challenge_qid": qid, **who, "wait_secs": 0},
+                headers=self.pdp_auth,
+            )
+            outcome = r.json().get("outcome", "unknown") if r.status_code == 200 else "unknown"
+            self.report.challenge_outcomes[str(outcome)] += 1
+
     def row_check(self, plan_req: Json, row: Resource) -> bool:
         req = {k: v for k, v in plan_req.items() if k != "resource_type"}
         req["resource"] = row.ref
@@ -877,6 +911,7 @@ def drive(
                 r = d.report
                 say(f"{r.checks} checks, {r.plans} plans, {r.events_sent} events")
         d.flush()
+        d.challenge_outcomes()
     r = d.report
     r.finished_at = datetime.now(UTC)
     say(

@@ -22,6 +22,10 @@ its ``principals_version`` (docs/architecture.md#versioning).
   stays silent longer than ``stale_secs`` (the service sends a heartbeat every
   ``heartbeat_secs``, 5 s by default) counts as lost: a connection that died without closing is
   noticed.
+* **Challenge waits.** After every list or change it applies, the follower calls
+  ``on_changed`` (``follow_containments`` makes it ``Server.containments_changed``): the
+  listener's held challenge waits look again, and those of a principal now contained answer
+  ``rejected`` at once (docs/challenges.md#containment-during-a-wait).
 * **Callers' tokens.** Every stream carries ``authorization: Bearer <JWT>`` when ``token``
   returns one (docs/auth.md, audience ``svc-challenge``); it is called again at each
   (re)connect, so a renewed token is picked up.
@@ -112,6 +116,10 @@ class ContainmentFollower:
         on_loaded: called (from the follower's thread) once, when the first whole list is in
             the engine and before ``loaded`` and ``status.loaded`` are set, so that whoever
             waits for those sees its effect (``follow_containments`` marks the listener ready).
+        on_changed: called (from the follower's thread) after every list or change applied to
+            the engine, before ``status`` shows it (``follow_containments`` makes it
+            ``Server.containments_changed``, which ends the challenge waits of a principal
+            now contained).
 
     """
 
@@ -125,6 +133,7 @@ class ContainmentFollower:
         max_backoff_secs: float = 10.0,
         stale_secs: float = 15.0,
         on_loaded: Callable[[], None] | None = None,
+        on_changed: Callable[[], None] | None = None,
     ) -> None:
         self.engine = engine
         self.target = _target(url)
@@ -133,6 +142,7 @@ class ContainmentFollower:
         self.max_backoff_secs = max_backoff_secs
         self.stale_secs = stale_secs
         self.on_loaded = on_loaded
+        self.on_changed = on_changed
         self.status = ContainmentStatus()
         self.loaded = threading.Event()
         self._cond = threading.Condition()
@@ -307,6 +317,7 @@ class ContainmentFollower:
             pairs = valid
             self.engine.set_containments([_ref(p) for p in pairs])
         first = not self.status.loaded
+        self._engine_changed()
         if first and self.on_loaded is not None:
             self.on_loaded()  # before `loaded`: whoever waits for it sees the listener ready
         with self._cond:
@@ -332,6 +343,7 @@ class ContainmentFollower:
         except RequestError as e:
             self._refused(p, e)
             return
+        self._engine_changed()
         with self._cond:
             held = set(self.status.contained)
             if change.contained:
@@ -344,6 +356,15 @@ class ContainmentFollower:
         verb = "contained" if change.contained else "lifted"
         log.info("%s %s::%s (%s)", verb, p[0], p[1], change.containment.reason or "no reason")
         self._changed(f"{verb} {p[0]}::{p[1]}")
+
+    def _engine_changed(self) -> None:
+        """Calls ``on_changed`` after the engine's list changed; its failure is logged."""
+        if self.on_changed is None:
+            return
+        try:
+            self.on_changed()
+        except Exception as e:  # the listener stopped meanwhile: the list still applies
+            log.warning("containment change not passed to the listener: %s", e)
 
     def _refused(self, p: Pair, e: RequestError) -> None:
         with self._cond:
@@ -363,8 +384,9 @@ def follow_containments(
     Args:
         engine: the decision point's engine.
         server: its listener, started, whose ``containments`` readiness flag is left unset
-            until the first whole list is loaded, then set (``Server.set_ready``); ``None``:
-            no listener.
+            until the first whole list is loaded, then set (``Server.set_ready``), and which is
+            told of every change (``Server.containments_changed``: the challenge waits of a
+            principal now contained end); ``None``: no listener.
         url: the challenge service (``http://host:port``).
         token: returns the bearer token for each new stream (audience ``svc-challenge``), or
             None.
@@ -380,4 +402,10 @@ def follow_containments(
         if server is not None and server.running:
             server.set_ready(containments=True)
 
-    return ContainmentFollower(engine, url, token, on_loaded=ready, **options).start()
+    def changed() -> None:
+        if server is not None and server.running:
+            server.containments_changed()
+
+    return ContainmentFollower(
+        engine, url, token, on_loaded=ready, on_changed=changed, **options
+    ).start()

@@ -1058,7 +1058,8 @@ class ChallengeService:
 
         Returns:
             The ceremony id, the request options allowing only the old key, and the creation
-            options for the new one (excluding every key the person has).
+            options for the new one (excluding the person's other keys; the old key's
+            authenticator may make the new credential).
 
         Raises:
             ChallengeError: ``invalid_argument`` for no person or a bad name; ``not_found``
@@ -1080,8 +1081,10 @@ class ChallengeService:
                 assertion_options_json=self._request_options(
                     ceremony.proof_challenge, [credential_id]
                 ),
+                # The key being replaced is not excluded: a new credential may be made on the
+                # same authenticator (one that was reset, or a rotation).
                 options_json=self._creation_options(
-                    s, person, ceremony, [k.credential_id for k in existing]
+                    s, person, ceremony, [k.credential_id for k in existing if k != old]
                 ),
             )
             s.commit()

@@ -250,7 +250,8 @@ def _router(service: ChallengeService, oauth: OAuth, username_claim: str) -> API
             {"user": name, "csrf": secrets.token_urlsafe(32), "pending_links": pending}
         )
         log.info("%s signed in to the challenge page", name)
-        return RedirectResponse(target if target.startswith("/") else "/keys", status_code=303)
+        local = isinstance(target, str) and target.startswith("/") and not target.startswith("//")
+        return RedirectResponse(target if local else "/keys", status_code=303)
 
     @router.post("/auth/logout")
     def logout(request: Request, x_csrf_token: _Csrf = None) -> Response:
@@ -265,6 +266,7 @@ def _router(service: ChallengeService, oauth: OAuth, username_claim: str) -> API
         return {"user": _signed_in(request), "csrf": request.session.get("csrf")}
 
     def opened_challenge(request: Request, qid: str, user: str) -> None:
+        """Refuses a challenge this session did not open with its link."""
         if not _opened(request, qid):
             raise _refused("open this page from the link of its notification")
 

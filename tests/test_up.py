@@ -62,6 +62,17 @@ def test_banner_names_every_component_and_each_answers(corp_up: Up) -> None:
     assert r.status_code == 302 and r.headers["location"].startswith(f"{idp}/oauth2/authorize?")
     assert "code_challenge_method=S256" in r.headers["location"]
     assert httpx.get(f"{idp}/.well-known/openid-configuration", timeout=10).json()["issuer"] == idp
+    # Signing in at the demo provider as any user name opens that person's key page.
+    with httpx.Client(timeout=10) as browser:
+        authorize = browser.get(f"{page}/auth/login").headers["location"]
+        assert browser.get(authorize).status_code == 200  # the provider's form
+        callback = browser.post(authorize, data={"sub": "alice"})
+        assert callback.status_code == 302, callback.text
+        keys = browser.get(callback.headers["location"])
+        assert keys.status_code == 303 and keys.headers["location"] == "/keys"
+        assert browser.get(f"{page}/keys").status_code == 200
+        assert browser.get(f"{page}/page/api/me").json()["user"] == "alice"
+        assert browser.get(f"{page}/page/api/keys").json() == {"keys": []}
 
 
 @pytest.fixture(scope="module")

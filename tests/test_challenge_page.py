@@ -11,7 +11,9 @@ to its outbox. Each step's screenshot goes to docs/images/challenge-*.png.
 from __future__ import annotations
 
 import re
+import stat
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,7 @@ from sqlmodel import Session, col, select
 
 from svc.challenge.app import ChallengeServer
 from svc.challenge.dev_idp import DevIdentityProvider
+from svc.challenge.links import LinkRefused, LinkTokens
 from svc.challenge.directory import StaticDirectory
 from svc.challenge.models import LinkUseRow, OutboxRow
 from svc.challenge.service import ChallengeService
@@ -142,6 +145,8 @@ class World:
     def person(self) -> tuple[BrowserContext, Page]:
         """A browser of its own (cookies, virtual authenticator) for one person."""
         context = self.browser.new_context(viewport={"width": 900, "height": 600})
+        # Generous waits: the machine may be busy; no step is timed.
+        context.set_default_timeout(120_000)
         self.contexts.append(context)
         page = context.new_page()
         cdp = context.new_cdp_session(page)
@@ -336,3 +341,24 @@ def test_approval_and_rejection_by_the_approver(world: World) -> None:
     _, ana = world.person()
     ana.goto(world.link(passed))
     assert "not `ana`" in refused(sign_in(ana, "ana"))
+
+
+def test_link_tokens_expire_and_bind_their_challenge(tmp_path: Path) -> None:
+    key_file = tmp_path / "keys" / "link.key"
+    tokens = LinkTokens.from_file(str(key_file), 60)
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    # The same file gives the same key: another replica verifies the token.
+    other = LinkTokens.from_file(str(key_file), 60)
+    now = datetime.now(UTC)
+    token = tokens.mint("q1", "ana", "opened", now)
+    claims = other.verify(token, "q1")
+    assert (claims.qid, claims.recipient, claims.event) == ("q1", "ana", "opened")
+    assert claims.jti and claims.expires_at > now
+    with pytest.raises(LinkRefused, match="another challenge"):
+        tokens.verify(token, "q2")
+    with pytest.raises(LinkRefused, match="expired"):
+        tokens.verify(tokens.mint("q1", "ana", "opened", now - timedelta(seconds=120)), "q1")
+    with pytest.raises(LinkRefused):
+        LinkTokens.from_file(None, 60).verify(token, "q1")  # another key
+    with pytest.raises(ValueError):
+        LinkTokens(b"short", 60)

@@ -24,8 +24,8 @@ from sqlmodel import Session, col, select
 
 from svc.challenge.app import ChallengeServer
 from svc.challenge.dev_idp import DevIdentityProvider
-from svc.challenge.links import LinkRefused, LinkTokens
 from svc.challenge.directory import StaticDirectory
+from svc.challenge.links import LinkRefused, LinkTokens
 from svc.challenge.models import LinkUseRow, OutboxRow
 from svc.challenge.service import ChallengeService
 from svc.challenge.settings import ChallengeSettings

@@ -27,7 +27,7 @@ from sqlmodel import Session, col, select
 from svc.challenge.app import ChallengeServer
 from svc.challenge.directory import ContextDirectory, StaticDirectory
 from svc.challenge.migrate import HEAD, current_revision, migrate
-from svc.challenge.models import OutboxRow
+from svc.challenge.models import KeyResetRow, OutboxRow
 from svc.challenge.service import ChallengeService, Ref, fingerprint
 from svc.challenge.settings import ChallengeSettings
 from svc.challenge.v1 import challenge_pb2 as pb
@@ -368,8 +368,8 @@ def test_junk_is_refused_naming_the_fields(stub: pb_grpc.ChallengeServiceStub) -
     )
     assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and violations(e) == ["credential_json"]
     e = refused(
-        stub.FinishRegistration,
-        pb.FinishRegistrationRequest(ceremony_id="nope", person="ana", credential_json="{}"),
+        stub.FinishKeyRegistration,
+        pb.FinishKeyRegistrationRequest(ceremony_id="nope", person="ana", credential_json="{}"),
     )
     assert e.code() == grpc.StatusCode.NOT_FOUND
 
@@ -558,14 +558,14 @@ class Key(SoftWebauthnDevice):  # type: ignore[misc]
 
 
 def register(stub: Any, person: str, key: Key, name: str = "blue key") -> pb.SecurityKey:
-    begin = stub.BeginRegistration(
-        pb.BeginRegistrationRequest(person=person, name=name), timeout=30
+    begin = stub.BeginKeyRegistration(
+        pb.BeginKeyRegistrationRequest(person=person, name=name), timeout=30
     )
     opts = json.loads(begin.options_json)
     assert opts["rp"]["id"] == "localhost"
     assert opts["authenticatorSelection"]["userVerification"] == "required"
-    return stub.FinishRegistration(
-        pb.FinishRegistrationRequest(
+    return stub.FinishKeyRegistration(
+        pb.FinishKeyRegistrationRequest(
             ceremony_id=begin.ceremony_id,
             person=person,
             credential_json=key.create_json(begin.options_json),
@@ -579,7 +579,8 @@ def test_security_key_flow(stub: pb_grpc.ChallengeServiceStub, server: Challenge
     reg = register(stub, "ana", key)
     assert reg.person == "ana" and reg.name == "blue key" and reg.sign_count == 0
     assert [
-        k.credential_id for k in stub.ListKeys(pb.ListKeysRequest(person="ana"), timeout=30).keys
+        k.credential_id
+        for k in stub.ListSecurityKeys(pb.ListSecurityKeysRequest(person="ana"), timeout=30).keys
     ] == [reg.credential_id]
 
     c = resolve(stub, AGENT, ["verification"], on_behalf_of=ANA).challenge
@@ -595,7 +596,12 @@ def test_security_key_flow(stub: pb_grpc.ChallengeServiceStub, server: Challenge
         timeout=30,
     ).challenge
     assert done.state == pb.CHALLENGE_STATE_PASSED and list(done.satisfied) == ["verification"]
-    assert stub.ListKeys(pb.ListKeysRequest(person="ana"), timeout=30).keys[0].sign_count == 1
+    assert (
+        stub.ListSecurityKeys(pb.ListSecurityKeysRequest(person="ana"), timeout=30)
+        .keys[0]
+        .sign_count
+        == 1
+    )
     # A ceremony finishes once.
     e = refused(
         stub.FinishVerification,
@@ -650,10 +656,10 @@ def test_a_cloned_key_and_one_without_user_verification_are_refused(
     e = attempt(key)
     assert e.code() == grpc.StatusCode.PERMISSION_DENIED and "verif" in (e.details() or "").lower()
     # A key that cannot verify the user is not registered at all.
-    begin = stub.BeginRegistration(pb.BeginRegistrationRequest(person="ana"), timeout=30)
+    begin = stub.BeginKeyRegistration(pb.BeginKeyRegistrationRequest(person="ana"), timeout=30)
     e = refused(
-        stub.FinishRegistration,
-        pb.FinishRegistrationRequest(
+        stub.FinishKeyRegistration,
+        pb.FinishKeyRegistrationRequest(
             ceremony_id=begin.ceremony_id,
             person="ana",
             credential_json=Key(uv=False).create_json(begin.options_json),
@@ -661,10 +667,10 @@ def test_a_cloned_key_and_one_without_user_verification_are_refused(
     )
     assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and violations(e) == ["credential_json"]
     # From another origin: refused too.
-    begin = stub.BeginRegistration(pb.BeginRegistrationRequest(person="ana"), timeout=30)
+    begin = stub.BeginKeyRegistration(pb.BeginKeyRegistrationRequest(person="ana"), timeout=30)
     e = refused(
-        stub.FinishRegistration,
-        pb.FinishRegistrationRequest(
+        stub.FinishKeyRegistration,
+        pb.FinishKeyRegistrationRequest(
             ceremony_id=begin.ceremony_id,
             person="ana",
             credential_json=Key().create_json(begin.options_json, "https://evil.example"),
@@ -707,15 +713,161 @@ def test_only_a_key_registered_to_that_person_passes(stub: pb_grpc.ChallengeServ
     assert got.state == pb.CHALLENGE_STATE_PENDING
     # Keys are removed by their person only.
     e = refused(
-        stub.RemoveKey, pb.RemoveKeyRequest(person="ana", credential_id=bo_reg.credential_id)
+        stub.RemoveSecurityKey,
+        pb.RemoveSecurityKeyRequest(person="ana", credential_id=bo_reg.credential_id),
     )
     assert e.code() == grpc.StatusCode.NOT_FOUND
-    stub.RemoveKey(pb.RemoveKeyRequest(person="bo", credential_id=bo_reg.credential_id), timeout=30)
-    assert list(stub.ListKeys(pb.ListKeysRequest(person="bo"), timeout=30).keys) == []
+    stub.RemoveSecurityKey(
+        pb.RemoveSecurityKeyRequest(person="bo", credential_id=bo_reg.credential_id), timeout=30
+    )
+    assert (
+        list(stub.ListSecurityKeys(pb.ListSecurityKeysRequest(person="bo"), timeout=30).keys) == []
+    )
     # Without a key, a verification cannot start.
     other = resolve(stub, BO, ["verification"]).challenge
     e = refused(stub.BeginVerification, pb.BeginVerificationRequest(qid=other.qid, person="bo"))
     assert e.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+
+def test_key_change_needs_the_old_key_and_replaces_it(
+    stub: pb_grpc.ChallengeServiceStub,
+) -> None:
+    old, new, bos = Key(), Key(), Key()
+    old_reg = register(stub, "ana", old)
+    register(stub, "bo", bos)
+    begin = stub.BeginKeyChange(
+        pb.BeginKeyChangeRequest(person="ana", credential_id=old_reg.credential_id, name="green"),
+        timeout=30,
+    )
+    proof_opts = json.loads(begin.assertion_options_json)
+    assert [a["id"] for a in proof_opts["allowCredentials"]] == [old_reg.credential_id]
+    assert proof_opts["userVerification"] == "required"
+    # Other keys of the person are excluded, not the one being replaced.
+    assert json.loads(begin.options_json).get("excludeCredentials", []) == []
+    created = new.create_json(begin.options_json)
+
+    def finish(assertion: str, person: str = "ana") -> grpc.RpcError:
+        return refused(
+            stub.FinishKeyRegistration,
+            pb.FinishKeyRegistrationRequest(
+                ceremony_id=begin.ceremony_id,
+                person=person,
+                credential_json=created,
+                assertion_json=assertion,
+            ),
+        )
+
+    # Without the old key's assertion, with another person's key, or by another person: refused.
+    e = finish("")
+    assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and violations(e) == ["assertion_json"]
+    e = finish(bos.get_json(begin.assertion_options_json))
+    assert e.code() == grpc.StatusCode.PERMISSION_DENIED
+    e = finish(old.get_json(begin.assertion_options_json), person="bo")
+    assert e.code() == grpc.StatusCode.PERMISSION_DENIED
+    # An assertion over another challenge (a replay of a verification) does not verify.
+    other = stub.BeginKeyChange(
+        pb.BeginKeyChangeRequest(person="ana", credential_id=old_reg.credential_id), timeout=30
+    )
+    e = finish(old.get_json(other.assertion_options_json))
+    assert e.code() == grpc.StatusCode.PERMISSION_DENIED
+    # bo cannot start changing ana's key.
+    e = refused(
+        stub.BeginKeyChange,
+        pb.BeginKeyChangeRequest(person="bo", credential_id=old_reg.credential_id),
+    )
+    assert e.code() == grpc.StatusCode.NOT_FOUND
+
+    done = stub.FinishKeyRegistration(
+        pb.FinishKeyRegistrationRequest(
+            ceremony_id=begin.ceremony_id,
+            person="ana",
+            credential_json=created,
+            assertion_json=old.get_json(begin.assertion_options_json),
+        ),
+        timeout=30,
+    )
+    assert done.replaced_credential_id == old_reg.credential_id
+    assert done.key.name == "green" and done.key.person == "ana"
+    keys = stub.ListSecurityKeys(pb.ListSecurityKeysRequest(person="ana"), timeout=30).keys
+    assert [k.credential_id for k in keys] == [done.key.credential_id]
+    # The other change ceremony cannot finish now: its old key is gone.
+    e = refused(
+        stub.FinishKeyRegistration,
+        pb.FinishKeyRegistrationRequest(
+            ceremony_id=other.ceremony_id,
+            person="ana",
+            credential_json=Key().create_json(other.options_json),
+            assertion_json=old.get_json(other.assertion_options_json),
+        ),
+    )
+    assert e.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+    # The new key passes a verification; the old one is no longer allowed.
+    c = resolve(stub, ANA, ["verification"]).challenge
+    v = stub.BeginVerification(pb.BeginVerificationRequest(qid=c.qid, person="ana"), timeout=30)
+    assert [a["id"] for a in json.loads(v.options_json)["allowCredentials"]] == [
+        done.key.credential_id
+    ]
+    e = refused(
+        stub.FinishVerification,
+        pb.FinishVerificationRequest(
+            ceremony_id=v.ceremony_id, person="ana", credential_json=old.get_json(v.options_json)
+        ),
+    )
+    assert e.code() == grpc.StatusCode.PERMISSION_DENIED
+    passed = stub.FinishVerification(
+        pb.FinishVerificationRequest(
+            ceremony_id=v.ceremony_id, person="ana", credential_json=new.get_json(v.options_json)
+        ),
+        timeout=30,
+    ).challenge
+    assert passed.state == pb.CHALLENGE_STATE_PASSED
+
+
+def test_reset_removes_every_key_recorded_and_the_person_registers_again(
+    stub: pb_grpc.ChallengeServiceStub, server: ChallengeServer
+) -> None:
+    register(stub, "ana", Key(), "blue")
+    register(stub, "ana", Key(), "spare")
+    bo_reg = register(stub, "bo", Key())
+    e = refused(stub.ResetSecurityKey, pb.ResetSecurityKeyRequest(person="ana", reason="lost"))
+    assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and violations(e) == ["author"]
+    out = stub.ResetSecurityKey(
+        pb.ResetSecurityKeyRequest(person="ana", reason="both keys lost", author="admin.eve"),
+        timeout=30,
+    )
+    assert out.removed == 2
+    assert (
+        list(stub.ListSecurityKeys(pb.ListSecurityKeysRequest(person="ana"), timeout=30).keys) == []
+    )
+    # Only ana's keys.
+    bo_keys = stub.ListSecurityKeys(pb.ListSecurityKeysRequest(person="bo"), timeout=30).keys
+    assert [k.credential_id for k in bo_keys] == [bo_reg.credential_id]
+    c = resolve(stub, ANA, ["verification"]).challenge
+    e = refused(stub.BeginVerification, pb.BeginVerificationRequest(qid=c.qid, person="ana"))
+    assert e.code() == grpc.StatusCode.FAILED_PRECONDITION
+    # A reset of nobody's keys is recorded too.
+    again = stub.ResetSecurityKey(
+        pb.ResetSecurityKeyRequest(person="ana", reason="check", author="admin.eve"), timeout=30
+    )
+    assert again.removed == 0
+    with Session(server.service.db) as s:
+        rows = s.exec(select(KeyResetRow).order_by(col(KeyResetRow.id))).all()
+        assert [(r.person, r.author, r.reason, r.removed) for r in rows] == [
+            ("ana", "admin.eve", "both keys lost", 2),
+            ("ana", "admin.eve", "check", 0),
+        ]
+    # The person registers again and answers the challenge with the new key.
+    key = Key()
+    register(stub, "ana", key)
+    v = stub.BeginVerification(pb.BeginVerificationRequest(qid=c.qid, person="ana"), timeout=30)
+    passed = stub.FinishVerification(
+        pb.FinishVerificationRequest(
+            ceremony_id=v.ceremony_id, person="ana", credential_json=key.get_json(v.options_json)
+        ),
+        timeout=30,
+    ).challenge
+    assert passed.state == pb.CHALLENGE_STATE_PASSED
 
 
 # -- the directory over the context service

@@ -52,6 +52,27 @@ def test_banner_names_every_component_and_each_answers(corp_up: Up) -> None:
         assert "version" in get_json(f"{url}/version")
         assert httpx.get(f"{url}/metrics", timeout=10).status_code == 200
     assert str(corp_up.data_dir) in banner
+    # The challenge page answers: a stranger is sent to sign in at the demo identity provider.
+    page = f"http://localhost:{corp_up.port + 5}"
+    assert f"{page}/keys" in banner
+    r = httpx.get(f"{page}/keys", timeout=10)
+    assert r.status_code == 303 and r.headers["location"] == f"{page}/auth/login"
+    r = httpx.get(f"{page}/auth/login", timeout=10)
+    idp = f"http://127.0.0.1:{corp_up.port + 6}"
+    assert r.status_code == 302 and r.headers["location"].startswith(f"{idp}/oauth2/authorize?")
+    assert "code_challenge_method=S256" in r.headers["location"]
+    assert httpx.get(f"{idp}/.well-known/openid-configuration", timeout=10).json()["issuer"] == idp
+    # Signing in at the demo provider as any user name opens that person's key page.
+    with httpx.Client(timeout=10) as browser:
+        authorize = browser.get(f"{page}/auth/login").headers["location"]
+        assert browser.get(authorize).status_code == 200  # the provider's form
+        callback = browser.post(authorize, data={"sub": "alice"})
+        assert callback.status_code == 302, callback.text
+        keys = browser.get(callback.headers["location"])
+        assert keys.status_code == 303 and keys.headers["location"] == "/keys"
+        assert browser.get(f"{page}/keys").status_code == 200
+        assert browser.get(f"{page}/page/api/me").json()["user"] == "alice"
+        assert browser.get(f"{page}/page/api/keys").json() == {"keys": []}
 
 
 @pytest.fixture(scope="module")

@@ -20,16 +20,16 @@ SVC = [sys.executable, "-m", "svc.cli"]
 
 
 def free_base_port(host: str = "127.0.0.1") -> int:
-    """A port N with N to N+5 free (what svc up binds)."""
+    """A port N with N to N+6 free (what svc up binds)."""
     rng = random.Random()
     for _ in range(200):
         n = rng.randrange(20_000, 60_000)
         try:
-            check_ports(host, {f"port {k}": n + k for k in range(6)})
+            check_ports(host, {f"port {k}": n + k for k in range(7)})
         except PortTaken:
             continue
         return n
-    raise RuntimeError("no six free consecutive ports")
+    raise RuntimeError("no seven free consecutive ports")
 
 
 @dataclass

@@ -11,7 +11,11 @@ One process on 127.0.0.1 (docs/architecture.md#embedded-defaults-and-production-
 * the challenge service (``svc.challenge``, gRPC ``svc.challenge.v1.ChallengeService``: the
   containment list the decision point follows, challenges, security keys) on ``port + 5``,
   its database a SQLite file ``<data_dir>/challenge.db``, the owners and managers who answer
-  challenges read from the context service,
+  challenges read from the context service, and the challenge page people answer on
+  (``svc.challenge.page``: sign-in over OpenID Connect, link key ``<data_dir>/challenge-link.key``),
+* a development OpenID Connect provider for that page (``svc.challenge.dev_idp``,
+  oidc-provider-mock: anyone signs in as any user name; for the demo only, a real install sets
+  ``oidc_issuer``) on ``port + 6``,
 
 the policy service's database a SQLite file ``<data_dir>/policy.db`` and its signing key
 ``<data_dir>/policy-signing.key`` (public key beside it, ``policy-signing.pub``),
@@ -87,6 +91,7 @@ from rich.status import Status
 from svc import history
 from svc.broker import LOCAL_SCHEME, LocalLog
 from svc.challenge.app import ChallengeServer
+from svc.challenge.dev_idp import DevIdentityProvider
 from svc.challenge.directory import ContextDirectory
 from svc.challenge.pdp_client import ApproverCheck
 from svc.challenge.service import ChallengeService
@@ -188,7 +193,8 @@ class UpOptions:
         host: address every component binds (127.0.0.1).
         port: the decision point's port; the intake listens on ``port + 1``, the history on
             ``port + 2``, the policy service on ``port + 3``, the context service on
-            ``port + 4`` and the challenge service on ``port + 5``.
+            ``port + 4``, the challenge service and its page on ``port + 5`` and the demo's
+            OpenID Connect provider on ``port + 6``.
         bundle: a bundle directory to publish (module docs); None publishes
             ``<data_dir>/bundle`` on the first start, provisioned with the demo company's
             bundle when missing.
@@ -224,6 +230,8 @@ class Urls:
     policy: str
     context: str
     challenge: str
+    page: str
+    idp: str
 
 
 def _bind(host: str, port: int, name: str) -> socket.socket:
@@ -242,7 +250,7 @@ def _bind(host: str, port: int, name: str) -> socket.socket:
             why = "in use" if e.errno == errno.EADDRINUSE else "not allowed"
             raise PortTaken(
                 f"port {port} on {host} (the {name}) is {why}; stop whatever holds it "
-                "or start on other ports with --port N (svc up uses N to N+5)"
+                "or start on other ports with --port N (svc up uses N to N+6)"
             ) from None
         raise
 
@@ -717,6 +725,38 @@ def _challenge_service(
         service.close()
 
 
+@contextmanager
+def _dev_identity_provider(host: str, port: int) -> Iterator[DevIdentityProvider]:
+    """The demo's OpenID Connect provider (``svc.challenge.dev_idp``) on ``port``, until the end.
+
+    For the demo only: its form signs anybody in as any user name. A real install points the
+    challenge service's ``oidc_issuer`` at its own provider (docs/challenges.md#sign-in).
+
+    Raises:
+        OSError: the port cannot be bound (``PortTaken`` when it is in use).
+
+    """
+    try:
+        idp = DevIdentityProvider(host, port).start()
+    except OSError as e:
+        if e.errno in (errno.EADDRINUSE, errno.EACCES):
+            _bind(host, port, "demo identity provider").close()
+        raise
+    try:
+        yield idp
+    finally:
+        idp.stop()
+
+
+def _client_secret(path: Path) -> Path:
+    """``path``, holding a random client secret (written once, mode 0600)."""
+    if not path.exists():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="ascii") as f:
+            f.write(secrets.token_urlsafe(32) + "\n")
+    return path
+
+
 # -- the supervisor
 
 
@@ -748,6 +788,8 @@ class Stack:
             policy=f"http://{options.host}:{p + 3}",
             context=f"http://{options.host}:{p + 4}",
             challenge=f"http://{options.host}:{p + 5}",
+            page=f"http://localhost:{p + 5}",
+            idp=f"http://{options.host}:{p + 6}",
         )
         self.bundle_dir = options.bundle or d / "bundle"
         self.intake_token = ""
@@ -852,6 +894,7 @@ class Stack:
                 "policy service": o.port + 3,
                 "context service": o.port + 4,
                 "challenge service": o.port + 5,
+                "demo identity provider": o.port + 6,
             },
         )
 
@@ -920,6 +963,9 @@ class Stack:
             self.progress("provisioning the demo company through the context service")
             self._provision_context()
 
+        self.progress("starting the demo identity provider")
+        enter(_dev_identity_provider(o.host, o.port + 6))
+
         self.progress("starting the challenge service")
         issuer = self.issuer
         challenge_db = d / "challenge.db"
@@ -929,8 +975,14 @@ class Stack:
             port=o.port + 5,
             database_url=f"sqlite:///{challenge_db.resolve()}",
             context_url=self.urls.context,
-            origins=[f"http://localhost:{o.port + 5}"],
-            page_url=f"http://localhost:{o.port + 5}/challenge",
+            origins=[self.urls.page],
+            page_url=f"{self.urls.page}/challenge",
+            link_key_file=str(d / "challenge-link.key"),
+            oidc_issuer=self.urls.idp,
+            oidc_client_id="svc-up-challenge-page",
+            oidc_client_secret_file=str(_client_secret(d / "challenge-oidc-client.secret")),
+            # The demo provider's `sub` is the user name typed in its form.
+            oidc_username_claim="sub",
             pdp_url=f"http://{o.host}:{o.port}",
         )
         self.challenge = enter(
@@ -1095,6 +1147,9 @@ def _banner(stack: Stack, seconds: float) -> str:
             f"{d / 'scim.token'}), /v1/principals, /v1/resources, /v1/directory/people",
             f"  challenges      {u.challenge}   gRPC svc.challenge.v1.ChallengeService "
             "(Contain, Lift, ListContainments: the decision point follows the containments)",
+            f"  challenge page  {u.page}/keys   your security keys; notifications link to "
+            f"{u.page}/challenge/<qid> (sign in at {u.idp}, the demo identity provider: any "
+            "user name, for the demo only)",
             f"  caller token    {stack.caller_token_path} (Authorization: Bearer, for the "
             "decision point, the history, and the policy, context and challenge services)",
             f"  bundle          version {active} active, from {stack.bundle_dir} (change it "

@@ -3,7 +3,8 @@
 One ASGI app (``create_app``): requests under ``/svc.challenge.v1.ChallengeService/`` go to the
 connectrpc app (``svc.challenge.transport``), everything else to a small FastAPI app with
 ``/healthz``, ``/readyz``, ``/version`` and ``/metrics`` (``svc.common.health.probe_router``,
-docs/architecture.md#what-every-component-serves). Hypercorn serves both on one socket, HTTP/1.1
+docs/architecture.md#what-every-component-serves), and the challenge page (``svc.challenge.page``)
+when an OpenID Connect provider is set. Hypercorn serves both on one socket, HTTP/1.1
 and h2c, as for the policy service (``svc.policy.app``; docs/dependencies.md says why).
 
 ``serve`` runs it in the calling thread until a signal or ``stop`` event, with the outbox worker
@@ -24,6 +25,7 @@ from starlette.types import Receive, Scope, Send
 
 from svc import __version__, web
 from svc.challenge.notify import OutboxWorker
+from svc.challenge.page import install_page
 from svc.challenge.service import ChallengeService
 from svc.challenge.settings import ChallengeAuthSettings, ChallengeSettings
 from svc.challenge.transport import SERVICE_NAME, ChallengeConnectApp, ChallengeMetrics
@@ -88,6 +90,9 @@ def create_app(
 ) -> Callable[[Scope, Receive, Send], Any]:
     """The service's ASGI app: gRPC methods to connectrpc, every other path to the probes.
 
+    With ``oidc_issuer`` set, the probes' app also serves the challenge page
+    (``svc.challenge.page.install_page``, docs/challenges.md#the-page).
+
     Args:
         service: the service layer.
         auth: who may call the gRPC methods (docs/auth.md); None or auth off admits everyone
@@ -104,6 +109,8 @@ def create_app(
     metrics = ChallengeMetrics()
     grpc_app = ChallengeConnectApp(service, metrics, verifier=verifier)
     http_app = health_app(service, metrics)
+    if service.settings.oidc_issuer:
+        install_page(http_app, service)
     return one_port(grpc_app, http_app, SERVICE_NAME)
 
 

@@ -3,10 +3,12 @@
 ``challenges`` (one row per challenge; ``active_key`` holds the fingerprint while the row is the
 fingerprint's current challenge and is unique, so two replicas resolving the same request at once
 cannot open two), ``containments`` (who is contained now) and ``containment_events`` (every
-contain and lift), ``security_keys`` (WebAuthn credentials), ``ceremonies`` (a registration or
-verification between its begin and finish) and ``outbox`` (notifications, written in the same
-transaction as the change they tell of). The schema itself is made by the Alembic migrations in
-``svc/challenge/migrations`` (``svc.challenge.migrate``), never by ``create_all``.
+contain and lift), ``security_keys`` (WebAuthn credentials), ``ceremonies`` (a registration,
+key change or verification between its begin and finish), ``key_resets`` (every
+``ResetSecurityKey``), ``link_uses`` (the page's single-use link tokens, once used) and
+``outbox`` (notifications, written in the same transaction as the change they tell of). The
+schema itself is made by the Alembic migrations in ``svc/challenge/migrations``
+(``svc.challenge.migrate``), never by ``create_all``.
 
 Times are stored in UTC (``DateTime(timezone=True)``; SQLite keeps them naive, read back as UTC
 by ``svc.policy.models.utc``).
@@ -35,6 +37,8 @@ __all__ = [
     "ChallengeRow",
     "ContainmentEventRow",
     "ContainmentRow",
+    "KeyResetRow",
+    "LinkUseRow",
     "OutboxRow",
     "SecurityKeyRow",
 ]
@@ -143,6 +147,40 @@ class CeremonyRow(SQLModel, table=True):
     created_at: datetime = Field(sa_column=Column(_TZ, nullable=False))
     expires_at: datetime = Field(sa_column=Column(_TZ, nullable=False))
     used_at: datetime | None = Field(default=None, sa_column=Column(_TZ, nullable=True))
+    replaces: str | None = Field(default=None, sa_column=Column(String(1400), nullable=True))
+    """A key change (``kind`` ``change``): the credential id of the key the new one replaces."""
+    proof_challenge: bytes | None = Field(
+        default=None, sa_column=Column(LargeBinary, nullable=True)
+    )
+    """A key change: the random challenge the replaced key's assertion must sign."""
+
+
+class KeyResetRow(SQLModel, table=True):
+    """One recorded ``ResetSecurityKey``: who removed every key of a person, when and why."""
+
+    __tablename__ = "key_resets"
+
+    id: int | None = Field(default=None, sa_column=Column(_ID, primary_key=True))
+    at: datetime = Field(sa_column=Column(_TZ, nullable=False))
+    person: str = Field(sa_column=Column(String(512), nullable=False, index=True))
+    reason: str = Field(default="", sa_column=Column(Text, nullable=False))
+    author: str = Field(sa_column=Column(String(512), nullable=False))
+    removed: int = Field(default=0, sa_column=Column(Integer, nullable=False))
+
+
+class LinkUseRow(SQLModel, table=True):
+    """A used challenge-page link token (docs/challenges.md#link-tokens): its ``jti``, once.
+
+    The primary key makes a second use of the same token fail, whichever replica sees it.
+    """
+
+    __tablename__ = "link_uses"
+
+    jti: str = Field(sa_column=Column(String(64), primary_key=True))
+    challenge_qid: str = Field(sa_column=Column(String(36), nullable=False, index=True))
+    recipient: str = Field(sa_column=Column(String(512), nullable=False))
+    event: str = Field(sa_column=Column(String(32), nullable=False))
+    used_at: datetime = Field(sa_column=Column(_TZ, nullable=False))
 
 
 class OutboxRow(SQLModel, table=True):

@@ -48,12 +48,15 @@ from webauthn.helpers.structs import (
 )
 
 from svc.challenge.directory import Directory, DirectoryUnavailable, StaticDirectory
+from svc.challenge.links import LinkClaims, LinkTokens
 from svc.challenge.migrate import migrate
 from svc.challenge.models import (
     CeremonyRow,
     ChallengeRow,
     ContainmentEventRow,
     ContainmentRow,
+    KeyResetRow,
+    LinkUseRow,
     OutboxRow,
     SecurityKeyRow,
 )
@@ -68,11 +71,13 @@ __all__ = [
     "ChallengeInfo",
     "ChallengeService",
     "Containment",
+    "KeyChange",
     "Ref",
     "SecurityKey",
     "Violation",
     "effective_state",
     "fingerprint",
+    "link_recipient",
 ]
 
 log = logging.getLogger("svc.challenge")
@@ -148,6 +153,15 @@ class Containment:
 
 
 @dataclass(frozen=True)
+class KeyChange:
+    """A started key change: the ceremony and the two WebAuthn options (JSON) it needs."""
+
+    ceremony_id: str
+    assertion_options_json: str
+    options_json: str
+
+
+@dataclass(frozen=True)
 class SecurityKey:
     """A registered WebAuthn credential of a person (``credential_id`` in base64url)."""
 
@@ -201,6 +215,18 @@ def fingerprint(
         ensure_ascii=False,
     )
     return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def link_recipient(kinds: Sequence[str], person: str, approver: str, event: str) -> str:
+    """Who a notification of ``event`` addresses, and so whose link token it carries.
+
+    ``forwarded`` goes to the approver, and so does ``opened`` of a challenge whose only kind is
+    ``approval`` (the person has nothing to answer); every other event goes to the person
+    (docs/challenges.md#link-tokens).
+    """
+    if event == "forwarded" or (event == "opened" and set(kinds) == {"approval"}):
+        return approver
+    return person
 
 
 def effective_state(row: ChallengeRow, now: datetime) -> str:
@@ -360,6 +386,7 @@ class ChallengeService:
         if approvers is None and settings.pdp_url:
             approvers = ApproverCheck(settings.pdp_url, token_file_reader(settings.pdp_token_file))
         self.approvers = approvers
+        self.links = LinkTokens.from_file(settings.link_key_file, settings.link_ttl_secs)
         self._subscribers = Subscribers()
 
     def _default_directory(self) -> Directory:
@@ -404,22 +431,29 @@ class ChallengeService:
                 key=str(uuid_utils.uuid7()),
                 challenge_qid=row.qid,
                 event=event,
-                payload={"text": self._message(row, event)},
+                payload={"text": self._message(row, event, now)},
                 created_at=now,
                 next_attempt_at=now,
             )
         )
 
-    def _message(self, row: ChallengeRow, event: str) -> str:
-        """The Slack-compatible ``text`` of a notification (mrkdwn: a link, code spans)."""
+    def _message(self, row: ChallengeRow, event: str, now: datetime) -> str:
+        """The Slack-compatible ``text`` of a notification (mrkdwn: a link, code spans).
+
+        The link is ``<page_url>/<qid>?t=<token>``, the token bound to the challenge, the
+        notification's recipient (``link_recipient``) and event (docs/challenges.md#link-tokens).
+        """
         who = f"`{row.principal_id}`"
         if row.obo_id:
             who += f" acting for `{row.obo_id}`"
         what = f"`{row.action}` on `{row.resource_type}::{row.resource_id}`"
-        link = f"<{self.settings.page_url.rstrip('/')}/{row.qid}|challenge {row.qid}>"
+        recipient = link_recipient(row.kinds, row.person, row.approver, event)
+        token = self.links.mint(row.qid, recipient, event, now)
+        url = f"{self.settings.page_url.rstrip('/')}/{row.qid}?t={token}"
+        link = f"<{url}|challenge {row.qid}>"
         kinds = ", ".join(row.kinds)
         lines = {
-            "opened": f"{who} asks to {what}. `{row.person}`, please answer ({kinds}): {link}",
+            "opened": f"{who} asks to {what}. `{recipient}`, please answer ({kinds}): {link}",
             "forwarded": f"{who} asks to {what}. `{row.approver}`, please approve or reject; "
             f"the reason given: {json.dumps(row.justification)}. {link}",
             "passed": f"{who} may now {what}: {link} passed.",
@@ -967,8 +1001,14 @@ class ChallengeService:
     # -- security keys (WebAuthn)
 
     def _ceremony(
-        self, s: Session, kind: str, person: str, qid: str | None, name: str
-    ) -> tuple[str, bytes]:
+        self,
+        s: Session,
+        kind: str,
+        person: str,
+        qid: str | None,
+        name: str,
+        replaces: str | None = None,
+    ) -> CeremonyRow:
         now = self.clock()
         row = CeremonyRow(
             id=str(uuid_utils.uuid7()),
@@ -979,14 +1019,18 @@ class ChallengeService:
             name=name,
             created_at=now,
             expires_at=now + timedelta(seconds=self.settings.ceremony_ttl_secs),
+            replaces=replaces,
+            proof_challenge=secrets.token_bytes(32) if replaces is not None else None,
         )
         s.add(row)
-        return row.id, row.challenge
+        return row
 
-    def _finish_ceremony(self, s: Session, ceremony_id: str, kind: str, person: str) -> CeremonyRow:
+    def _finish_ceremony(
+        self, s: Session, ceremony_id: str, kinds: tuple[str, ...], person: str
+    ) -> CeremonyRow:
         row = s.get(CeremonyRow, ceremony_id) if _findable(ceremony_id, 36) else None
-        if row is None or row.kind != kind:
-            raise ChallengeError("not_found", f"no {kind} ceremony `{ceremony_id}`")
+        if row is None or row.kind not in kinds:
+            raise ChallengeError("not_found", f"no {kinds[0]} ceremony `{ceremony_id}`")
         if row.person != person:
             raise ChallengeError(
                 "permission_denied", f"ceremony `{ceremony_id}` is not `{person}`'s"
@@ -997,8 +1041,56 @@ class ChallengeService:
             raise ChallengeError("failed_precondition", f"ceremony `{ceremony_id}` has expired")
         return row
 
-    def begin_registration(self, person: str, name: str = "") -> tuple[str, str]:
-        """Starts registering a security key for ``person``.
+    def _creation_options(
+        self, s: Session, person: str, ceremony: CeremonyRow, keep_out: Sequence[str]
+    ) -> str:
+        """``PublicKeyCredentialCreationOptions`` JSON of a registration ceremony."""
+        options = webauthn.generate_registration_options(
+            rp_id=self.settings.rp_id,
+            rp_name=self.settings.rp_name,
+            user_id=_user_handle(person),
+            user_name=person,
+            user_display_name=person,
+            challenge=ceremony.challenge,
+            timeout=self.settings.ceremony_ttl_secs * 1000,
+            authenticator_selection=AuthenticatorSelectionCriteria(
+                resident_key=ResidentKeyRequirement.DISCOURAGED,
+                user_verification=UserVerificationRequirement.REQUIRED,
+            ),
+            exclude_credentials=[
+                PublicKeyCredentialDescriptor(id=webauthn.base64url_to_bytes(k)) for k in keep_out
+            ],
+        )
+        return webauthn.options_to_json(options)
+
+    def _request_options(self, challenge: bytes, credential_ids: Sequence[str]) -> str:
+        """``PublicKeyCredentialRequestOptions`` JSON allowing ``credential_ids`` only."""
+        options = webauthn.generate_authentication_options(
+            rp_id=self.settings.rp_id,
+            challenge=challenge,
+            timeout=self.settings.ceremony_ttl_secs * 1000,
+            allow_credentials=[
+                PublicKeyCredentialDescriptor(id=webauthn.base64url_to_bytes(k))
+                for k in credential_ids
+            ],
+            user_verification=UserVerificationRequirement.REQUIRED,
+        )
+        return webauthn.options_to_json(options)
+
+    @staticmethod
+    def _check_key_name(person: str, name: str) -> None:
+        bad: list[Violation] = []
+        _check_text(person, "person", bad)
+        if len(name) > 256 or _CONTROL.search(name):
+            bad.append(Violation("name", "up to 256 printable characters"))
+        _refuse(bad, "bad registration")
+
+    def begin_key_registration(self, person: str, name: str = "") -> tuple[str, str]:
+        """Starts registering a security key for ``person`` (``BeginKeyRegistration``).
+
+        Args:
+            person: the user name the key is registered to.
+            name: a label for the key, up to 256 printable characters.
 
         Returns:
             The ceremony id and the WebAuthn ``PublicKeyCredentialCreationOptions`` as JSON
@@ -1009,52 +1101,137 @@ class ChallengeService:
             ChallengeError: ``invalid_argument`` for no person or a name over 256 characters.
 
         """
-        bad: list[Violation] = []
-        _check_text(person, "person", bad)
-        if len(name) > 256 or _CONTROL.search(name):
-            bad.append(Violation("name", "up to 256 printable characters"))
-        _refuse(bad, "bad registration")
+        self._check_key_name(person, name)
         with Session(self.db) as s:
             existing = s.exec(select(SecurityKeyRow).where(SecurityKeyRow.person == person)).all()
-            ceremony_id, challenge = self._ceremony(s, "registration", person, None, name)
-            options = webauthn.generate_registration_options(
-                rp_id=self.settings.rp_id,
-                rp_name=self.settings.rp_name,
-                user_id=_user_handle(person),
-                user_name=person,
-                user_display_name=person,
-                challenge=challenge,
-                timeout=self.settings.ceremony_ttl_secs * 1000,
-                authenticator_selection=AuthenticatorSelectionCriteria(
-                    resident_key=ResidentKeyRequirement.DISCOURAGED,
-                    user_verification=UserVerificationRequirement.REQUIRED,
-                ),
-                exclude_credentials=[
-                    PublicKeyCredentialDescriptor(id=webauthn.base64url_to_bytes(k.credential_id))
-                    for k in existing
-                ],
+            ceremony = self._ceremony(s, "registration", person, None, name)
+            options = self._creation_options(
+                s, person, ceremony, [k.credential_id for k in existing]
             )
             s.commit()
-        return ceremony_id, webauthn.options_to_json(options)
+            return ceremony.id, options
 
-    def finish_registration(
-        self, ceremony_id: str, person: str, credential_json: str
-    ) -> SecurityKey:
+    def begin_key_change(self, person: str, credential_id: str, name: str = "") -> KeyChange:
+        """Starts replacing one of ``person``'s keys (``BeginKeyChange``).
+
+        The change is finished by ``finish_key_registration`` with two responses: an assertion
+        of the key being replaced over ``assertion_options_json`` (proving the person holds it),
+        and the new key's registration over ``options_json``.
+
+        Args:
+            person: the key's person.
+            credential_id: the key to replace (base64url).
+            name: the new key's label; empty keeps the old key's.
+
+        Returns:
+            The ceremony id, the request options allowing only the old key, and the creation
+            options for the new one (excluding the person's other keys; the old key's
+            authenticator may make the new credential).
+
+        Raises:
+            ChallengeError: ``invalid_argument`` for no person or a bad name; ``not_found``
+                when the person has no such key.
+
+        """
+        self._check_key_name(person, name)
+        with Session(self.db) as s:
+            old = s.get(SecurityKeyRow, credential_id) if _findable(credential_id, 1400) else None
+            if old is None or old.person != person:
+                raise ChallengeError("not_found", f"`{person}` has no key `{credential_id}`")
+            existing = s.exec(select(SecurityKeyRow).where(SecurityKeyRow.person == person)).all()
+            ceremony = self._ceremony(
+                s, "change", person, None, name or old.name, replaces=credential_id
+            )
+            assert ceremony.proof_challenge is not None
+            out = KeyChange(
+                ceremony_id=ceremony.id,
+                assertion_options_json=self._request_options(
+                    ceremony.proof_challenge, [credential_id]
+                ),
+                # The key being replaced is not excluded: a new credential may be made on the
+                # same authenticator (one that was reset, or a rotation).
+                options_json=self._creation_options(
+                    s, person, ceremony, [k.credential_id for k in existing if k != old]
+                ),
+            )
+            s.commit()
+        return out
+
+    def _prove_old_key(
+        self, s: Session, ceremony: CeremonyRow, person: str, assertion_json: str, now: datetime
+    ) -> SecurityKeyRow:
+        """Verifies a key change's assertion with the key it replaces; returns that key."""
+        if not assertion_json:
+            raise ChallengeError(
+                "invalid_argument",
+                "a key change needs the assertion of the key it replaces",
+                [Violation("assertion_json", "required for a key change")],
+            )
+        try:
+            parsed = webauthn.helpers.parse_authentication_credential_json(assertion_json)
+        except (WebAuthnException, ValueError, TypeError, KeyError) as e:
+            raise ChallengeError(
+                "invalid_argument",
+                "the assertion does not parse",
+                [Violation("assertion_json", str(e) or e.__class__.__name__)],
+            ) from None
+        old = s.get(SecurityKeyRow, ceremony.replaces) if ceremony.replaces else None
+        if old is None or old.person != person:
+            raise ChallengeError("failed_precondition", "the key to replace is gone")
+        if bytes_to_base64url(parsed.raw_id) != old.credential_id:
+            raise ChallengeError(
+                "permission_denied", "the assertion is not made with the key being replaced"
+            )
+        assert ceremony.proof_challenge is not None
+        try:
+            webauthn.verify_authentication_response(
+                credential=parsed,
+                expected_challenge=ceremony.proof_challenge,
+                expected_rp_id=self.settings.rp_id,
+                expected_origin=self.settings.origins,
+                credential_public_key=old.public_key,
+                credential_current_sign_count=old.sign_count,
+                require_user_verification=True,
+            )
+        except (WebAuthnException, ValueError, TypeError) as e:
+            log.warning("key change by %s refused: %s", person, e)
+            raise ChallengeError(
+                "permission_denied", f"the assertion does not verify: {e}"
+            ) from None
+        return old
+
+    def finish_key_registration(
+        self, ceremony_id: str, person: str, credential_json: str, assertion_json: str = ""
+    ) -> tuple[SecurityKey, str]:
         """Verifies the authenticator's attestation and stores the key for ``person``.
 
-        The response must sign the ceremony's challenge for ``settings.rp_id`` from one of
-        ``settings.origins``, with user presence and user verification.
+        Finishes a ``begin_key_registration`` ceremony, or a ``begin_key_change`` one: then
+        ``assertion_json`` must first prove the old key (an assertion over the change's request
+        options, user verification and sign counter checked), and the new key replaces it in
+        the same transaction. The registration must sign the ceremony's challenge for
+        ``settings.rp_id`` from one of ``settings.origins``, with user presence and user
+        verification (WebAuthn Level 3, section 7.1).
+
+        Returns:
+            The stored key, and the credential id of the key it replaced (empty for a plain
+            registration).
 
         Raises:
             ChallengeError: ``not_found`` for an unknown ceremony; ``permission_denied`` when
-                it is another person's; ``failed_precondition`` when it is finished or expired;
-                ``invalid_argument`` (field ``credential_json``) when the response does not
-                verify or the key is registered already.
+                it is another person's or the old key's assertion does not verify;
+                ``failed_precondition`` when it is finished or expired, or the old key is
+                gone; ``invalid_argument`` (field ``credential_json`` or ``assertion_json``)
+                when a response does not verify or parse, or the key is registered already.
 
         """
         now = self.clock()
         with Session(self.db) as s:
-            ceremony = self._finish_ceremony(s, ceremony_id, "registration", person)
+            ceremony = self._finish_ceremony(s, ceremony_id, ("registration", "change"), person)
+            old = (
+                self._prove_old_key(s, ceremony, person, assertion_json, now)
+                if ceremony.kind == "change"
+                else None
+            )
             try:
                 verified = webauthn.verify_registration_response(
                     credential=credential_json,
@@ -1086,14 +1263,21 @@ class ChallengeService:
             )
             ceremony.used_at = now
             s.add(ceremony)
+            replaced = ""
+            if old is not None:
+                replaced = old.credential_id
+                s.delete(old)
             s.add(row)
             s.commit()
             s.refresh(row)
             key = _key(row)
-        log.info("security key %s registered for %s", cred_id, person)
-        return key
+        if replaced:
+            log.info("security key %s of %s replaced by %s", replaced, person, cred_id)
+        else:
+            log.info("security key %s registered for %s", cred_id, person)
+        return key, replaced
 
-    def list_keys(self, person: str) -> list[SecurityKey]:
+    def list_security_keys(self, person: str) -> list[SecurityKey]:
         """A person's registered keys, oldest first (none for a name no key can have)."""
         if not _findable(person, 512):
             return []
@@ -1105,8 +1289,8 @@ class ChallengeService:
             ).all()
             return [_key(r) for r in rows]
 
-    def remove_key(self, person: str, credential_id: str) -> None:
-        """Removes one of a person's keys.
+    def remove_security_key(self, person: str, credential_id: str) -> None:
+        """Removes one of a person's keys (``RemoveSecurityKey``).
 
         Raises:
             ChallengeError: ``not_found`` when the person has no such key.
@@ -1119,6 +1303,91 @@ class ChallengeService:
             s.delete(row)
             s.commit()
         log.info("security key %s of %s removed", credential_id, person)
+
+    def reset_security_key(self, person: str, reason: str, author: str) -> int:
+        """An administrator removes every key of ``person`` (``ResetSecurityKey``).
+
+        The reset is recorded (``key_resets``: person, reason, author, time, keys removed) in
+        the same transaction, also when the person had no key; the person can then register
+        again. Who may call it is the service's caller authentication (docs/auth.md).
+
+        Returns:
+            How many keys were removed.
+
+        Raises:
+            ChallengeError: ``invalid_argument`` for no person, no author or a reason over
+                4,000 characters.
+
+        """
+        bad: list[Violation] = []
+        _check_text(person, "person", bad)
+        _check_text(author, "author", bad)
+        _check_free_text(reason, "reason", 4000, bad)
+        _refuse(bad, "bad reset")
+        now = self.clock()
+        with Session(self.db) as s:
+            rows = s.exec(select(SecurityKeyRow).where(SecurityKeyRow.person == person)).all()
+            for r in rows:
+                s.delete(r)
+            s.add(
+                KeyResetRow(at=now, person=person, reason=reason, author=author, removed=len(rows))
+            )
+            s.commit()
+        log.warning(
+            "security keys of %s reset by %s (%d removed): %s", person, author, len(rows), reason
+        )
+        return len(rows)
+
+    # -- the page's links
+
+    def use_link(self, claims: LinkClaims, person: str) -> None:
+        """Records that ``person`` opened the page with a verified link token, once.
+
+        Args:
+            claims: the token's claims (``LinkTokens.verify``).
+            person: the signed-in user opening it.
+
+        Raises:
+            ChallengeError: ``permission_denied`` when ``person`` is not the token's recipient
+                or the token was used already (docs/challenges.md#link-tokens).
+
+        """
+        if person != claims.recipient:
+            raise ChallengeError(
+                "permission_denied", f"this link is for `{claims.recipient}`, not `{person}`"
+            )
+        with Session(self.db) as s:
+            if s.get(LinkUseRow, claims.jti) is not None:
+                raise ChallengeError("permission_denied", "this link was used already")
+            s.add(
+                LinkUseRow(
+                    jti=claims.jti,
+                    challenge_qid=claims.qid,
+                    recipient=claims.recipient,
+                    event=claims.event,
+                    used_at=self.clock(),
+                )
+            )
+            try:
+                s.commit()
+            except IntegrityError:  # used at the same moment through another request
+                raise ChallengeError("permission_denied", "this link was used already") from None
+
+    def challenge_for(self, qid: str, person: str) -> ChallengeInfo:
+        """A challenge as its person or approver sees it on the page.
+
+        Raises:
+            ChallengeError: ``not_found`` for an unknown qid; ``permission_denied`` when
+                ``person`` neither answers nor approves it.
+
+        """
+        with Session(self.db) as s:
+            row = self._row(s, qid)
+            if person not in (row.person, row.approver):
+                raise ChallengeError(
+                    "permission_denied", f"`{person}` does not answer challenge `{qid}`"
+                )
+            return _info(row, self.clock())
 
     def begin_verification(self, qid: str, person: str) -> tuple[str, str]:
         """Starts a security-key verification of a challenge by ``person``.
@@ -1154,19 +1423,10 @@ class ChallengeService:
                 raise ChallengeError(
                     "failed_precondition", f"`{person}` has no security key registered"
                 )
-            ceremony_id, challenge = self._ceremony(s, "verification", person, qid, "")
-            options = webauthn.generate_authentication_options(
-                rp_id=self.settings.rp_id,
-                challenge=challenge,
-                timeout=self.settings.ceremony_ttl_secs * 1000,
-                allow_credentials=[
-                    PublicKeyCredentialDescriptor(id=webauthn.base64url_to_bytes(k.credential_id))
-                    for k in keys
-                ],
-                user_verification=UserVerificationRequirement.REQUIRED,
-            )
+            ceremony = self._ceremony(s, "verification", person, qid, "")
+            options = self._request_options(ceremony.challenge, [k.credential_id for k in keys])
             s.commit()
-        return ceremony_id, webauthn.options_to_json(options)
+            return ceremony.id, options
 
     def finish_verification(
         self, ceremony_id: str, person: str, credential_json: str
@@ -1197,11 +1457,11 @@ class ChallengeService:
                 [Violation("credential_json", str(e) or e.__class__.__name__)],
             ) from None
         with Session(self.db) as s:
-            qid = self._finish_ceremony(s, ceremony_id, "verification", person).challenge_qid
+            qid = self._finish_ceremony(s, ceremony_id, ("verification",), person).challenge_qid
         qid = qid or ""
 
         def proof(s: Session, now: datetime) -> None:
-            ceremony = self._finish_ceremony(s, ceremony_id, "verification", person)
+            ceremony = self._finish_ceremony(s, ceremony_id, ("verification",), person)
             cred_id = bytes_to_base64url(parsed.raw_id)
             key = s.get(SecurityKeyRow, cred_id)
             if key is None or key.person != person:

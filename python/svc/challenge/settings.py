@@ -81,7 +81,29 @@ class ChallengeSettings(ServiceSettings, component="challenge"):
     outbox_poll_secs: float = Field(default=1.0, gt=0, le=60)
     """How often the outbox worker looks for notifications to send when none woke it."""
     page_url: str = "http://localhost:8084/challenge"
-    """Base of the link a notification carries (``<page_url>/<qid>``)."""
+    """Base of the link a notification carries (``<page_url>/<qid>?t=<link token>``): the
+    challenge page this service serves (``svc.challenge.page``), ``http(s)://host:port/challenge``
+    as the people's browsers reach it."""
+    link_key_file: str | None = None
+    """File holding the HMAC key that signs the page's link tokens (made, 32 random bytes
+    base64url, when missing); unset: a key held in memory, so links end with the process. Every
+    replica reads the same file. The page's session cookie is signed with a key derived from
+    it too."""
+    link_ttl_secs: int = Field(default=86_400, ge=60, le=30 * 86_400)
+    """How long a link token is valid after its notification was written."""
+    oidc_issuer: str | None = None
+    """The install's OpenID Connect provider (its issuer URL; discovery at
+    ``<issuer>/.well-known/openid-configuration``) people sign in to the page with; unset: the
+    page is not served."""
+    oidc_client_id: str = "svc-challenge"
+    """The page's client id at the provider."""
+    oidc_client_secret_file: str | None = None
+    """File holding the page's client secret (read on start); unset: a public client
+    (PKCE only)."""
+    oidc_username_claim: str = "preferred_username"
+    """The ID-token claim holding the user name challenges name as ``person`` and ``approver``."""
+    page_session_secs: int = Field(default=8 * 3600, ge=60, le=7 * 86_400)
+    """How long a page sign-in lasts (the session cookie's ``Max-Age``)."""
 
     @field_validator("rp_id")
     @classmethod

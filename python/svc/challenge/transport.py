@@ -240,34 +240,62 @@ class _Handlers:
         self.metrics.contained.set(len(cs))
         return pb.ListContainmentsResponse(containments=[_containment(c) for c in cs])
 
-    async def BeginRegistration(
-        self, req: pb.BeginRegistrationRequest
-    ) -> pb.BeginRegistrationResponse:
-        ceremony, options = await self._call(
-            "BeginRegistration", lambda: self.service.begin_registration(req.person, req.name)
+    async def ListSecurityKeys(
+        self, req: pb.ListSecurityKeysRequest
+    ) -> pb.ListSecurityKeysResponse:
+        keys = await self._call(
+            "ListSecurityKeys", lambda: self.service.list_security_keys(req.person)
         )
-        return pb.BeginRegistrationResponse(ceremony_id=ceremony, options_json=options)
+        return pb.ListSecurityKeysResponse(keys=[_key(k) for k in keys])
 
-    async def FinishRegistration(
-        self, req: pb.FinishRegistrationRequest
-    ) -> pb.FinishRegistrationResponse:
-        key = await self._call(
-            "FinishRegistration",
-            lambda: self.service.finish_registration(
-                req.ceremony_id, req.person, req.credential_json
+    async def BeginKeyRegistration(
+        self, req: pb.BeginKeyRegistrationRequest
+    ) -> pb.BeginKeyRegistrationResponse:
+        ceremony, options = await self._call(
+            "BeginKeyRegistration",
+            lambda: self.service.begin_key_registration(req.person, req.name),
+        )
+        return pb.BeginKeyRegistrationResponse(ceremony_id=ceremony, options_json=options)
+
+    async def FinishKeyRegistration(
+        self, req: pb.FinishKeyRegistrationRequest
+    ) -> pb.FinishKeyRegistrationResponse:
+        key, replaced = await self._call(
+            "FinishKeyRegistration",
+            lambda: self.service.finish_key_registration(
+                req.ceremony_id, req.person, req.credential_json, req.assertion_json
             ),
         )
-        return pb.FinishRegistrationResponse(key=_key(key))
+        return pb.FinishKeyRegistrationResponse(key=_key(key), replaced_credential_id=replaced)
 
-    async def ListKeys(self, req: pb.ListKeysRequest) -> pb.ListKeysResponse:
-        keys = await self._call("ListKeys", lambda: self.service.list_keys(req.person))
-        return pb.ListKeysResponse(keys=[_key(k) for k in keys])
-
-    async def RemoveKey(self, req: pb.RemoveKeyRequest) -> pb.RemoveKeyResponse:
-        await self._call(
-            "RemoveKey", lambda: self.service.remove_key(req.person, req.credential_id)
+    async def BeginKeyChange(self, req: pb.BeginKeyChangeRequest) -> pb.BeginKeyChangeResponse:
+        change = await self._call(
+            "BeginKeyChange",
+            lambda: self.service.begin_key_change(req.person, req.credential_id, req.name),
         )
-        return pb.RemoveKeyResponse()
+        return pb.BeginKeyChangeResponse(
+            ceremony_id=change.ceremony_id,
+            assertion_options_json=change.assertion_options_json,
+            options_json=change.options_json,
+        )
+
+    async def RemoveSecurityKey(
+        self, req: pb.RemoveSecurityKeyRequest
+    ) -> pb.RemoveSecurityKeyResponse:
+        await self._call(
+            "RemoveSecurityKey",
+            lambda: self.service.remove_security_key(req.person, req.credential_id),
+        )
+        return pb.RemoveSecurityKeyResponse()
+
+    async def ResetSecurityKey(
+        self, req: pb.ResetSecurityKeyRequest
+    ) -> pb.ResetSecurityKeyResponse:
+        removed = await self._call(
+            "ResetSecurityKey",
+            lambda: self.service.reset_security_key(req.person, req.reason, req.author),
+        )
+        return pb.ResetSecurityKeyResponse(removed=removed)
 
     async def BeginVerification(
         self, req: pb.BeginVerificationRequest

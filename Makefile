@@ -33,6 +33,12 @@ proto: ## Generate the Python gRPC stubs from proto/ (grpcio-tools; Rust's come 
 		--grpc_python_out=python proto/svc/authz/v1/authz.proto proto/svc/policy/v1/policy.proto \
 		proto/svc/challenge/v1/challenge.proto
 
+.PHONY: wheel
+wheel: setup ## Build the release wheel and sdist into dist/ (pip install dist/svc-*.whl)
+	$(BIN)/pip install -q "grpcio-tools>=1.60"
+	$(MAKE) --no-print-directory proto
+	$(BIN)/maturin build --release --sdist -o dist
+
 .PHONY: run
 run: build ## Set up and run the main job: svc up (decision point :8080, intake :8081, history :8082)
 	$(BIN)/svc up

@@ -27,7 +27,7 @@ Commands:
   (docs/architecture.md#embedded-defaults-and-production-parts; ``svc.up``).
 * ``svc demo``: ``svc up`` with the demo company's traffic; prints the summary read back from
   the history and stops (``--serve`` keeps it running).
-* ``svc version``: print the release.
+* ``svc version`` (or ``svc --version``): print the release.
 
 The options of ``svc pdp``, ``svc intake``, ``svc history`` and the ``--log-*`` ones of ``svc up``
 are made from the components' settings classes (``svc.common.cli.settings_command``): each
@@ -70,6 +70,30 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
 )
+
+
+
+def _print_version(value: bool) -> None:
+    """``svc --version``: prints the release (the wheel's version, from Cargo.toml) and exits."""
+    if value:
+        typer.echo(__version__)
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    show_version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=_print_version,
+            is_eager=True,
+            help="Print the release and exit.",
+        ),
+    ] = False,
+) -> None:
+    """svc: access decisions (Cedar) and audit intake."""
+
 
 # The options of a component come from its settings class (svc.common.cli): name, help,
 # environment variable, default and bounds are the field's.

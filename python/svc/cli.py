@@ -72,7 +72,6 @@ app = typer.Typer(
 )
 
 
-
 def _print_version(value: bool) -> None:
     """``svc --version``: prints the release (the wheel's version, from Cargo.toml) and exits."""
     if value:

@@ -183,7 +183,7 @@ def dsn(chdb_dir: Path) -> str:
 @pytest.fixture
 def db(dsn: str) -> Client:
     client = history.connect(dsn, create_database=True)
-    assert history.migrate(client) == [1, 2]
+    assert history.migrate(client) == [1, 2, 3]
     return client
 
 
@@ -310,14 +310,14 @@ def spread(n: int, start: datetime = NOW - timedelta(hours=6)) -> Iterator[datet
 
 def test_migrate_twice_is_a_noop(dsn: str) -> None:
     client = history.connect(dsn, create_database=True)
-    assert history.migrate(client) == [1, 2]
+    assert history.migrate(client) == [1, 2, 3]
     tables = {r[0] for r in client.query("SHOW TABLES").result_rows}
     assert history.migrate(client) == []
     assert {r[0] for r in client.query("SHOW TABLES").result_rows} == tables
     assert set(history.RETAINED_TABLES) | {"schema_migrations", "decisions_intake"} <= tables
     versions = client.query("SELECT version FROM schema_migrations FINAL ORDER BY version")
-    assert versions.result_rows == [(1,), (2,)]
-    assert history.applied_versions(client) == {1, 2}
+    assert versions.result_rows == [(1,), (2,), (3,)]
+    assert history.applied_versions(client) == {1, 2, 3}
 
 
 def test_migrate_finishes_a_run_that_failed_midway(dsn: str) -> None:
@@ -325,7 +325,7 @@ def test_migrate_finishes_a_run_that_failed_midway(dsn: str) -> None:
     # The first statements ran, then the job died before recording the version.
     for stmt in history.MIGRATIONS[0].statements[:4]:
         client.command(stmt)
-    assert history.migrate(client) == [1, 2]
+    assert history.migrate(client) == [1, 2, 3]
     assert history.migrate(client) == []
 
 
@@ -378,12 +378,65 @@ def test_a_decision_record_keeps_what_the_directory_did_not_hold(db: Client) -> 
     ]
 
 
+def test_search_records_are_kept_with_their_kind_and_count(db: Client) -> None:
+    """One record per AuthZEN search (docs/search.md): the engine's own records, through the
+    decision log, are stored (not rejected) and read back with what was searched and how many
+    results the page had."""
+    engine = Engine.from_bundle_dir(REPO / "tests/testdata/bundles/corp")
+    log = DecisionLog(Path(tempfile.mkdtemp()) / "spool")
+    alice = {"type": "Human", "id": "alice"}
+    design = {"type": "Document", "id": "design"}
+    bodies = {
+        "resource": {
+            "subject": alice,
+            "action": {"name": "view"},
+            "resource": {"type": "Document"},
+        },
+        "subject": {"subject": {"type": "Human"}, "action": {"name": "view"}, "resource": design},
+        "action": {"subject": alice, "resource": design},
+    }
+    counts: dict[str, int] = {}
+    with serve(engine, decision_log=log) as s:
+        for kind, body in bodies.items():
+            r = s.post(f"/access/v1/search/{kind}", body)
+            assert r.status_code == 200, r.text
+            counts[kind] = len(r.json()["results"])
+        got: list[tuple[bytes, bytes]] = []
+        wait_until(lambda: got.extend(log.read(10, 0.2)[0]) or len(got) == 3, timeout=10)
+    assert len(got) == 3 and all(counts.values()), counts
+    history.store(
+        db, "decisions", [("svc.decisions.v1", 0, i, k, v) for i, (k, v) in enumerate(got)]
+    )
+    assert history.rejected_count(db) == 0
+    by_kind = {}
+    for _, v in got:
+        rec = json.loads(v)
+        stored = queries.decision_by_qid(db, rec["qid"])
+        assert stored is not None
+        by_kind[stored["search"]] = stored
+    assert set(by_kind) == set(bodies)
+    for kind, d in by_kind.items():
+        assert (d["call"], d["verdict"], d["count"]) == ("search", None, counts[kind])
+    assert by_kind["resource"]["principal"] == alice
+    assert by_kind["resource"]["resource"] == {"type": "Document", "id": None}
+    assert by_kind["subject"]["principal"] == {"type": "Human", "id": None}
+    assert by_kind["subject"]["resource"] == design
+    assert (by_kind["action"]["action"], by_kind["action"]["resource"]) == (None, design)
+    # A record that says it is a search but not which kind is rejected, naming the field.
+    bad = dict(json.loads(next(v for _, v in got if json.loads(v)["search"] == "resource")))
+    bad.update(qid="bad-search", search="everything", resource=design)
+    history.store(db, "decisions", [("svc.decisions.v1", 0, 99, b"k", json.dumps(bad).encode())])
+    assert history.rejected_count(db) == 1
+    reasons = db.query("SELECT reason FROM rejected FINAL").result_rows
+    assert reasons == [("`search`: missing or not subject, resource or action",)]
+
+
 def test_cli_migrate_is_idempotent(chdb_dir: Path) -> None:
     dsn = f"chdb://{chdb_dir}?database=cli_{uuid.uuid4().hex[:8]}"
     runner = CliRunner()
     first = runner.invoke(app, ["history", "migrate", "--dsn", dsn])
     assert first.exit_code == 0, first.output
-    assert "applied versions [1, 2]" in first.output
+    assert "applied versions [1, 2, 3]" in first.output
     again = runner.invoke(app, ["history", "migrate"], env={"SVC_HISTORY_DSN": dsn})
     assert again.exit_code == 0, again.output
     assert "up to date" in again.output

@@ -49,7 +49,7 @@ DOCS = _ids("Document")
 class Pdp:
     """`svc pdp --bundle DIR` as a child process with a local decision-log broker."""
 
-    def __init__(self, bundle: Path, tmp: Path) -> None:
+    def __init__(self, bundle: Path, tmp: Path, *extra: str) -> None:
         self.broker = tmp / "broker.db"
         log = LocalLog.open(self.broker)
         log.create_topics([DECISIONS_TOPIC])
@@ -66,6 +66,7 @@ class Pdp:
                 f"local://{self.broker}",
                 "--spool-dir",
                 str(tmp / "spool"),
+                *extra,
             ],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -265,6 +266,29 @@ def test_engine_searches_answer_as_the_routes(pdp: Pdp, engine: Engine) -> None:
         for r in (http, mine):
             del r["context"]["qid"]
         assert http == mine
+
+
+def test_the_largest_page_is_a_setting(bundle: Path, tmp_path: Path, engine: Engine) -> None:
+    """`svc pdp --search-max-limit N`: a page.limit of 100 is lowered to N, and reading the
+    pages to the end still lists the whole result."""
+    kind, body, want, _ = max(_cases(engine), key=lambda c: len(c[2][0]))
+    most = len(want[0]) // 2
+    assert most >= 1, "the case must need more than one page"
+    p = Pdp(bundle, tmp_path, "--search-max-limit", str(most))
+    try:
+        pages: list[int] = []
+        token = ""
+        while True:
+            page: dict[str, Any] = {"limit": 100, **({"token": token} if token else {})}
+            r = p.post(kind, {**body, "page": page})
+            assert r.status_code == 200, r.text
+            pages.append(r.json()["page"]["count"])
+            token = r.json()["page"]["next_token"]
+            if not token:
+                break
+        assert max(pages) == most and sum(pages) == len(want[0]) and len(pages) >= 2
+    finally:
+        p.stop()
 
 
 def test_action_search_lists_actions_the_context_does_not_fit(pdp: Pdp) -> None:

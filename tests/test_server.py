@@ -1107,6 +1107,32 @@ def test_metrics_count_plans_and_plan_cache_hits(corp: Served) -> None:
     assert metric(text, "svc_pdp_policy_version") == corp.engine.versions["policy_version"]
 
 
+def test_metrics_count_searches_by_kind_and_method(corp: Served) -> None:
+    alice, design = ref("Human", "alice"), ref("Document", "design")
+    view = {"name": "view"}
+    pages = [
+        corp.post(
+            "/access/v1/search/resource",
+            {**{"subject": alice, "action": view}, "resource": {"type": "Document"}},
+        ),
+        corp.post(
+            "/access/v1/search/subject",
+            {"subject": {"type": "Human"}, "action": view, "resource": design},
+        ),
+        corp.post("/access/v1/search/action", {"subject": alice, "resource": design}),
+        corp.post("/access/v1/search/action", {"subject": alice, "resource": design}),
+    ]
+    assert all(r.status_code == 200 for r in pages), [r.text for r in pages]
+    text = corp.metrics()
+    assert metric(text, "svc_pdp_searches_total", kind="resource", method="plan") == 1
+    assert metric(text, "svc_pdp_searches_total", kind="subject", method="checks") == 1
+    assert metric(text, "svc_pdp_searches_total", kind="action", method="checks") == 2
+    for kind, n in (("resource", 1), ("subject", 1), ("action", 2)):
+        found = sum(len(r.json()["results"]) for r in pages if r.url.path.endswith(kind))
+        assert metric(text, "svc_pdp_search_results_total", kind=kind) == found > 0
+        assert metric(text, "svc_pdp_search_duration_seconds_count", kind=kind) == n
+
+
 def test_grpc_reflection_lists_the_services(corp: Served) -> None:
     db = ProtoReflectionDescriptorDatabase(corp.channel)
     services = set(db.get_services())

@@ -234,6 +234,7 @@ def plan(
             "log_fsync",
             "decisions_topic",
             "max_batch_items",
+            "search_max_limit",
             "max_inline_entities",
             "max_entity_depth",
         ),

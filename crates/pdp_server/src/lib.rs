@@ -262,6 +262,12 @@ impl Shared {
     /// record per search call, `call` `search`, with the number of results. Its key is the
     /// subject's (`Type::id`), or the resource's for a subject search.
     pub fn searched(&self, p: &pdp_core::SearchPage, t: Transport) -> Logged {
+        self.metrics.search(
+            p.kind.as_str(),
+            p.method.as_str(),
+            p.results.len(),
+            p.latency_us,
+        );
         if self.log.is_none() {
             return Logged(None);
         }

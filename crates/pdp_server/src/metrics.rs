@@ -75,6 +75,13 @@ const LATENCY_BUCKETS: [f64; 14] = [
     100e-3,
 ];
 
+/// Buckets of one search page, in seconds: 50 us to 2.5 s (a page of the largest limit that
+/// checks candidates one by one over a large store takes seconds; docs/benchmarks.md).
+const SEARCH_BUCKETS: [f64; 14] = [
+    50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 250e-3, 1.0,
+    2.5,
+];
+
 /// Buckets of the decision log's group commits and of durable answers' waits, in seconds:
 /// 50 us to 1 s (a commit window is at most 1 s, docs/history.md).
 const LOG_BUCKETS: [f64; 14] = [
@@ -91,6 +98,12 @@ pub struct Metrics {
     decision_latency: Vec<Histogram>,
     plans: IntCounterVec,
     plan_latency: Histogram,
+    /// `svc_pdp_searches_total{kind,method}`: AuthZEN search pages answered (docs/search.md).
+    searches: IntCounterVec,
+    /// `svc_pdp_search_results_total{kind}`: results on those pages.
+    search_results: IntCounterVec,
+    /// `svc_pdp_search_duration_seconds{kind}`: engine time of one search page.
+    search_latency: HistogramVec,
     plan_cache_hits: IntCounter,
     plan_cache_misses: IntCounter,
     plans_cached: IntGauge,
@@ -202,6 +215,16 @@ impl Metrics {
         )
         .unwrap_or_else(|e| unreachable_metric("svc_pdp_plan_duration_seconds", &e));
         let _ = registry.register(Box::new(plan_latency.clone()));
+        let search_latency = HistogramVec::new(
+            HistogramOpts::new(
+                "svc_pdp_search_duration_seconds",
+                "Time the engine spent on one AuthZEN search page, by kind (subject, resource, action).",
+            )
+            .buckets(SEARCH_BUCKETS.to_vec()),
+            &["kind"],
+        )
+        .unwrap_or_else(|e| unreachable_metric("svc_pdp_search_duration_seconds", &e));
+        let _ = registry.register(Box::new(search_latency.clone()));
         let fetches_vec = counter_vec(
             &registry,
             "svc_pdp_resource_fetches_total",
@@ -240,6 +263,19 @@ impl Metrics {
                 &["transport", "outcome"],
             ),
             plan_latency,
+            searches: counter_vec(
+                &registry,
+                "svc_pdp_searches_total",
+                "AuthZEN search pages answered, by kind (subject, resource, action) and method (plan: the query plan's filter over stored rows; checks: one check per candidate).",
+                &["kind", "method"],
+            ),
+            search_results: counter_vec(
+                &registry,
+                "svc_pdp_search_results_total",
+                "Results on the AuthZEN search pages answered, by kind.",
+                &["kind"],
+            ),
+            search_latency,
             plan_cache_hits: counter(
                 &registry,
                 "svc_pdp_plan_cache_hits_total",
@@ -396,6 +432,18 @@ impl Metrics {
             self.plan_cache_misses.inc();
         }
         self.plan_latency.observe(micros(latency_us));
+    }
+
+    /// Counts one AuthZEN search page (docs/search.md): its kind and method, its number of
+    /// results, and its engine time (`latency_us`, microseconds).
+    pub fn search(&self, kind: &str, method: &str, results: usize, latency_us: u64) {
+        self.searches.with_label_values(&[kind, method]).inc();
+        self.search_results
+            .with_label_values(&[kind])
+            .inc_by(u64::try_from(results).unwrap_or(u64::MAX));
+        self.search_latency
+            .with_label_values(&[kind])
+            .observe(micros(latency_us));
     }
 
     /// Counts a request refused with HTTP status `status` (or its gRPC equivalent).

@@ -75,7 +75,7 @@ _DECISION_SELECT = (
     "on_behalf_of_id, action, resource_type, resource_id, verdict, outcome, challenges, "
     "policies, on_behalf_of_outcome, mode, challenge_qid, work_item, assigned, risk_score, "
     "policy_version, principals_version, latency_us, pdp, pinned, needs_row_checks, "
-    "plan_attributes, not_in_directory, inline_ignored"
+    "plan_attributes, not_in_directory, inline_ignored, search, result_count"
 )
 
 _EVENT_SELECT = (
@@ -187,6 +187,8 @@ def _decision(row: Sequence[Any]) -> dict[str, Any]:
         plan_attributes,
         not_in_directory,
         inline_ignored,
+        search,
+        result_count,
     ) = row
     is_plan = call == "plan"
     would = None
@@ -200,10 +202,10 @@ def _decision(row: Sequence[Any]) -> dict[str, Any]:
         "at": _utc(at),
         "call": call,
         "transport": _or_none(transport),
-        "principal": {"type": ptype, "id": pid},
+        "principal": {"type": ptype, "id": None if search == "subject" else pid},
         "on_behalf_of": _ref_or_none(otype, oid),
-        "action": action,
-        "resource": {"type": rtype, "id": None if is_plan else rid},
+        "action": None if search == "action" else action,
+        "resource": {"type": rtype, "id": None if is_plan or search == "resource" else rid},
         "verdict": _or_none(verdict),
         "outcome": _or_none(outcome),
         "challenges": list(challenges),
@@ -220,7 +222,10 @@ def _decision(row: Sequence[Any]) -> dict[str, Any]:
         "latency_us": latency_us,
         "pdp": _or_none(pdp),
     }
-    if not is_plan:
+    if call == "search":
+        d["search"] = search
+        d["count"] = result_count
+    elif not is_plan:
         d["not_in_directory"] = _refs(not_in_directory)
         d["inline_ignored"] = _refs(inline_ignored)
     if is_plan:

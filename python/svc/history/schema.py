@@ -37,7 +37,8 @@ the rest at read time: counts are exact whether or not a merge has run.
 Reading records (what is required, what is lenient):
 
 * decision: non-empty ``qid``, ``at``, ``principal`` {type, id}, ``action``, ``resource.type``,
-  ``mode``; for checks (``call`` is not ``plan``) also ``resource.id`` and ``verdict``.
+  ``mode``; for checks (``call`` is ``check``) also ``resource.id`` and ``verdict``; a search
+  (``call`` ``search``) names its kind in ``search`` and may leave out what it searched for.
 * event: non-empty ``ingest_id``, ``at``, ``principal`` {type, id}, ``action``, and
   ``resource`` {type, id} (``id`` may be ``""``: a list or a search).
 * ``at`` / ``received_at``: RFC 3339, any offset, stored in UTC; no offset means UTC.
@@ -99,6 +100,8 @@ DECISION_COLUMNS: tuple[tuple[str, str], ...] = (
     ("plan_attributes", "Array(String)"),
     ("not_in_directory", "Array(Tuple(type String, id String))"),
     ("inline_ignored", "Array(Tuple(type String, id String))"),
+    ("search", "LowCardinality(String)"),
+    ("result_count", "Nullable(UInt64)"),
 )
 
 #: ``events`` columns: (name, ClickHouse type), plus ``loaded_at``. The event field
@@ -169,7 +172,8 @@ _DECISION_TUPLE = (
     "principals_version UInt64, latency_us UInt64, pdp String, pinned Nullable(Bool), "
     "needs_row_checks Nullable(Bool), attributes Array(String), "
     "not_in_directory Array(Tuple(type String, id String)), "
-    "inline_ignored Array(Tuple(type String, id String)))"
+    "inline_ignored Array(Tuple(type String, id String)), search String, "
+    "count Nullable(UInt64))"
 )
 
 _EVENT_TUPLE = (
@@ -205,14 +209,22 @@ _DECISION_CHECKS: list[tuple[str, str]] = [
     ("match(value, '^\\\\s*\\\\{')", "not a JSON object"),
     ("r.qid != ''", "`qid`: missing"),
     ("parsed_at IS NOT NULL", "`at`: missing or not an RFC 3339 time"),
-    ("r.principal.type != '' AND r.principal.id != ''", "`principal`: missing type or id"),
-    ("r.action != ''", "`action`: missing"),
     (
-        "r.resource.type != '' AND (r.resource.id IS NOT NULL OR r.call = 'plan')",
+        "r.principal.type != '' AND (r.principal.id != '' OR r.search = 'subject')",
+        "`principal`: missing type or id",
+    ),
+    ("r.action != '' OR r.search = 'action'", "`action`: missing"),
+    (
+        "r.resource.type != '' AND (r.resource.id IS NOT NULL OR r.call = 'plan' "
+        "OR r.search = 'resource')",
         "`resource`: missing type or id",
     ),
     ("r.mode != ''", "`mode`: missing"),
-    ("r.verdict != '' OR r.call = 'plan'", "`verdict`: missing"),
+    ("r.verdict != '' OR r.call IN ('plan', 'search')", "`verdict`: missing"),
+    (
+        "(r.call = 'search') = (r.search IN ('subject', 'resource', 'action'))",
+        "`search`: missing or not subject, resource or action",
+    ),
 ]
 
 _EVENT_CHECKS: list[tuple[str, str]] = [
@@ -328,7 +340,9 @@ SELECT
     r.needs_row_checks AS needs_row_checks,
     r.attributes AS plan_attributes,
     r.not_in_directory AS not_in_directory,
-    r.inline_ignored AS inline_ignored
+    r.inline_ignored AS inline_ignored,
+    r.search AS search,
+    r.count AS result_count
 """
 
 _EVENTS_SELECT = """
@@ -379,27 +393,48 @@ def _by_resource(table: str, key: str) -> tuple[str, str]:
     )
 
 
+#: Decision columns added after schema version 1 (``not_in_directory`` and ``inline_ignored``
+#: by version 2, ``search`` and ``result_count`` by version 3).
+_ADDED_DECISION_COLUMNS = ("not_in_directory", "inline_ignored", "search", "result_count")
+
+
+def _remake_decision_views() -> tuple[str, ...]:
+    """Adds the decision columns added since version 1 and makes the decisions views again.
+
+    The views are built from the current column lists and checks, so every version that remakes
+    them first adds every column those views write (``IF NOT EXISTS``: a database that has them
+    already is not changed). A database made by an earlier release and several versions behind
+    thus passes through consistent states, and a new database (version 1 is built from the
+    current lists) is not changed by the ``ALTER`` statements at all.
+    """
+    return (
+        *(
+            f"ALTER TABLE {t} ADD COLUMN IF NOT EXISTS `{name}` {ty}"
+            for t in ("decisions", "decisions_by_resource")
+            for name, ty in DECISION_COLUMNS
+            if name in _ADDED_DECISION_COLUMNS
+        ),
+        "DROP VIEW IF EXISTS decisions_by_resource_mv",
+        "DROP VIEW IF EXISTS decisions_load_mv",
+        "DROP VIEW IF EXISTS decisions_reject_mv",
+        "DROP VIEW IF EXISTS decisions_parse_mv",
+        "DROP TABLE IF EXISTS decisions_parsed",
+        _by_resource("decisions", "qid")[1],
+        *_intake_tables(
+            "decisions", _DECISION_TUPLE, {"parsed_at": _time("r.at")}, _DECISION_CHECKS
+        ),
+    )
+
+
 #: Schema version 2: the decision record's ``not_in_directory`` and ``inline_ignored``
-#: (docs/decisions.md, "Inline entities") become columns. The decisions views are made again so
-#: they read the two fields; the loader is the only writer and migrates before it reads. Version
-#: 1's statements are built from the current column lists, so a new database gets the columns
-#: from version 1 and the ALTERs here change nothing; a database made by an earlier release gets
-#: them here.
-_V2_DECISION_FIELDS = (
-    *(
-        f"ALTER TABLE {t} ADD COLUMN IF NOT EXISTS `{name}` {ty}"
-        for t in ("decisions", "decisions_by_resource")
-        for name, ty in DECISION_COLUMNS
-        if name in ("not_in_directory", "inline_ignored")
-    ),
-    "DROP VIEW IF EXISTS decisions_by_resource_mv",
-    "DROP VIEW IF EXISTS decisions_load_mv",
-    "DROP VIEW IF EXISTS decisions_reject_mv",
-    "DROP VIEW IF EXISTS decisions_parse_mv",
-    "DROP TABLE IF EXISTS decisions_parsed",
-    _by_resource("decisions", "qid")[1],
-    *_intake_tables("decisions", _DECISION_TUPLE, {"parsed_at": _time("r.at")}, _DECISION_CHECKS),
-)
+#: (docs/decisions.md, "Inline entities") become columns. The loader is the only writer and
+#: migrates before it reads.
+_V2_DECISION_FIELDS = _remake_decision_views()
+
+#: Schema version 3: search records (docs/search.md, "Decision records"): ``call`` ``search``
+#: with ``search`` (``subject``, ``resource`` or ``action``), the searched-for part absent, no
+#: verdict, and ``count`` (the page's results) as ``result_count``.
+_V3_SEARCH_RECORDS = _remake_decision_views()
 
 #: Every schema version, oldest first. Add new versions at the end; never edit an applied one.
 MIGRATIONS: tuple[Migration, ...] = (
@@ -427,6 +462,7 @@ MIGRATIONS: tuple[Migration, ...] = (
         ),
     ),
     Migration(2, "decisions: not_in_directory, inline_ignored", _V2_DECISION_FIELDS),
+    Migration(3, "decisions: search records (search, result_count)", _V3_SEARCH_RECORDS),
 )
 
 #: Tables holding day partitions that retention drops (docs/history.md#retention).

@@ -414,6 +414,7 @@ def serve_bundle(
                 first = None
     engine.set_mode(opts.mode)
     engine.configure_plans(max_age_secs=opts.plan_max_age_secs)
+    engine.configure_search(max_limit=opts.search_max_limit)
     for w in engine.warnings:
         log.warning("bundle %s: %s", bundle_dir, w)
     server: Server | None = None

@@ -96,6 +96,8 @@ class PdpSettings(ServiceSettings, DecisionLogSettings, component="pdp"):
     """Decision-log topic."""
     max_batch_items: int = Field(default=1_000, ge=1)
     """Most evaluations per AuthZEN batch (400 beyond)."""
+    search_max_limit: int = Field(default=1_000, ge=1, le=100_000)
+    """Largest AuthZEN search page: a larger page.limit is lowered to it (docs/search.md)."""
     max_inline_entities: int = Field(default=1_000, ge=0)
     """Most inline entities per check (400 beyond)."""
     max_entity_depth: int = Field(default=64, ge=1)

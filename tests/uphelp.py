@@ -113,12 +113,22 @@ class Up:
         return self.stopped
 
 
-def start_up(data_dir: Path, *args: str, port: int | None = None, ready_timeout: float = 180) -> Up:
-    """Starts `svc up --data-dir DIR --port N ARGS` and waits for its ready banner."""
+def start_up(
+    data_dir: Path,
+    *args: str,
+    port: int | None = None,
+    ready_timeout: float = 180,
+    command: list[str] | None = None,
+    env: dict[str, str] | None = None,
+) -> Up:
+    """Starts `svc up --data-dir DIR --port N ARGS` and waits for its ready banner.
+
+    `command` is how `svc` is run (default: this interpreter's `-m svc.cli`); `env` replaces
+    the environment (default: this process's)."""
     port = port or free_base_port()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
-        [*SVC, "up", "--data-dir", str(data_dir), "--port", str(port), *args],
+        [*(command or SVC), "up", "--data-dir", str(data_dir), "--port", str(port), *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

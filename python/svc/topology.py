@@ -629,12 +629,16 @@ class Topology:
         """
         self.state.mkdir(parents=True, exist_ok=True)
         self.config.save()
+        started = []
         progress("PostgreSQL")
+        if not self.config.postgres_url and self.postgres_pid() is None:
+            started.append("postgres")
         self._start_postgres()
         progress("Kafka")
+        if not self.config.kafka and self.kafka_pid() is None:
+            started.append("kafka")
         self._start_kafka()
         self._write_secrets()
-        started = []
         for c in self.components():
             if self.pid(c.name) is None:
                 progress(f"starting {c.name}")

@@ -378,7 +378,7 @@ def test_an_install_end_to_end_then_kill_9_each_process(topo: Topology) -> None:
         i = 0
         while not stop.is_set():
             i += 1
-            for pdp in (("pdp-1", "pdp-2") if i % 2 else ("pdp-2", "pdp-1")):
+            for pdp in ("pdp-1", "pdp-2") if i % 2 else ("pdp-2", "pdp-1"):
                 try:
                     c.agent_read(pdp, f"load-{i}")
                 except httpx.HTTPError:

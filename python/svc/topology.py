@@ -63,9 +63,10 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import httpx
+import typer
 
 from svc.common.auth import LocalIssuer, write_secret
 from svc.common.topics import DECISIONS_TOPIC, EVENTS_TOPIC
@@ -318,10 +319,9 @@ class Topology:
             url = make_url(self.config.postgres_url)
         else:
             url = make_url(f"postgresql://svc:svc@127.0.0.1:{self.ports['postgres']}/x")
-        return (
-            url.set(drivername="postgresql+psycopg", database=DATABASES[service])
-            .render_as_string(hide_password=False)
-        )
+        return url.set(
+            drivername="postgresql+psycopg", database=DATABASES[service]
+        ).render_as_string(hide_password=False)
 
     def _start_postgres(self) -> None:
         """Starts our PostgreSQL (unless ``--postgres-url``) and creates the databases."""
@@ -343,7 +343,8 @@ class Topology:
         if not self.config.kafka:
             self._script("dev-kafka.sh", "start", self._kafka_env())
         from confluent_kafka import KafkaException
-        from confluent_kafka.admin import AdminClient, NewTopic
+        from confluent_kafka import NewTopic
+        from confluent_kafka.admin import AdminClient
 
         admin = AdminClient({"bootstrap.servers": self.kafka})
         futures = admin.create_topics([NewTopic(t, 3, 1) for t in (DECISIONS_TOPIC, EVENTS_TOPIC)])
@@ -551,8 +552,10 @@ class Topology:
         return self.run_dir / f"{name}.pid"
 
     def pid(self, name: str) -> int | None:
-        """The pid of process `name` (a ``Component`` name, ``postgres`` or ``kafka``) when it
-        runs, else None. A pid file whose process is gone or was reused gives None."""
+        """The pid of process `name` (a ``Component`` name, ``postgres`` or ``kafka``), or None.
+
+        None when it does not run: a pid file whose process is gone or was reused gives None.
+        """
         if name == "postgres":
             return self.postgres_pid()
         if name == "kafka":
@@ -795,8 +798,6 @@ def iter_status_lines(rows: list[dict[str, Any]]) -> Iterator[str]:
 
 # -- the command line (``svc topology``)
 
-import typer  # noqa: E402  (the command line below; the module above needs no typer)
-
 app = typer.Typer(
     name="topology",
     help="The production topology on this machine: each component its own process on "
@@ -816,12 +817,18 @@ def _default_state_dir() -> Path:
     return d.with_name(d.name + "-topology")
 
 
-StateOpt = typer.Option(
-    None, "--state-dir", help="Where the topology keeps everything ($SVC_TOPOLOGY_DIR)."
-)
+StateOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--state-dir",
+        help="Where the topology keeps everything ($SVC_TOPOLOGY_DIR).",
+        file_okay=False,
+    ),
+]
 
 
 def _topology(state_dir: Path | None) -> Topology:
+    """The topology started in `state_dir` (default ``_default_state_dir``), or exit 2."""
     try:
         return Topology(Config.load(state_dir or _default_state_dir()))
     except TopologyError as e:
@@ -831,24 +838,32 @@ def _topology(state_dir: Path | None) -> Topology:
 
 @app.command("start")
 def start_command(
-    state_dir: Path | None = StateOpt,
-    base_port: int = typer.Option(
-        18080, min=1024, max=32000, help="First port (the module docs list each)."
-    ),
-    bundle: Path | None = typer.Option(
-        None, exists=True, file_okay=False, help="Bundle published first (default: the demo's)."
-    ),
-    postgres_url: str | None = typer.Option(
-        None, help="A running PostgreSQL's admin URL (default: start one in the state dir)."
-    ),
-    kafka: str | None = typer.Option(
-        None, help="A running Kafka's host:port (default: start one in the state dir)."
-    ),
-    history_dsn: str | None = typer.Option(
-        None, help="http://user:pw@host:8123/db for a ClickHouse server (default: chDB)."
-    ),
+    state_dir: StateOpt = None,
+    base_port: Annotated[
+        int, typer.Option(min=1024, max=32000, help="First port (svc.topology lists each).")
+    ] = 18080,
+    bundle: Annotated[
+        Path | None,
+        typer.Option(
+            exists=True, file_okay=False, help="Bundle published first (default: the demo's)."
+        ),
+    ] = None,
+    postgres_url: Annotated[
+        str | None,
+        typer.Option(
+            help="A running PostgreSQL's admin URL (default: start one in the state dir)."
+        ),
+    ] = None,
+    kafka: Annotated[
+        str | None,
+        typer.Option(help="A running Kafka's host:port (default: start one in the state dir)."),
+    ] = None,
+    history_dsn: Annotated[
+        str | None,
+        typer.Option(help="http://user:pw@host:8123/db for a ClickHouse server (default: chDB)."),
+    ] = None,
 ) -> None:
-    """Start every part not running (settings of the first start are kept)."""
+    """Start every part not running (the settings of the first start are kept)."""
     d = (state_dir or _default_state_dir()).resolve()
     try:
         config = Config.load(d)
@@ -867,8 +882,8 @@ def start_command(
 
 @app.command("stop")
 def stop_command(
-    names: list[str] = typer.Argument(None, help="Only these (default: all)."),
-    state_dir: Path | None = StateOpt,
+    names: Annotated[list[str] | None, typer.Argument(help="Only these (default: all).")] = None,
+    state_dir: StateOpt = None,
 ) -> None:
     """Stop every process (or the named ones)."""
     stopped = _topology(state_dir).stop(names or ())
@@ -876,7 +891,7 @@ def stop_command(
 
 
 @app.command("status")
-def status_command(state_dir: Path | None = StateOpt) -> None:
+def status_command(state_dir: StateOpt = None) -> None:
     """List each process: pid, port, ready. Exits 1 when one is down or not ready."""
     rows = _topology(state_dir).status()
     for line in iter_status_lines(rows):
@@ -887,10 +902,10 @@ def status_command(state_dir: Path | None = StateOpt) -> None:
 
 @app.command("history", hidden=True)
 def history_command(
-    dsn: str = typer.Option(..., "--dsn"),
-    kafka: str = typer.Option(..., "--kafka"),
-    host: str = typer.Option("127.0.0.1"),
-    port: int = typer.Option(8080),
+    dsn: Annotated[str, typer.Option("--dsn", help="The history store.")],
+    kafka: Annotated[str, typer.Option("--kafka", help="The broker, kafka://host:port.")],
+    host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port of the history routes.")] = 8080,
 ) -> None:
     """The history process (loader and routes) that ``start`` runs; see ``serve_history``."""
     logging.basicConfig(

@@ -343,8 +343,8 @@ class Topology:
         if not self.config.kafka:
             self._script("dev-kafka.sh", "start", self._kafka_env())
         from confluent_kafka import KafkaException
-        from confluent_kafka import NewTopic
         from confluent_kafka.admin import AdminClient
+        from confluent_kafka.cimpl import NewTopic
 
         admin = AdminClient({"bootstrap.servers": self.kafka})
         futures = admin.create_topics([NewTopic(t, 3, 1) for t in (DECISIONS_TOPIC, EVENTS_TOPIC)])

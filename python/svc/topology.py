@@ -423,6 +423,23 @@ class Topology:
             f"{p}_CALLERS": ",".join(CALLERS[component]),
         }
 
+    def _scim_env(self) -> dict[str, str]:
+        """``SVC_CONTEXT_SCIM_TOKEN`` from ``scim.token`` (empty before the first start)."""
+        try:
+            return {"SVC_CONTEXT_SCIM_TOKEN": self.secret("scim.token")}
+        except FileNotFoundError:
+            return {}
+
+    def _policy_history(self) -> list[str]:
+        """``--history-dsn`` for the policy service's dry runs: only a ClickHouse server.
+
+        chDB's directory belongs to the history process alone (docs/history.md#engines-and-dsns),
+        so with chDB the policy service runs without dry runs.
+        """
+        if self.history_dsn.startswith(("http://", "https://")):
+            return ["--history-dsn", self.history_dsn]
+        return []
+
     def components(self) -> list[Component]:
         """Every process ``start`` runs (after PostgreSQL and Kafka), in start order."""
         s, sec, u, p = self.state, self.secrets, self.urls, self.ports
@@ -440,6 +457,7 @@ class Topology:
                     str(s),
                     "--signing-key-file",
                     str(sec / "policy-signing.key"),
+                    *self._policy_history(),
                 ),
                 p["policy"],
                 self._auth_env("policy"),
@@ -455,7 +473,7 @@ class Topology:
                     self.database_url("context"),
                 ),
                 p["context"],
-                {**self._auth_env("context"), "SVC_CONTEXT_SCIM_TOKEN": self.secret("scim.token")},
+                {**self._auth_env("context"), **self._scim_env()},
             ),
             Component(
                 "challenge",

@@ -27,6 +27,8 @@ Commands:
   (docs/architecture.md#embedded-defaults-and-production-parts; ``svc.up``).
 * ``svc demo``: ``svc up`` with the demo company's traffic; prints the summary read back from
   the history and stops (``--serve`` keeps it running).
+* ``svc topology start|stop|status``: the production topology on this machine, each component
+  its own process on PostgreSQL and Kafka (``svc.topology``, docs/dev.md).
 * ``svc version`` (or ``svc --version``): print the release.
 
 The options of ``svc pdp``, ``svc intake``, ``svc history`` and the ``--log-*`` ones of ``svc up``
@@ -63,6 +65,7 @@ from svc.pdp import BundleError, Engine, RequestError
 from svc.pdp.log_settings import DecisionLogSettings
 from svc.pdp.settings import PdpSettings
 from svc.policy.cli import app as policy_app
+from svc.topology import app as topology_app
 
 app = typer.Typer(
     name="svc",
@@ -514,6 +517,7 @@ def history_load(
 
 app.add_typer(context_app, name="context")
 app.add_typer(challenge_app, name="challenge")
+app.add_typer(topology_app, name="topology")
 
 if __name__ == "__main__":  # pragma: no cover
     app()

@@ -98,7 +98,7 @@ def test_load_refuses_a_public_port_without_authentication(tmp_path: Path) -> No
     """`--host 0.0.0.0` without `SVC_HISTORY_AUTH_*` is refused (exit 2) naming the settings
     (docs/auth.md, "Loopback only without authentication")."""
     proc = _svc(tmp_path, "--host", "0.0.0.0", "--port", str(_free_port()))
-    out, err = proc.communicate(timeout=120)
+    _, err = proc.communicate(timeout=120)
     assert proc.returncode == 2
     assert "refusing to listen on 0.0.0.0 without authentication" in err
     assert "SVC_HISTORY_AUTH_ISSUER" in err

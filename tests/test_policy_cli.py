@@ -179,3 +179,26 @@ def test_cli_sends_a_caller_token(tmp_path: Path) -> None:
         log.close()
     wide = svc("--host", "0.0.0.0", "--port", "0", "--data-dir", str(tmp_path), env=env)
     assert wide.returncode == 2 and "refusing to listen on 0.0.0.0" in wide.stderr
+
+
+def test_migrate_is_idempotent_and_names_the_revision(tmp_path: Path) -> None:
+    """`svc policy migrate` (the chart's pre-upgrade Job) applies the schema once, then again
+    changes nothing; both times it prints the head revision."""
+    from typer.testing import CliRunner
+
+    from svc.cli import app
+    from svc.policy.migrate import HEAD, current_revision
+
+    url = f"sqlite:///{tmp_path / 'policy.db'}"
+    runner = CliRunner()
+    for _ in range(2):
+        r = runner.invoke(app, ["policy", "migrate", "--database-url", url])
+        assert r.exit_code == 0, r.output
+        assert r.output.strip() == f"policy schema at revision {HEAD}"
+    from sqlalchemy import create_engine
+
+    engine = create_engine(url)
+    try:
+        assert current_revision(engine) == HEAD
+    finally:
+        engine.dispose()

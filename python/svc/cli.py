@@ -20,8 +20,10 @@ Commands:
 * ``svc intake [--port 8080] [--dev]``: the event intake (docs/intake.md), settings
   from ``SVC_INTAKE_*`` and ``SVC_KAFKA_URL``. Runs until Ctrl-C or SIGTERM.
 * ``svc history migrate --dsn DSN``: apply the history store's schema (idempotent).
-* ``svc history load --dsn DSN --kafka URL [--retention-days N]``: load the decision and event
-  topics into the history store (docs/history.md). Runs until Ctrl-C or SIGTERM.
+* ``svc history load --dsn DSN --kafka URL [--retention-days N] [--port 8080]``: load the
+  decision and event topics into the history store (docs/history.md); with ``--port`` it also
+  serves the probes and the history routes there (``svc.history.service``; callers from
+  ``SVC_HISTORY_AUTH*``, docs/auth.md). Runs until Ctrl-C or SIGTERM.
 * ``svc up [--demo] [--port 8080] [--data-dir DIR]``: the decision point, the intake, the
   history loader and the policy service on one machine with the embedded defaults
   (docs/architecture.md#embedded-defaults-and-production-parts; ``svc.up``).
@@ -56,7 +58,7 @@ import typer
 
 from svc import __version__
 from svc.challenge.cli import app as challenge_app
-from svc.common.auth_settings import PdpAuthSettings
+from svc.common.auth_settings import HistoryAuthSettings, PdpAuthSettings
 from svc.common.cli import Options, settings_command
 from svc.context.cli import app as context_app
 from svc.history.loader import HistoryStoreSettings, LoaderSettings
@@ -459,6 +461,8 @@ def history_migrate(store: HistoryStoreSettings) -> None:
         only=(
             "dsn",
             "kafka_url",
+            "host",
+            "port",
             "retention_days",
             "retention_file",
             "retention_interval",
@@ -470,9 +474,11 @@ def history_migrate(store: HistoryStoreSettings) -> None:
         ),
         names={"dsn": "--dsn", "kafka_url": "--kafka"},
     ),
+    auth=Options(HistoryAuthSettings),
 )
 def history_load(
     settings: LoaderSettings,
+    auth: HistoryAuthSettings,
     migrate: Annotated[bool, typer.Option(help="Apply the schema first.")] = False,
     until_caught_up: Annotated[
         bool, typer.Option(help="Exit once every partition is loaded and committed.")
@@ -481,9 +487,12 @@ def history_load(
     """Load svc.decisions.v1 and svc.events.v1 into the history (at least once, deduplicated).
 
     Offsets are committed only after a batch is stored; runs until Ctrl-C or SIGTERM. The
-    loader's health settings (SVC_HISTORY_FAILING_AFTER, ...) come from the environment.
+    loader's health settings (SVC_HISTORY_FAILING_AFTER, ...) come from the environment. With
+    --port, the probes (/readyz: the loader's health) and the history routes are served there;
+    bearer-token settings (--auth-*, SVC_HISTORY_AUTH_*): docs/auth.md.
     """
     from svc import history
+    from svc.common.auth import AuthConfigError
     from svc.common.topics import bootstrap_servers
 
     logging.basicConfig(
@@ -505,6 +514,16 @@ def history_load(
         retention_interval=settings.retention_interval,
         health=settings,
     )
+    stop_http: Callable[[], None] | None = None
+    if settings.port is not None:
+        from svc.history.service import create_app
+
+        try:
+            auth.check_bind(settings.host)
+            app_ = create_app(client, loader, auth=auth)
+        except AuthConfigError as e:
+            raise _fail(f"svc history load: {e}") from e
+        stop_http = _serve_http(app_, settings.host, settings.port)
     stop_on = (signal.SIGINT, signal.SIGTERM)
     previous = {sig: signal.signal(sig, lambda *_: loader.stop()) for sig in stop_on}
     try:
@@ -512,7 +531,49 @@ def history_load(
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        if stop_http is not None:
+            stop_http()
     typer.echo(json.dumps(stats.__dict__))
+
+
+def _serve_http(app_: Any, host: str, port: int) -> Callable[[], None]:
+    """Serves the ASGI app `app_` with uvicorn on (`host`, `port`) in a thread of its own.
+
+    The socket comes from ``svc.common.net.tcp_listener`` (docs/architecture.md#code-layout-
+    and-conventions). Returns a function that stops the server (requests under way finish)
+    and joins the thread. Exits with code 2 when the port cannot be bound.
+    """
+    import asyncio
+
+    import uvicorn
+
+    from svc.common.net import tcp_listener
+
+    try:
+        sock = tcp_listener(host, port)
+    except OSError as e:
+        raise _fail(f"cannot listen on {host}:{port}: {e.strerror}") from e
+    config = uvicorn.Config(
+        app_, lifespan="on", log_level="warning", access_log=False, server_header=False
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(
+        target=lambda: asyncio.run(server.serve(sockets=[sock])),
+        name="svc-history-http",
+        daemon=True,
+    )
+    thread.start()
+    logging.getLogger("svc.history").info(
+        "serving the history on %s:%d", host, sock.getsockname()[1]
+    )
+
+    def stop() -> None:
+        """Stops the server and closes its socket."""
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
+
+    return stop
 
 
 app.add_typer(context_app, name="context")

@@ -205,6 +205,11 @@ class LoaderSettings(HistoryStoreSettings, LoaderHealthSettings):
 
     kafka_url: str = kafka_url_field(...)
     """Broker: kafka://host:port or host:port."""
+    host: str = "127.0.0.1"
+    """Address the HTTP port binds, with ``port`` (``0.0.0.0`` in a container)."""
+    port: int | None = Field(default=None, ge=0, le=65535)
+    """Serve the probes and the history routes (``svc.history.service``) on this port while
+    loading (8080 in a cluster; 0 picks a free one); unset: no HTTP port."""
     retention_days: int = Field(
         default=0,
         ge=0,

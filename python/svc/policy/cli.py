@@ -4,6 +4,8 @@
   the options are made from ``PolicySettings`` and ``PolicyAuthSettings``
   (``svc.common.cli.settings_command``; ``SVC_POLICY_*``, options win). Runs until Ctrl-C or
   SIGTERM.
+* ``svc policy migrate [--database-url URL]``: apply the schema and print the revision
+  (idempotent; serving does it on start too; the chart runs it as a pre-upgrade Job).
 * ``svc policy keygen FILE``: write an Ed25519 key pair (``FILE``, ``FILE.pub``): the service's
   signing key, or an admin's break-glass key.
 * ``svc policy draft DIR``, ``publish VERSION``, ``active``, ``bundles``,
@@ -210,6 +212,25 @@ def serve(ctx: typer.Context, settings: PolicySettings, auth: PolicyAuthSettings
     except AuthConfigError as e:
         typer.echo(f"svc policy: {e}", err=True)
         raise typer.Exit(2) from None
+
+
+@app.command("migrate")
+@settings_command("svc policy migrate", settings=Options(PolicySettings, only=("database_url",)))
+def migrate_command(settings: PolicySettings) -> None:
+    """Apply the policy service's schema (Alembic; idempotent) and print the revision."""
+    from sqlalchemy import create_engine
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from svc.policy.migrate import migrate
+
+    engine = create_engine(settings.database_url)
+    try:
+        typer.echo(f"policy schema at revision {migrate(engine)}")
+    except SQLAlchemyError as e:
+        typer.echo(f"svc policy migrate: {e.__class__.__name__}: {e}", err=True)
+        raise typer.Exit(code=2) from e
+    finally:
+        engine.dispose()
 
 
 @app.command()

@@ -117,12 +117,12 @@ class Issuer:
         sub: str,
         aud: str,
         *,
-        act: str | None = None,
+        act: str | dict[str, Any] | None = None,
         lifetime: int = 300,
         headers: dict[str, Any] | None = None,
         **claims: Any,
     ) -> str:
-        """A token for `sub` (with ``act.sub`` = `act` when given), valid `lifetime` seconds."""
+        """A token for `sub` (``act`` = `act`, or ``{"sub": act}`` for a string), valid `lifetime` s."""
         now = int(time.time())
         payload: dict[str, Any] = {
             "iss": self.iss,
@@ -133,7 +133,7 @@ class Issuer:
             **claims,
         }
         if act is not None:
-            payload["act"] = {"sub": act}
+            payload["act"] = {"sub": act} if isinstance(act, str) else act
         return jwt.encode(
             payload, self.key, algorithm=self.alg, headers={"kid": self.kid, **(headers or {})}
         )

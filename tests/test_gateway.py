@@ -44,6 +44,7 @@ from gwkit import (
     write_bundle,
 )
 from svc.common.auth_settings import AuthConfigError
+from svc.common.net import tcp_listener
 from svc.gateway.app import GatewayServer
 from svc.gateway.service import GatewayService
 from svc.gateway.settings import GatewaySettings, Upstream
@@ -487,6 +488,32 @@ def test_an_mcp_session_belongs_to_the_caller_that_opened_it(stack: Stack) -> No
     )
     assert same.status_code == 200, same.text
     assert "read_doc" in same.text
+
+
+def test_events_never_block_a_call_and_are_dropped_past_the_bound(stack: Stack) -> None:
+    # The intake is down (nothing listens there): each call is answered all the same; the
+    # batcher holds one event, the queue two more, and the rest are dropped and counted.
+    with tcp_listener("127.0.0.1", 0) as sock:
+        nowhere = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    gw = GatewayServer(
+        stack.settings(intake_url=nowhere, intake_queue_bound=2, intake_batch_max=1)
+    ).start()
+    try:
+        wait_until(lambda: ready(gw.url))
+        token = stack.billing.mint("billing.bot", AUD)
+
+        async def calls() -> list[Any]:
+            async with agent_session(f"{gw.url}/mcp/docs", token) as s:
+                return [await s.call_tool("ping", {}) for _ in range(6)]
+
+        assert [r.content[0].text for r in asyncio.run(calls())] == ["pong"] * 6
+        metrics = httpx.get(f"{gw.url}/metrics", timeout=30).text
+        dropped = [
+            ln for ln in metrics.splitlines() if ln.startswith("svc_gateway_events_dropped_total")
+        ]
+        assert dropped and float(dropped[0].split()[-1]) >= 3, dropped
+    finally:
+        gw.stop()
 
 
 def test_unknown_upstreams_and_routes(stack: Stack) -> None:

@@ -56,11 +56,15 @@ action read, write appliesTo {
 
 POLICIES = """
 @id("tools-for-everyone")
-permit (principal, action == Action::"call", resource is Tool);
+permit (principal, action == Action::"call", resource is Tool)
+unless { resource == Tool::"docs/launch" };
 
 @id("no-ping-for-blocked")
 forbid (principal == ServiceAccount::"copilot.blocked", action == Action::"call",
         resource == Tool::"docs/ping");
+
+@id("launch-needs-a-key") @challenge("verification")
+permit (principal, action == Action::"call", resource == Tool::"docs/launch");
 
 @id("read-documents")
 permit (principal, action == Action::"read", resource is Document);
@@ -130,6 +134,7 @@ class Issuer:
             "aud": aud,
             "iat": now,
             "exp": now + lifetime,
+            "jti": uuid.uuid4().hex,
             **claims,
         }
         if act is not None:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import grpc
 import httpx
 import pytest
 from cryptography.hazmat.primitives import serialization
@@ -49,6 +50,11 @@ from svc.gateway.app import GatewayServer
 from svc.gateway.service import GatewayService
 from svc.gateway.settings import GatewaySettings, Upstream
 from svc.gateway.tokens import AgentTokenVerifier, TokenError, TrustedApps, parse_trusted_apps
+from svc.policy.app import PolicyServer
+from svc.policy.service import PolicyService
+from svc.policy.settings import PolicySettings
+from svc.policy.v1 import policy_pb2 as ppb
+from svc.policy.v1 import policy_pb2_grpc as ppb_grpc
 from test_context import Live
 from test_pdp_standalone import Pdp
 
@@ -423,7 +429,7 @@ async def _everything(url: str, token: str) -> dict[str, Any]:
 
 
 EXPECTED = {
-    "tools": ["ping", "read_doc", "write_doc"],
+    "tools": ["launch", "ping", "read_doc", "write_doc"],
     "templates": ["doc://{name}"],
     "resource": "the plan",
     "prompts": ["summarize"],
@@ -514,6 +520,112 @@ def test_events_never_block_a_call_and_are_dropped_past_the_bound(stack: Stack) 
         assert dropped and float(dropped[0].split()[-1]) >= 3, dropped
     finally:
         gw.stop()
+
+
+def test_what_the_checks_carry_and_what_they_refuse(stack: Stack) -> None:
+    settings = stack.settings(
+        upstreams={
+            "docs": {"url": stack.upstream.url, "tools": TOOLS},
+            "other": {
+                "url": stack.upstream.url,
+                "tools": {"read_doc": {"resource_arg": "doc_id", "resource_type": "Ticket"}},
+            },
+        }
+    )
+    gw = GatewayServer(settings).start()
+    try:
+        wait_until(lambda: ready(gw.url))
+
+        async def calls(token: str) -> dict[str, Any]:
+            async with (
+                agent_session(f"{gw.url}/mcp/docs", token) as docs,
+                agent_session(f"{gw.url}/mcp/other", token) as other,
+            ):
+                return {
+                    "launch": await docs.call_tool("launch", {}),
+                    "no resource": await docs.call_tool("read_doc", {}),
+                    "unknown type": await other.call_tool("read_doc", {"doc_id": "plan"}),
+                    "blocked agent": await docs.call_tool("ping", {}),
+                }
+
+        away = asyncio.run(
+            calls(stack.copilot.mint("ana", AUD, act="copilot.blocked", svc_human_present=False))
+        )
+        here = asyncio.run(calls(stack.copilot.mint("ana", AUD, act="copilot.assistant")))
+    finally:
+        gw.stop()
+    # svc_human_present false reaches the decision point: nobody can touch a key now.
+    assert away["launch"].meta["svc/verdict"] == "deny"
+    assert "svc:human_not_present" in away["launch"].content[0].text
+    # With a person present it is a challenge; without a challenge service there is no
+    # challenge to wait for, and the text says to retry shortly.
+    assert here["launch"].meta["svc/verdict"] == "challenge"
+    assert "svc/challenge_qid" not in here["launch"].meta
+    assert "no challenge could be opened" in here["launch"].content[0].text
+    for got in (away, here):
+        assert got["no resource"].meta == {"svc/verdict": "deny"}
+        assert "argument `doc_id` must be a non-empty string" in got["no resource"].content[0].text
+        assert got["unknown type"].meta == {"svc/verdict": "deny"}
+        assert "the decision point refused to decide `other/read_doc`" in (
+            got["unknown type"].content[0].text
+        )
+    # The agent in act.sub is the principal checked.
+    assert away["blocked agent"].meta["svc/verdict"] == "deny"
+    assert "no-ping-for-blocked" in away["blocked agent"].content[0].text
+    assert here["blocked agent"].content[0].text == "pong"
+
+
+def test_tiers_from_the_policy_service_and_containments_from_a_file(stack: Stack) -> None:
+    policy_settings = PolicySettings(
+        port=0, data_dir=stack.tmp / "policy", database_url=f"sqlite:///{stack.tmp / 'p.db'}"
+    )
+    policy = PolicyServer(policy_settings, PolicyService(policy_settings)).start()
+    channel = grpc.insecure_channel(policy.target)
+    stub = ppb_grpc.PolicyServiceStub(channel)  # type: ignore[no-untyped-call]
+    stub.SetOutageFallback(
+        ppb.SetOutageFallbackRequest(
+            tool="docs/ping", tier=ppb.OUTAGE_TIER_FAIL_OPEN, author="secops", reason="harmless"
+        )
+    )
+    contained = stack.tmp / "contained.json"
+    contained.write_text("[]")
+    with tcp_listener("127.0.0.1", 0) as sock:  # no decision point listens there
+        nowhere = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    gw = GatewayServer(
+        stack.settings(
+            pdp_url=nowhere,
+            policy_url=policy.url,
+            fallback_refresh_secs=0.2,
+            containments_file=str(contained),
+        )
+    ).start()
+    token = stack.billing.mint("billing.bot", AUD)
+
+    async def calls() -> list[Any]:
+        async with agent_session(f"{gw.url}/mcp/docs", token) as s:
+            return [
+                await s.call_tool("ping", {}),
+                await s.call_tool("read_doc", {"doc_id": "plan"}),
+            ]
+
+    try:
+        wait_until(lambda: ready(gw.url))
+        ping, read = asyncio.run(calls())
+        assert ping.content[0].text == "pong"
+        assert read.meta == {"svc/verdict": "unavailable"}
+        contained.write_text(json.dumps([{"type": "ServiceAccount", "id": "billing.bot"}]))
+        wait_until(lambda: asyncio.run(calls())[0].meta == {"svc/verdict": "unavailable"})
+        stub.SetOutageFallback(
+            ppb.SetOutageFallbackRequest(
+                tool="docs/*", tier=ppb.OUTAGE_TIER_FAIL_OPEN, author="secops", reason="all"
+            )
+        )
+        contained.write_text("[]")
+        wait_until(lambda: [r.is_error for r in asyncio.run(calls())] == [False, False])
+    finally:
+        gw.stop()
+        channel.close()
+        policy.stop()
 
 
 def test_unknown_upstreams_and_routes(stack: Stack) -> None:

@@ -28,6 +28,7 @@ import os
 import re
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -67,6 +68,10 @@ Tier = Literal["fail_closed", "cached", "fail_open"]
 TIERS: tuple[Tier, ...] = ("fail_closed", "cached", "fail_open")
 #: The longest challenge wait (docs/architecture.md#limits).
 MAX_WAIT_SECS = 25
+#: Allows remembered for the ``cached`` outage tier (the oldest are forgotten first).
+MAX_CACHED_ALLOWS = 100_000
+#: Control characters the intake refuses in identifiers (docs/intake.md): C0, DEL, C1.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 
 
 def _token_reader(path: str | None, what: str) -> Callable[[], str | None]:
@@ -706,6 +711,26 @@ class Blocked:
         )
 
 
+def _event_problem(event: dict[str, Any]) -> str | None:
+    """Why the intake would refuse `event` (docs/intake.md, the identifiers' limits), or None."""
+    limits = [
+        ("system", event["system"], 1, 128),
+        ("tool", event["tool"], 1, 128),
+        ("action_class", event["action_class"], 1, 128),
+        ("principal.id", event["principal"]["id"], 1, 256),
+        ("resource.type", event["resource"]["type"], 1, 128),
+        ("resource.id", event["resource"]["id"], 0, 2048),
+    ]
+    if "on_behalf_of" in event:
+        limits.append(("on_behalf_of.id", event["on_behalf_of"]["id"], 1, 256))
+    for name, value, low, high in limits:
+        if not low <= len(value) <= high:
+            return f"`{name}` is {len(value)} characters (the intake takes {low} to {high})"
+        if _CONTROL.search(value):
+            return f"`{name}` holds a control character"
+    return None
+
+
 def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
@@ -749,7 +774,7 @@ class GatewayService:
             if settings.intake_url
             else None
         )
-        self._allows: dict[tuple[Any, ...], float] = {}
+        self._allows: OrderedDict[tuple[Any, ...], float] = OrderedDict()
         self._follower: Any = None
 
     # -- the checks ---------------------------------------------------------------------
@@ -833,7 +858,11 @@ class GatewayService:
             if d.get("mode") != "monitor" and d.get("verdict") == "challenge":
                 return self._challenged(d, tool_id, base_url), "challenge", mapping, resource
         if self.settings.cached_allow_secs > 0:
-            self._allows[self._allow_key(ident, tool_id, resource)] = time.monotonic()
+            key = self._allow_key(ident, tool_id, resource)
+            self._allows[key] = time.monotonic()
+            self._allows.move_to_end(key)
+            while len(self._allows) > MAX_CACHED_ALLOWS:
+                self._allows.popitem(last=False)
         return None, "allowed", mapping, resource
 
     def _denied(self, d: dict[str, Any], tool_id: str) -> Blocked:
@@ -991,6 +1020,13 @@ class GatewayService:
         }
         if ident.on_behalf_of is not None:
             event["on_behalf_of"] = dict(ident.on_behalf_of)
+        problem = _event_problem(event)
+        if problem is not None:
+            # One event the intake would refuse would take its whole batch down with it.
+            log.error("intake event of %s/%s not sent: %s", upstream, tool, problem)
+            self.events.dropped += 1
+            self.metrics.events_dropped.inc()
+            return
         self.events.put(event)
 
     # -- challenge waits ----------------------------------------------------------------

@@ -32,6 +32,7 @@ import grpc
 import httpx
 import pytest
 from cryptography.hazmat.primitives import serialization
+from mcp.shared.exceptions import MCPError
 from pydantic import ValidationError
 
 from gwkit import (
@@ -462,6 +463,38 @@ def test_a_stdio_upstream(stack: Stack) -> None:
         assert asyncio.run(_everything(f"{gw.url}/mcp/local", token)) == EXPECTED
     finally:
         gw.stop()
+
+
+def test_an_upstream_that_is_down_then_comes_back(stack: Stack) -> None:
+    with tcp_listener("127.0.0.1", 0) as sock:
+        port = sock.getsockname()[1]
+    gw = GatewayServer(
+        stack.settings(upstreams={"late": {"url": f"http://127.0.0.1:{port}/mcp", "tools": TOOLS}})
+    ).start()
+    upstream = None
+    token = stack.billing.mint("billing.bot", AUD)
+
+    async def ping() -> Any:
+        async with agent_session(f"{gw.url}/mcp/late", token) as s:
+            try:
+                return await s.call_tool("ping", {})
+            except MCPError as e:
+                return e
+
+    try:
+        r = httpx.get(f"{gw.url}/readyz", timeout=30)
+        assert r.status_code == 503
+        assert "upstream `late` is not connected" in r.json()["detail"]
+        error = asyncio.run(ping())
+        assert isinstance(error, MCPError)
+        assert "upstream `late` cannot be reached" in error.message
+        upstream = UpstreamProcess(port)
+        wait_until(lambda: ready(gw.url))
+        assert asyncio.run(ping()).content[0].text == "pong"
+    finally:
+        gw.stop()
+        if upstream is not None:
+            upstream.stop()
 
 
 def test_an_mcp_session_belongs_to_the_caller_that_opened_it(stack: Stack) -> None:

@@ -9,10 +9,14 @@ Covered: every token attack is refused with 401 `invalid_token` (`alg: none`, HS
 RSA public key as the secret, an untrusted issuer, another audience, expired, an unknown `kid`,
 an app signing for another app's agent, an app signing for a person alone, a JWKS over plain
 http); the identities tokens give (RFC 8693 token exchange, client credentials, a person's own
-token, `svc_human_present`, `svc_work_item_id`); a rotated key found by fetching the JWKS again
-on its unknown `kid`; trusted apps from a file and from the context service, a new or removed
-app applying within the refresh; the MCP methods passing through (tools, resources, prompts) for
-HTTP and stdio upstreams; an MCP session bound to the caller that opened it; settings checks.
+token, `svc_human_present`, `svc_work_item_id`) and that they reach the checks; a rotated key
+found by fetching the JWKS again on its unknown `kid`; trusted apps from a file and from the
+context service, a new or removed app applying within the refresh; the MCP methods passing
+through (tools, resources, prompts) for HTTP and stdio upstreams; an upstream down at start that
+comes back; an MCP session bound to the caller that opened it; checks the bundle refuses and
+calls that do not name their resource; outage tiers from the policy service and containments
+from a file; intake events that never block a call and are dropped past the queue's bound;
+settings checks.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import hmac
 import json
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -79,7 +83,7 @@ class Stack:
     billing: Issuer
     idp: Issuer
     apps_file: Path
-    gateway: GatewayServer
+    gateway: GatewayServer = field(init=False)
 
     def settings(self, **overrides: Any) -> GatewaySettings:
         """Gateway settings over this stack's parts."""
@@ -134,8 +138,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         billing,
         idp,
         apps_file,
-        None,
-    )  # type: ignore[arg-type]
+    )
     s.gateway = GatewayServer(s.settings()).start()
     wait_until(lambda: ready(s.gateway.url))
     yield s

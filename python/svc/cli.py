@@ -31,6 +31,9 @@ Commands:
   the history and stops (``--serve`` keeps it running).
 * ``svc topology start|stop|status``: the production topology on this machine, each component
   its own process on PostgreSQL and Kafka (``svc.topology``, docs/dev.md).
+* ``svc gateway --upstreams-file FILE [--pdp-url URL] ...``: the MCP gateway (docs/gateway.md):
+  every agent tool call checked at the decision point before it is forwarded. Runs until
+  Ctrl-C or SIGTERM.
 * ``svc version`` (or ``svc --version``): print the release.
 
 The options of ``svc pdp``, ``svc intake``, ``svc history`` and the ``--log-*`` ones of ``svc up``
@@ -61,6 +64,7 @@ from svc.challenge.cli import app as challenge_app
 from svc.common.auth_settings import HistoryAuthSettings, PdpAuthSettings
 from svc.common.cli import Options, settings_command
 from svc.context.cli import app as context_app
+from svc.gateway.cli import gateway as gateway_command
 from svc.history.loader import HistoryStoreSettings, LoaderSettings
 from svc.intake.settings import IntakeSettings
 from svc.pdp import BundleError, Engine, RequestError
@@ -579,6 +583,7 @@ def _serve_http(app_: Any, host: str, port: int) -> Callable[[], None]:
 app.add_typer(context_app, name="context")
 app.add_typer(challenge_app, name="challenge")
 app.add_typer(topology_app, name="topology")
+app.command("gateway")(gateway_command)
 
 if __name__ == "__main__":  # pragma: no cover
     app()

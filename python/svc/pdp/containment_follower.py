@@ -157,8 +157,15 @@ class ContainmentFollower:
         self._thread.start()
         return self
 
-    def stop(self) -> None:
-        """Stops following (cancels the stream) and waits for the thread."""
+    def stop(self, timeout_secs: float = 10.0) -> None:
+        """Stops following (cancels the stream) and waits for the thread.
+
+        Args:
+            timeout_secs: longest wait for the thread. A thread still inside a gRPC call after
+                it (the call did not end on ``cancel``) is left running, as the daemon it is,
+                and logged, so that stopping a decision point or a gateway never hangs.
+
+        """
         self._stop.set()
         with self._cond:
             call = self._call
@@ -166,7 +173,17 @@ class ContainmentFollower:
         if call is not None:
             call.cancel()
         if self._thread.is_alive():
-            self._thread.join()
+            self._thread.join(timeout_secs)
+            if self._thread.is_alive():
+                with self._cond:
+                    late = self._call
+                if late is not None:
+                    late.cancel()
+                log.warning(
+                    "challenge service: the containment stream did not end within %.0f s of "
+                    "stop; leaving its thread",
+                    timeout_secs,
+                )
 
     def wait_for(self, predicate: Callable[[ContainmentStatus], bool]) -> ContainmentStatus:
         """Blocks until ``predicate(status)`` holds (checked after every change) or ``stop``.

@@ -122,6 +122,7 @@ from svc.policy.settings import PolicySettings
 
 if TYPE_CHECKING:
     from svc.demo.company import Company
+    from svc.demo.token_issuer import DevTokenIssuer
 
 __all__ = [
     "DataDirBusy",
@@ -155,6 +156,15 @@ CHALLENGE_CALLER = "svc-up-challenge"
 #: Lifetime of a caller token (a working day and then some), in seconds; ``svc up`` writes a
 #: new one every half of it.
 CALLER_TOKEN_LIFETIME_SECS = 24 * 3600
+
+#: The gateway's port is ``port + GATEWAY_OFFSET``.
+GATEWAY_OFFSET = 7
+
+#: The development agent-token issuer's port (HTTPS) is ``port + TOKEN_ISSUER_OFFSET``.
+TOKEN_ISSUER_OFFSET = 8
+
+#: How many consecutive ports ``svc up`` takes, from ``port``.
+PORT_COUNT = TOKEN_ISSUER_OFFSET + 1
 
 #: Longest wait, in seconds, for an HTTP app to listen and for the intake's producers.
 START_TIMEOUT = 60.0
@@ -232,6 +242,8 @@ class Urls:
     challenge: str
     page: str
     idp: str
+    gateway: str
+    token_issuer: str
 
 
 def _bind(host: str, port: int, name: str) -> socket.socket:
@@ -250,7 +262,7 @@ def _bind(host: str, port: int, name: str) -> socket.socket:
             why = "in use" if e.errno == errno.EADDRINUSE else "not allowed"
             raise PortTaken(
                 f"port {port} on {host} (the {name}) is {why}; stop whatever holds it "
-                "or start on other ports with --port N (svc up uses N to N+6)"
+                f"or start on other ports with --port N (svc up uses N to N+{PORT_COUNT - 1})"
             ) from None
         raise
 
@@ -748,6 +760,32 @@ def _dev_identity_provider(host: str, port: int) -> Iterator[DevIdentityProvider
         idp.stop()
 
 
+@contextmanager
+def _dev_token_issuer(directory: Path, host: str, port: int) -> Iterator[DevTokenIssuer]:
+    """The demo's agent-token issuer (``svc.demo.token_issuer``) on ``port`` (HTTPS), until the end.
+
+    For the demo only: it plays the apps trusted to sign the demo agents' tokens
+    (docs/demo.md#agent-tokens); its keys stay in `directory` across restarts.
+
+    Raises:
+        OSError: the port cannot be bound (``PortTaken`` when it is in use), or the keys or
+            certificates cannot be written.
+
+    """
+    from svc.demo.token_issuer import DevTokenIssuer
+
+    try:
+        issuer = DevTokenIssuer(directory, host, port).start()
+    except OSError as e:
+        if e.errno in (errno.EADDRINUSE, errno.EACCES):
+            _bind(host, port, "demo token issuer").close()
+        raise
+    try:
+        yield issuer
+    finally:
+        issuer.stop()
+
+
 def _client_secret(path: Path) -> Path:
     """``path``, holding a random client secret (written once, mode 0600)."""
     if not path.exists():
@@ -790,6 +828,8 @@ class Stack:
             challenge=f"http://{options.host}:{p + 5}",
             page=f"http://localhost:{p + 5}",
             idp=f"http://{options.host}:{p + 6}",
+            gateway=f"http://{options.host}:{p + GATEWAY_OFFSET}",
+            token_issuer=f"https://{options.host}:{p + TOKEN_ISSUER_OFFSET}",
         )
         self.bundle_dir = options.bundle or d / "bundle"
         self.intake_token = ""
@@ -802,6 +842,7 @@ class Stack:
         self.context: ContextService | None = None
         self.challenge: ChallengeServer | None = None
         self.scim_token = ""
+        self.token_issuer: DevTokenIssuer | None = None
         self._exit = ExitStack()
         self._stored = _Stored()
 
@@ -895,6 +936,7 @@ class Stack:
                 "context service": o.port + 4,
                 "challenge service": o.port + 5,
                 "demo identity provider": o.port + 6,
+                "demo token issuer": o.port + TOKEN_ISSUER_OFFSET,
             },
         )
 
@@ -962,6 +1004,15 @@ class Stack:
         ):
             self.progress("provisioning the demo company through the context service")
             self._provision_context()
+
+        self.progress("starting the demo token issuer")
+        self.token_issuer = enter(
+            _dev_token_issuer(d / "token-issuer", o.host, o.port + TOKEN_ISSUER_OFFSET)
+        )
+        # Trusted as an admin would trust the apps that run the demo agents (an upsert: a new
+        # port replaces the URLs), docs/architecture.md#trusted-app-issuers.
+        for record in self.token_issuer.trusted_apps():
+            self.context.put_trusted_app(record)
 
         self.progress("starting the demo identity provider")
         enter(_dev_identity_provider(o.host, o.port + 6))

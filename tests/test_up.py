@@ -126,6 +126,41 @@ def test_the_demo_company_is_provisioned_through_the_context_service(demo_up: Up
     assert kinds["Human"] == len(co.people) and kinds["RiskScore"] == len(co.risk_scores)
 
 
+def test_the_demo_token_issuer_is_trusted_and_svc_demo_token_signs(demo_up: Up) -> None:
+    """docs/demo.md#agent-tokens: one trusted app per demo agent prefix, its JWKS over HTTPS
+    with the issuer's own CA, and ``svc demo token`` minting with the same keys."""
+    import ssl
+
+    import jwt
+
+    apps = get_json(f"{demo_up.context}/v1/directory/trusted-apps", headers=demo_up.auth)
+    by_name = {a["name"]: a for a in apps["trusted_apps"]}
+    assert set(by_name) == {"copilot", "helpdesk", "crm", "docs"}
+    copilot = by_name["copilot"]
+    assert copilot["iss"] == f"{demo_up.token_issuer}/copilot"
+    assert copilot["jwks_url"] == f"{demo_up.token_issuer}/copilot/jwks.json"
+    ca = demo_up.data_dir / "token-issuer" / "ca.pem"
+    ctx = ssl.create_default_context(cafile=str(ca))
+
+    r = run_svc(
+        "demo", "token", "--agent", "copilot.assistant", "--for", "ana", "--no-human-present",
+        "--data-dir", str(demo_up.data_dir), "--port", str(demo_up.port),
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    token = r.stdout.strip()
+    key = jwt.PyJWKClient(copilot["jwks_url"], ssl_context=ctx).get_signing_key_from_jwt(token)
+    claims = jwt.decode(
+        token, key.key, algorithms=["ES256"], audience=copilot["aud"], issuer=copilot["iss"]
+    )
+    assert claims["sub"] == "ana" and claims["act"] == {"sub": "copilot.assistant"}
+    assert claims["svc_human_present"] is False
+
+    refused = run_svc(
+        "demo", "token", "--agent", "legacy.reportbot", "--data-dir", str(demo_up.data_dir)
+    )
+    assert refused.returncode == 2 and "not one of the demo apps" in refused.stderr
+
+
 def test_the_decision_point_follows_the_context_service(demo_up: Up) -> None:
     """docs/context.md: a person deactivated over SCIM is denied, reactivated allowed again;
     a resource written through the batch route after the start is fetched on the first check

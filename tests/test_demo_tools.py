@@ -1,4 +1,4 @@
-"""The demo company's upstream MCP server (``svc.demo.tools_server``, docs/demo.md#tools), driven
+"""The demo company's upstream MCP server (``svc.demo.tools_server``, docs/demo.md#the-tools), driven
 with the ``mcp`` client over its two transports: stdio (a child process, as ``svc up``'s gateway
 starts it) and Streamable HTTP (a child process on a port)."""
 

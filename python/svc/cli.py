@@ -27,6 +27,9 @@ Commands:
   (docs/architecture.md#embedded-defaults-and-production-parts; ``svc.up``).
 * ``svc demo``: ``svc up`` with the demo company's traffic; prints the summary read back from
   the history and stops (``--serve`` keeps it running).
+* ``svc gateway --upstreams-file FILE [--pdp-url URL] ...``: the MCP gateway (docs/gateway.md):
+  every agent tool call checked at the decision point before it is forwarded. Runs until
+  Ctrl-C or SIGTERM.
 * ``svc version`` (or ``svc --version``): print the release.
 
 The options of ``svc pdp``, ``svc intake``, ``svc history`` and the ``--log-*`` ones of ``svc up``
@@ -57,6 +60,7 @@ from svc.challenge.cli import app as challenge_app
 from svc.common.auth_settings import PdpAuthSettings
 from svc.common.cli import Options, settings_command
 from svc.context.cli import app as context_app
+from svc.gateway.cli import gateway as gateway_command
 from svc.history.loader import HistoryStoreSettings, LoaderSettings
 from svc.intake.settings import IntakeSettings
 from svc.pdp import BundleError, Engine, RequestError
@@ -577,6 +581,7 @@ def history_load(
 
 app.add_typer(context_app, name="context")
 app.add_typer(challenge_app, name="challenge")
+app.command("gateway")(gateway_command)
 
 if __name__ == "__main__":  # pragma: no cover
     app()

@@ -1,0 +1,427 @@
+"""The gateway's one port: the MCP proxies, the agents' challenge wait and the probes.
+
+``create_app(service)`` is one ASGI app (docs/gateway.md#routes):
+
+* ``/mcp/{upstream}``: the upstream's MCP proxy, Streamable HTTP on the agent side (the MCP
+  specification's transport, https://modelcontextprotocol.io/specification/2025-11-25/basic/
+  transports), built on the ``mcp`` SDK's low-level ``Server`` and its
+  ``StreamableHTTPSessionManager``. Every request first needs a valid agent token
+  (``svc.gateway.tokens``; 401 otherwise); an MCP session is bound to the caller that opened
+  it (another caller gets 404 for it). ``tools/call`` is checked (``GatewayService.call_tool``);
+  ``tools/list``, resources, prompts and completions pass through to the upstream's session,
+  and the capabilities announced at ``initialize`` are the upstream's.
+* ``GET /mcp/challenges/{challenge_qid}?wait=<0..25>``: the caller's challenge wait.
+* ``/healthz``, ``/readyz``, ``/version``, ``/metrics`` (``svc.common.health.probe_router``).
+
+``serve`` runs it with hypercorn in the calling thread (``svc.common.connect.serve_asgi``);
+``GatewayServer`` in a thread of its own (tests, ``svc up``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import anyio.to_thread
+import mcp_types as types
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from starlette.types import Receive, Scope, Send
+
+from svc import __version__, web
+from svc.common.connect import METRICS_CONTENT_TYPE, ThreadedServer, serve_asgi
+from svc.common.health import Readiness, probe_router
+from svc.common.problems import Problem, install_problem_handlers, problem_response
+from svc.gateway.service import GatewayService, UpstreamUnavailable
+from svc.gateway.settings import GatewaySettings
+from svc.gateway.tokens import AgentIdentity, AgentTokenVerifier, TokenError
+
+__all__ = ["GatewayServer", "McpProxy", "create_app", "serve"]
+
+log = logging.getLogger("svc.gateway")
+
+#: The ASGI scope key holding the verified caller of an MCP request.
+AGENT_SCOPE_KEY = "svc.agent"
+
+
+def _agent(ctx: Any) -> AgentIdentity:
+    """The verified caller of a handler's request (put in the scope by the token check)."""
+    request = getattr(ctx, "request", None)
+    ident = request.scope.get(AGENT_SCOPE_KEY) if request is not None else None
+    if not isinstance(ident, AgentIdentity):  # never: every request passes the token check
+        from mcp.shared.exceptions import MCPError
+
+        raise MCPError(types.INVALID_REQUEST, "no verified agent token on this request")
+    return ident
+
+
+def _base_url(ctx: Any) -> str:
+    request = getattr(ctx, "request", None)
+    return str(request.base_url) if request is not None else ""
+
+
+class McpProxy:
+    """One upstream's MCP proxy: a low-level ``Server`` whose handlers forward to the upstream.
+
+    The handlers registered follow the upstream's capabilities each time its session opens
+    (before the first, every kind is registered and a request waits for the session).
+
+    Args:
+        service: the gateway's service layer.
+        name: the upstream's name.
+
+    """
+
+    def __init__(self, service: GatewayService, name: str) -> None:
+        from mcp.server.lowlevel.server import Server
+        from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+
+        self.service = service
+        self.name = name
+        self.server: Any = Server(name, version=__version__)
+        self._install(None)
+        service.links[name].on_connected = self._install
+        self.manager = StreamableHTTPSessionManager(app=self.server)
+
+    def _passthrough(self, request_type: Any, result_type: Any) -> Callable[..., Awaitable[Any]]:
+        async def handle(ctx: Any, params: Any) -> Any:
+            _agent(ctx)
+            try:
+                return await self.service.forward(
+                    self.name, request_type(params=params), result_type
+                )
+            except UpstreamUnavailable as e:
+                from mcp.shared.exceptions import MCPError
+
+                raise MCPError(types.INTERNAL_ERROR, str(e)) from e
+
+        return handle
+
+    async def _call_tool(self, ctx: Any, params: types.CallToolRequestParams) -> Any:
+        try:
+            return await self.service.call_tool(self.name, params, _agent(ctx), _base_url(ctx))
+        except UpstreamUnavailable as e:
+            from mcp.shared.exceptions import MCPError
+
+            raise MCPError(types.INTERNAL_ERROR, str(e)) from e
+
+    def _install(self, init: types.InitializeResult | None) -> None:
+        """Registers the handlers of the upstream's capabilities (all of them when None)."""
+        caps = init.capabilities if init is not None else None
+        t = types
+        table: list[tuple[str, bool, Any, Any]] = [
+            (
+                "tools/list",
+                caps is None or caps.tools is not None,
+                t.PaginatedRequestParams,
+                self._passthrough(t.ListToolsRequest, t.ListToolsResult),
+            ),
+            (
+                "tools/call",
+                caps is None or caps.tools is not None,
+                t.CallToolRequestParams,
+                self._call_tool,
+            ),
+            (
+                "resources/list",
+                caps is None or caps.resources is not None,
+                t.PaginatedRequestParams,
+                self._passthrough(t.ListResourcesRequest, t.ListResourcesResult),
+            ),
+            (
+                "resources/templates/list",
+                caps is None or caps.resources is not None,
+                t.PaginatedRequestParams,
+                self._passthrough(t.ListResourceTemplatesRequest, t.ListResourceTemplatesResult),
+            ),
+            (
+                "resources/read",
+                caps is None or caps.resources is not None,
+                t.ReadResourceRequestParams,
+                self._passthrough(t.ReadResourceRequest, t.ReadResourceResult),
+            ),
+            (
+                "prompts/list",
+                caps is None or caps.prompts is not None,
+                t.PaginatedRequestParams,
+                self._passthrough(t.ListPromptsRequest, t.ListPromptsResult),
+            ),
+            (
+                "prompts/get",
+                caps is None or caps.prompts is not None,
+                t.GetPromptRequestParams,
+                self._passthrough(t.GetPromptRequest, t.GetPromptResult),
+            ),
+            (
+                "completion/complete",
+                caps is None or caps.completions is not None,
+                t.CompleteRequestParams,
+                self._passthrough(t.CompleteRequest, t.CompleteResult),
+            ),
+        ]
+        handlers = self.server._request_handlers  # the SDK's registry (add_request_handler's)
+        for method, on, params_type, handler in table:
+            if on:
+                self.server.add_request_handler(method, params_type, handler)
+            else:
+                handlers.pop(method, None)
+        if init is not None:
+            self.server.instructions = init.instructions
+
+
+def _bearer(scope: Scope) -> str:
+    for k, v in scope.get("headers", []):
+        if k == b"authorization":
+            text = str(v.decode("latin-1"))
+            scheme, _, token = text.partition(" ")
+            if scheme.lower() == "bearer" and token.strip():
+                return token.strip()
+            break
+    raise TokenError(
+        "no bearer token: send `Authorization: Bearer <agent token>` (docs/gateway.md)",
+        missing=True,
+    )
+
+
+def _unauthorized(e: TokenError) -> Problem:
+    return Problem(
+        401,
+        "unauthenticated",
+        "The agent token is refused",
+        e.detail,
+        headers={"WWW-Authenticate": e.www_authenticate()},
+    )
+
+
+def health_app(service: GatewayService, verifier: AgentTokenVerifier) -> FastAPI:
+    """The probes and the challenge wait (module docs).
+
+    ``/readyz`` is 200 once every upstream's session is open, the trusted apps, the
+    containment list and the outage tiers are loaded; else 503 naming what is missing.
+
+    Args:
+        service: the service layer.
+        verifier: checks the agents' tokens of the challenge wait.
+
+    Returns:
+        The FastAPI app, answering errors as RFC 9457 problems.
+
+    """
+    app = FastAPI(title="svc-gateway", version=__version__, docs_url=None, redoc_url=None)
+    web.install(app)
+    install_problem_handlers(app)
+
+    def readiness() -> Readiness:
+        reasons = [
+            f"upstream `{n}` is not connected: {link.error}"
+            for n, link in service.links.items()
+            if link.initialized is None or link.error
+        ]
+        if not service.apps.loaded:
+            reasons.append("the trusted apps are not loaded")
+        if not service.containments.loaded:
+            reasons.append("the containment list is not loaded")
+        if not service.tiers.loaded:
+            reasons.append("the outage tiers are not loaded")
+        return Readiness(reasons, {"upstreams": sorted(service.links)})
+
+    app.include_router(
+        probe_router(
+            GatewaySettings.component,
+            __version__,
+            readiness,
+            service.metrics.registry,
+            ready_description="Ready when every upstream is connected and the trusted apps, "
+            "containments and outage tiers are loaded.",
+            metrics_content_type=METRICS_CONTENT_TYPE,
+        )
+    )
+
+    @app.get("/mcp/challenges/{challenge_qid}")
+    async def challenge_wait(challenge_qid: str, request: Request) -> JSONResponse:
+        """Waits up to ``wait`` seconds (0 to 25) for the caller's challenge.
+
+        docs/gateway.md#challenge-waits: ``{outcome, expires_at, grant_expires_at, retry}``.
+        """
+        ident = await authenticate(verifier, request.scope, service)
+        raw = request.query_params.get("wait", "0")
+        if not raw.isdigit() or not 0 <= int(raw) <= 25:
+            raise Problem(
+                400,
+                "invalid-request",
+                "The request is not valid",
+                f"`wait` must be a whole number of seconds from 0 to 25, not `{raw[:64]}`",
+            )
+        status, body = await service.wait_challenge(ident, challenge_qid, int(raw))
+        if status == 200:
+            return JSONResponse(body)
+        if status == 404:
+            raise Problem(
+                404,
+                "challenge-not-found",
+                "No such challenge",
+                "no challenge with this id for this agent and person",
+            )
+        if status == 400:
+            raise Problem(
+                400,
+                "invalid-request",
+                "The request is not valid",
+                str(body.get("detail", "the challenge id is not valid")),
+            )
+        raise Problem(
+            503,
+            "challenge-service-unavailable",
+            "The challenge wait is unavailable",
+            str(body.get("detail", f"HTTP {status}")),
+            headers={"Retry-After": "1"},
+        )
+
+    return app
+
+
+async def authenticate(
+    verifier: AgentTokenVerifier, scope: Scope, service: GatewayService
+) -> AgentIdentity:
+    """The verified caller of a request (``svc.gateway.tokens``).
+
+    Raises:
+        Problem: 401 ``unauthenticated`` with ``WWW-Authenticate: Bearer ...
+            error="invalid_token"`` (RFC 6750 section 3.1) when the token is missing or refused.
+
+    """
+    try:
+        token = _bearer(scope)
+        ident = verifier.cached(token)
+        if ident is None:
+            ident = await anyio.to_thread.run_sync(verifier.verify, token)
+    except TokenError as e:
+        service.metrics.refused_tokens.inc()
+        raise _unauthorized(e) from None
+    return ident
+
+
+def create_app(
+    service: GatewayService, verifier: AgentTokenVerifier | None = None
+) -> Callable[[Scope, Receive, Send], Awaitable[None]]:
+    """The gateway's ASGI app (module docs).
+
+    Its lifespan opens the upstream sessions and runs the background tasks
+    (``GatewayService.run``), and the containment follower.
+
+    Args:
+        service: the service layer.
+        verifier: the agent token verifier (default: one over the service's settings and
+            trusted apps).
+
+    Returns:
+        An ASGI 3 callable (use it for one server run: the MCP session managers run once).
+
+    Raises:
+        AuthConfigError: ``person_jwks_url`` is not ``https://`` or the CA file is unreadable.
+
+    """
+    verifier = verifier or AgentTokenVerifier(service.settings, service.apps)
+    proxies = {name: McpProxy(service, name) for name in service.links}
+    http_app = health_app(service, verifier)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        async with contextlib.AsyncExitStack() as stack:
+            for proxy in proxies.values():
+                await stack.enter_async_context(proxy.manager.run())
+            background = asyncio.create_task(service.run(), name="svc-gateway")
+            service.start_follower()
+            try:
+                yield
+            finally:
+                background.cancel()
+                await asyncio.gather(background, return_exceptions=True)
+                await service.aclose()
+
+    http_app.router.lifespan_context = lifespan
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            path: str = scope["path"]
+            if path.startswith("/mcp/"):
+                name = path[5:].rstrip("/")
+                proxy = proxies.get(name)
+                if proxy is not None:
+                    try:
+                        ident = await authenticate(verifier, scope, service)
+                    except Problem as p:
+                        await problem_response(p)(scope, receive, send)
+                        return
+                    await _serve_mcp(proxy, ident, scope, receive, send)
+                    return
+        await http_app(scope, receive, send)
+
+    return app
+
+
+async def _serve_mcp(
+    proxy: McpProxy, ident: AgentIdentity, scope: Scope, receive: Receive, send: Send
+) -> None:
+    """Hands an authenticated request to the upstream's session manager.
+
+    The MCP session is bound to the caller (``AuthenticatedUser``: the manager answers 404 to
+    another caller's request for it).
+    """
+    from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+    from mcp.server.auth.provider import AccessToken
+
+    who = "|".join(ident.key())
+    scope[AGENT_SCOPE_KEY] = ident
+    scope["user"] = AuthenticatedUser(
+        AccessToken(token="", client_id=ident.issuer, scopes=[], subject=who)
+    )
+    await proxy.manager.handle_request(scope, receive, send)
+
+
+def serve(
+    settings: GatewaySettings,
+    *,
+    service: GatewayService | None = None,
+    ready: Callable[[int], None] | None = None,
+    stop: threading.Event | None = None,
+) -> None:
+    """Runs the gateway on ``settings.host:port`` in this thread until stopped.
+
+    Args:
+        settings: the gateway's settings.
+        service: the service layer (default: made from ``settings``).
+        ready: called with the bound port once the socket listens.
+        stop: ends the server when set; without it SIGINT/SIGTERM do (main thread only).
+
+    Raises:
+        AuthConfigError: as ``create_app``.
+        OSError, ValueError: the upstreams file cannot be read; the port cannot be bound.
+
+    """
+    service = service or GatewayService(settings)
+    serve_asgi(
+        create_app(service), settings.host, settings.port, "svc-gateway", ready=ready, stop=stop
+    )
+
+
+class GatewayServer(ThreadedServer):
+    """The gateway in a thread of its own: ``start()`` returns once it listens.
+
+    Args:
+        settings: the gateway's settings (``port=0`` picks a free port).
+        service: the service layer (default: made from ``settings``).
+
+    """
+
+    def __init__(self, settings: GatewaySettings, service: GatewayService | None = None) -> None:
+        super().__init__(settings.host, "svc-gateway")
+        self.settings = settings
+        self.service = service or GatewayService(settings)
+
+    def _serve(self, ready: Callable[[int], None], stop: threading.Event) -> None:
+        serve(self.settings, service=self.service, ready=ready, stop=stop)

@@ -1,0 +1,1101 @@
+"""The gateway's logic: check each tool call, forward it, tiers in an outage, intake events.
+
+docs/gateway.md describes the behaviour; the pieces:
+
+* ``PdpClient``: the decision point over HTTP (``POST /v1/access/evaluation`` and ``POST
+  /v1/access/challenge``, docs/api.md) with one keep-alive ``httpx.AsyncClient``.
+* ``UpstreamLink``: one MCP client session (the ``mcp`` SDK's ``ClientSession`` over Streamable
+  HTTP or stdio) per upstream, shared by every agent, opened again with backoff when lost.
+* ``Containments``: who is contained, from the challenge service's ``WatchContainments`` feed
+  (``svc.pdp.containment_follower.ContainmentFollower``, docs/challenges.md) or a file, so
+  that a contained principal's call is never forwarded while the decision point is away.
+* ``OutageTiers``: each tool's outage tier (``fail_closed``, ``cached``, ``fail_open``;
+  docs/policy.md#outage-fallbacks) from the policy service's ``GetOutageFallback`` or a file.
+* ``EventSink``: each forwarded call as an intake event (docs/intake.md), batched in the
+  background: a bounded queue, flushed by size or time, never blocking a call; events past
+  the bound are dropped, counted and logged.
+* ``GatewayService``: ``call_tool`` (the check and the forward), ``wait_challenge`` (the
+  agent's challenge wait), and the background tasks (``run``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+import httpx
+import mcp_types as types
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from svc.gateway.settings import GatewaySettings, ToolMapping, Upstream, read_token_file
+from svc.gateway.tokens import AgentIdentity, TrustedApps, parse_trusted_apps
+
+__all__ = [
+    "CALL",
+    "TOOL_TYPE",
+    "Blocked",
+    "Containments",
+    "EventSink",
+    "GatewayMetrics",
+    "GatewayService",
+    "OutageTiers",
+    "PdpClient",
+    "PdpRefused",
+    "PdpUnreachable",
+    "UpstreamLink",
+    "UpstreamUnavailable",
+]
+
+log = logging.getLogger("svc.gateway")
+
+#: The action checked on the tool itself, and the entity type of tools (docs/gateway.md).
+CALL = "call"
+TOOL_TYPE = "Tool"
+#: Outage tiers (docs/policy.md#outage-fallbacks).
+Tier = Literal["fail_closed", "cached", "fail_open"]
+TIERS: tuple[Tier, ...] = ("fail_closed", "cached", "fail_open")
+#: The longest challenge wait (docs/architecture.md#limits).
+MAX_WAIT_SECS = 25
+
+
+def _token_reader(path: str | None, what: str) -> Callable[[], str | None]:
+    """A function answering the token in `path`.
+
+    It reads the file at each call; None when unset or unreadable (logged).
+    """
+
+    def token() -> str | None:
+        try:
+            return read_token_file(path)
+        except OSError as e:
+            log.error("cannot read the %s token file %s: %s", what, path, e)
+            return None
+
+    return token
+
+
+class GatewayMetrics:
+    """The gateway's Prometheus metrics (``/metrics``), in a registry of their own."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.calls = Counter(
+            "svc_gateway_tool_calls",
+            "Tool calls by upstream and outcome (forwarded, deny, challenge, unavailable, "
+            "outage_fail_open, outage_cached).",
+            ["upstream", "outcome"],
+            registry=self.registry,
+        )
+        self.refused_tokens = Counter(
+            "svc_gateway_tokens_refused", "Agent tokens refused (401).", registry=self.registry
+        )
+        self.check_seconds = Histogram(
+            "svc_gateway_check_seconds",
+            "Time of the decision point's checks of one tool call.",
+            registry=self.registry,
+            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 2.5),
+        )
+        self.events_sent = Counter(
+            "svc_gateway_events_sent",
+            "Intake events accepted by the intake.",
+            registry=self.registry,
+        )
+        self.events_dropped = Counter(
+            "svc_gateway_events_dropped",
+            "Intake events dropped: the queue was full (the intake slow or down) or the intake "
+            "refused the batch.",
+            registry=self.registry,
+        )
+        self.upstream_up = Gauge(
+            "svc_gateway_upstream_up",
+            "1 while the upstream's session is open.",
+            ["upstream"],
+            registry=self.registry,
+        )
+        self.contained = Gauge(
+            "svc_gateway_contained",
+            "Principals contained, as the gateway follows them.",
+            registry=self.registry,
+        )
+
+
+# ------------------------------------------------------------------------- decision point
+
+
+class PdpUnreachable(Exception):
+    """The decision point did not answer: connection refused or lost, timeout, or a 5xx."""
+
+
+class PdpRefused(Exception):
+    """The decision point refused the request (a 4xx other than 404 on a wait).
+
+    Attributes:
+        status: the HTTP status.
+        body: its problem document (RFC 9457), or ``{}``.
+
+    """
+
+    def __init__(self, status: int, body: dict[str, Any]) -> None:
+        super().__init__(f"{status}: {body.get('detail', '')}")
+        self.status = status
+        self.body = body
+
+
+class PdpClient:
+    """The decision point's HTTP API (docs/api.md) over one keep-alive connection pool.
+
+    Args:
+        base_url: ``http://host:port``.
+        token: returns the bearer token (audience ``svc-pdp``), or None to send none.
+        timeout_secs: how long a check may take before it counts as unreachable.
+
+    """
+
+    def __init__(self, base_url: str, token: Callable[[], str | None], timeout_secs: float) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.token = token
+        self.timeout_secs = timeout_secs
+        self._client = httpx.AsyncClient(
+            base_url=self.base_url,
+            timeout=timeout_secs,
+            limits=httpx.Limits(max_keepalive_connections=64, keepalive_expiry=60),
+        )
+
+    def _headers(self) -> dict[str, str]:
+        bearer = self.token()
+        return {"authorization": f"Bearer {bearer}"} if bearer else {}
+
+    async def evaluate(self, request: dict[str, Any]) -> dict[str, Any]:
+        """``POST /v1/access/evaluation``.
+
+        Args:
+            request: the decision request (docs/decisions.md#request).
+
+        Returns:
+            The decision: ``{qid, verdict, challenges, policies, mode[, challenge_qid,
+            on_behalf_of]}``.
+
+        Raises:
+            PdpUnreachable: no answer within ``timeout_secs``, a connection error or a 5xx.
+            PdpRefused: a 4xx (the request is not valid for the bundle's schema, or the
+                gateway's token is refused).
+
+        """
+        try:
+            r = await self._client.post(
+                "/v1/access/evaluation", json=request, headers=self._headers()
+            )
+        except httpx.HTTPError as e:
+            raise PdpUnreachable(f"{e.__class__.__name__}: {e}") from e
+        if r.status_code >= 500:
+            raise PdpUnreachable(f"HTTP {r.status_code}")
+        if r.status_code != 200:
+            raise PdpRefused(r.status_code, _json_object(r))
+        body = r.json()
+        if not isinstance(body, dict):
+            raise PdpUnreachable("the decision point's answer is not a JSON object")
+        return body
+
+    async def wait_challenge(self, request: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        """``POST /v1/access/challenge`` (docs/api.md#challenge-waits).
+
+        Args:
+            request: ``{challenge_qid, principal, on_behalf_of?, wait_secs}``.
+
+        Returns:
+            ``(status, body)``: 200 with the wait's answer, 404 for a challenge that is not the
+            caller's, 400 for a bad request, 503 when the challenge service is away.
+
+        Raises:
+            PdpUnreachable: the decision point did not answer within ``wait_secs`` plus
+                ``timeout_secs``.
+
+        """
+        timeout = float(request.get("wait_secs", 0)) + self.timeout_secs + 5.0
+        try:
+            r = await self._client.post(
+                "/v1/access/challenge", json=request, headers=self._headers(), timeout=timeout
+            )
+        except httpx.HTTPError as e:
+            raise PdpUnreachable(f"{e.__class__.__name__}: {e}") from e
+        return r.status_code, _json_object(r)
+
+    async def aclose(self) -> None:
+        """Closes the connections."""
+        await self._client.aclose()
+
+
+def _json_object(r: httpx.Response) -> dict[str, Any]:
+    try:
+        body = r.json()
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+# ------------------------------------------------------------------------------ upstreams
+
+
+class UpstreamUnavailable(Exception):
+    """The upstream's session is not open (it cannot be reached now)."""
+
+
+class UpstreamLink:
+    """One upstream MCP server, reached through one shared ``ClientSession`` (module docs).
+
+    ``run`` keeps the session open (opening it again after 0.2 s, doubling up to 10 s, when it
+    is lost); ``session`` waits up to ``wait_secs`` for it.
+
+    Args:
+        name: the upstream's name (``/mcp/{name}``).
+        config: where it is (URL or command) and its tool mappings.
+        metrics: the gateway's metrics (``svc_gateway_upstream_up``).
+        on_connected: called with the upstream's ``InitializeResult`` each time a session opens
+            (the proxy takes its capabilities from it).
+
+    """
+
+    def __init__(
+        self,
+        name: str,
+        config: Upstream,
+        metrics: GatewayMetrics,
+        on_connected: Callable[[types.InitializeResult], None] | None = None,
+    ) -> None:
+        self.name = name
+        self.config = config
+        self.metrics = metrics
+        self.on_connected = on_connected
+        self.initialized: types.InitializeResult | None = None
+        self.error = "not connected yet"
+        self._session: Any = None
+        self._ready = asyncio.Event()
+
+    @contextlib.asynccontextmanager
+    async def _streams(self) -> AsyncIterator[tuple[Any, Any]]:
+        if self.config.url is not None:
+            import httpx2
+            from mcp.client.streamable_http import streamable_http_client
+
+            async with (
+                httpx2.AsyncClient(
+                    headers=self.config.headers, timeout=httpx2.Timeout(30, read=300)
+                ) as hc,
+                streamable_http_client(self.config.url, http_client=hc) as (r, w),
+            ):
+                yield r, w
+        else:
+            from mcp.client.stdio import StdioServerParameters, stdio_client
+
+            assert self.config.command is not None
+            params = StdioServerParameters(
+                command=self.config.command[0],
+                args=self.config.command[1:],
+                env={**_stdio_env(), **self.config.env},
+                cwd=self.config.cwd,
+            )
+            async with stdio_client(params) as (r, w):
+                yield r, w
+
+    async def run(self) -> None:
+        """Keeps the session open until cancelled."""
+        from mcp.client import ClientSession
+
+        delay = 0.2
+        while True:
+            try:
+                async with self._streams() as (r, w), ClientSession(r, w) as session:
+                    init = await session.initialize()
+                    self.initialized = init
+                    if self.on_connected is not None:
+                        self.on_connected(init)
+                    self._session = session
+                    self.error = ""
+                    self._ready.set()
+                    self.metrics.upstream_up.labels(self.name).set(1)
+                    log.info("upstream %s: session open (%s)", self.name, init.server_info.name)
+                    delay = 0.2
+                    await _until_closed(session)
+                    self.error = "the session ended"
+            except asyncio.CancelledError:
+                raise
+            except BaseException as e:
+                self.error = f"{e.__class__.__name__}: {_first_error(e)}"
+            finally:
+                self._session = None
+                self._ready.clear()
+                self.metrics.upstream_up.labels(self.name).set(0)
+            log.warning("upstream %s: %s; connecting again in %.1f s", self.name, self.error, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 10.0)
+
+    async def session(self, wait_secs: float = 5.0) -> Any:
+        """The open ``ClientSession``.
+
+        Raises:
+            UpstreamUnavailable: none opened within `wait_secs`.
+
+        """
+        if self._session is None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._ready.wait(), wait_secs)
+        if self._session is None:
+            raise UpstreamUnavailable(f"upstream `{self.name}` cannot be reached: {self.error}")
+        return self._session
+
+    def broken(self, session: Any) -> None:
+        """Marks `session` lost after a transport failure of a forwarded request."""
+        if self._session is session:
+            self._session = None
+            self._ready.clear()
+
+
+async def _until_closed(session: Any) -> None:
+    """Returns when `session`'s connection ends: pings it every 15 s; a failed ping ends it."""
+    while True:
+        await asyncio.sleep(15)
+        try:
+            await asyncio.wait_for(session.send_ping(), 10)
+        except Exception as e:
+            raise ConnectionError(f"ping failed: {_first_error(e)}") from e
+
+
+def _first_error(e: BaseException) -> str:
+    while isinstance(e, BaseExceptionGroup) and e.exceptions:
+        e = e.exceptions[0]
+    return str(e) or e.__class__.__name__
+
+
+def _stdio_env() -> dict[str, str]:
+    """The environment of a stdio upstream: the SDK's safe default set."""
+    from mcp.client.stdio import get_default_environment
+
+    return get_default_environment()
+
+
+# ------------------------------------------------------------------- containments, tiers
+
+
+class Containments:
+    """The principals contained now, as ``(type, id)`` pairs (docs/challenges.md).
+
+    Fed by ``ContainmentFollower`` (it calls ``set_containments``, ``contain`` and ``lift``, the
+    engine's methods it drives in a decision point) or by ``load_file``. ``loaded`` is False
+    until the first whole list is in.
+    """
+
+    def __init__(self, metrics: GatewayMetrics | None = None) -> None:
+        self._held: frozenset[tuple[str, str]] = frozenset()
+        self._lock = threading.Lock()
+        self.loaded = False
+        self.metrics = metrics
+
+    def _set(self, held: frozenset[tuple[str, str]]) -> None:
+        self._held = held
+        if self.metrics is not None:
+            self.metrics.contained.set(len(held))
+
+    def set_containments(self, refs: list[dict[str, str]]) -> None:
+        """Replaces the whole list (refs ``{"type", "id"}``)."""
+        with self._lock:
+            self._set(frozenset((r["type"], r["id"]) for r in refs))
+            self.loaded = True
+
+    def contain(self, refs: list[dict[str, str]]) -> None:
+        """Adds principals."""
+        with self._lock:
+            self._set(self._held | {(r["type"], r["id"]) for r in refs})
+
+    def lift(self, refs: list[dict[str, str]]) -> None:
+        """Removes principals."""
+        with self._lock:
+            self._set(self._held - {(r["type"], r["id"]) for r in refs})
+
+    def holds(self, ident: AgentIdentity) -> bool:
+        """Whether the caller or the person it acts for is contained."""
+        held = self._held
+        if (ident.principal["type"], ident.principal["id"]) in held:
+            return True
+        obo = ident.on_behalf_of
+        return obo is not None and (obo["type"], obo["id"]) in held
+
+    def load_file(self, path: str) -> None:
+        """Replaces the list with a JSON file's ``[{"type", "id"}]``.
+
+        Raises:
+            OSError, ValueError: the file cannot be read or is not such a list.
+
+        """
+        raw = json.loads(Path(path).read_text(encoding="utf-8"))
+        if not isinstance(raw, list) or not all(
+            isinstance(r, dict) and isinstance(r.get("type"), str) and isinstance(r.get("id"), str)
+            for r in raw
+        ):
+            raise ValueError(f'{path}: expected a JSON list of {{"type", "id"}}')
+        self.set_containments(raw)
+
+
+class OutageTiers:
+    """Each tool's outage tier (docs/policy.md#outage-fallbacks).
+
+    Entries name a tool (``docs/search``), an upstream's tools (``docs/*``) or every tool
+    (``*``); for a tool the most specific entry wins; with no entry the tier is
+    ``fail_closed``.
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[str, Tier] = {}
+        self.loaded = False
+
+    def replace(self, entries: dict[str, Tier]) -> None:
+        """Puts `entries` (pattern -> tier) in force."""
+        if entries != self._entries:
+            log.info("outage tiers: %s", entries or "none (every tool fails closed)")
+        self._entries = dict(entries)
+        self.loaded = True
+
+    def tier(self, tool: str) -> Tier:
+        """The tier of `tool` (``<upstream>/<name>``)."""
+        e = self._entries
+        if tool in e:
+            return e[tool]
+        upstream = tool.split("/", 1)[0]
+        if f"{upstream}/*" in e:
+            return e[f"{upstream}/*"]
+        return e.get("*", "fail_closed")
+
+    @staticmethod
+    def parse(raw: Any) -> dict[str, Tier]:
+        """Tiers from a JSON object ``{"<pattern>": "<tier>"}``.
+
+        Raises:
+            ValueError: not such an object, or an unknown tier.
+
+        """
+        if not isinstance(raw, dict):
+            raise ValueError("expected a JSON object of tiers by tool pattern")
+        out: dict[str, Tier] = {}
+        for k, v in raw.items():
+            if v not in TIERS:
+                raise ValueError(f"`{k}`: unknown tier `{v}` (one of {', '.join(TIERS)})")
+            out[str(k)] = v
+        return out
+
+
+# ------------------------------------------------------------------------------- events
+
+
+class EventSink:
+    """Intake events of forwarded calls, sent in batches in the background (module docs).
+
+    ``put`` never blocks: past ``queue_bound`` held events a new one is dropped (counted and
+    logged). ``run`` posts batches of up to ``batch_max`` to ``POST /v1/events`` as soon as
+    ``batch_max`` are held or ``flush_secs`` after the first; a batch the intake does not take
+    (connection error, 503) is retried with backoff and stays queued, a batch it refuses (4xx)
+    is dropped and logged.
+
+    Args:
+        url: the intake (``http://host:port``).
+        token: returns the intake token.
+        metrics: counts sent and dropped events.
+        batch_max, flush_secs, queue_bound: as the settings ``intake_*``.
+
+    """
+
+    def __init__(
+        self,
+        url: str,
+        token: Callable[[], str | None],
+        metrics: GatewayMetrics,
+        *,
+        batch_max: int = 500,
+        flush_secs: float = 1.0,
+        queue_bound: int = 10_000,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.token = token
+        self.metrics = metrics
+        self.batch_max = batch_max
+        self.flush_secs = flush_secs
+        self.queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=queue_bound)
+        self.dropped = 0
+        self.sent = 0
+        self._last_drop_log = 0.0
+
+    def put(self, event: dict[str, Any]) -> None:
+        """Queues `event` (docs/intake.md#the-event-mandatory-and-optional-fields).
+
+        When the queue is full the event is dropped, counted and logged (every 10 s at most).
+        """
+        try:
+            self.queue.put_nowait(event)
+        except asyncio.QueueFull:
+            self.dropped += 1
+            self.metrics.events_dropped.inc()
+            now = time.monotonic()
+            if now - self._last_drop_log >= 10:
+                self._last_drop_log = now
+                log.error(
+                    "intake events dropped: the queue holds %d (%d dropped so far)",
+                    self.queue.qsize(),
+                    self.dropped,
+                )
+
+    async def _batch(self) -> list[dict[str, Any]]:
+        batch = [await self.queue.get()]
+        deadline = time.monotonic() + self.flush_secs
+        while len(batch) < self.batch_max:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                batch.append(await asyncio.wait_for(self.queue.get(), left))
+            except TimeoutError:
+                break
+        return batch
+
+    async def run(self) -> None:
+        """Sends batches until cancelled."""
+        async with httpx.AsyncClient(base_url=self.url, timeout=10) as client:
+            while True:
+                batch = await self._batch()
+                delay = 0.5
+                while True:
+                    bearer = self.token()
+                    headers = {"authorization": f"Bearer {bearer}"} if bearer else {}
+                    try:
+                        r = await client.post("/v1/events", json={"events": batch}, headers=headers)
+                    except httpx.HTTPError as e:
+                        error = f"{e.__class__.__name__}: {e}"
+                    else:
+                        if r.status_code == 202:
+                            self.sent += len(batch)
+                            self.metrics.events_sent.inc(len(batch))
+                            break
+                        if 400 <= r.status_code < 500 and r.status_code not in (408, 429):
+                            self.dropped += len(batch)
+                            self.metrics.events_dropped.inc(len(batch))
+                            log.error(
+                                "intake refused %d events (%d): %s",
+                                len(batch),
+                                r.status_code,
+                                r.text[:1024],
+                            )
+                            break
+                        error = f"HTTP {r.status_code}"
+                    log.warning(
+                        "intake: %s; %d events wait (%d queued)",
+                        error,
+                        len(batch),
+                        self.queue.qsize(),
+                    )
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 30.0)
+
+
+# ------------------------------------------------------------------------------ the logic
+
+
+@dataclass
+class Blocked:
+    """Why a tool call was not forwarded (docs/gateway.md#blocked-calls).
+
+    Attributes:
+        verdict: ``deny``, ``challenge`` or ``unavailable``.
+        text: the explanation for the agent (and the model).
+        decision_qid: the decision that blocked it (None for ``unavailable``).
+        challenge_qid: the challenge to pass (``challenge``).
+        challenge_wait: where to wait for it on this gateway (``challenge``).
+        policies: the policies that decided it.
+
+    """
+
+    verdict: Literal["deny", "challenge", "unavailable"]
+    text: str
+    decision_qid: str | None = None
+    challenge_qid: str | None = None
+    challenge_wait: str | None = None
+    policies: list[str] = field(default_factory=list)
+
+    def result(self) -> types.CallToolResult:
+        """The tool error the agent gets (docs/gateway.md#blocked-calls).
+
+        ``isError`` true, the text, and ``_meta`` ``svc/verdict``, ``svc/decision_qid``,
+        ``svc/challenge_qid``, ``svc/challenge_wait`` (those that apply).
+        """
+        meta: dict[str, Any] = {"svc/verdict": self.verdict}
+        if self.decision_qid is not None:
+            meta["svc/decision_qid"] = self.decision_qid
+        if self.challenge_qid is not None:
+            meta["svc/challenge_qid"] = self.challenge_qid
+        if self.challenge_wait is not None:
+            meta["svc/challenge_wait"] = self.challenge_wait
+        return types.CallToolResult(
+            content=[types.TextContent(type="text", text=self.text)],
+            is_error=True,
+            _meta=meta,
+        )
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class GatewayService:
+    """The gateway's service layer (module docs).
+
+    Args:
+        settings: the gateway's settings.
+        upstreams: the upstreams by name (default ``settings.all_upstreams()``).
+
+    Raises:
+        OSError, ValueError: ``upstreams_file`` cannot be read or is malformed.
+
+    """
+
+    def __init__(
+        self, settings: GatewaySettings, upstreams: dict[str, Upstream] | None = None
+    ) -> None:
+        self.settings = settings
+        self.metrics = GatewayMetrics()
+        self.upstreams = upstreams if upstreams is not None else settings.all_upstreams()
+        self.links = {n: UpstreamLink(n, u, self.metrics) for n, u in self.upstreams.items()}
+        self.pdp = PdpClient(
+            settings.pdp_url,
+            _token_reader(settings.pdp_token_file, "decision point"),
+            settings.pdp_timeout_ms / 1000,
+        )
+        self.apps = TrustedApps()
+        self.containments = Containments(self.metrics)
+        self.tiers = OutageTiers()
+        self.events = (
+            EventSink(
+                settings.intake_url,
+                _token_reader(settings.intake_token_file, "intake"),
+                self.metrics,
+                batch_max=settings.intake_batch_max,
+                flush_secs=settings.intake_flush_secs,
+                queue_bound=settings.intake_queue_bound,
+            )
+            if settings.intake_url
+            else None
+        )
+        self._allows: dict[tuple[Any, ...], float] = {}
+        self._follower: Any = None
+
+    # -- the checks ---------------------------------------------------------------------
+
+    def _requests(
+        self, upstream: str, tool: str, args: dict[str, Any], ident: AgentIdentity
+    ) -> tuple[list[dict[str, Any]], ToolMapping | None, dict[str, str] | None]:
+        """The decision requests of one call: ``call`` on the tool, then the resource's."""
+        who = ident.request_fields()
+        tool_id = f"{upstream}/{tool}"
+        reqs = [{**who, "action": CALL, "resource": {"type": TOOL_TYPE, "id": tool_id}}]
+        mapping = self.upstreams[upstream].tools.get(tool)
+        resource = None
+        if mapping is not None and mapping.resource_arg is not None:
+            assert mapping.resource_type is not None
+            raw = args.get(mapping.resource_arg)
+            if isinstance(raw, bool) or not isinstance(raw, (str, int)) or raw == "":
+                raise ValueError(
+                    f"the call names no resource: argument `{mapping.resource_arg}` must be a "
+                    "non-empty string"
+                )
+            resource = {"type": mapping.resource_type, "id": str(raw)}
+            reqs.append({**who, "action": mapping.action, "resource": resource})
+        return reqs, mapping, resource
+
+    def _wait_url(self, base_url: str, qid: str) -> str:
+        base = (self.settings.public_url or base_url).rstrip("/")
+        return f"{base}/mcp/challenges/{qid}"
+
+    async def check(
+        self, upstream: str, tool: str, args: dict[str, Any], ident: AgentIdentity, base_url: str
+    ) -> tuple[Blocked | None, str, ToolMapping | None, dict[str, str] | None]:
+        """Checks one tool call (docs/gateway.md#checks).
+
+        Args:
+            upstream: the upstream's name.
+            tool: the tool's name.
+            args: the call's arguments.
+            ident: the verified caller.
+            base_url: this gateway's URL as the agent reached it (for ``svc/challenge_wait``).
+
+        Returns:
+            ``(blocked, outcome, mapping, resource)``: ``blocked`` None when the call may be
+            forwarded; ``outcome`` ``allowed``, ``outage_fail_open``, ``outage_cached``, or the
+            blocking verdict.
+
+        """
+        tool_id = f"{upstream}/{tool}"
+        try:
+            reqs, mapping, resource = self._requests(upstream, tool, args, ident)
+        except ValueError as e:
+            text = f"Blocked: {e}. Call the tool with the resource it acts on."
+            return Blocked("deny", text), "deny", None, None
+        started = time.perf_counter()
+        try:
+            decisions = await asyncio.gather(*(self.pdp.evaluate(r) for r in reqs))
+        except PdpUnreachable as e:
+            log.warning("decision point unreachable for %s: %s", tool_id, e)
+            outcome = self._outage_outcome(tool_id, ident, resource)
+            if outcome != "unavailable":
+                return None, outcome, mapping, resource
+            text = (
+                f"Unavailable: the call to `{tool_id}` could not be checked (the decision point "
+                "cannot be reached now). Retry the same call after a short wait."
+            )
+            return Blocked("unavailable", text), "unavailable", mapping, resource
+        except PdpRefused as e:
+            detail = e.body.get("detail") or e.body.get("title") or f"HTTP {e.status}"
+            log.error("decision point refused the check of %s: %s", tool_id, detail)
+            text = (
+                f"Blocked: the decision point refused to decide `{tool_id}`: {detail}. This is a "
+                "configuration problem of the gateway or the policies; retrying will not help."
+            )
+            return Blocked("deny", text), "deny", mapping, resource
+        finally:
+            self.metrics.check_seconds.observe(time.perf_counter() - started)
+        for d in decisions:
+            if d.get("mode") != "monitor" and d.get("verdict") == "deny":
+                return self._denied(d, tool_id), "deny", mapping, resource
+        for d in decisions:
+            if d.get("mode") != "monitor" and d.get("verdict") == "challenge":
+                return self._challenged(d, tool_id, base_url), "challenge", mapping, resource
+        if self.settings.cached_allow_secs > 0:
+            self._allows[self._allow_key(ident, tool_id, resource)] = time.monotonic()
+        return None, "allowed", mapping, resource
+
+    def _denied(self, d: dict[str, Any], tool_id: str) -> Blocked:
+        policies = [str(p) for p in d.get("policies") or []]
+        qid = str(d.get("qid", ""))
+        text = (
+            f"Denied: the call to `{tool_id}` is not allowed (decision {qid}; policies: "
+            f"{', '.join(policies) or 'none permits it'}). Stop and report the decision id; "
+            "retrying will not change the answer."
+        )
+        return Blocked("deny", text, decision_qid=qid, policies=policies)
+
+    def _challenged(self, d: dict[str, Any], tool_id: str, base_url: str) -> Blocked:
+        policies = [str(p) for p in d.get("policies") or []]
+        kinds = [str(k) for k in d.get("challenges") or []]
+        qid = str(d.get("qid", ""))
+        cqid = d.get("challenge_qid")
+        if not isinstance(cqid, str) or not cqid:
+            text = (
+                f"Challenge: the call to `{tool_id}` needs {', '.join(kinds) or 'a challenge'} "
+                f"(decision {qid}), but no challenge could be opened now. Retry the same call "
+                "shortly."
+            )
+            return Blocked("challenge", text, decision_qid=qid, policies=policies)
+        wait = self._wait_url(base_url, cqid)
+        text = (
+            f"Challenge: the call to `{tool_id}` needs {', '.join(kinds) or 'a challenge'} "
+            f"(decision {qid}; policies: {', '.join(policies)}). Tell the person, wait for the "
+            f"answer at GET {wait}?wait=25 with your token, then retry exactly the same call "
+            "once it has passed."
+        )
+        return Blocked(
+            "challenge",
+            text,
+            decision_qid=qid,
+            challenge_qid=cqid,
+            challenge_wait=wait,
+            policies=policies,
+        )
+
+    @staticmethod
+    def _allow_key(
+        ident: AgentIdentity, tool_id: str, resource: dict[str, str] | None
+    ) -> tuple[Any, ...]:
+        r = (resource["type"], resource["id"]) if resource else None
+        return (*ident.key(), tool_id, r)
+
+    def _outage_outcome(
+        self, tool_id: str, ident: AgentIdentity, resource: dict[str, str] | None
+    ) -> str:
+        """The outcome of a call while the decision point is unreachable.
+
+        docs/gateway.md#outages: ``unavailable`` for a contained principal whatever the tier,
+        else as the tool's tier says:
+        ``outage_fail_open``, ``outage_cached`` (a recent allow of the same call), or
+        ``unavailable``.
+        """
+        if self.containments.holds(ident):
+            return "unavailable"
+        tier = self.tiers.tier(tool_id)
+        if tier == "fail_open":
+            return "outage_fail_open"
+        if tier == "cached" and self._recent_allow(ident, tool_id, resource):
+            return "outage_cached"
+        return "unavailable"
+
+    def _recent_allow(
+        self, ident: AgentIdentity, tool_id: str, resource: dict[str, str] | None
+    ) -> bool:
+        at = self._allows.get(self._allow_key(ident, tool_id, resource))
+        return at is not None and time.monotonic() - at <= self.settings.cached_allow_secs
+
+    async def call_tool(
+        self,
+        upstream: str,
+        params: types.CallToolRequestParams,
+        ident: AgentIdentity,
+        base_url: str,
+    ) -> types.CallToolResult:
+        """Checks one ``tools/call`` and forwards it when allowed (docs/gateway.md#checks).
+
+        Args:
+            upstream: the upstream's name.
+            params: the call as the agent sent it (forwarded unchanged).
+            ident: the verified caller.
+            base_url: this gateway's URL as the agent reached it.
+
+        Returns:
+            The upstream's result, or a tool error (``isError``) with ``_meta`` ``svc/*`` when
+            the call is blocked.
+
+        Raises:
+            UpstreamUnavailable: the upstream's session is not open.
+            mcp.shared.exceptions.MCPError: the upstream answered with an error (passed on).
+
+        """
+        tool_id = f"{upstream}/{params.name}"
+        blocked, outcome, mapping, resource = await self.check(
+            upstream, params.name, params.arguments or {}, ident, base_url
+        )
+        if blocked is not None:
+            self.metrics.calls.labels(upstream, blocked.verdict).inc()
+            log.info(
+                "blocked %s for %s: %s %s",
+                tool_id,
+                ident.principal["id"],
+                blocked.verdict,
+                blocked.decision_qid or "",
+            )
+            return blocked.result()
+        self.metrics.calls.labels(upstream, "forwarded" if outcome == "allowed" else outcome).inc()
+        result = await self.forward(
+            upstream, types.CallToolRequest(params=params), types.CallToolResult
+        )
+        self._event(upstream, params.name, ident, mapping, resource, result, outcome)
+        return result  # type: ignore[no-any-return]
+
+    async def forward(self, upstream: str, request: Any, result_type: Any) -> Any:
+        """Sends `request` to the upstream's session and answers its result.
+
+        Raises:
+            UpstreamUnavailable: the session is not open.
+            mcp.shared.exceptions.MCPError: the upstream's error answer.
+
+        """
+        link = self.links[upstream]
+        session = await link.session()
+        return await session.send_request(
+            request, result_type, request_read_timeout_seconds=self.settings.upstream_timeout_secs
+        )
+
+    def _event(
+        self,
+        upstream: str,
+        tool: str,
+        ident: AgentIdentity,
+        mapping: ToolMapping | None,
+        resource: dict[str, str] | None,
+        result: types.CallToolResult,
+        outcome: str,
+    ) -> None:
+        """Queues the intake event of a forwarded call (docs/gateway.md#events)."""
+        if self.events is None:
+            return
+        event: dict[str, Any] = {
+            "at": _now(),
+            "system": upstream,
+            "principal": dict(ident.principal),
+            "action": mapping.action if mapping and mapping.resource_arg else CALL,
+            "resource": resource or {"type": TOOL_TYPE, "id": f"{upstream}/{tool}"},
+            "outcome": "failure" if result.is_error else "success",
+            "tool": f"{upstream}/{tool}"[:128],
+            "action_class": mapping.event_class if mapping else CALL,
+            "attributes": {"gateway_check": outcome},
+        }
+        if ident.on_behalf_of is not None:
+            event["on_behalf_of"] = dict(ident.on_behalf_of)
+        self.events.put(event)
+
+    # -- challenge waits ----------------------------------------------------------------
+
+    async def wait_challenge(
+        self, ident: AgentIdentity, challenge_qid: str, wait_secs: int
+    ) -> tuple[int, dict[str, Any]]:
+        """Waits for a challenge as the caller (docs/gateway.md#challenge-waits).
+
+        Args:
+            ident: the verified caller: its principal and on_behalf_of are the wait's.
+            challenge_qid: the challenge.
+            wait_secs: 0 to 25.
+
+        Returns:
+            ``(200, {outcome, expires_at, grant_expires_at, retry})``, or ``(status, problem
+            body)`` for 404 (not the caller's challenge, or unknown), 400 and 503.
+
+        """
+        req = {
+            "challenge_qid": challenge_qid,
+            **{
+                k: v
+                for k, v in ident.request_fields().items()
+                if k in ("principal", "on_behalf_of")
+            },
+            "wait_secs": max(0, min(MAX_WAIT_SECS, wait_secs)),
+        }
+        try:
+            status, body = await self.pdp.wait_challenge(req)
+        except PdpUnreachable as e:
+            return 503, {"detail": f"the decision point cannot be reached now: {e}"}
+        if status != 200:
+            return status, body
+        return 200, {
+            "outcome": body.get("outcome"),
+            "expires_at": body.get("expires_at"),
+            "grant_expires_at": body.get("grant_expires_at"),
+            "retry": bool(body.get("retry")),
+        }
+
+    # -- background ---------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Runs the background tasks until cancelled.
+
+        The upstream sessions, the trusted apps, the containments file, the outage tiers and
+        the intake events.
+        """
+        async with asyncio.TaskGroup() as tg:
+            for link in self.links.values():
+                tg.create_task(link.run(), name=f"upstream-{link.name}")
+            tg.create_task(self._poll_trust(), name="trusted-apps")
+            tg.create_task(self._poll_tiers(), name="outage-tiers")
+            if self.settings.challenge_url is None:
+                tg.create_task(self._poll_containments_file(), name="containments")
+            if self.events is not None:
+                tg.create_task(self.events.run(), name="intake-events")
+
+    def start_follower(self) -> None:
+        """Starts following the challenge service's containment feed (a thread), when set."""
+        url = self.settings.challenge_url
+        if url is None:
+            return
+        from svc.pdp.containment_follower import ContainmentFollower
+
+        self._follower = ContainmentFollower(
+            self.containments,  # type: ignore[arg-type]  # the engine's three list methods
+            url,
+            _token_reader(self.settings.challenge_token_file, "challenge service"),
+        ).start()
+
+    def stop_follower(self) -> None:
+        """Stops the containment follower."""
+        if self._follower is not None:
+            self._follower.stop()
+            self._follower = None
+
+    async def _poll_trust(self) -> None:
+        s = self.settings
+        token = _token_reader(s.context_token_file, "context service")
+        async with httpx.AsyncClient(timeout=5) as client:
+            last_mtime: float | None = None
+            while True:
+                try:
+                    if s.context_url is not None:
+                        bearer = token()
+                        r = await client.get(
+                            s.context_url.rstrip("/") + "/v1/directory/trusted-apps",
+                            headers={"authorization": f"Bearer {bearer}"} if bearer else {},
+                        )
+                        r.raise_for_status()
+                        self.apps.replace(parse_trusted_apps(r.json()))
+                    elif s.trusted_apps_file is not None:
+                        mtime = os.stat(s.trusted_apps_file).st_mtime_ns
+                        if mtime != last_mtime:
+                            text = Path(s.trusted_apps_file).read_text(encoding="utf-8")
+                            self.apps.replace(parse_trusted_apps(json.loads(text)))
+                            last_mtime = mtime
+                    else:
+                        self.apps.replace([])
+                except (httpx.HTTPError, OSError, ValueError) as e:
+                    log.warning("trusted apps not read (the last list stays): %s", e)
+                await asyncio.sleep(s.trust_refresh_secs)
+
+    async def _poll_tiers(self) -> None:
+        s = self.settings
+        last_mtime: float | None = None
+        while True:
+            try:
+                if s.policy_url is not None:
+                    self.tiers.replace(await asyncio.to_thread(self._fetch_tiers))
+                elif s.fallback_file is not None:
+                    mtime = os.stat(s.fallback_file).st_mtime_ns
+                    if mtime != last_mtime:
+                        text = Path(s.fallback_file).read_text(encoding="utf-8")
+                        self.tiers.replace(OutageTiers.parse(json.loads(text)))
+                        last_mtime = mtime
+                else:
+                    self.tiers.replace({})
+            except Exception as e:  # grpc.RpcError, OSError, ValueError: the last tiers stay
+                log.warning("outage tiers not read (the last ones stay): %s", e)
+            await asyncio.sleep(s.fallback_refresh_secs)
+
+    def _fetch_tiers(self) -> dict[str, Tier]:
+        """``GetOutageFallback`` with no tool: every entry (docs/policy.md)."""
+        import grpc
+
+        from svc.policy.cli import target
+        from svc.policy.v1 import policy_pb2 as ppb
+        from svc.policy.v1 import policy_pb2_grpc as ppb_grpc
+
+        assert self.settings.policy_url is not None
+        bearer = _token_reader(self.settings.policy_token_file, "policy service")()
+        metadata = [("authorization", f"Bearer {bearer}")] if bearer else []
+        names = {
+            ppb.OUTAGE_TIER_FAIL_CLOSED: "fail_closed",
+            ppb.OUTAGE_TIER_CACHED: "cached",
+            ppb.OUTAGE_TIER_FAIL_OPEN: "fail_open",
+        }
+        with grpc.insecure_channel(target(self.settings.policy_url)) as channel:
+            stub = ppb_grpc.PolicyServiceStub(channel)  # type: ignore[no-untyped-call]
+            resp = stub.GetOutageFallback(
+                ppb.GetOutageFallbackRequest(), metadata=metadata, timeout=5
+            )
+        return {f.tool: names.get(f.tier, "fail_closed") for f in resp.fallbacks}  # type: ignore[misc]
+
+    async def _poll_containments_file(self) -> None:
+        path = self.settings.containments_file
+        if path is None:
+            self.containments.set_containments([])
+            return
+        last_mtime: float | None = None
+        while True:
+            try:
+                mtime = os.stat(path).st_mtime_ns
+                if mtime != last_mtime:
+                    self.containments.load_file(path)
+                    last_mtime = mtime
+            except (OSError, ValueError) as e:
+                log.warning("containments file not read (the last list stays): %s", e)
+            await asyncio.sleep(1.0)
+
+    async def aclose(self) -> None:
+        """Closes the decision point's connections and stops the follower."""
+        self.stop_follower()
+        await self.pdp.aclose()

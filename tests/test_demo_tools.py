@@ -217,7 +217,8 @@ def test_token_issuer_serves_jwks_over_https_and_signs_both_shapes(tmp_path: Pat
             issuer.mint("nodot")
 
         # A second process on the same directory mints with the same keys (svc demo token).
-        again = DevTokenIssuer(tmp_path / "issuer", port=issuer.port)
+        again = DevTokenIssuer.from_directory(tmp_path / "issuer")
+        assert again.trusted_apps() == issuer.trusted_apps()
         assert verify(again.mint("docs.writer", "ana"), "docs")["act"] == {"sub": "docs.writer"}
         assert (tmp_path / "issuer" / "copilot.pem").stat().st_mode & 0o777 == 0o600
     finally:

@@ -144,7 +144,7 @@ def test_the_demo_token_issuer_is_trusted_and_svc_demo_token_signs(demo_up: Up) 
 
     r = run_svc(
         "demo", "token", "--agent", "copilot.assistant", "--for", "ana", "--no-human-present",
-        "--data-dir", str(demo_up.data_dir), "--port", str(demo_up.port),
+        "--data-dir", str(demo_up.data_dir),
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
     token = r.stdout.strip()

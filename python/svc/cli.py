@@ -27,6 +27,8 @@ Commands:
   (docs/architecture.md#embedded-defaults-and-production-parts; ``svc.up``).
 * ``svc demo``: ``svc up`` with the demo company's traffic; prints the summary read back from
   the history and stops (``--serve`` keeps it running).
+* ``svc demo token --agent ID [--for PERSON] ...``: an agent token signed by ``svc up``'s
+  development token issuer, for its gateway (docs/demo.md#agent-tokens).
 * ``svc gateway --upstreams-file FILE [--pdp-url URL] ...``: the MCP gateway (docs/gateway.md):
   every agent tool call checked at the decision point before it is forwarded. Runs until
   Ctrl-C or SIGTERM.
@@ -336,10 +338,11 @@ UpPortOpt = Annotated[
     int,
     typer.Option(
         min=1,
-        max=65532,
+        max=65527,
         help=(
             "Decision point port; intake on PORT+1, history on PORT+2, policy service on "
-            "PORT+3, context service on PORT+4."
+            "PORT+3, context service on PORT+4, challenge service on PORT+5, demo identity "
+            "provider on PORT+6, gateway on PORT+7, demo token issuer on PORT+8."
         ),
     ),
 ]
@@ -446,21 +449,20 @@ def demo_token(
         typer.Option("--app", help="Sign as this demo app instead of the agent's own."),
     ] = None,
     data_dir: DataDirOpt = None,
-    host: UpHostOpt = "127.0.0.1",
-    port: UpPortOpt = 8080,
 ) -> None:
     """Print an agent token signed by svc up's development token issuer (demo only).
 
-    The issuer's keys are in DATA_DIR/token-issuer; its iss names the svc up started with
-    --port PORT (the issuer listens on PORT+8). docs/demo.md#agent-tokens.
+    The issuer's keys and address are in DATA_DIR/token-issuer, written by svc up
+    (docs/demo.md#agent-tokens).
     """
     from svc.demo.token_issuer import DevTokenIssuer
-    from svc.up import TOKEN_ISSUER_OFFSET, default_data_dir
+    from svc.up import default_data_dir
 
     directory = (data_dir or default_data_dir()) / "token-issuer"
-    if not directory.is_dir():
-        raise _fail(f"svc demo token: no {directory}; start svc up first")
-    issuer = DevTokenIssuer(directory, host=host, port=port + TOKEN_ISSUER_OFFSET)
+    try:
+        issuer = DevTokenIssuer.from_directory(directory)
+    except (OSError, ValueError) as e:
+        raise _fail(f"svc demo token: {e}; start svc up first") from None
     try:
         token = issuer.mint(
             agent,

@@ -33,6 +33,7 @@ import os
 import ssl
 import threading
 import time
+import urllib.parse
 import uuid
 from collections.abc import Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -214,7 +215,8 @@ class DevTokenIssuer:
         audience: the ``aud`` of every token (``AUDIENCE``).
 
     Minting needs only the keys, so a second process (``svc demo token``) may build a
-    ``DevTokenIssuer`` on the same directory and port without starting it.
+    ``DevTokenIssuer`` on the same directory and port without starting it
+    (``from_directory`` reads them from ``apps.json``, which ``start`` writes).
 
     Raises:
         OSError: the directory or a key cannot be made or read (here), or the port cannot be
@@ -241,6 +243,33 @@ class DevTokenIssuer:
         self._jwks = {a: _jwk(k) for a, k in self._keys.items()}
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
+
+    @classmethod
+    def from_directory(cls, directory: Path) -> DevTokenIssuer:
+        """The issuer a started one left in `directory`: its apps, address and audience.
+
+        Reads ``<directory>/apps.json`` (``trusted_apps()``, written by ``start``), so tokens
+        minted here carry the ``iss`` the running issuer serves keys for.
+
+        Raises:
+            OSError: no ``apps.json`` (the issuer never started there) or a key cannot be read.
+            ValueError: ``apps.json`` is not what ``start`` writes.
+
+        """
+        records = json.loads((directory / "apps.json").read_text(encoding="utf-8"))
+        if not isinstance(records, list) or not records:
+            raise ValueError(f"{directory / 'apps.json'}: expected a list of trusted apps")
+        base = str(records[0]["iss"]).rsplit("/", 1)[0]
+        url = urllib.parse.urlsplit(base)
+        if url.scheme != "https" or url.hostname is None or url.port is None:
+            raise ValueError(f"{directory / 'apps.json'}: iss {base!r} is not https://host:port")
+        return cls(
+            directory,
+            url.hostname,
+            url.port,
+            apps=[str(a["name"]) for a in records],
+            audience=str(records[0]["aud"]),
+        )
 
     @property
     def apps(self) -> list[str]:
@@ -390,6 +419,10 @@ class DevTokenIssuer:
             raise
         self.port = int(server.socket.getsockname()[1])
         self._server = server
+        apps = self.directory / "apps.json"
+        tmp = apps.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.trusted_apps(), indent=2), encoding="utf-8")
+        os.replace(tmp, apps)
         self._thread = threading.Thread(
             target=server.serve_forever, args=(0.2,), name="svc-dev-token-issuer", daemon=True
         )

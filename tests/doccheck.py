@@ -60,6 +60,12 @@ VOLATILE = {
     "latency_us",
     "challenge_qid",
     "plan_qid",
+    # The gateway's blocked calls and challenge waits (docs/gateway.md).
+    "svc/decision_qid",
+    "svc/challenge_qid",
+    "svc/challenge_wait",
+    "expires_at",
+    "grant_expires_at",
     # Raised by every write to the entity store: under svc up that includes the directory's
     # changes and each resource fetched on a miss, so it depends on what ran before.
     "principals_version",

@@ -7,6 +7,12 @@ calling tools, resources and prompts of fixed names (``test_simple_text``,
 scenario's description asks for. This server provides them with the ``mcp`` SDK 2.x
 (``MCPServer``), written from those descriptions. Run:
 ``python tests/conformance_server.py PORT`` (Streamable HTTP at ``http://127.0.0.1:PORT/mcp``).
+
+The suite sends no credentials, and the gateway takes none but a bearer token, so
+``python tests/conformance_server.py proxy PORT TARGET TOKEN_FILE`` runs ``bearer_proxy``: a
+reverse proxy on ``PORT`` that sends every request to ``TARGET`` (the gateway's base URL) as it
+came (method, path, query, headers including ``Host`` and ``Origin``, body) plus
+``Authorization: Bearer <the token in TOKEN_FILE>``, and streams the answer back (SSE too).
 """
 
 from __future__ import annotations
@@ -267,5 +273,58 @@ def build() -> MCPServer[Any]:
     return server
 
 
+def bearer_proxy(target: str, token: str) -> Any:
+    """The ASGI reverse proxy of the module docs: every request to `target` with the token."""
+    import httpx
+
+    client = httpx.AsyncClient(timeout=httpx.Timeout(60, read=None))
+    drop = {b"authorization", b"content-length", b"transfer-encoding", b"connection"}
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while (await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            await client.aclose()
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        headers = [(k, v) for k, v in scope["headers"] if k.lower() not in drop]
+        headers.append((b"authorization", f"Bearer {token}".encode()))
+        query = f"?{scope['query_string'].decode()}" if scope["query_string"] else ""
+        request = client.build_request(
+            scope["method"], f"{target}{scope['path']}{query}", headers=headers, content=body
+        )
+        response = await client.send(request, stream=True)
+        try:
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": response.status_code,
+                    "headers": [(k, v) for k, v in response.headers.raw if k.lower() not in drop],
+                }
+            )
+            async for chunk in response.aiter_raw():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+        finally:
+            await response.aclose()
+
+    return app
+
+
 if __name__ == "__main__":
-    build().run("streamable-http", host="127.0.0.1", port=int(sys.argv[1]))
+    if sys.argv[1] == "proxy":
+        from pathlib import Path
+
+        import uvicorn
+
+        port, target, token_file = int(sys.argv[2]), sys.argv[3], Path(sys.argv[4])
+        proxy = bearer_proxy(target, token_file.read_text().strip())
+        uvicorn.run(proxy, host="127.0.0.1", port=port, log_level="warning")
+    else:
+        build().run("streamable-http", host="127.0.0.1", port=int(sys.argv[1]))

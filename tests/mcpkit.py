@@ -72,3 +72,21 @@ def serving(argv: Sequence[str], port: int, ready_timeout: float = 60) -> Iterat
 def python(*args: str) -> list[str]:
     """``[sys.executable, *args]``."""
     return [sys.executable, *args]
+
+
+def wait_ready(base: str, ready_timeout: float = 60) -> None:
+    """Waits until ``<base>/readyz`` answers 200 (a start-up limit, not a limit on the test)."""
+    import httpx
+
+    deadline = time.monotonic() + ready_timeout
+    last = ""
+    while True:
+        try:
+            r = httpx.get(f"{base}/readyz", timeout=5)
+            if r.status_code == 200:
+                return
+            last = r.text
+        except httpx.TransportError as e:
+            last = str(e)
+        assert time.monotonic() < deadline, f"{base} not ready: {last}"
+        time.sleep(0.1)

@@ -196,8 +196,9 @@ def main() -> None:
         cpu, wall = cpu_seconds(gateway.pid) - cpu0, time.perf_counter() - t0
         print(
             f"saturated, through the gateway: {a.concurrency} sessions, {done} calls in "
-            f"{wall:.1f} s = {done / wall:,.0f} calls/s; gateway CPU {cpu:.1f} s ({100 * cpu / wall:.0f} % of "
-            f"a core) = {done / cpu:,.0f} calls per gateway CPU-second"
+            f"{wall:.1f} s = {done / wall:,.0f} calls/s; gateway CPU {cpu:.1f} s "
+            f"({100 * cpu / wall:.0f} % of a core) = {done / cpu:,.0f} calls per gateway "
+            "CPU-second"
         )
     finally:
         for proc in reversed(procs):

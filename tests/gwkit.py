@@ -56,11 +56,15 @@ action read, write appliesTo {
 
 POLICIES = """
 @id("tools-for-everyone")
-permit (principal, action == Action::"call", resource is Tool);
+permit (principal, action == Action::"call", resource is Tool)
+unless { resource == Tool::"docs/launch" };
 
 @id("no-ping-for-blocked")
 forbid (principal == ServiceAccount::"copilot.blocked", action == Action::"call",
         resource == Tool::"docs/ping");
+
+@id("launch-needs-a-key") @challenge("verification")
+permit (principal, action == Action::"call", resource == Tool::"docs/launch");
 
 @id("read-documents")
 permit (principal, action == Action::"read", resource is Document);
@@ -117,12 +121,12 @@ class Issuer:
         sub: str,
         aud: str,
         *,
-        act: str | None = None,
+        act: str | dict[str, Any] | None = None,
         lifetime: int = 300,
         headers: dict[str, Any] | None = None,
         **claims: Any,
     ) -> str:
-        """A token for `sub` (with ``act.sub`` = `act` when given), valid `lifetime` seconds."""
+        """A token for `sub` (``act`` = `act`, or ``{"sub": act}`` for a string), valid `lifetime` s."""
         now = int(time.time())
         payload: dict[str, Any] = {
             "iss": self.iss,
@@ -130,10 +134,11 @@ class Issuer:
             "aud": aud,
             "iat": now,
             "exp": now + lifetime,
+            "jti": uuid.uuid4().hex,
             **claims,
         }
         if act is not None:
-            payload["act"] = {"sub": act}
+            payload["act"] = {"sub": act} if isinstance(act, str) else act
         return jwt.encode(
             payload, self.key, algorithm=self.alg, headers={"kid": self.kid, **(headers or {})}
         )

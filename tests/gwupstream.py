@@ -1,7 +1,7 @@
 """A tiny upstream MCP server for the gateway's tests (tests/test_gateway*.py).
 
 Built with the ``mcp`` SDK's ``MCPServer``: tools that read and write documents held in memory
-(``read_doc``, ``write_doc``), one that names no resource (``ping``), a resource template and
+(``read_doc``, ``write_doc``), two that name no resource (``ping``, ``launch``), a resource template and
 a prompt. ``python tests/gwupstream.py http`` serves Streamable HTTP on a free port of
 127.0.0.1 and prints ``listening on <port>``; ``python tests/gwupstream.py stdio`` speaks MCP
 over its standard input and output.
@@ -38,6 +38,12 @@ def write_doc(doc_id: str, text: str) -> str:
 def ping() -> str:
     """Answers pong."""
     return "pong"
+
+
+@server.tool()
+def launch() -> str:
+    """Launches the rocket (its policy asks the person for a security key)."""
+    return "launched"
 
 
 @server.resource("doc://{name}")

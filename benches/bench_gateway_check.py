@@ -1,0 +1,110 @@
+"""The gateway's check transport: gRPC ``Check`` against HTTP evaluation (docs/gateway.md).
+
+The gateway checks each tool call twice (``call`` on the tool, ``read``/``write`` on the
+resource), from asyncio. This measures one check from an asyncio client against a real
+``svc pdp`` process, over the two transports the decision point serves on one port:
+
+* ``grpc``: ``svc.authz.v1.Authorizer/Check`` over one ``grpc.aio`` channel (what
+  ``svc.gateway.service.PdpClient`` uses);
+* ``http``: ``POST /v1/access/evaluation`` over one keep-alive ``httpx.AsyncClient``.
+
+Each transport runs ``--calls`` sequential checks after a warm-up, twice, interleaved; reported:
+p50 and p99 per run. Run: ``.venv/bin/python benches/bench_gateway_check.py`` (seconds).
+Benches report; they do not assert.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import grpc
+import httpx
+
+from _support import ServiceProcess, free_port, pct
+from svc.authz.v1 import authz_pb2, authz_pb2_grpc
+
+SCHEMA = """
+entity Human;
+entity ServiceAccount = { registered: Bool };
+entity Document;
+action read appliesTo { principal: [Human, ServiceAccount], resource: [Document] };
+"""
+POLICIES = '@id("read")\npermit (principal, action == Action::"read", resource is Document);\n'
+AGENT = {"type": "ServiceAccount", "id": "copilot.assistant"}
+PERSON = {"type": "Human", "id": "ana"}
+REQUEST = {
+    "principal": AGENT,
+    "on_behalf_of": PERSON,
+    "action": "read",
+    "resource": {"type": "Document", "id": "plan"},
+}
+
+
+def bundle(path: Path) -> Path:
+    """A one-policy bundle with the agent registered."""
+    path.mkdir()
+    (path / "schema.cedarschema").write_text(SCHEMA)
+    (path / "policies.cedar").write_text(POLICIES)
+    entities = [{"uid": AGENT, "attrs": {"registered": True}, "parents": []}]
+    (path / "entities.json").write_text(json.dumps(entities))
+    return path
+
+
+async def timed(call: Callable[[], Awaitable[object]], calls: int) -> list[float]:
+    """Seconds of each of `calls` sequential calls, after 200 for warm-up."""
+    for _ in range(200):
+        await call()
+    out = []
+    for _ in range(calls):
+        t = time.perf_counter()
+        await call()
+        out.append(time.perf_counter() - t)
+    return out
+
+
+async def over_grpc(port: int, calls: int) -> list[float]:
+    """Checks over one ``grpc.aio`` channel."""
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = authz_pb2_grpc.AuthorizerStub(channel)  # type: ignore[no-untyped-call]
+        msg = authz_pb2.CheckRequest(
+            principal=authz_pb2.EntityRef(**AGENT),
+            on_behalf_of=authz_pb2.EntityRef(**PERSON),
+            action="read",
+            resource=authz_pb2.EntityRef(type="Document", id="plan"),
+        )
+        return await timed(lambda: stub.Check(msg, timeout=10), calls)
+
+
+async def over_http(port: int, calls: int) -> list[float]:
+    """Checks over one keep-alive ``httpx.AsyncClient``."""
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
+        return await timed(lambda: client.post("/v1/access/evaluation", json=REQUEST), calls)
+
+
+def main() -> None:
+    """Runs the measurement (module docs) and prints one line per run."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=3000)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        port = free_port()
+        pdp = ServiceProcess(
+            ["pdp", "--bundle", str(bundle(Path(tmp) / "b")), "--port", str(port), "--no-watch"],
+            port,
+        )
+        try:
+            for name, run in [("grpc", over_grpc), ("http", over_http)] * 2:
+                ts = asyncio.run(run(port, args.calls))
+                print(f"{name}: p50 {pct(ts, 0.5) * 1e6:.0f} us, p99 {pct(ts, 0.99) * 1e6:.0f} us")
+        finally:
+            pdp.stop()
+
+
+if __name__ == "__main__":
+    main()

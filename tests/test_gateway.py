@@ -1,0 +1,655 @@
+"""The MCP gateway's agent tokens and proxy (docs/gateway.md), against real parts.
+
+A real `svc pdp` process over a bundle with `Tool` and `call` (tests/gwkit.py), a real upstream
+MCP server process (tests/gwupstream.py, Streamable HTTP; and the same server over stdio), the
+issuers' JWK Sets served over HTTPS by a test server whose CA trustme makes, and the gateway
+itself on a real port (`GatewayServer`), reached with the `mcp` SDK's client and httpx.
+
+Covered: every token attack is refused with 401 `invalid_token` (`alg: none`, HS256 with the
+RSA public key as the secret, an untrusted issuer, another audience, expired, an unknown `kid`,
+an app signing for another app's agent, an app signing for a person alone, a JWKS over plain
+http); the identities tokens give (RFC 8693 token exchange, client credentials, a person's own
+token, `svc_human_present`, `svc_work_item_id`); a rotated key found by fetching the JWKS again
+on its unknown `kid`; trusted apps from a file and from the context service, a new or removed
+app applying within the refresh; the MCP methods passing through (tools, resources, prompts) for
+HTTP and stdio upstreams; an MCP session bound to the caller that opened it; settings checks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import hmac
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx
+import pytest
+from cryptography.hazmat.primitives import serialization
+from pydantic import ValidationError
+
+from gwkit import (
+    PYTHON,
+    TESTS,
+    Issuer,
+    JwksServer,
+    UpstreamProcess,
+    agent_session,
+    wait_until,
+    write_bundle,
+)
+from svc.common.auth_settings import AuthConfigError
+from svc.common.net import tcp_listener
+from svc.gateway.app import GatewayServer
+from svc.gateway.service import GatewayService
+from svc.gateway.settings import GatewaySettings, Upstream
+from svc.gateway.tokens import AgentTokenVerifier, TokenError, TrustedApps, parse_trusted_apps
+from svc.policy.app import PolicyServer
+from svc.policy.service import PolicyService
+from svc.policy.settings import PolicySettings
+from svc.policy.v1 import policy_pb2 as ppb
+from svc.policy.v1 import policy_pb2_grpc as ppb_grpc
+from test_context import Live
+from test_pdp_standalone import Pdp
+
+AUD = "svc-gateway"
+TOOLS = {
+    "read_doc": {"resource_arg": "doc_id", "resource_type": "Document", "read_only": True},
+    "write_doc": {"resource_arg": "doc_id", "resource_type": "Document"},
+}
+
+
+@dataclass
+class Stack:
+    """The parts every test here shares."""
+
+    tmp: Path
+    jwks: JwksServer
+    pdp: Pdp
+    pdp_url: str
+    upstream: UpstreamProcess
+    copilot: Issuer
+    billing: Issuer
+    idp: Issuer
+    apps_file: Path
+    gateway: GatewayServer
+
+    def settings(self, **overrides: Any) -> GatewaySettings:
+        """Gateway settings over this stack's parts."""
+        base: dict[str, Any] = {
+            "port": 0,
+            "pdp_url": self.pdp_url,
+            "trusted_apps_file": str(self.apps_file),
+            "trust_refresh_secs": 0.2,
+            "jwks_ca_file": str(self.jwks.ca_file),
+            "person_issuer": self.idp.iss,
+            "person_jwks_url": self.jwks.url("idp"),
+            "upstreams": {"docs": {"url": self.upstream.url, "tools": TOOLS}},
+        }
+        return GatewaySettings(**{**base, **overrides})
+
+    @property
+    def mcp(self) -> str:
+        return f"{self.gateway.url}/mcp/docs"
+
+
+def _apps(jwks: JwksServer, *issuers: tuple[str, Issuer]) -> list[dict[str, str]]:
+    return [
+        {"name": name, "iss": i.iss, "jwks_url": jwks.publish(name, i), "aud": AUD}
+        for name, i in issuers
+    ]
+
+
+def ready(url: str) -> bool:
+    """Whether the gateway at `url` answers ``/readyz`` 200."""
+    return httpx.get(f"{url}/readyz", timeout=30).status_code == 200
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    tmp = tmp_path_factory.mktemp("gateway")
+    jwks = JwksServer(tmp)
+    copilot = Issuer("https://copilot.example.com", "RS256")
+    billing = Issuer("https://billing.example.com", "ES256")
+    idp = Issuer("https://idp.example.com", "ES256")
+    jwks.publish("idp", idp)
+    apps_file = tmp / "apps.json"
+    apps_file.write_text(json.dumps(_apps(jwks, ("copilot", copilot), ("billing", billing))))
+    pdp = Pdp("--bundle", str(write_bundle(tmp / "bundle")), "--port", "0", "--no-watch")
+    upstream = UpstreamProcess()
+    s = Stack(
+        tmp,
+        jwks,
+        pdp,
+        f"http://127.0.0.1:{pdp.port()}",
+        upstream,
+        copilot,
+        billing,
+        idp,
+        apps_file,
+        None,
+    )  # type: ignore[arg-type]
+    s.gateway = GatewayServer(s.settings()).start()
+    wait_until(lambda: ready(s.gateway.url))
+    yield s
+    s.gateway.stop()
+    upstream.stop()
+    assert pdp.stop() == 0, pdp.log
+    jwks.close()
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def _forged(header: dict[str, Any], claims: dict[str, Any], secret: bytes | None) -> str:
+    """A JWS made by hand (what an attacker sends): HS256 over `secret`, or no signature."""
+    signing_input = f"{_b64(json.dumps(header).encode())}.{_b64(json.dumps(claims).encode())}"
+    sig = (
+        b"" if secret is None else hmac.new(secret, signing_input.encode(), hashlib.sha256).digest()
+    )
+    return f"{signing_input}.{_b64(sig)}"
+
+
+def _claims(iss: str, sub: str, **more: Any) -> dict[str, Any]:
+    now = int(time.time())
+    return {"iss": iss, "sub": sub, "aud": AUD, "iat": now, "exp": now + 300, **more}
+
+
+def _initialize(url: str, token: str | None) -> httpx.Response:
+    headers = {"accept": "application/json, text/event-stream"}
+    if token is not None:
+        headers["authorization"] = f"Bearer {token}"
+    body = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-11-25",
+            "capabilities": {},
+            "clientInfo": {"name": "test", "version": "0"},
+        },
+    }
+    return httpx.post(url, json=body, headers=headers, timeout=30)
+
+
+# ---------------------------------------------------------------------------- token attacks
+
+
+def _attacks(s: Stack) -> dict[str, tuple[str, str]]:
+    """Attack name -> (token, a fragment of the refusal's detail)."""
+    rsa_public_pem = s.copilot.key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    exchange = _claims(s.copilot.iss, "ana", act={"sub": "copilot.assistant"})
+    stranger = Issuer("https://stranger.example.com", "ES256")
+    rogue_key = Issuer(s.copilot.iss, "RS256")  # the app's iss, a key it never published
+    return {
+        "alg none": (
+            _forged({"alg": "none", "typ": "JWT", "kid": s.copilot.kid}, exchange, None),
+            "algorithm `none` is not accepted",
+        ),
+        "HS256 with the RSA public key as secret": (
+            _forged({"alg": "HS256", "typ": "JWT", "kid": s.copilot.kid}, exchange, rsa_public_pem),
+            "algorithm `HS256` is not accepted",
+        ),
+        "untrusted issuer": (
+            stranger.mint("ana", AUD, act="copilot.assistant"),
+            "is not a trusted app",
+        ),
+        "wrong audience": (
+            s.copilot.mint("ana", "svc-pdp", act="copilot.assistant"),
+            "audience (`aud`) does not name `svc-gateway`",
+        ),
+        "expired": (
+            s.copilot.mint("ana", AUD, act="copilot.assistant", lifetime=-3600),
+            "has expired",
+        ),
+        "unknown kid": (
+            rogue_key.mint("ana", AUD, act="copilot.assistant"),
+            f"no RS256 key with kid `{rogue_key.kid}`",
+        ),
+        "foreign prefix": (
+            s.copilot.mint("ana", AUD, act="billing.bot"),
+            "may sign only for service accounts `copilot.*`",
+        ),
+        "foreign prefix alone": (
+            s.copilot.mint("billing.bot", AUD),
+            "may sign only for its service accounts `copilot.*`",
+        ),
+        "person alone": (
+            s.copilot.mint("ana", AUD),
+            "not for `ana` alone",
+        ),
+        "no exp": (
+            s.copilot.mint("copilot.assistant", AUD, lifetime=0, exp=None),
+            "the token has no `exp` claim",
+        ),
+        "signature of another key": (
+            s.copilot.mint("copilot.assistant", AUD)[:-8] + "AAAAAAAA",
+            "signature does not verify",
+        ),
+        "not a JWT": ("not-a-jwt", "is not a JWT"),
+    }
+
+
+ATTACKS = [
+    "alg none",
+    "HS256 with the RSA public key as secret",
+    "untrusted issuer",
+    "wrong audience",
+    "expired",
+    "unknown kid",
+    "foreign prefix",
+    "foreign prefix alone",
+    "person alone",
+    "no exp",
+    "signature of another key",
+    "not a JWT",
+]
+
+
+@pytest.mark.parametrize("attack", ATTACKS)
+def test_token_attacks_are_refused(stack: Stack, attack: str) -> None:
+    token, detail = _attacks(stack)[attack]
+    for r in (
+        _initialize(stack.mcp, token),
+        httpx.get(
+            f"{stack.gateway.url}/mcp/challenges/x?wait=0",
+            headers={"authorization": f"Bearer {token}"},
+            timeout=30,
+        ),
+    ):
+        assert r.status_code == 401, r.text
+        assert r.headers["www-authenticate"] == 'Bearer realm="svc-gateway", error="invalid_token"'
+        assert r.headers["content-type"] == "application/problem+json"
+        body = r.json()
+        assert body["type"] == "urn:svc:problem:unauthenticated"
+        assert detail in body["detail"], body
+
+
+def test_no_token_is_refused_without_an_error_code(stack: Stack) -> None:
+    r = _initialize(stack.mcp, None)
+    assert r.status_code == 401
+    assert r.headers["www-authenticate"] == 'Bearer realm="svc-gateway"'
+    assert "no bearer token" in r.json()["detail"]
+    metrics = httpx.get(f"{stack.gateway.url}/metrics", timeout=30).text
+    assert "svc_gateway_tokens_refused_total" in metrics
+
+
+def test_a_jwks_over_plain_http_is_never_trusted(stack: Stack) -> None:
+    apps = parse_trusted_apps(
+        [
+            {
+                "name": "plain",
+                "iss": "https://plain.example.com",
+                "jwks_url": "http://plain.example.com/jwks.json",
+                "aud": AUD,
+            },
+            {
+                "name": "copilot",
+                "iss": stack.copilot.iss,
+                "jwks_url": stack.jwks.url("copilot"),
+                "aud": AUD,
+            },
+        ]
+    )
+    assert [a.name for a in apps] == ["copilot"]
+    with pytest.raises(ValidationError, match="`person_issuer` needs `person_jwks_url`"):
+        GatewaySettings(person_issuer="https://idp.example.com")
+    with pytest.raises(AuthConfigError, match="https://"):
+        AgentTokenVerifier(
+            stack.settings(person_jwks_url="http://idp.example.com/jwks.json"), TrustedApps(apps)
+        )
+
+
+# ------------------------------------------------------------------------------- identities
+
+
+def test_identities_the_tokens_give(stack: Stack) -> None:
+    apps = TrustedApps(parse_trusted_apps(json.loads(stack.apps_file.read_text())))
+    v = AgentTokenVerifier(stack.settings(), apps)
+    exchanged = v.verify(
+        stack.copilot.mint(
+            "ana",
+            AUD,
+            act="copilot.assistant",
+            svc_human_present=False,
+            svc_work_item_id="jira:OPS-7",
+        )
+    )
+    assert exchanged.request_fields() == {
+        "principal": {"type": "ServiceAccount", "id": "copilot.assistant"},
+        "on_behalf_of": {"type": "Human", "id": "ana"},
+        "human_present": False,
+        "work_item_id": "jira:OPS-7",
+    }
+    assert exchanged.issuer == "copilot"
+    alone = v.verify(stack.billing.mint("billing.bot", AUD))
+    assert alone.request_fields() == {"principal": {"type": "ServiceAccount", "id": "billing.bot"}}
+    person = v.verify(stack.idp.mint("ana", AUD))
+    assert person.request_fields() == {
+        "principal": {"type": "Human", "id": "ana"},
+        "human_present": True,
+    }
+    with pytest.raises(TokenError, match="names the person alone"):
+        v.verify(stack.idp.mint("ana", AUD, act="copilot.assistant"))
+    with pytest.raises(TokenError, match="`svc_human_present` is not a boolean"):
+        v.verify(stack.copilot.mint("copilot.assistant", AUD, svc_human_present="no"))
+    with pytest.raises(TokenError, match="`act` has no `sub`"):
+        v.verify(stack.copilot.mint("ana", AUD, act={"client_id": "x"}))
+
+
+def test_a_rotated_key_is_fetched_on_its_unknown_kid(stack: Stack) -> None:
+    rotating = Issuer("https://rotating.example.com", "ES256")
+    apps = TrustedApps(_parsed(stack, ("rotating", rotating)))
+    v = AgentTokenVerifier(stack.settings(), apps)
+    assert v.verify(rotating.mint("rotating.agent", AUD)).principal["id"] == "rotating.agent"
+    fetched = stack.jwks.fetches["rotating"]
+    # The app rotates its key: the new kid is not in the cached set, so the set is fetched again.
+    new = Issuer(rotating.iss, "ES256")
+    stack.jwks.publish("rotating", new)
+    assert v.verify(new.mint("rotating.agent", AUD)).principal["id"] == "rotating.agent"
+    assert stack.jwks.fetches["rotating"] == fetched + 1
+    # The old key is gone from the set; within the 30 s rate limit no new fetch happens.
+    with pytest.raises(TokenError, match="no ES256 key with kid"):
+        v.verify(rotating.mint("rotating.agent", AUD))
+    assert stack.jwks.fetches["rotating"] == fetched + 1
+
+
+def _parsed(stack: Stack, *issuers: tuple[str, Issuer]) -> list[Any]:
+    return parse_trusted_apps(_apps(stack.jwks, *issuers))
+
+
+# --------------------------------------------------------------------- trusted app changes
+
+
+def test_a_trusted_app_from_the_file_applies_and_its_removal_too(stack: Stack) -> None:
+    newcomer = Issuer("https://newcomer.example.com", "ES256")
+    token = newcomer.mint("newcomer.bot", AUD)
+    assert _initialize(stack.mcp, token).status_code == 401
+    before = json.loads(stack.apps_file.read_text())
+    stack.apps_file.write_text(json.dumps(before + _apps(stack.jwks, ("newcomer", newcomer))))
+    try:
+        wait_until(lambda: _initialize(stack.mcp, token).status_code == 200)
+    finally:
+        stack.apps_file.write_text(json.dumps(before))
+    # Removed: its verified (cached) token is refused as soon as the removal is read.
+    r = wait_until(lambda: (x := _initialize(stack.mcp, token)).status_code == 401 and x)
+    assert "is not a trusted app" in r.json()["detail"]
+
+
+def test_trusted_apps_from_the_context_service(stack: Stack) -> None:
+    ctx = Live(f"sqlite:///{stack.tmp / 'context.db'}")
+    newcomer = Issuer("https://ctx-app.example.com", "RS256")
+    gw = GatewayServer(
+        stack.settings(trusted_apps_file=None, context_url=ctx.url, trust_refresh_secs=0.2)
+    ).start()
+    try:
+        wait_until(lambda: ready(gw.url))
+        url = f"{gw.url}/mcp/docs"
+        token = newcomer.mint("ana", AUD, act="ctxapp.assistant")
+        assert _initialize(url, token).status_code == 401
+        (app,) = _apps(stack.jwks, ("ctxapp", newcomer))
+        r = ctx.http.post("/v1/directory/trusted-apps", json=app)
+        assert r.status_code in (200, 201), r.text
+        wait_until(lambda: _initialize(url, token).status_code == 200)
+        assert ctx.http.delete("/v1/directory/trusted-apps/ctxapp").status_code == 204
+        wait_until(lambda: _initialize(url, token).status_code == 401)
+    finally:
+        gw.stop()
+        ctx.stop()
+
+
+# ------------------------------------------------------------------------------- the proxy
+
+
+async def _everything(url: str, token: str) -> dict[str, Any]:
+    async with agent_session(url, token) as s:
+        tools = await s.list_tools()
+        templates = await s.list_resource_templates()
+        resource = await s.read_resource("doc://plan")
+        prompts = await s.list_prompts()
+        prompt = await s.get_prompt("summarize", {"doc_id": "plan"})
+        called = await s.call_tool("read_doc", {"doc_id": "plan"})
+        return {
+            "tools": sorted(t.name for t in tools.tools),
+            "templates": [t.uri_template for t in templates.resource_templates],
+            "resource": resource.contents[0].text,  # type: ignore[union-attr]
+            "prompts": [p.name for p in prompts.prompts],
+            "prompt": prompt.messages[0].content.text,  # type: ignore[union-attr]
+            "called": (called.is_error, called.content[0].text),  # type: ignore[union-attr]
+        }
+
+
+EXPECTED = {
+    "tools": ["launch", "ping", "read_doc", "write_doc"],
+    "templates": ["doc://{name}"],
+    "resource": "the plan",
+    "prompts": ["summarize"],
+    "prompt": "Summarize plan.",
+    "called": (False, "the plan"),
+}
+
+
+def test_mcp_methods_pass_through(stack: Stack) -> None:
+    token = stack.copilot.mint("ana", AUD, act="copilot.assistant")
+    direct = asyncio.run(_everything(stack.upstream.url, token))
+    assert direct == EXPECTED
+    assert asyncio.run(_everything(stack.mcp, token)) == EXPECTED
+
+
+def test_a_stdio_upstream(stack: Stack) -> None:
+    settings = stack.settings(
+        upstreams={
+            "local": Upstream(
+                command=[PYTHON, str(TESTS / "gwupstream.py"), "stdio"],
+                env={"PYTHONPATH": str(TESTS.parent / "python")},
+                tools=TOOLS,
+            )
+        }
+    )
+    gw = GatewayServer(settings).start()
+    try:
+        wait_until(lambda: ready(gw.url))
+        token = stack.billing.mint("billing.bot", AUD)
+        assert asyncio.run(_everything(f"{gw.url}/mcp/local", token)) == EXPECTED
+    finally:
+        gw.stop()
+
+
+def test_an_mcp_session_belongs_to_the_caller_that_opened_it(stack: Stack) -> None:
+    mine = stack.copilot.mint("ana", AUD, act="copilot.assistant")
+    theirs = stack.billing.mint("billing.bot", AUD)
+    r = _initialize(stack.mcp, mine)
+    assert r.status_code == 200
+    sid = r.headers["mcp-session-id"]
+    headers = {
+        "accept": "application/json, text/event-stream",
+        "mcp-session-id": sid,
+        "mcp-protocol-version": "2025-11-25",
+    }
+    body = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
+    other = httpx.post(
+        stack.mcp, json=body, timeout=30, headers={**headers, "authorization": f"Bearer {theirs}"}
+    )
+    assert other.status_code == 404
+    # A fresh token of the same caller keeps the session.
+    again = stack.copilot.mint("ana", AUD, act="copilot.assistant")
+    assert again != mine
+    httpx.post(
+        stack.mcp,
+        timeout=30,
+        headers={**headers, "authorization": f"Bearer {again}"},
+        json={"jsonrpc": "2.0", "method": "notifications/initialized"},
+    )
+    same = httpx.post(
+        stack.mcp, json=body, timeout=30, headers={**headers, "authorization": f"Bearer {again}"}
+    )
+    assert same.status_code == 200, same.text
+    assert "read_doc" in same.text
+
+
+def test_events_never_block_a_call_and_are_dropped_past_the_bound(stack: Stack) -> None:
+    # The intake is down (nothing listens there): each call is answered all the same; the
+    # batcher holds one event, the queue two more, and the rest are dropped and counted.
+    with tcp_listener("127.0.0.1", 0) as sock:
+        nowhere = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    gw = GatewayServer(
+        stack.settings(intake_url=nowhere, intake_queue_bound=2, intake_batch_max=1)
+    ).start()
+    try:
+        wait_until(lambda: ready(gw.url))
+        token = stack.billing.mint("billing.bot", AUD)
+
+        async def calls() -> list[Any]:
+            async with agent_session(f"{gw.url}/mcp/docs", token) as s:
+                return [await s.call_tool("ping", {}) for _ in range(6)]
+
+        assert [r.content[0].text for r in asyncio.run(calls())] == ["pong"] * 6
+        metrics = httpx.get(f"{gw.url}/metrics", timeout=30).text
+        dropped = [
+            ln for ln in metrics.splitlines() if ln.startswith("svc_gateway_events_dropped_total")
+        ]
+        assert dropped and float(dropped[0].split()[-1]) >= 3, dropped
+    finally:
+        gw.stop()
+
+
+def test_what_the_checks_carry_and_what_they_refuse(stack: Stack) -> None:
+    settings = stack.settings(
+        upstreams={
+            "docs": {"url": stack.upstream.url, "tools": TOOLS},
+            "other": {
+                "url": stack.upstream.url,
+                "tools": {"read_doc": {"resource_arg": "doc_id", "resource_type": "Ticket"}},
+            },
+        }
+    )
+    gw = GatewayServer(settings).start()
+    try:
+        wait_until(lambda: ready(gw.url))
+
+        async def calls(token: str) -> dict[str, Any]:
+            async with (
+                agent_session(f"{gw.url}/mcp/docs", token) as docs,
+                agent_session(f"{gw.url}/mcp/other", token) as other,
+            ):
+                return {
+                    "launch": await docs.call_tool("launch", {}),
+                    "no resource": await docs.call_tool("read_doc", {}),
+                    "unknown type": await other.call_tool("read_doc", {"doc_id": "plan"}),
+                    "blocked agent": await docs.call_tool("ping", {}),
+                }
+
+        away = asyncio.run(
+            calls(stack.copilot.mint("ana", AUD, act="copilot.blocked", svc_human_present=False))
+        )
+        here = asyncio.run(calls(stack.copilot.mint("ana", AUD, act="copilot.assistant")))
+    finally:
+        gw.stop()
+    # svc_human_present false reaches the decision point: nobody can touch a key now.
+    assert away["launch"].meta["svc/verdict"] == "deny"
+    assert "svc:human_not_present" in away["launch"].content[0].text
+    # With a person present it is a challenge; without a challenge service there is no
+    # challenge to wait for, and the text says to retry shortly.
+    assert here["launch"].meta["svc/verdict"] == "challenge"
+    assert "svc/challenge_qid" not in here["launch"].meta
+    assert "no challenge could be opened" in here["launch"].content[0].text
+    for got in (away, here):
+        assert got["no resource"].meta == {"svc/verdict": "deny"}
+        assert "argument `doc_id` must be a non-empty string" in got["no resource"].content[0].text
+        assert got["unknown type"].meta == {"svc/verdict": "deny"}
+        assert "the decision point refused to decide `other/read_doc`" in (
+            got["unknown type"].content[0].text
+        )
+    # The agent in act.sub is the principal checked.
+    assert away["blocked agent"].meta["svc/verdict"] == "deny"
+    assert "no-ping-for-blocked" in away["blocked agent"].content[0].text
+    assert here["blocked agent"].content[0].text == "pong"
+
+
+def test_tiers_from_the_policy_service_and_containments_from_a_file(stack: Stack) -> None:
+    policy_settings = PolicySettings(
+        port=0, data_dir=stack.tmp / "policy", database_url=f"sqlite:///{stack.tmp / 'p.db'}"
+    )
+    policy = PolicyServer(policy_settings, PolicyService(policy_settings)).start()
+    channel = grpc.insecure_channel(policy.target)
+    stub = ppb_grpc.PolicyServiceStub(channel)  # type: ignore[no-untyped-call]
+    stub.SetOutageFallback(
+        ppb.SetOutageFallbackRequest(
+            tool="docs/ping", tier=ppb.OUTAGE_TIER_FAIL_OPEN, author="secops", reason="harmless"
+        )
+    )
+    contained = stack.tmp / "contained.json"
+    contained.write_text("[]")
+    with tcp_listener("127.0.0.1", 0) as sock:  # no decision point listens there
+        nowhere = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    gw = GatewayServer(
+        stack.settings(
+            pdp_url=nowhere,
+            policy_url=policy.url,
+            fallback_refresh_secs=0.2,
+            containments_file=str(contained),
+        )
+    ).start()
+    token = stack.billing.mint("billing.bot", AUD)
+
+    async def calls() -> list[Any]:
+        async with agent_session(f"{gw.url}/mcp/docs", token) as s:
+            return [
+                await s.call_tool("ping", {}),
+                await s.call_tool("read_doc", {"doc_id": "plan"}),
+            ]
+
+    try:
+        wait_until(lambda: ready(gw.url))
+        ping, read = asyncio.run(calls())
+        assert ping.content[0].text == "pong"
+        assert read.meta == {"svc/verdict": "unavailable"}
+        contained.write_text(json.dumps([{"type": "ServiceAccount", "id": "billing.bot"}]))
+        wait_until(lambda: asyncio.run(calls())[0].meta == {"svc/verdict": "unavailable"})
+        stub.SetOutageFallback(
+            ppb.SetOutageFallbackRequest(
+                tool="docs/*", tier=ppb.OUTAGE_TIER_FAIL_OPEN, author="secops", reason="all"
+            )
+        )
+        contained.write_text("[]")
+        wait_until(lambda: [r.is_error for r in asyncio.run(calls())] == [False, False])
+    finally:
+        gw.stop()
+        channel.close()
+        policy.stop()
+
+
+def test_unknown_upstreams_and_routes(stack: Stack) -> None:
+    r = httpx.post(f"{stack.gateway.url}/mcp/nope", json={}, timeout=30)
+    assert r.status_code == 404
+    assert r.json()["type"] == "urn:svc:problem:not-found"
+    v = httpx.get(f"{stack.gateway.url}/version", timeout=30).json()
+    assert v["component"] == "svc-gateway"
+
+
+def test_settings_are_checked() -> None:
+    with pytest.raises(ValidationError, match="exactly one of `url`"):
+        GatewaySettings(upstreams={"a": {"url": "http://x/mcp", "command": ["x"]}})
+    with pytest.raises(ValidationError, match="upstream name"):
+        GatewaySettings(upstreams={"Bad/Name": {"url": "http://x/mcp"}})
+    with pytest.raises(ValidationError, match="upstream name"):
+        GatewaySettings(upstreams={"challenges": {"url": "http://x/mcp"}})
+    with pytest.raises(ValidationError, match="given together"):
+        GatewaySettings(
+            upstreams={"a": {"url": "http://x/mcp", "tools": {"t": {"resource_arg": "id"}}}}
+        )
+    with pytest.raises(ValidationError, match="http:// or https://"):
+        GatewaySettings(upstreams={"a": {"url": "ftp://x/mcp"}})
+    s = GatewaySettings(upstreams={"a": {"url": "http://x/mcp", "tools": TOOLS}})
+    assert s.upstreams["a"].tools["read_doc"].action == "read"
+    assert s.upstreams["a"].tools["write_doc"].action == "write"
+    assert GatewayService(s).tiers.tier("a/read_doc") == "fail_closed"

@@ -281,9 +281,10 @@ def bearer_proxy(target: str, token: str) -> Any:
     drop = {b"authorization", b"content-length", b"transfer-encoding", b"connection"}
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "lifespan":
-            while (await receive())["type"] != "lifespan.shutdown":
-                await send({"type": "lifespan.startup.complete"})
+        if scope["type"] == "lifespan":  # startup, then shutdown (the ASGI lifespan protocol)
+            await receive()
+            await send({"type": "lifespan.startup.complete"})
+            await receive()
             await client.aclose()
             await send({"type": "lifespan.shutdown.complete"})
             return

@@ -88,9 +88,9 @@ def _ref(value: Any) -> str | None:
 
 def _title(r: Resource) -> str:
     """A readable title made from a resource's attributes (no clock, no randomness)."""
-    tags = " ".join(str(t) for t in r.attrs.get("tags", []))
     what = "document" if r.type == "Document" else "ticket"
-    return f"{r.attrs.get('department', '')} {tags} {what} {r.id}".replace("  ", " ").strip()
+    words = [str(r.attrs.get("department", "")), *map(str, r.attrs.get("tags", [])), what, r.id]
+    return " ".join(w for w in words if w)
 
 
 @dataclass

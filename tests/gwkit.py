@@ -199,11 +199,11 @@ class JwksServer:
 
 
 class UpstreamProcess:
-    """tests/gwupstream.py serving Streamable HTTP in a child process."""
+    """tests/gwupstream.py serving Streamable HTTP in a child process (on `port`; 0: a free one)."""
 
-    def __init__(self) -> None:
+    def __init__(self, port: int = 0) -> None:
         self.proc = subprocess.Popen(
-            [PYTHON, str(TESTS / "gwupstream.py"), "http"],
+            [PYTHON, str(TESTS / "gwupstream.py"), "http", str(port)],
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             text=True,

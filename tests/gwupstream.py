@@ -1,10 +1,10 @@
 """A tiny upstream MCP server for the gateway's tests (tests/test_gateway*.py).
 
 Built with the ``mcp`` SDK's ``MCPServer``: tools that read and write documents held in memory
-(``read_doc``, ``write_doc``), two that name no resource (``ping``, ``launch``), a resource template and
-a prompt. ``python tests/gwupstream.py http`` serves Streamable HTTP on a free port of
-127.0.0.1 and prints ``listening on <port>``; ``python tests/gwupstream.py stdio`` speaks MCP
-over its standard input and output.
+(``read_doc``, ``write_doc``), two that name no resource (``ping``, ``launch``), a resource
+template and a prompt. ``python tests/gwupstream.py http [PORT]`` serves Streamable HTTP on
+127.0.0.1 (on PORT, or a free port) and prints ``listening on <port>``;
+``python tests/gwupstream.py stdio`` speaks MCP over its standard input and output.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def main() -> None:
     if sys.argv[1:] == ["stdio"]:
         server.run("stdio")
         return
-    sock = tcp_listener("127.0.0.1", 0)
+    sock = tcp_listener("127.0.0.1", int(sys.argv[2]) if len(sys.argv) > 2 else 0)
     print(f"listening on {sock.getsockname()[1]}", flush=True)
     config = uvicorn.Config(server.streamable_http_app(), log_level="warning")
     uvicorn.Server(config).run(sockets=[sock])

@@ -9,10 +9,14 @@ Covered: every token attack is refused with 401 `invalid_token` (`alg: none`, HS
 RSA public key as the secret, an untrusted issuer, another audience, expired, an unknown `kid`,
 an app signing for another app's agent, an app signing for a person alone, a JWKS over plain
 http); the identities tokens give (RFC 8693 token exchange, client credentials, a person's own
-token, `svc_human_present`, `svc_work_item_id`); a rotated key found by fetching the JWKS again
-on its unknown `kid`; trusted apps from a file and from the context service, a new or removed
-app applying within the refresh; the MCP methods passing through (tools, resources, prompts) for
-HTTP and stdio upstreams; an MCP session bound to the caller that opened it; settings checks.
+token, `svc_human_present`, `svc_work_item_id`) and that they reach the checks; a rotated key
+found by fetching the JWKS again on its unknown `kid`; trusted apps from a file and from the
+context service, a new or removed app applying within the refresh; the MCP methods passing
+through (tools, resources, prompts) for HTTP and stdio upstreams; an upstream down at start that
+comes back; an MCP session bound to the caller that opened it; checks the bundle refuses and
+calls that do not name their resource; outage tiers from the policy service and containments
+from a file; intake events that never block a call and are dropped past the queue's bound;
+settings checks.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import hmac
 import json
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +36,7 @@ import grpc
 import httpx
 import pytest
 from cryptography.hazmat.primitives import serialization
+from mcp.shared.exceptions import MCPError
 from pydantic import ValidationError
 
 from gwkit import (
@@ -78,7 +83,7 @@ class Stack:
     billing: Issuer
     idp: Issuer
     apps_file: Path
-    gateway: GatewayServer
+    gateway: GatewayServer = field(init=False)
 
     def settings(self, **overrides: Any) -> GatewaySettings:
         """Gateway settings over this stack's parts."""
@@ -133,8 +138,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         billing,
         idp,
         apps_file,
-        None,
-    )  # type: ignore[arg-type]
+    )
     s.gateway = GatewayServer(s.settings()).start()
     wait_until(lambda: ready(s.gateway.url))
     yield s
@@ -462,6 +466,38 @@ def test_a_stdio_upstream(stack: Stack) -> None:
         assert asyncio.run(_everything(f"{gw.url}/mcp/local", token)) == EXPECTED
     finally:
         gw.stop()
+
+
+def test_an_upstream_that_is_down_then_comes_back(stack: Stack) -> None:
+    with tcp_listener("127.0.0.1", 0) as sock:
+        port = sock.getsockname()[1]
+    gw = GatewayServer(
+        stack.settings(upstreams={"late": {"url": f"http://127.0.0.1:{port}/mcp", "tools": TOOLS}})
+    ).start()
+    upstream = None
+    token = stack.billing.mint("billing.bot", AUD)
+
+    async def ping() -> Any:
+        async with agent_session(f"{gw.url}/mcp/late", token) as s:
+            try:
+                return await s.call_tool("ping", {})
+            except MCPError as e:
+                return e
+
+    try:
+        r = httpx.get(f"{gw.url}/readyz", timeout=30)
+        assert r.status_code == 503
+        assert "upstream `late` is not connected" in r.json()["detail"]
+        error = asyncio.run(ping())
+        assert isinstance(error, MCPError)
+        assert "upstream `late` cannot be reached" in error.message
+        upstream = UpstreamProcess(port)
+        wait_until(lambda: ready(gw.url))
+        assert asyncio.run(ping()).content[0].text == "pong"
+    finally:
+        gw.stop()
+        if upstream is not None:
+            upstream.stop()
 
 
 def test_an_mcp_session_belongs_to_the_caller_that_opened_it(stack: Stack) -> None:

@@ -68,6 +68,8 @@ Tier = Literal["fail_closed", "cached", "fail_open"]
 TIERS: tuple[Tier, ...] = ("fail_closed", "cached", "fail_open")
 #: The longest challenge wait (docs/architecture.md#limits).
 MAX_WAIT_SECS = 25
+#: How long an upstream may take to answer ``initialize`` before the session is tried again.
+INITIALIZE_SECS = 30.0
 #: Allows remembered for the ``cached`` outage tier (the oldest are forgotten first).
 MAX_CACHED_ALLOWS = 100_000
 #: Control characters the intake refuses in identifiers (docs/intake.md): C0, DEL, C1.
@@ -379,7 +381,7 @@ class UpstreamLink:
         while True:
             try:
                 async with self._streams() as (r, w), ClientSession(r, w) as session:
-                    init = await session.initialize()
+                    init = await asyncio.wait_for(session.initialize(), INITIALIZE_SECS)
                     self.initialized = init
                     if self.on_connected is not None:
                         self.on_connected(init)
@@ -416,12 +418,6 @@ class UpstreamLink:
         if self._session is None:
             raise UpstreamUnavailable(f"upstream `{self.name}` cannot be reached: {self.error}")
         return self._session
-
-    def broken(self, session: Any) -> None:
-        """Marks `session` lost after a transport failure of a forwarded request."""
-        if self._session is session:
-            self._session = None
-            self._ready.clear()
 
 
 async def _until_closed(session: Any) -> None:

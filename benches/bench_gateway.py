@@ -18,7 +18,7 @@ per path, opened before timing.
    time (``/proc/<pid>/stat``), and calls per CPU-second of the gateway (what one core does;
    the gateway is one asyncio process).
 
-    .venv/bin/python benches/bench_gateway.py                    # about 1 minute
+    .venv/bin/python benches/bench_gateway.py                    # about 70 s
     .venv/bin/python benches/bench_gateway.py --calls 200 --seconds 3   # a smoke run
 """
 

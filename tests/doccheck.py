@@ -26,7 +26,7 @@ says ``<!-- readme-check -->``), optionally with options: ``<!-- doc-check: exit
 An output is compared as a sequence of JSON documents (their layout does not matter) and text
 lines, with the values that differ on every run masked: ids, times and latencies (in JSON and in
 text), the time ``svc up`` took to start, the demo's progress counts. A ``...`` line stands for
-any number of lines. The page's ports 8080-8086 (outside a block's own server), the default data
+any number of lines. The page's ports 8080-8088 (outside a block's own server), the default data
 directory and ``$TOKEN`` (a caller token, docs/auth.md) are the test install's; an ``svc up`` or
 ``svc demo`` without ``--port`` gets the install's port.
 """
@@ -60,6 +60,12 @@ VOLATILE = {
     "latency_us",
     "challenge_qid",
     "plan_qid",
+    # The gateway's blocked calls and challenge waits (docs/gateway.md).
+    "svc/decision_qid",
+    "svc/challenge_qid",
+    "svc/challenge_wait",
+    "expires_at",
+    "grant_expires_at",
     # Raised by every write to the entity store: under svc up that includes the directory's
     # changes and each resource fetched on a miss, so it depends on what ran before.
     "principals_version",
@@ -71,9 +77,9 @@ _TEXT_MASKS = [
     (re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ"), "<time>"),
     (re.compile(r"^demo: [0-9,]+ checks, [0-9,]+ plans, [0-9,]+ events$"), "demo: <progress>"),
 ]
-_PORT = re.compile(r"(localhost|127\.0\.0\.1):808([0-6])")
-_OUTPUT_PORT = re.compile(r"\b808([0-6])\b")
-_SERVER_PORT = re.compile(r"--port 808([0-6])\b")
+_PORT = re.compile(r"(localhost|127\.0\.0\.1):808([0-8])")
+_OUTPUT_PORT = re.compile(r"\b808([0-8])\b")
+_SERVER_PORT = re.compile(r"--port 808([0-8])\b")
 _SVC_UP = re.compile(r"\bsvc (up|demo)\b")
 _ASSIGNED = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=", re.M)
 _DEFAULT_DATA_DIRS = ("/root/.local/share/svc", "~/.local/share/svc")

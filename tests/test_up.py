@@ -126,6 +126,98 @@ def test_the_demo_company_is_provisioned_through_the_context_service(demo_up: Up
     assert kinds["Human"] == len(co.people) and kinds["RiskScore"] == len(co.risk_scores)
 
 
+def test_the_demo_token_issuer_is_trusted_and_svc_demo_token_signs(demo_up: Up) -> None:
+    """docs/demo.md#agent-tokens: one trusted app per demo agent prefix, its JWKS over HTTPS
+    with the issuer's own CA, and ``svc demo token`` minting with the same keys."""
+    import ssl
+
+    import jwt
+
+    apps = get_json(f"{demo_up.context}/v1/directory/trusted-apps", headers=demo_up.auth)
+    by_name = {a["name"]: a for a in apps["trusted_apps"]}
+    assert set(by_name) == {"copilot", "helpdesk", "crm", "docs"}
+    copilot = by_name["copilot"]
+    assert copilot["iss"] == f"{demo_up.token_issuer}/copilot"
+    assert copilot["jwks_url"] == f"{demo_up.token_issuer}/copilot/jwks.json"
+    ca = demo_up.data_dir / "token-issuer" / "ca.pem"
+    ctx = ssl.create_default_context(cafile=str(ca))
+
+    r = run_svc(
+        "demo", "token", "--agent", "copilot.assistant", "--for", "ana", "--no-human-present",
+        "--data-dir", str(demo_up.data_dir),
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    token = r.stdout.strip()
+    key = jwt.PyJWKClient(copilot["jwks_url"], ssl_context=ctx).get_signing_key_from_jwt(token)
+    claims = jwt.decode(
+        token, key.key, algorithms=["ES256"], audience=copilot["aud"], issuer=copilot["iss"]
+    )
+    assert claims["sub"] == "ana" and claims["act"] == {"sub": "copilot.assistant"}
+    assert claims["svc_human_present"] is False
+
+    refused = run_svc(
+        "demo", "token", "--agent", "legacy.reportbot", "--data-dir", str(demo_up.data_dir)
+    )
+    assert refused.returncode == 2 and "not one of the demo apps" in refused.stderr
+
+
+def test_the_gateway_checks_the_demo_agents_tool_calls(demo_up: Up) -> None:
+    """docs/quickstart.md: the gateway on port+7 in front of the demo's tools server (stdio),
+    agent tokens of the demo apps accepted, each call checked, forwarded calls in the history."""
+    import asyncio
+
+    import httpx2
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+
+    from svc.demo.token_issuer import DevTokenIssuer
+    from svc.demo.tools_server import TOOLS
+
+    assert demo_up.gateway in "".join(demo_up.stdout)
+    assert httpx.get(f"{demo_up.gateway}/readyz", timeout=10).status_code == 200
+    apps = DevTokenIssuer.from_directory(demo_up.data_dir / "token-issuer")
+    before = demo_up.totals()["events"]
+
+    async def call(token: str, tool: str, **arguments: Any) -> Any:
+        headers = {"authorization": f"Bearer {token}"}
+        async with httpx2.AsyncClient(headers=headers, timeout=60) as http:
+            transport = streamable_http_client(f"{demo_up.gateway}/mcp/demo", http_client=http)
+            async with Client(transport, mode="legacy") as agent:
+                listed = {t.name for t in (await agent.list_tools()).tools}
+                assert listed == set(TOOLS)
+                return await agent.call_tool(tool, arguments)
+
+    read = asyncio.run(
+        call(apps.mint("copilot.assistant", "alan.hughes"), "read_document", document_id="doc-0317")
+    )
+    assert not read.is_error and read.structured_content["id"] == "doc-0317"
+    denied = asyncio.run(
+        call(apps.mint("copilot.assistant", "uma.dubois"), "read_document", document_id="doc-0537")
+    )
+    assert denied.is_error and denied.meta["svc/verdict"] == "deny"
+    challenged = asyncio.run(
+        call(
+            apps.mint("helpdesk.triage", "lara.kim", work_item_id="jira:OPS-100"),
+            "close_ticket",
+            ticket_id="TCK-1261",
+            resolution="done",
+        )
+    )
+    assert challenged.is_error and challenged.meta["svc/verdict"] == "challenge"
+    assert challenged.meta["svc/challenge_wait"].startswith(f"{demo_up.gateway}/mcp/challenges/")
+    # An app signing for another app's agent is refused before any check.
+    foreign = apps.mint("helpdesk.triage", "lara.kim", app="copilot")
+    r = httpx.post(
+        f"{demo_up.gateway}/mcp/demo",
+        headers={"authorization": f"Bearer {foreign}", "accept": "application/json"},
+        json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
+        timeout=10,
+    )
+    assert r.status_code == 401
+    # The forwarded call reached the history through the intake.
+    demo_up.wait_totals(events=before + 1)
+
+
 def test_the_decision_point_follows_the_context_service(demo_up: Up) -> None:
     """docs/context.md: a person deactivated over SCIM is denied, reactivated allowed again;
     a resource written through the batch route after the start is fetched on the first check

@@ -14,22 +14,22 @@ from typing import Any
 
 import httpx
 
-from svc.up import PortTaken, check_ports
+from svc.up import GATEWAY_OFFSET, PORT_COUNT, TOKEN_ISSUER_OFFSET, PortTaken, check_ports
 
 SVC = [sys.executable, "-m", "svc.cli"]
 
 
 def free_base_port(host: str = "127.0.0.1") -> int:
-    """A port N with N to N+6 free (what svc up binds)."""
+    """A port N with N to N+8 free (what svc up binds, ``PORT_COUNT`` ports)."""
     rng = random.Random()
     for _ in range(200):
         n = rng.randrange(20_000, 60_000)
         try:
-            check_ports(host, {f"port {k}": n + k for k in range(7)})
+            check_ports(host, {f"port {k}": n + k for k in range(PORT_COUNT)})
         except PortTaken:
             continue
         return n
-    raise RuntimeError("no seven free consecutive ports")
+    raise RuntimeError(f"no {PORT_COUNT} free consecutive ports")
 
 
 @dataclass
@@ -65,6 +65,16 @@ class Up:
     @property
     def challenge(self) -> str:
         return f"http://127.0.0.1:{self.port + 5}"
+
+    @property
+    def gateway(self) -> str:
+        """The gateway's base URL (``/mcp/{upstream}``)."""
+        return f"http://127.0.0.1:{self.port + GATEWAY_OFFSET}"
+
+    @property
+    def token_issuer(self) -> str:
+        """The demo token issuer's base URL (HTTPS; its CA in ``token-issuer/ca.pem``)."""
+        return f"https://127.0.0.1:{self.port + TOKEN_ISSUER_OFFSET}"
 
     @property
     def scim_token(self) -> str:

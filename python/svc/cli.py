@@ -31,6 +31,8 @@ Commands:
   the history and stops (``--serve`` keeps it running).
 * ``svc topology start|stop|status``: the production topology on this machine, each component
   its own process on PostgreSQL and Kafka (``svc.topology``, docs/dev.md).
+* ``svc demo token --agent ID [--for PERSON] ...``: an agent token signed by ``svc up``'s
+  development token issuer, for its gateway (docs/demo.md#agent-tokens).
 * ``svc gateway --upstreams-file FILE [--pdp-url URL] ...``: the MCP gateway (docs/gateway.md):
   every agent tool call checked at the decision point before it is forwarded. Runs until
   Ctrl-C or SIGTERM.
@@ -342,10 +344,11 @@ UpPortOpt = Annotated[
     int,
     typer.Option(
         min=1,
-        max=65532,
+        max=65527,
         help=(
             "Decision point port; intake on PORT+1, history on PORT+2, policy service on "
-            "PORT+3, context service on PORT+4."
+            "PORT+3, context service on PORT+4, challenge service on PORT+5, demo identity "
+            "provider on PORT+6, gateway on PORT+7, demo token issuer on PORT+8."
         ),
     ),
 ]
@@ -403,8 +406,12 @@ def up(
     raise typer.Exit(run(opts, demo_checks=2000 if demo else 0, keep_serving=True))
 
 
-@app.command("demo")
+demo_app = typer.Typer(name="demo", add_completion=False)
+
+
+@demo_app.callback(invoke_without_command=True)
 def demo_command(
+    ctx: typer.Context,
     data_dir: DataDirOpt = None,
     host: UpHostOpt = "127.0.0.1",
     port: UpPortOpt = 8080,
@@ -414,10 +421,69 @@ def demo_command(
     ] = False,
 ) -> None:
     """Provision the demo company, drive traffic through svc up, print what history holds."""
+    if ctx.invoked_subcommand is not None:
+        return
     from svc.up import UpOptions, default_data_dir, run
 
     opts = UpOptions(data_dir=data_dir or default_data_dir(), host=host, port=port)
     raise typer.Exit(run(opts, demo_checks=checks, keep_serving=serve))
+
+
+@demo_app.command("token")
+def demo_token(
+    agent: Annotated[str, typer.Option(help="The agent's service account id (copilot.assistant).")],
+    person: Annotated[
+        str | None,
+        typer.Option(
+            "--for",
+            help="The person the agent works for (a token-exchange token, RFC 8693); "
+            "leave out for the agent alone (client credentials).",
+        ),
+    ] = None,
+    human_present: Annotated[
+        bool | None,
+        typer.Option(
+            "--human-present/--no-human-present", help="svc_human_present (default: left out)."
+        ),
+    ] = None,
+    work_item: Annotated[
+        str | None, typer.Option(help="svc_work_item_id, <tracker>:<key> (jira:DOC-101).")
+    ] = None,
+    lifetime: Annotated[int, typer.Option(help="Seconds until it expires.")] = 3600,
+    app_name: Annotated[
+        str | None,
+        typer.Option("--app", help="Sign as this demo app instead of the agent's own."),
+    ] = None,
+    data_dir: DataDirOpt = None,
+) -> None:
+    """Print an agent token signed by svc up's development token issuer (demo only).
+
+    The issuer's keys and address are in DATA_DIR/token-issuer, written by svc up
+    (docs/demo.md#agent-tokens).
+    """
+    from svc.demo.token_issuer import DevTokenIssuer
+    from svc.up import default_data_dir
+
+    directory = (data_dir or default_data_dir()) / "token-issuer"
+    try:
+        issuer = DevTokenIssuer.from_directory(directory)
+    except (OSError, ValueError) as e:
+        raise _fail(f"svc demo token: {e}; start svc up first") from None
+    try:
+        token = issuer.mint(
+            agent,
+            person,
+            human_present=human_present,
+            work_item_id=work_item,
+            lifetime_secs=lifetime,
+            app=app_name,
+        )
+    except ValueError as e:
+        raise _fail(f"svc demo token: {e}") from None
+    typer.echo(token)
+
+
+app.add_typer(demo_app, name="demo")
 
 
 @app.command()

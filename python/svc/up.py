@@ -16,6 +16,15 @@ One process on 127.0.0.1 (docs/architecture.md#embedded-defaults-and-production-
 * a development OpenID Connect provider for that page (``svc.challenge.dev_idp``,
   oidc-provider-mock: anyone signs in as any user name; for the demo only, a real install sets
   ``oidc_issuer``) on ``port + 6``,
+* the MCP gateway (``svc.gateway``, docs/gateway.md) on ``port + 7``: ``/mcp/demo`` in front of
+  the demo company's tools server (``svc.demo.tools_server``, a stdio child process), checking
+  every tool call with the decision point, following the challenge service's containments, the
+  policy service's outage tiers and the context service's trusted apps, and sending forwarded
+  calls to the intake; it calls them as ``svc-up-gateway`` with a token in
+  ``<data_dir>/gateway.token``,
+* a development issuer of agent tokens (``svc.demo.token_issuer``: the keys of the apps trusted
+  for the demo company's agents, JWKS over HTTPS with its own CA ``<data_dir>/token-issuer/ca.pem``,
+  for the demo only) on ``port + 8``, its apps trusted in the context service on every start,
 
 the policy service's database a SQLite file ``<data_dir>/policy.db`` and its signing key
 ``<data_dir>/policy-signing.key`` (public key beside it, ``policy-signing.pub``),
@@ -73,6 +82,7 @@ import logging
 import os
 import secrets
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -81,6 +91,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import httpx
 import uvicorn
 from clickhouse_connect.driver.client import Client
 from fastapi import FastAPI
@@ -122,6 +133,9 @@ from svc.policy.settings import PolicySettings
 
 if TYPE_CHECKING:
     from svc.demo.company import Company
+    from svc.demo.token_issuer import DevTokenIssuer
+    from svc.gateway.app import GatewayServer
+    from svc.gateway.settings import GatewaySettings, Upstream
 
 __all__ = [
     "DataDirBusy",
@@ -152,9 +166,25 @@ CALLER_AUDIENCE = ["svc-pdp", "svc-history", "svc-policy", "svc-context", "svc-c
 #: the decision point (the approver check).
 CHALLENGE_CALLER = "svc-up-challenge"
 
+#: ``sub`` of the token the gateway sends to the decision point and to the policy, context and
+#: challenge services (its checks, outage tiers, trusted apps and containments).
+GATEWAY_CALLER = "svc-up-gateway"
+
+#: The audiences of the gateway's token.
+GATEWAY_AUDIENCE = ["svc-pdp", "svc-policy", "svc-context", "svc-challenge"]
+
 #: Lifetime of a caller token (a working day and then some), in seconds; ``svc up`` writes a
 #: new one every half of it.
 CALLER_TOKEN_LIFETIME_SECS = 24 * 3600
+
+#: The gateway's port is ``port + GATEWAY_OFFSET``.
+GATEWAY_OFFSET = 7
+
+#: The development agent-token issuer's port (HTTPS) is ``port + TOKEN_ISSUER_OFFSET``.
+TOKEN_ISSUER_OFFSET = 8
+
+#: How many consecutive ports ``svc up`` takes, from ``port``.
+PORT_COUNT = TOKEN_ISSUER_OFFSET + 1
 
 #: Longest wait, in seconds, for an HTTP app to listen and for the intake's producers.
 START_TIMEOUT = 60.0
@@ -193,8 +223,9 @@ class UpOptions:
         host: address every component binds (127.0.0.1).
         port: the decision point's port; the intake listens on ``port + 1``, the history on
             ``port + 2``, the policy service on ``port + 3``, the context service on
-            ``port + 4``, the challenge service and its page on ``port + 5`` and the demo's
-            OpenID Connect provider on ``port + 6``.
+            ``port + 4``, the challenge service and its page on ``port + 5``, the demo's
+            OpenID Connect provider on ``port + 6``, the gateway on ``port + 7`` and the
+            demo's agent-token issuer on ``port + 8``.
         bundle: a bundle directory to publish (module docs); None publishes
             ``<data_dir>/bundle`` on the first start, provisioned with the demo company's
             bundle when missing.
@@ -232,6 +263,8 @@ class Urls:
     challenge: str
     page: str
     idp: str
+    gateway: str
+    token_issuer: str
 
 
 def _bind(host: str, port: int, name: str) -> socket.socket:
@@ -250,7 +283,7 @@ def _bind(host: str, port: int, name: str) -> socket.socket:
             why = "in use" if e.errno == errno.EADDRINUSE else "not allowed"
             raise PortTaken(
                 f"port {port} on {host} (the {name}) is {why}; stop whatever holds it "
-                "or start on other ports with --port N (svc up uses N to N+6)"
+                f"or start on other ports with --port N (svc up uses N to N+{PORT_COUNT - 1})"
             ) from None
         raise
 
@@ -282,9 +315,17 @@ def _token(path: Path) -> str:
     return token
 
 
-def _write_caller_token(issuer: LocalIssuer, path: Path) -> None:
-    """Writes a new caller token of `issuer` to `path` (mode 0600; see ``Stack``)."""
-    token = issuer.mint(LOCAL_CALLER, CALLER_AUDIENCE, CALLER_TOKEN_LIFETIME_SECS)
+def _write_caller_token(
+    issuer: LocalIssuer,
+    path: Path,
+    sub: str = LOCAL_CALLER,
+    audience: list[str] = CALLER_AUDIENCE,
+) -> None:
+    """Writes a new token of `issuer` for `sub` and `audience` to `path` (mode 0600).
+
+    Valid ``CALLER_TOKEN_LIFETIME_SECS``; see ``Stack``.
+    """
+    token = issuer.mint(sub, audience, CALLER_TOKEN_LIFETIME_SECS)
     write_secret(path, token)
 
 
@@ -480,22 +521,27 @@ def _is_demo_bundle(bundle_dir: Path) -> bool:
 
 
 @contextmanager
-def _caller_tokens(issuer: LocalIssuer, path: Path) -> Iterator[None]:
-    """Writes a caller token to `path` now and every half of its lifetime while the block runs.
+def _caller_tokens(
+    issuer: LocalIssuer,
+    path: Path,
+    sub: str = LOCAL_CALLER,
+    audience: list[str] = CALLER_AUDIENCE,
+) -> Iterator[None]:
+    """Writes a token for `sub` to `path` now and every half of its lifetime while the block runs.
 
     Raises:
         OSError: the first token cannot be written (a later failure is only logged).
 
     """
-    _write_caller_token(issuer, path)
+    _write_caller_token(issuer, path, sub, audience)
 
     def renew() -> None:
         try:
-            _write_caller_token(issuer, path)
+            _write_caller_token(issuer, path, sub, audience)
         except OSError:
             log.exception("could not renew %s", path)
 
-    with _every(CALLER_TOKEN_LIFETIME_SECS / 2, renew, "svc-up-caller-token"):
+    with _every(CALLER_TOKEN_LIFETIME_SECS / 2, renew, f"svc-up-token-{sub}"):
         yield
 
 
@@ -748,6 +794,100 @@ def _dev_identity_provider(host: str, port: int) -> Iterator[DevIdentityProvider
         idp.stop()
 
 
+@contextmanager
+def _dev_token_issuer(directory: Path, host: str, port: int) -> Iterator[DevTokenIssuer]:
+    """The demo's agent-token issuer (``svc.demo.token_issuer``) on ``port`` (HTTPS), until the end.
+
+    For the demo only: it plays the apps trusted to sign the demo agents' tokens
+    (docs/demo.md#agent-tokens); its keys stay in `directory` across restarts.
+
+    Raises:
+        OSError: the port cannot be bound (``PortTaken`` when it is in use), or the keys or
+            certificates cannot be written.
+
+    """
+    from svc.demo.token_issuer import DevTokenIssuer
+
+    try:
+        issuer = DevTokenIssuer(directory, host, port).start()
+    except OSError as e:
+        if e.errno in (errno.EADDRINUSE, errno.EACCES):
+            _bind(host, port, "demo token issuer").close()
+        raise
+    try:
+        yield issuer
+    finally:
+        issuer.stop()
+
+
+def demo_upstreams() -> dict[str, Upstream]:
+    """The gateway's upstream under ``svc up``: the demo company's tools server over stdio.
+
+    ``demo``: ``python -m svc.demo.tools_server`` with this interpreter (``svc`` importable
+    from where this module was loaded), each tool mapped to the argument naming the document
+    or ticket it reads or writes (``svc.demo.tools_server.TOOLS``, docs/demo.md#the-tools).
+    """
+    import svc
+    from svc.demo.tools_server import NAME, TOOLS
+    from svc.gateway.settings import ToolMapping, Upstream
+
+    package_root = Path(svc.__file__).resolve().parent.parent
+    return {
+        NAME: Upstream(
+            command=[sys.executable, "-m", "svc.demo.tools_server"],
+            env={"PYTHONPATH": str(package_root)},
+            tools={
+                name: ToolMapping(
+                    resource_arg=t.argument, resource_type=t.type, read_only=t.read_only
+                )
+                for name, t in TOOLS.items()
+            },
+        )
+    }
+
+
+@contextmanager
+def _gateway(settings: GatewaySettings) -> Iterator[GatewayServer]:
+    """The MCP gateway (``svc.gateway``) on ``settings.port``, until the block ends.
+
+    Returns once its ``/readyz`` answers 200 (every upstream connected, the trusted apps, the
+    containment list and the outage tiers loaded; docs/gateway.md#routes). The gateway offers
+    no event to wait on, so readiness is asked every 50 ms, for at most ``START_TIMEOUT``.
+
+    Raises:
+        OSError: the port cannot be bound (``PortTaken`` when it is in use), or the gateway
+            was not ready within ``START_TIMEOUT`` (the message says what it lacked).
+
+    """
+    from svc.gateway.app import GatewayServer
+
+    server = GatewayServer(settings)
+    try:
+        server.start()
+    except OSError as e:
+        if e.errno in (errno.EADDRINUSE, errno.EACCES):
+            _bind(settings.host, settings.port, "gateway").close()
+        raise
+    try:
+        deadline = time.monotonic() + START_TIMEOUT
+        url = f"http://{settings.host}:{settings.port}/readyz"
+        with httpx.Client(timeout=5) as client:
+            while True:
+                try:
+                    r = client.get(url)
+                    if r.status_code == 200:
+                        break
+                    why = r.text
+                except httpx.TransportError as e:
+                    why = str(e)
+                if time.monotonic() > deadline:
+                    raise OSError(f"the gateway was not ready in {START_TIMEOUT:.0f} s: {why}")
+                time.sleep(0.05)
+        yield server
+    finally:
+        server.stop()
+
+
 def _client_secret(path: Path) -> Path:
     """``path``, holding a random client secret (written once, mode 0600)."""
     if not path.exists():
@@ -790,6 +930,8 @@ class Stack:
             challenge=f"http://{options.host}:{p + 5}",
             page=f"http://localhost:{p + 5}",
             idp=f"http://{options.host}:{p + 6}",
+            gateway=f"http://{options.host}:{p + GATEWAY_OFFSET}",
+            token_issuer=f"https://{options.host}:{p + TOKEN_ISSUER_OFFSET}",
         )
         self.bundle_dir = options.bundle or d / "bundle"
         self.intake_token = ""
@@ -802,6 +944,8 @@ class Stack:
         self.context: ContextService | None = None
         self.challenge: ChallengeServer | None = None
         self.scim_token = ""
+        self.token_issuer: DevTokenIssuer | None = None
+        self.gateway: GatewayServer | None = None
         self._exit = ExitStack()
         self._stored = _Stored()
 
@@ -895,6 +1039,8 @@ class Stack:
                 "context service": o.port + 4,
                 "challenge service": o.port + 5,
                 "demo identity provider": o.port + 6,
+                "gateway": o.port + GATEWAY_OFFSET,
+                "demo token issuer": o.port + TOKEN_ISSUER_OFFSET,
             },
         )
 
@@ -932,7 +1078,9 @@ class Stack:
         self.policy = enter(
             _policy_service(
                 policy_settings,
-                PolicyAuthSettings(**common_auth, auth_callers=[LOCAL_CALLER, PDP_CALLER]),
+                PolicyAuthSettings(
+                    **common_auth, auth_callers=[LOCAL_CALLER, PDP_CALLER, GATEWAY_CALLER]
+                ),
                 self.bundle_dir,
                 republish=o.bundle is not None,
                 history=self.history,
@@ -951,7 +1099,8 @@ class Stack:
             _context_service(
                 context_settings,
                 ContextAuthSettings(
-                    **common_auth, auth_callers=[LOCAL_CALLER, PDP_CALLER, CHALLENGE_CALLER]
+                    **common_auth,
+                    auth_callers=[LOCAL_CALLER, PDP_CALLER, CHALLENGE_CALLER, GATEWAY_CALLER],
                 ),
             )
         )
@@ -962,6 +1111,15 @@ class Stack:
         ):
             self.progress("provisioning the demo company through the context service")
             self._provision_context()
+
+        self.progress("starting the demo token issuer")
+        self.token_issuer = enter(
+            _dev_token_issuer(d / "token-issuer", o.host, o.port + TOKEN_ISSUER_OFFSET)
+        )
+        # Trusted as an admin would trust the apps that run the demo agents (an upsert: a new
+        # port replaces the URLs), docs/architecture.md#trusted-app-issuers.
+        for record in self.token_issuer.trusted_apps():
+            self.context.put_trusted_app(record)
 
         self.progress("starting the demo identity provider")
         enter(_dev_identity_provider(o.host, o.port + 6))
@@ -988,7 +1146,9 @@ class Stack:
         self.challenge = enter(
             _challenge_service(
                 challenge_settings,
-                ChallengeAuthSettings(**common_auth, auth_callers=[LOCAL_CALLER, PDP_CALLER]),
+                ChallengeAuthSettings(
+                    **common_auth, auth_callers=[LOCAL_CALLER, PDP_CALLER, GATEWAY_CALLER]
+                ),
                 lambda: issuer.mint(CHALLENGE_CALLER, "svc-context", 600),
                 lambda: issuer.mint(CHALLENGE_CALLER, "svc-pdp", 600),
             )
@@ -1009,7 +1169,8 @@ class Stack:
             kafka_url=self.broker_url,
             spool_dir=d / "pdp-spool",
             auth=PdpAuthSettings(
-                **common_auth, auth_callers=[LOCAL_CALLER, DEMO_CALLER, CHALLENGE_CALLER]
+                **common_auth,
+                auth_callers=[LOCAL_CALLER, DEMO_CALLER, CHALLENGE_CALLER, GATEWAY_CALLER],
             ),
             log_commit_ms=o.log_commit_ms,
             log_durability=o.log_durability,
@@ -1041,6 +1202,34 @@ class Stack:
             ready=store.running,
         )
         enter(_serve_http(routes, o.host, o.port + 2, "history"))
+
+        self.progress("starting the gateway and the demo's tools server")
+        from svc.gateway.settings import GatewaySettings
+
+        gateway_token = d / "gateway.token"
+        enter(_caller_tokens(issuer, gateway_token, GATEWAY_CALLER, GATEWAY_AUDIENCE))
+        assert self.token_issuer is not None
+        self.gateway = enter(
+            _gateway(
+                GatewaySettings(
+                    host=o.host,
+                    port=o.port + GATEWAY_OFFSET,
+                    upstreams=demo_upstreams(),
+                    public_url=self.urls.gateway,
+                    pdp_url=self.urls.pdp,
+                    pdp_token_file=str(gateway_token),
+                    challenge_url=self.urls.challenge,
+                    challenge_token_file=str(gateway_token),
+                    policy_url=self.urls.policy,
+                    policy_token_file=str(gateway_token),
+                    context_url=self.urls.context,
+                    context_token_file=str(gateway_token),
+                    jwks_ca_file=str(self.token_issuer.ca_file),
+                    intake_url=self.urls.intake,
+                    intake_token_file=str(d / "intake.token"),
+                )
+            )
+        )
 
     def write_caller_token(self) -> None:
         """Writes a new caller token to ``caller_token_path`` (mode 0600).
@@ -1109,11 +1298,12 @@ class Stack:
     def stop(self) -> None:
         """Stops every component that started, newest first. Idempotent.
 
-        The order is the reverse of ``start``: the history routes, the intake, the decision
-        point (its shipper's last records reach the topic log), the challenge service, the
-        context service, the policy service, the caller-token renewal, the loader (it stores
-        what it read; the rest is loaded on the next start), the topic log, and the data
-        directory's lock.
+        The order is the reverse of ``start``: the gateway (and with it the tools server) and
+        its token's renewal, the history routes, the intake, the decision point (its shipper's
+        last records reach the topic log), the challenge service, the demo identity provider,
+        the demo token issuer, the context service, the policy service, the caller-token
+        renewal, the loader (it stores what it read; the rest is loaded on the next start), the
+        topic log, and the data directory's lock.
         """
         try:
             self._exit.close()
@@ -1123,6 +1313,8 @@ class Stack:
             self.policy = None
             self.context = None
             self.challenge = None
+            self.gateway = None
+            self.token_issuer = None
 
 
 # -- the command
@@ -1150,6 +1342,10 @@ def _banner(stack: Stack, seconds: float) -> str:
             f"  challenge page  {u.page}/keys   your security keys; notifications link to "
             f"{u.page}/challenge/<qid> (sign in at {u.idp}, the demo identity provider: any "
             "user name, for the demo only)",
+            f"  gateway         {u.gateway}   MCP at /mcp/demo (the demo company's documents "
+            "and tickets), challenge waits at /mcp/challenges/<qid>",
+            f"  agent tokens    {u.token_issuer}   the demo apps' keys (CA "
+            f"{d / 'token-issuer' / 'ca.pem'}); svc demo token --agent ID --for PERSON",
             f"  caller token    {stack.caller_token_path} (Authorization: Bearer, for the "
             "decision point, the history, and the policy, context and challenge services)",
             f"  bundle          version {active} active, from {stack.bundle_dir} (change it "

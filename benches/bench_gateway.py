@@ -1,0 +1,212 @@
+"""The MCP gateway's added time: a tool call through ``svc gateway`` against the same call made
+directly to the upstream, in the same run (docs/benchmarks.md#mcp-gateway).
+
+Processes, each its own: the upstream (the demo company's tools server,
+``python -m svc.demo.tools_server --http``), a decision point (``svc pdp --bundle DIR`` on the
+demo company's bundle) and the gateway (``svc gateway``, the upstream by URL, the demo apps
+trusted from a file, their JWK Sets served over HTTPS by ``svc.demo.token_issuer`` in this
+process). The client is the ``mcp`` SDK's ``ClientSession`` over Streamable HTTP, one session
+per path, opened before timing.
+
+1. **Latency at a steady rate**: ``--calls`` calls of ``read_document`` (``copilot.assistant``
+   for ``alan.hughes`` on ``doc-0317``: the gateway checks ``call`` on the tool and ``read`` on
+   the document, both allowed, then forwards), alternating direct and through the gateway, one
+   at a time, started every ``1/--rate`` s. Printed: p50, p90, p99 of each path and the added
+   time (through minus direct) at each.
+2. **Calls per second**: ``--concurrency`` sessions call through the gateway as fast as it
+   answers for ``--seconds``; printed: calls/s, the gateway process's CPU seconds over that
+   time (``/proc/<pid>/stat``), and calls per CPU-second of the gateway (what one core does;
+   the gateway is one asyncio process).
+
+    .venv/bin/python benches/bench_gateway.py                    # about 70 s
+    .venv/bin/python benches/bench_gateway.py --calls 200 --seconds 3   # a smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx2
+from mcp.client import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+
+from _support import ServiceProcess, free_port, pct
+from svc.demo.company import generate, write_bundle
+from svc.demo.token_issuer import DevTokenIssuer
+from svc.demo.tools_server import TOOLS
+
+AGENT, PERSON, TOOL, ARGS = "copilot.assistant", "alan.hughes", "read_document", "doc-0317"
+
+
+@asynccontextmanager
+async def session(url: str, token: str | None) -> AsyncIterator[ClientSession]:
+    """An initialized MCP client session to `url`, with a bearer token when given."""
+    headers = {"authorization": f"Bearer {token}"} if token else {}
+    async with (
+        httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(60)) as http,
+        streamable_http_client(url, http_client=http) as (r, w),
+        ClientSession(r, w) as s,
+    ):
+        await s.initialize()
+        yield s
+
+
+async def one_call(s: ClientSession) -> float:
+    """One ``read_document`` call; returns its time in ms. Raises when it was blocked."""
+    t0 = time.perf_counter()
+    r = await s.call_tool(TOOL, {"document_id": ARGS})
+    ms = (time.perf_counter() - t0) * 1000
+    if r.is_error:
+        raise RuntimeError(f"the call failed: {r.meta} {r.content}")
+    return ms
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time of process `pid` so far (``/proc/<pid>/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def steady(direct: str, through: str, token: str, calls: int, rate: float) -> dict[str, Any]:
+    """Part 1 (module docs): the latencies in ms of each path."""
+    out: dict[str, list[float]] = {"direct": [], "gateway": []}
+    async with session(direct, None) as d, session(through, token) as g:
+        for s in (d, g):  # warm both paths: connections, the gateway's JWKS and check pool
+            for _ in range(50):
+                await one_call(s)
+        start = time.perf_counter()
+        for i in range(2 * calls):
+            due = start + i / rate
+            await asyncio.sleep(max(0.0, due - time.perf_counter()))
+            path, s = ("direct", d) if i % 2 == 0 else ("gateway", g)
+            out[path].append(await one_call(s))
+    return out
+
+
+async def saturate(url: str, token: str | None, concurrency: int, seconds: float) -> int:
+    """Part 2 (module docs): calls to `url` completed in `seconds`."""
+    done = 0
+    stop = time.perf_counter() + seconds
+
+    async def worker() -> None:
+        nonlocal done
+        async with session(url, token) as s:
+            await one_call(s)
+            while time.perf_counter() < stop:
+                await one_call(s)
+                done += 1
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return done
+
+
+def wait_port(port: int, proc: subprocess.Popen[bytes]) -> None:
+    """Waits until 127.0.0.1:`port` accepts connections; raises when `proc` exits first."""
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the upstream exited with {proc.returncode}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--calls", type=int, default=2000, help="calls per path at the steady rate")
+    p.add_argument("--rate", type=float, default=100.0, help="calls per second, both paths")
+    p.add_argument("--concurrency", type=int, default=8, help="sessions in part 2")
+    p.add_argument("--seconds", type=float, default=10.0, help="length of part 2")
+    a = p.parse_args()
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
+    company = generate()
+    write_bundle(company, tmp / "bundle")
+    issuer = DevTokenIssuer(tmp / "issuer").start()
+    (tmp / "apps.json").write_text(json.dumps(issuer.trusted_apps()))
+    (tmp / "containments.json").write_text("[]")
+    up_port, pdp_port, gw_port = free_port(), free_port(), free_port()
+    upstream_url = f"http://127.0.0.1:{up_port}/mcp"
+    tools = {
+        n: {"resource_arg": t.argument, "resource_type": t.type, "read_only": t.read_only}
+        for n, t in TOOLS.items()
+        if t.argument is not None
+    }
+    (tmp / "upstreams.json").write_text(json.dumps({"demo": {"url": upstream_url, "tools": tools}}))
+    upstream = subprocess.Popen(
+        [sys.executable, "-m", "svc.demo.tools_server", "--http", "--port", str(up_port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    procs: list[ServiceProcess] = []
+    try:
+        wait_port(up_port, upstream)
+        procs.append(
+            ServiceProcess(
+                ["pdp", "--bundle", str(tmp / "bundle"), "--port", str(pdp_port)], pdp_port
+            )
+        )
+        gateway = ServiceProcess(
+            [
+                "gateway",
+                "--port", str(gw_port),
+                "--upstreams-file", str(tmp / "upstreams.json"),
+                "--pdp-url", f"http://127.0.0.1:{pdp_port}",
+                "--trusted-apps-file", str(tmp / "apps.json"),
+                "--jwks-ca-file", str(issuer.ca_file),
+                "--containments-file", str(tmp / "containments.json"),
+            ],
+            gw_port,
+        )  # fmt: skip
+        procs.append(gateway)
+        token = issuer.mint(AGENT, PERSON, lifetime_secs=3600)
+        through = f"http://127.0.0.1:{gw_port}/mcp/demo"
+
+        lat = asyncio.run(steady(upstream_url, through, token, a.calls, a.rate))
+        print(f"steady rate: {a.calls} calls per path at {a.rate:g} calls/s, alternating")
+        print(f"{'':10} {'p50':>9} {'p90':>9} {'p99':>9}  (ms)")
+        for path in ("direct", "gateway"):
+            qs = [pct(lat[path], q) for q in (0.5, 0.9, 0.99)]
+            print(f"{path:10} " + " ".join(f"{v:9.3f}" for v in qs))
+        added = [pct(lat["gateway"], q) - pct(lat["direct"], q) for q in (0.5, 0.9, 0.99)]
+        print(f"{'added':10} " + " ".join(f"{v:9.3f}" for v in added))
+
+        t0 = time.perf_counter()
+        done = asyncio.run(saturate(upstream_url, None, a.concurrency, a.seconds))
+        wall = time.perf_counter() - t0
+        print(
+            f"saturated, direct: {a.concurrency} sessions, {done} calls in {wall:.1f} s = "
+            f"{done / wall:,.0f} calls/s"
+        )
+        cpu0, t0 = cpu_seconds(gateway.pid), time.perf_counter()
+        done = asyncio.run(saturate(through, token, a.concurrency, a.seconds))
+        cpu, wall = cpu_seconds(gateway.pid) - cpu0, time.perf_counter() - t0
+        print(
+            f"saturated, through the gateway: {a.concurrency} sessions, {done} calls in "
+            f"{wall:.1f} s = {done / wall:,.0f} calls/s; gateway CPU {cpu:.1f} s "
+            f"({100 * cpu / wall:.0f} % of a core) = {done / cpu:,.0f} calls per gateway "
+            "CPU-second"
+        )
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
+        upstream.terminate()
+        upstream.wait()
+        issuer.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -17,6 +17,8 @@ import json
 import subprocess
 from pathlib import Path
 
+import httpx
+
 from mcpkit import free_port, python, serving, wait_ready
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,10 +33,6 @@ DIRECT_FAILURES: dict[str, str] = {}
 #: failures" baseline is kept: a scenario that starts passing through the gateway fails this
 #: test until its entry is removed, and a new failure fails it too.
 GATEWAY_GAPS: dict[str, str] = {
-    "tools-call-image": "a tool result's image content is not passed through",
-    "tools-call-audio": "a tool result's audio content is not passed through",
-    "tools-call-embedded-resource": "a tool result's embedded resource is not passed through",
-    "tools-call-mixed-content": "only the text of a mixed tool result is passed through",
     "tools-call-with-progress": "the upstream's progress notifications do not reach the agent",
     "tools-call-with-logging": "logging/setLevel is not passed through (method not found)",
     "logging-set-level": "logging/setLevel is not passed through (method not found)",
@@ -97,6 +95,9 @@ def test_upstream_directly(tmp_path: Path) -> None:
     assert "dns-rebinding-protection" in results
 
 
+#: The suite's agent (a registered service account) and the person it acts for.
+AGENT, PERSON = "copilot.assistant", "ana"
+
 #: A bundle that allows everything: the gateway's checks pass every call, so what the suite
 #: sees is what the gateway passes through (docs/gateway.md#checks: `Tool` and `call` declared).
 PERMISSIVE_SCHEMA = """
@@ -129,7 +130,13 @@ def test_through_the_gateway_passes_what_the_upstream_passes(tmp_path: Path) -> 
     bundle.mkdir()
     (bundle / "schema.cedarschema").write_text(PERMISSIVE_SCHEMA)
     (bundle / "policies.cedar").write_text(PERMISSIVE_POLICY)
-    pdp = Server(Engine.from_bundle_dir(bundle), port=0)
+    engine = Engine.from_bundle_dir(bundle)
+    # The suite's agent is a registered service account: an unregistered one is denied
+    # everything (`svc:unregistered`), and a denial's text would pass the text-only scenarios.
+    engine.register_service_accounts(
+        [{"id": AGENT, "owner": PERSON, "ai": True, "groups": [], "description": "the suite"}]
+    )
+    pdp = Server(engine, port=0)
     pdp_port = pdp.start()
     pdp.set_ready(bundle=True, containments=True)
     issuer = DevTokenIssuer(tmp_path / "issuer").start()
@@ -138,7 +145,7 @@ def test_through_the_gateway_passes_what_the_upstream_passes(tmp_path: Path) -> 
     containments = tmp_path / "containments.json"
     containments.write_text("[]")
     token = tmp_path / "agent.token"
-    token.write_text(issuer.mint("copilot.assistant", "ana", human_present=True))
+    token.write_text(issuer.mint(AGENT, PERSON, human_present=True))
     upstream_port, proxy_port = free_port(), free_port()
     try:
         with serving(python(str(SERVER), str(upstream_port)), upstream_port) as upstream:
@@ -160,11 +167,20 @@ def test_through_the_gateway_passes_what_the_upstream_passes(tmp_path: Path) -> 
                 )  # fmt: skip
                 with serving(proxy, proxy_port) as base:
                     through = run_suite(f"{base}/mcp/conformance", tmp_path / "gateway")
+                metrics = httpx.get(f"{gateway.url}/metrics", timeout=10).text
             finally:
                 gateway.stop()
     finally:
         issuer.stop()
         pdp.stop(grace_secs=2)
+    # Every tool call was checked and forwarded: none blocked.
+    calls = {
+        line.split("{")[1].split("}")[0]: float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("svc_gateway_tool_calls_total{")
+    }
+    forwarded = sum(n for labels, n in calls.items() if '"forwarded"' in labels)
+    assert forwarded > 0 and forwarded == sum(calls.values()), calls
     passed_directly = {s for s, why in direct.items() if not why}
     failed_through = {
         s: through.get(s, ["not run"]) for s in passed_directly if through.get(s) != []

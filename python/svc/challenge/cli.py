@@ -19,7 +19,7 @@ import logging
 import typer
 
 from svc.challenge.settings import ChallengeAuthSettings, ChallengeSettings
-from svc.common.cli import Options, settings_command
+from svc.common.cli import Options, run_migration, settings_command
 
 __all__ = ["app"]
 
@@ -66,16 +66,6 @@ def serve(settings: ChallengeSettings, auth: ChallengeAuthSettings) -> None:
 )
 def migrate_command(settings: ChallengeSettings) -> None:
     """Apply the challenge service's schema (Alembic; idempotent) and print the revision."""
-    from sqlalchemy import create_engine
-    from sqlalchemy.exc import SQLAlchemyError
-
     from svc.challenge.migrate import migrate
 
-    engine = create_engine(settings.database_url)
-    try:
-        typer.echo(f"challenge schema at revision {migrate(engine)}")
-    except SQLAlchemyError as e:
-        typer.echo(f"svc challenge migrate: {e.__class__.__name__}: {e}", err=True)
-        raise typer.Exit(code=2) from e
-    finally:
-        engine.dispose()
+    run_migration("svc challenge migrate", "challenge", settings.database_url, migrate)

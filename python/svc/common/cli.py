@@ -40,7 +40,13 @@ from pydantic_core import PydanticUndefined
 
 from svc.common.settings import ComponentSettings
 
-__all__ = ["Options", "describe_validation_error", "option_for", "settings_command"]
+__all__ = [
+    "Options",
+    "describe_validation_error",
+    "option_for",
+    "run_migration",
+    "settings_command",
+]
 
 
 @dataclass(frozen=True)
@@ -238,3 +244,33 @@ def settings_command(prog: str, **groups: Options) -> Callable[[Callable[..., An
         return command
 
     return decorate
+
+
+def run_migration(prog: str, schema: str, database_url: str, migrate: Callable[[Any], str]) -> None:
+    """The body of ``svc <service> migrate``: applies a relational service's schema.
+
+    Prints the revision. It is the schema job a release runs before its replicas
+    (docs/deploy.md).
+
+    Args:
+        prog: the command, for messages (``svc policy migrate``).
+        schema: the schema's name in the output (``policy``: "policy schema at revision R").
+        database_url: the SQLAlchemy URL of the service's database.
+        migrate: the service's Alembic upgrade (``svc.<service>.migrate.migrate``), taking a
+            SQLAlchemy engine and returning the revision it left the database at.
+
+    Raises:
+        typer.Exit: code 2 when the database refuses (the error's class and text on stderr).
+
+    """
+    from sqlalchemy import create_engine
+    from sqlalchemy.exc import SQLAlchemyError
+
+    engine = create_engine(database_url)
+    try:
+        typer.echo(f"{schema} schema at revision {migrate(engine)}")
+    except SQLAlchemyError as e:
+        typer.echo(f"{prog}: {e.__class__.__name__}: {e}", err=True)
+        raise typer.Exit(code=2) from e
+    finally:
+        engine.dispose()

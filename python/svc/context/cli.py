@@ -18,7 +18,7 @@ from typing import Annotated
 
 import typer
 
-from svc.common.cli import Options, settings_command
+from svc.common.cli import Options, run_migration, settings_command
 from svc.context.settings import ContextAuthSettings, ContextSettings
 
 __all__ = ["app"]
@@ -80,16 +80,6 @@ def serve(
 @settings_command("svc context migrate", settings=Options(ContextSettings, only=("database_url",)))
 def migrate_command(settings: ContextSettings) -> None:
     """Apply the context service's schema (Alembic; idempotent) and print the revision."""
-    from sqlalchemy import create_engine
-    from sqlalchemy.exc import SQLAlchemyError
-
     from svc.context.migrate import migrate
 
-    engine = create_engine(settings.database_url)
-    try:
-        typer.echo(f"context schema at revision {migrate(engine)}")
-    except SQLAlchemyError as e:
-        typer.echo(f"svc context migrate: {e.__class__.__name__}: {e}", err=True)
-        raise typer.Exit(code=2) from e
-    finally:
-        engine.dispose()
+    run_migration("svc context migrate", "context", settings.database_url, migrate)

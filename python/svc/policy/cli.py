@@ -35,7 +35,7 @@ from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
 from svc.common.auth_settings import PolicyAuthSettings
-from svc.common.cli import Options, settings_command
+from svc.common.cli import Options, run_migration, settings_command
 from svc.policy import signing
 from svc.policy.settings import PolicySettings
 from svc.policy.v1 import policy_pb2 as pb
@@ -218,19 +218,9 @@ def serve(ctx: typer.Context, settings: PolicySettings, auth: PolicyAuthSettings
 @settings_command("svc policy migrate", settings=Options(PolicySettings, only=("database_url",)))
 def migrate_command(settings: PolicySettings) -> None:
     """Apply the policy service's schema (Alembic; idempotent) and print the revision."""
-    from sqlalchemy import create_engine
-    from sqlalchemy.exc import SQLAlchemyError
-
     from svc.policy.migrate import migrate
 
-    engine = create_engine(settings.database_url)
-    try:
-        typer.echo(f"policy schema at revision {migrate(engine)}")
-    except SQLAlchemyError as e:
-        typer.echo(f"svc policy migrate: {e.__class__.__name__}: {e}", err=True)
-        raise typer.Exit(code=2) from e
-    finally:
-        engine.dispose()
+    run_migration("svc policy migrate", "policy", settings.database_url, migrate)
 
 
 @app.command()

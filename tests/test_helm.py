@@ -499,6 +499,7 @@ CALLERS: dict[str, dict[str, str | None]] = {
         "the reasoner": "component:reasoner",
         "the portal": "context.clients",
         "the challenge service": "component:challenge",
+        "the gateway": "component:gateway",
     },
     "challenge": {
         "decision points": "component:pdp",

@@ -108,6 +108,23 @@ cmd_start() {
             -o "-c listen_addresses=127.0.0.1 -p $PORT -k $dir/run -c fsync=off" start >/dev/null \
             || { tail -n 20 "$dir/server.log" >&2; die "server did not start (log: $dir/server.log)"; }
     fi
+    # After a crash (kill -9 of the server) the backends of the old server may still hold its
+    # shared memory for a moment, and a server started then exits again: wait until one
+    # accepts connections, starting it again while none runs (up to 60 s).
+    local tries=0
+    until psql_admin "$bindir" "$dir" -c "SELECT 1" >/dev/null 2>&1; do
+        tries=$((tries + 1))
+        if (( tries > 60 )); then
+            tail -n 20 "$dir/server.log" >&2
+            die "server does not accept connections (log: $dir/server.log)"
+        fi
+        if ! as_server "$bindir/pg_ctl" -D "$dir/data" status >/dev/null 2>&1; then
+            as_server "$bindir/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 \
+                -o "-c listen_addresses=127.0.0.1 -p $PORT -k $dir/run -c fsync=off" start \
+                >/dev/null 2>&1 || true
+        fi
+        sleep 1
+    done
     # Role and database (idempotent).
     psql_admin "$bindir" "$dir" <<SQL
 SELECT 'CREATE ROLE $ROLE LOGIN PASSWORD ''$PASSWORD''' WHERE NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '$ROLE')\gexec

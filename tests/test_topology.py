@@ -64,7 +64,10 @@ entity ServiceAccount in [Group] = {
   description?: String,
 };
 entity Document;
+entity Tool;
 action read, delete appliesTo { principal: [Human, ServiceAccount], resource: [Document] };
+action write appliesTo { principal: [Human, ServiceAccount], resource: [Document] };
+action call appliesTo { principal: [Human, ServiceAccount], resource: [Tool] };
 """
 
 FIRST = """
@@ -83,6 +86,9 @@ when { principal.ai };
 
 @id("delete-needs-reason") @challenge("justification")
 permit (principal is Human, action == Action::"delete", resource is Document);
+
+@id("people-and-agents-call-tools")
+permit (principal, action == Action::"call", resource is Tool);
 """
 )
 
@@ -215,6 +221,42 @@ class Client:
         return status
 
 
+def _tool_call(t: Topology, tool: str, arguments: dict[str, Any]) -> Any:
+    """One MCP ``tools/call`` through the topology's gateway (``/mcp/demo``), as the agent
+    working for ana, with a token of the agent-token issuer; returns the ``CallToolResult``."""
+    import asyncio
+
+    import httpx2
+    from mcp.client import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+
+    from svc.demo.token_issuer import DevTokenIssuer
+
+    token = DevTokenIssuer.from_directory(t.agent_issuer_dir).mint(AGENT, "ana")
+
+    async def call() -> Any:
+        headers = {"authorization": f"Bearer {token}"}
+        async with (
+            httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(60)) as http,
+            streamable_http_client(f"{t.urls['gateway']}/mcp/demo", http_client=http) as (r, w),
+            ClientSession(r, w) as s,
+        ):
+            await s.initialize()
+            return await s.call_tool(tool, arguments)
+
+    return asyncio.run(call())
+
+
+def _gateway_events_sent(t: Topology) -> float:
+    """``svc_gateway_events_sent_total`` of the gateway: events the intake accepted."""
+    text = httpx.get(f"{t.urls['gateway']}/metrics", timeout=10).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("svc_gateway_events_sent_total")
+    )
+
+
 def _until(what: str, ok: Any, within: float = 180.0) -> None:
     """Polls `ok()` until true; fails naming `what` after `within` seconds."""
     deadline = time.monotonic() + within
@@ -228,7 +270,7 @@ def _history(t: Topology) -> dict[str, Any]:
 
     Stops the history process first (its loader stores and commits what it read) and opens the
     chDB directory in a process of its own. Returns ``{"qids": {qid: rows}, "events":
-    {resource_id: rows}}``.
+    {resource_id: rows}, "tools": {tool: rows}}`` (``tools``: the gateway's events).
     """
     t.stop(["history"])
     script = """
@@ -240,7 +282,10 @@ e = c.query(
     "SELECT resource_id, count() FROM events FINAL WHERE system = 'topology-test' "
     "GROUP BY resource_id"
 ).result_rows
-print(json.dumps({"qids": dict(d), "events": dict(e)}))
+g = c.query(
+    "SELECT tool, count() FROM events FINAL WHERE system = 'demo' GROUP BY tool"
+).result_rows
+print(json.dumps({"qids": dict(d), "events": dict(e), "tools": dict(g)}))
 """
     r = subprocess.run(
         [sys.executable, "-c", script, t.history_dsn], capture_output=True, text=True, check=False
@@ -269,7 +314,9 @@ def _wait_loaded(t: Topology, c: Client) -> None:
     _until("the history holds every decision and event sent", loaded, within=300)
 
 
-def _assert_exactly_once(t: Topology, c: Client) -> None:
+def _assert_exactly_once(t: Topology, c: Client) -> dict[str, int]:
+    """Every answered decision and acknowledged event once; returns the gateway's events by
+    tool."""
     h = _history(t)
     qids, events = h["qids"], h["events"]
     missing = [q for q in c.sent.qids if q not in qids]
@@ -282,6 +329,7 @@ def _assert_exactly_once(t: Topology, c: Client) -> None:
     assert not twice, f"events in the history more than once: {twice}"
     # An unacknowledged batch may have been stored before the answer was lost: at most once.
     assert set(events) <= set(c.sent.events) | set(c.sent.unacked_events)
+    return dict(h["tools"])
 
 
 def test_an_install_end_to_end_then_kill_9_each_process(topo: Topology) -> None:
@@ -364,10 +412,20 @@ def test_an_install_end_to_end_then_kill_9_each_process(topo: Topology) -> None:
     for _ in range(5):
         assert c.events(20) == 202
 
+    # -- an agent's tool calls through the gateway: a read is checked and forwarded (the
+    # document's text comes back, no svc/verdict), a write is denied with the decision's id
+    read = _tool_call(t, "read_document", {"document_id": "doc-0317"})
+    assert not read.is_error and not (read.meta or {}).get("svc/verdict"), read
+    assert "doc-0317" in str(read.content)
+    write = _tool_call(t, "update_document", {"document_id": "doc-0317", "text": "x"})
+    assert write.is_error and write.meta["svc/verdict"] == "deny", write
+    assert write.meta["svc/decision_qid"]
+    _until("the gateway's event reached the intake", lambda: _gateway_events_sent(t) >= 1)
+
     # -- every decision and event is in the history exactly once
     assert {p for p in c.sent.qids.values()} == {"pdp-1", "pdp-2"}
     _wait_loaded(t, c)
-    _assert_exactly_once(t, c)
+    assert _assert_exactly_once(t, c) == {"demo/read_document": 1}
     _svc("topology", "start", "--state-dir", str(t.state))
 
     # -- kill -9 each process in turn under traffic; start brings it back
@@ -406,6 +464,8 @@ def test_an_install_end_to_end_then_kill_9_each_process(topo: Topology) -> None:
             "context",
             "challenge",
             "pdp-2",
+            "gateway",
+            "agent-issuer",
             "kafka",
             "postgres",
         ):
@@ -426,8 +486,13 @@ def test_an_install_end_to_end_then_kill_9_each_process(topo: Topology) -> None:
         assert c.events(10) == 202
     assert c.agent_read("pdp-1", "after")["verdict"] == "allow"
     assert c.agent_read("pdp-2", "after")["verdict"] == "allow"
+    sent = _gateway_events_sent(t)  # counted since the gateway's restart
+    again = _tool_call(t, "read_document", {"document_id": "doc-0001"})
+    assert not again.is_error, again
+    _until("the gateway's event reached the intake", lambda: _gateway_events_sent(t) > sent)
     # Each kill waited for 150 rounds of traffic: a check each, a batch of 10 events every 10.
-    assert len(c.sent.qids) >= 9 * 150
-    assert len(c.sent.events) >= 9 * 150
+    assert len(c.sent.qids) >= 11 * 150
+    assert len(c.sent.events) >= 11 * 150
     _wait_loaded(t, c)
-    _assert_exactly_once(t, c)
+    tools = _assert_exactly_once(t, c)
+    assert tools == {"demo/read_document": 2}, tools

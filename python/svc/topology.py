@@ -17,12 +17,19 @@ own process on 127.0.0.1 with the production parts, the way a cluster runs them
   disk: docs/history.md, "Durability of the decision log");
 * the intake (``svc intake``) and the history loader with its query routes
   (``svc topology history``: ``svc.history.Loader`` and ``svc.history.service``) in its own
-  process.
+  process;
+* a development issuer of agent tokens (``python -m svc.demo.token_issuer``: the demo apps'
+  keys, their JWK Sets over HTTPS with a CA of its own; an install trusts the apps that run its
+  agents instead), whose apps ``start`` trusts on the context service;
+* the MCP gateway (``svc gateway``, docs/gateway.md) in front of the demo company's tools server
+  (stdio), checking at ``pdp-1``, following the challenge service's containments and the policy
+  service's outage fallback, reading the trusted apps from the context service, and posting
+  its events to the intake.
 
 Ports, from the base port ``B`` (default 18080): decision points ``B`` and ``B + 6``, intake
 ``B + 1``, history ``B + 2``, policy ``B + 3``, context ``B + 4``, challenge ``B + 5``,
-PostgreSQL ``B + 7``, Kafka ``B + 8`` (its controller ``B + 9``); the MCP gateway, when it
-lands, ``B + 10`` (``gateway_component``).
+PostgreSQL ``B + 7``, Kafka ``B + 8`` (its controller ``B + 9``), the MCP gateway ``B + 10``,
+the agent-token issuer ``B + 11`` (HTTPS).
 
 The history store: a ClickHouse server over ``http://`` when ``--history-dsn`` names one; by
 default chDB on a file path (``chdb://<state>/history``), which only the history process opens
@@ -36,7 +43,9 @@ caller's token, the intake's shared token and the SCIM token to ``<state>/secret
 directory, files mode 0600): ``operator.token`` (``sub`` ``svc-topology``, for every
 component: what a person or a test calls with), ``pdp.token`` (the decision points' calls to
 the policy, context and challenge services), ``challenge.token`` (the challenge service's
-calls to the context service and the decision point), ``intake.token``, ``scim.token``.
+calls to the context service and the decision point), ``gateway.token`` (the gateway's calls to
+the decision point and the policy, context and challenge services), ``intake.token``,
+``scim.token``.
 
 ``start`` is idempotent: it starts, in order, each part that is not running and waits for its
 ``/readyz``; on the first start it publishes a bundle through the policy service (``--bundle``,
@@ -56,6 +65,7 @@ import json
 import logging
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import threading
@@ -77,7 +87,6 @@ __all__ = [
     "Config",
     "Topology",
     "TopologyError",
-    "gateway_component",
     "serve_history",
 ]
 
@@ -92,13 +101,15 @@ OPERATOR = "svc-topology"
 PDP_CALLER = "svc-topology-pdp"
 #: ``sub`` of the challenge service's token.
 CHALLENGE_CALLER = "svc-topology-challenge"
+#: ``sub`` of the MCP gateway's token.
+GATEWAY_CALLER = "svc-topology-gateway"
 
 #: Who may call each component (the callers table of docs/auth.md, for this topology).
 CALLERS: dict[str, list[str]] = {
-    "policy": [OPERATOR, PDP_CALLER],
-    "context": [OPERATOR, PDP_CALLER, CHALLENGE_CALLER],
-    "challenge": [OPERATOR, PDP_CALLER],
-    "pdp": [OPERATOR, CHALLENGE_CALLER],
+    "policy": [OPERATOR, PDP_CALLER, GATEWAY_CALLER],
+    "context": [OPERATOR, PDP_CALLER, CHALLENGE_CALLER, GATEWAY_CALLER],
+    "challenge": [OPERATOR, PDP_CALLER, GATEWAY_CALLER],
+    "pdp": [OPERATOR, CHALLENGE_CALLER, GATEWAY_CALLER],
     "history": [OPERATOR],
 }
 
@@ -185,26 +196,6 @@ class Component:
     env: dict[str, str] = field(default_factory=dict)
 
 
-def gateway_component(config: Config, urls: dict[str, str]) -> Component | None:
-    """The MCP gateway's process, once ``svc gateway`` exists; None until then.
-
-    The hook for the gateway (docs/architecture.md#components: planned): when it lands, return
-    its ``Component`` here (port ``base_port + 10``, following the decision points, the
-    challenge service's containments, the policy service's outage fallback, posting to the
-    intake) and ``start`` runs it after the intake like every other part.
-
-    Args:
-        config: the topology's settings.
-        urls: each running component's base URL by name.
-
-    Returns:
-        None: no gateway on this branch.
-
-    """
-    del config, urls
-    return None
-
-
 def _py(*args: str) -> list[str]:
     """``python -m svc ARGS`` with this interpreter."""
     return [sys.executable, "-m", "svc", *args]
@@ -255,10 +246,16 @@ class Topology:
             "pdp-2": b + 6,
             "postgres": b + 7,
             "kafka": b + 8,
+            "gateway": b + 10,
+            "agent-issuer": b + 11,
         }
         self.urls = {
             n: f"http://127.0.0.1:{p}" for n, p in self.ports.items() if n not in ("postgres",)
         }
+        self.urls["agent-issuer"] = f"https://127.0.0.1:{self.ports['agent-issuer']}"
+        #: The development agent-token issuer's directory: its app keys, ``ca.pem`` (what the
+        #: gateway trusts for the apps' JWKS) and ``apps.json`` (the trusted-app records).
+        self.agent_issuer_dir = s / "agent-issuer"
         self.kafka = config.kafka or f"127.0.0.1:{self.ports['kafka']}"
         self.history_dsn = config.history_dsn or f"chdb://{s / 'history'}"
 
@@ -397,6 +394,14 @@ class Topology:
         write_secret(
             self.secrets / "challenge.token",
             issuer.mint(CHALLENGE_CALLER, ["svc-context", "svc-pdp"], TOKEN_LIFETIME_SECS),
+        )
+        write_secret(
+            self.secrets / "gateway.token",
+            issuer.mint(
+                GATEWAY_CALLER,
+                ["svc-pdp", "svc-policy", "svc-context", "svc-challenge"],
+                TOKEN_LIFETIME_SECS,
+            ),
         )
         for name in ("intake.token", "scim.token"):
             if not (self.secrets / name).exists():
@@ -561,9 +566,58 @@ class Topology:
                 self._auth_env("history"),
             )
         )
-        gateway = gateway_component(self.config, self.urls)
-        if gateway is not None:
-            parts.append(gateway)
+        parts.append(
+            Component(
+                "agent-issuer",
+                [
+                    sys.executable,
+                    "-m",
+                    "svc.demo.token_issuer",
+                    "--directory",
+                    str(self.agent_issuer_dir),
+                    "--port",
+                    str(p["agent-issuer"]),
+                ],
+                p["agent-issuer"],
+            )
+        )
+        parts.append(
+            Component(
+                "gateway",
+                _py(
+                    "gateway",
+                    "--port",
+                    str(p["gateway"]),
+                    "--public-url",
+                    u["gateway"],
+                    "--upstreams-file",
+                    str(s / "gateway-upstreams.json"),
+                    "--pdp-url",
+                    u["pdp-1"],
+                    "--pdp-token-file",
+                    str(sec / "gateway.token"),
+                    "--challenge-url",
+                    u["challenge"],
+                    "--challenge-token-file",
+                    str(sec / "gateway.token"),
+                    "--policy-url",
+                    u["policy"],
+                    "--policy-token-file",
+                    str(sec / "gateway.token"),
+                    "--context-url",
+                    u["context"],
+                    "--context-token-file",
+                    str(sec / "gateway.token"),
+                    "--jwks-ca-file",
+                    str(self.agent_issuer_dir / "ca.pem"),
+                    "--intake-url",
+                    u["intake"],
+                    "--intake-token-file",
+                    str(sec / "intake.token"),
+                ),
+                p["gateway"],
+            )
+        )
         return parts
 
     def _pidfile(self, name: str) -> Path:
@@ -604,10 +658,16 @@ class Topology:
         return proc.pid
 
     def ready(self, name: str) -> bool:
-        """Whether `name`'s ``/readyz`` answers 200 now."""
+        """Whether `name`'s ``/readyz`` answers 200 now.
+
+        The agent-token issuer's is over HTTPS, trusting its own CA.
+        """
         try:
+            if name == "agent-issuer":
+                ca = ssl.create_default_context(cafile=str(self.agent_issuer_dir / "ca.pem"))
+                return httpx.get(f"{self.urls[name]}/readyz", timeout=5, verify=ca).is_success
             return httpx.get(f"http://127.0.0.1:{self.ports[name]}/readyz", timeout=5).is_success
-        except httpx.HTTPError:
+        except (httpx.HTTPError, OSError):
             return False
 
     def _wait_ready(self, c: Component, timeout: float = READY_TIMEOUT) -> None:
@@ -670,7 +730,42 @@ class Topology:
                 self._publish_first_bundle()
             else:
                 self._wait_ready(c)
+            if c.name == "agent-issuer":
+                self._trust_agent_apps()
         return started
+
+    def _trust_agent_apps(self) -> None:
+        """Trusts the agent-token issuer's apps and writes the gateway's upstreams.
+
+        Run before the gateway starts: the apps go to the context service, and the upstreams
+        (the demo company's tools server over stdio) to ``<state>/gateway-upstreams.json``.
+
+        The trusted-app records are upserts (``POST /v1/directory/trusted-apps``,
+        docs/context.md), so a restart writes the same ones again.
+
+        Raises:
+            TopologyError: the context service refused a record.
+
+        """
+        from svc.demo.token_issuer import DevTokenIssuer
+        from svc.up import demo_upstreams
+
+        apps = DevTokenIssuer.from_directory(self.agent_issuer_dir).trusted_apps()
+        headers = {"authorization": f"Bearer {self.secret('operator.token')}"}
+        for app in apps:
+            r = httpx.post(
+                f"{self.urls['context']}/v1/directory/trusted-apps",
+                json=app,
+                headers=headers,
+                timeout=30,
+            )
+            if not r.is_success:
+                raise TopologyError(f"the context service refused trusted app {app}: {r.text}")
+        upstreams = {
+            name: u.model_dump(mode="json", exclude_none=True)
+            for name, u in demo_upstreams().items()
+        }
+        (self.state / "gateway-upstreams.json").write_text(json.dumps(upstreams, indent=2))
 
     def _publish_first_bundle(self) -> None:
         """Publishes ``--bundle`` (or the demo company's bundle) when nothing is active."""

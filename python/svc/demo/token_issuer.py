@@ -379,7 +379,8 @@ class DevTokenIssuer:
 
         Makes the certificates first; ``port`` then holds the bound port.
 
-        Serves ``GET /<app>/jwks.json`` (``application/json``); anything else is 404.
+        Serves ``GET /<app>/jwks.json`` (``application/json``) and ``GET /readyz``; anything
+        else is 404.
 
         Raises:
             OSError: the port cannot be bound or the certificates written.
@@ -390,6 +391,7 @@ class DevTokenIssuer:
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2
         ctx.load_cert_chain(cert, key)
         bodies = {f"/{a}/jwks.json": json.dumps(self.jwks(a)).encode() for a in self._keys}
+        bodies["/readyz"] = b'{"status": "ready"}'
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
@@ -439,3 +441,35 @@ class DevTokenIssuer:
         if self._thread is not None:
             self._thread.join(5)
             self._thread = None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m svc.demo.token_issuer --directory DIR [--host H] [--port N]``.
+
+    Serves the demo apps' JWK Sets over HTTPS until SIGTERM or Ctrl-C (``svc topology``'s
+    issuer of agent tokens; demo only). Returns the exit code (0).
+    """
+    import argparse
+    import signal
+
+    p = argparse.ArgumentParser(prog="python -m svc.demo.token_issuer", description=__doc__)
+    p.add_argument("--directory", type=Path, required=True, help="keys, CA and apps.json")
+    p.add_argument("--host", default="127.0.0.1", help="loopback address to bind and name")
+    p.add_argument("--port", type=int, default=0, help="HTTPS port (0: a free one)")
+    args = p.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    issuer = DevTokenIssuer(args.directory, args.host, args.port).start()
+    try:
+        stop.wait()
+    finally:
+        issuer.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

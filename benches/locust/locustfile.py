@@ -18,6 +18,15 @@ load balancer keeping connections would):
 | a query plan over gRPC | 3 | ``grpc Plan`` |
 | an app's event batch (20 events) | 10 | ``POST /v1/events`` |
 
+Beside these enforcement points, one user in ten is an AI agent calling the demo company's
+tools through the MCP gateway (``Agent``: ``/mcp/demo``, Streamable HTTP, one MCP session per
+user; locust name ``mcp tools/call``): ``read_document`` and ``read_ticket`` on the demo's
+documents and tickets, as ``copilot.assistant`` working for ``alan.hughes`` with a token of the
+topology's agent-token issuer. Each call is checked twice at the decision point (``call`` on the
+tool, ``read`` on the document or ticket) and forwarded when allowed; a blocked call is an
+answer too (a tool error with ``_meta`` ``svc/verdict``), so only an HTTP or JSON-RPC error
+counts as a failure.
+
 Settings (environment): ``SVC_TOPOLOGY_DIR`` the topology's state directory (tokens and ports
 are read from it); ``SVC_LOCUST_RATE`` tasks per second per user (0, the default: as fast as it
 can, for finding the maximum rate; locust's ``constant_throughput`` otherwise).
@@ -117,6 +126,7 @@ def _struct(d: Json | None) -> struct_pb2.Struct | None:
 class Enforcer(FastHttpUser):
     """One enforcement point: checks, plans and AuthZEN to a decision point, events to intake."""
 
+    weight = 9
     wait_time = constant_throughput(RATE) if RATE > 0 else constant(0)
     host = "http://127.0.0.1"
 
@@ -252,3 +262,96 @@ class Enforcer(FastHttpUser):
                 e["on_behalf_of"] = c["on_behalf_of"]
             batch.append(e)
         self._post(f"{self.intake}/v1/events", {"events": batch}, "POST /v1/events", want=202)
+
+
+#: The agent and person of the gateway's tool calls (the demo company's; ``Agent``).
+AGENT, PERSON = "copilot.assistant", "alan.hughes"
+#: MCP's Streamable HTTP transport asks for both kinds of response
+#: (<https://modelcontextprotocol.io/specification/2025-06-18/basic/transports>).
+_MCP_ACCEPT = "application/json, text/event-stream"
+
+
+def _jsonrpc_result(r: Any, request_id: int) -> Json:
+    """The JSON-RPC response to `request_id` in a Streamable HTTP answer: a JSON body, or the
+    ``data:`` line of a ``text/event-stream`` event that carries it. Raises ``ValueError`` when
+    the answer holds none or an error."""
+    import json
+
+    text = r.text or ""
+    if "text/event-stream" in (r.headers.get("content-type") or ""):
+        messages = [json.loads(line[5:]) for line in text.splitlines() if line.startswith("data:")]
+    else:
+        messages = [json.loads(text)]
+    for m in messages:
+        if isinstance(m, dict) and m.get("id") == request_id:
+            if "error" in m:
+                raise ValueError(f"JSON-RPC error: {m['error']}")
+            result: Json = m["result"]
+            return result
+    raise ValueError(f"no response to request {request_id}: {text[:200]}")
+
+
+class Agent(FastHttpUser):
+    """An AI agent calling tools through the MCP gateway (module docs)."""
+
+    weight = 1
+    wait_time = constant_throughput(RATE) if RATE > 0 else constant(0)
+    host = "http://127.0.0.1"
+
+    def on_start(self) -> None:
+        """Opens an MCP session: ``initialize``, then ``notifications/initialized``."""
+        from svc.demo.token_issuer import DevTokenIssuer
+
+        t = install()
+        self.url = f"{t.urls['gateway']}/mcp/demo"
+        token = DevTokenIssuer.from_directory(t.agent_issuer_dir).mint(
+            AGENT, PERSON, human_present=True, lifetime_secs=24 * 3600
+        )
+        self.headers = {"Authorization": f"Bearer {token}", "Accept": _MCP_ACCEPT}
+        self.next_id = 1
+        init = {
+            "jsonrpc": "2.0",
+            "id": 0,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-06-18",
+                "capabilities": {},
+                "clientInfo": {"name": "svc-locust", "version": "1"},
+            },
+        }
+        r = self.client.post(self.url, json=init, headers=self.headers, name="mcp initialize")
+        _jsonrpc_result(r, 0)
+        session = r.headers.get("mcp-session-id")
+        if session:
+            self.headers["Mcp-Session-Id"] = session
+        note = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+        self.client.post(self.url, json=note, headers=self.headers, name="mcp initialized")
+        data = demo_company.generate()
+        self.docs = [d.id for d in data.documents][:500]
+        self.tickets = [k.id for k in data.tickets][:500]
+
+    @task
+    def call_tool(self) -> None:
+        """``read_document`` or ``read_ticket`` on a random one, through the gateway."""
+        rid = self.next_id
+        self.next_id += 1
+        if random.random() < 0.5:
+            name, args = "read_document", {"document_id": random.choice(self.docs)}
+        else:
+            name, args = "read_ticket", {"ticket_id": random.choice(self.tickets)}
+        body = {
+            "jsonrpc": "2.0",
+            "id": rid,
+            "method": "tools/call",
+            "params": {"name": name, "arguments": args},
+        }
+        with self.client.post(
+            self.url, json=body, headers=self.headers, name="mcp tools/call", catch_response=True
+        ) as r:
+            if r.status_code != 200:
+                r.failure(f"{r.status_code}: {(r.text or '')[:200]}")
+                return
+            try:
+                _jsonrpc_result(r, rid)
+            except ValueError as e:
+                r.failure(str(e))

@@ -903,10 +903,11 @@ def serve_history(dsn: str, kafka_url: str, host: str, port: int) -> None:
 
 def iter_status_lines(rows: list[dict[str, Any]]) -> Iterator[str]:
     """``status`` as text lines: name, pid (``-`` when down), port, ready or not."""
+    width = max((len(r["name"]) for r in rows), default=0)
     for r in rows:
         pid = r["pid"] if r["pid"] is not None else "-"
         state = "ready" if r["ready"] else ("up" if r["pid"] else "down")
-        yield f"{r['name']:<10} {pid!s:>8}  127.0.0.1:{r['port']:<6} {state}"
+        yield f"{r['name']:<{width}} {pid!s:>8}  127.0.0.1:{r['port']:<6} {state}"
 
 
 # -- the command line (``svc topology``)

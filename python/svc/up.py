@@ -177,6 +177,10 @@ GATEWAY_AUDIENCE = ["svc-pdp", "svc-policy", "svc-context", "svc-challenge"]
 #: new one every half of it.
 CALLER_TOKEN_LIFETIME_SECS = 24 * 3600
 
+#: How long a check of ``svc up``'s decision point waits for a resource fetched from its
+#: context service, in milliseconds (``svc pdp --context-fetch-timeout-ms``, default 200).
+SVC_UP_FETCH_TIMEOUT_MS = 2_000
+
 #: The gateway's port is ``port + GATEWAY_OFFSET``.
 GATEWAY_OFFSET = 7
 
@@ -1165,6 +1169,10 @@ class Stack:
             policy=self.policy.target,
             public_key=d / "policy-signing.pub",
             context=self.urls.context,
+            # A resource a check names is fetched from the context service in this process; on
+            # a busy laptop a fetch may take longer than svc pdp's 200 ms default, and a check
+            # decided without its resource would make the demo's answers depend on the load.
+            context_fetch_timeout_ms=SVC_UP_FETCH_TIMEOUT_MS,
             challenge=self.urls.challenge,
             kafka_url=self.broker_url,
             spool_dir=d / "pdp-spool",

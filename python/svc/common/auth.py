@@ -74,6 +74,7 @@ __all__ = [
     "PolicyAuthSettings",
     "Verifier",
     "bearer_dependency",
+    "es256_public_jwk",
     "is_loopback",
     "write_secret",
 ]
@@ -469,6 +470,29 @@ def _b64(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
 
 
+def es256_public_jwk(key: ec.EllipticCurvePrivateKey) -> dict[str, str]:
+    """The public JWK (RFC 7517, RFC 7518 section 6.2) of a P-256 signing key.
+
+    Args:
+        key: a private key on the P-256 curve.
+
+    Returns:
+        ``{"crv": "P-256", "kty": "EC", "x", "y", "kid", "use": "sig", "alg": "ES256"}``,
+        ``kid`` the key's RFC 7638 thumbprint: base64url of SHA-256 over the required members,
+        sorted, without whitespace.
+
+    """
+    numbers = key.public_key().public_numbers()
+    jwk = {
+        "crv": "P-256",
+        "kty": "EC",
+        "x": _b64(numbers.x.to_bytes(32, "big")),
+        "y": _b64(numbers.y.to_bytes(32, "big")),
+    }
+    canonical = json.dumps(jwk, sort_keys=True, separators=(",", ":")).encode()
+    return {**jwk, "kid": _b64(hashlib.sha256(canonical).digest()), "use": "sig", "alg": "ES256"}
+
+
 class LocalIssuer:
     """``svc up``'s token issuer: an ES256 (P-256) key in `directory`, made on first use.
 
@@ -512,17 +536,9 @@ class LocalIssuer:
         ):
             raise ValueError(f"{key_path} is not a P-256 private key")
         self._key = loaded
-        numbers = loaded.public_key().public_numbers()
-        jwk = {
-            "crv": "P-256",
-            "kty": "EC",
-            "x": _b64(numbers.x.to_bytes(32, "big")),
-            "y": _b64(numbers.y.to_bytes(32, "big")),
-        }
-        # RFC 7638: SHA-256 over the required members, sorted, without whitespace.
-        canonical = json.dumps(jwk, sort_keys=True, separators=(",", ":")).encode()
-        self.kid = _b64(hashlib.sha256(canonical).digest())
-        self.jwks = {"keys": [{**jwk, "kid": self.kid, "use": "sig", "alg": "ES256"}]}
+        jwk = es256_public_jwk(loaded)
+        self.kid = jwk["kid"]
+        self.jwks = {"keys": [jwk]}
         self.jwks_path = directory / "jwks.json"
         text = json.dumps(self.jwks, indent=2)
         if not self.jwks_path.exists() or self.jwks_path.read_text(encoding="utf-8") != text:

@@ -25,7 +25,6 @@ when given. ``trusted_apps`` gives the records an admin would enter (``name``, `
 from __future__ import annotations
 
 import datetime
-import hashlib
 import ipaddress
 import json
 import logging
@@ -46,7 +45,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from svc.common.auth import write_secret
+from svc.common.auth import es256_public_jwk, write_secret
 from svc.common.net import tcp_listener
 from svc.demo.company import SERVICE_ACCOUNTS
 
@@ -82,12 +81,6 @@ def app_of(agent: str) -> str:
     return app
 
 
-def _b64(raw: bytes) -> str:
-    import base64
-
-    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
-
-
 def _load_or_make_key(path: Path) -> ec.EllipticCurvePrivateKey:
     """The P-256 key in `path`, made (mode 0600) when missing.
 
@@ -110,19 +103,6 @@ def _load_or_make_key(path: Path) -> ec.EllipticCurvePrivateKey:
     ):
         raise ValueError(f"{path} is not a P-256 private key")
     return loaded
-
-
-def _jwk(key: ec.EllipticCurvePrivateKey) -> dict[str, str]:
-    """The public JWK of `key` with its RFC 7638 thumbprint as ``kid``."""
-    numbers = key.public_key().public_numbers()
-    jwk = {
-        "crv": "P-256",
-        "kty": "EC",
-        "x": _b64(numbers.x.to_bytes(32, "big")),
-        "y": _b64(numbers.y.to_bytes(32, "big")),
-    }
-    canonical = json.dumps(jwk, sort_keys=True, separators=(",", ":")).encode()
-    return {**jwk, "kid": _b64(hashlib.sha256(canonical).digest()), "use": "sig", "alg": "ES256"}
 
 
 def _certificates(directory: Path, host: str) -> tuple[Path, Path]:
@@ -240,7 +220,7 @@ class DevTokenIssuer:
         directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(directory, 0o700)
         self._keys = {a: _load_or_make_key(directory / f"{a}.pem") for a in apps}
-        self._jwks = {a: _jwk(k) for a, k in self._keys.items()}
+        self._jwks = {a: es256_public_jwk(k) for a, k in self._keys.items()}
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 

@@ -4,7 +4,8 @@
   with every page limit from 1 to past the whole result, equals brute force over all
   (subject, action, resource) triples decided with `Engine.evaluate`; challenge verdicts are
   listed in `context.challenges`, never among the results.
-* `Engine.search_subjects`, `search_resources` and `search_actions` answer the same.
+* `Engine.search_subjects`, `search_resources` and `search_actions` answer the same; subject
+  search on its plan answers as one check per principal, with risk scores and containment.
 * The metadata names the three endpoints; bad requests are RFC 9457 problems naming the field;
   a token sent with another request is a 400; a token issued before a bundle reload is a 410,
   and paging while the bundle is reloaded over and over still reads the whole result once
@@ -266,6 +267,53 @@ def test_engine_searches_answer_as_the_routes(pdp: Pdp, engine: Engine) -> None:
         for r in (http, mine):
             del r["context"]["qid"]
         assert http == mine
+
+
+def test_subject_search_plans_per_principal_state() -> None:
+    """Subject search's plan (principal unknown) against one check per principal, with the
+    principals' own state in play: risk scores on both sides of `risky-needs-approval`'s
+    threshold, one principal with none, a contained one; every action and document."""
+    e = Engine.from_bundle_dir(CORP)
+    scores = [10, 95, 40, 71, 100, 0]
+    e.set_risk_scores(
+        [
+            {"principal": {"type": "Human", "id": h}, "score": scores[i % len(scores)]}
+            for i, h in enumerate(HUMANS[1:])
+        ]
+    )
+    e.set_containments([{"type": "Human", "id": HUMANS[2]}])
+    seen = {"allow": 0, "challenge": 0}
+    for a in ACTIONS:
+        for d in DOCS:
+            body = {
+                "subject": {"type": "Human"},
+                "action": {"name": a},
+                "resource": {"type": "Document", "id": d},
+            }
+            want = _want([(h, _verdict(e, h, a, d)) for h in HUMANS])
+            seen["allow"] += len(want[0])
+            seen["challenge"] += len(want[1])
+            assert e.search_subjects(body)["context"]["method"] == "plan"
+            for limit in (1, 2, len(HUMANS)):
+                assert _read_all(e.search_subjects, body, limit) == want, (a, d, limit)
+            e.configure_search(subject_plans=False)
+            try:
+                assert e.search_subjects(body)["context"]["method"] == "checks"
+                assert _read_all(e.search_subjects, body, len(HUMANS)) == want, (a, d)
+            finally:
+                e.configure_search(subject_plans=True)
+    assert seen["allow"] and seen["challenge"]
+    assert HUMANS[2] not in [
+        r["id"]
+        for r in e.search_subjects(
+            {
+                "subject": {"type": "Human"},
+                "action": {"name": "view"},
+                "resource": {"type": "Document", "id": DOCS[0]},
+                "page": {"limit": 1000},
+            }
+        )["results"]
+    ]
 
 
 def test_the_largest_page_is_a_setting(bundle: Path, tmp_path: Path, engine: Engine) -> None:

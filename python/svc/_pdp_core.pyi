@@ -224,7 +224,9 @@ class Engine:
         ``results`` (``[{"type", "id"}]``, allowed, ascending id), ``page``
         (``{"next_token", "count"}``, ``next_token`` ``""`` on the last page) and ``context``
         (``qid``, ``method``, ``mode``, ``challenges``: ``[{"type", "id", "challenges"}]``).
-        One check per candidate; the GIL is released while searching.
+        Found with a plan made with the principal unknown, evaluated on each principal's
+        row; rows it cannot decide are checked one by one. The GIL is released while
+        searching.
 
         Raises:
             RequestError: ``field`` names the AuthZEN field (``subject.type``,
@@ -263,11 +265,16 @@ class Engine:
 
         """
 
-    def configure_search(self, max_limit: int = 1000) -> None:
-        """Sets the largest ``page.limit`` a search takes.
+    def configure_search(self, max_limit: int = 1000, subject_plans: bool = True) -> None:
+        """Sets the largest ``page.limit`` a search takes, and how subject search is answered.
 
-        At least 1; larger limits are lowered to it. A request without ``page.limit`` gets
-        pages of 100, or of ``max_limit`` when that is smaller.
+        ``max_limit``: at least 1; larger limits are lowered to it. A request without
+        ``page.limit`` gets pages of 100, or of ``max_limit`` when that is smaller.
+
+        ``subject_plans``: with it on (the default), subject search evaluates a plan made with
+        the principal unknown on each principal's row (``context.method`` ``plan``); off, it
+        checks every principal (``checks``). Results are the same; off is for measuring
+        (docs/search.md).
         """
 
     @property

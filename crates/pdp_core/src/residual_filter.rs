@@ -521,7 +521,7 @@ pub(crate) fn residuals_with(
     entities: &Entities,
     known: &PartialEntities,
 ) -> Result<Vec<Residual>, PlanError> {
-    check_request(schema, principal, action, resource_type)?;
+    check_request(schema, principal.type_name(), action, resource_type)?;
     let request = PartialRequest::new(
         PartialEntityUid::from_concrete(principal.clone()),
         action.clone(),
@@ -530,15 +530,70 @@ pub(crate) fn residuals_with(
         schema,
     )
     .map_err(|e| PlanError::InvalidRequest(chain(&e)))?;
-    let response = policies
-        .tpe(&request, known, schema)
-        .map_err(|e| PlanError::Evaluation(chain(&e)))?;
-    let mut planner = Planner {
+    let planner = Planner {
         action,
-        resource_type,
+        row: Var::Resource,
+        row_type: resource_type,
         entities,
         kinds,
     };
+    translate(policies, schema, &request, known, planner)
+}
+
+/// The residuals of a subject search's plan (docs/search.md#subject-search): every policy that
+/// may apply when an unknown principal of type `principal_type` performs `action` with
+/// `context` on `resource`, each turned into a [`Filter`] over the principals' rows (the
+/// filter tree of docs/plans.md, with `attr` paths into the principal's attributes and
+/// `in`/`is` naming the principal's ancestors and itself).
+///
+/// `entities` are the concrete entities known: at least the resource and its ancestors.
+/// Returns one [`Residual`] per policy, sorted by policy id, leaving out those that hold for
+/// no principal.
+///
+/// # Errors
+/// As [`residuals`], with the principal type's errors for `principal_type`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn principal_residuals_with(
+    policies: &PolicySet,
+    schema: &Schema,
+    kinds: &AttrKinds,
+    principal_type: &EntityTypeName,
+    action: &EntityUid,
+    context: Context,
+    resource: &EntityUid,
+    entities: &Entities,
+    known: &PartialEntities,
+) -> Result<Vec<Residual>, PlanError> {
+    check_request(schema, principal_type, action, resource.type_name())?;
+    let request = PartialRequest::new(
+        PartialEntityUid::new(principal_type.clone(), None),
+        action.clone(),
+        PartialEntityUid::from_concrete(resource.clone()),
+        Some(context),
+        schema,
+    )
+    .map_err(|e| PlanError::InvalidRequest(chain(&e)))?;
+    let planner = Planner {
+        action,
+        row: Var::Principal,
+        row_type: principal_type,
+        entities,
+        kinds,
+    };
+    translate(policies, schema, &request, known, planner)
+}
+
+/// Runs TPE on `request` and translates each residual policy with `planner`.
+fn translate(
+    policies: &PolicySet,
+    schema: &Schema,
+    request: &PartialRequest,
+    known: &PartialEntities,
+    mut planner: Planner<'_>,
+) -> Result<Vec<Residual>, PlanError> {
+    let response = policies
+        .tpe(request, known, schema)
+        .map_err(|e| PlanError::Evaluation(chain(&e)))?;
     let mut out: Vec<Residual> = Vec::new();
     for policy in response.policies() {
         let filter = planner.policy(&policy).simplify();
@@ -577,7 +632,7 @@ pub(crate) fn combine_simplified(permits: Vec<Filter>, forbids: Vec<Filter>) -> 
 
 fn check_request(
     schema: &Schema,
-    principal: &EntityUid,
+    principal_type: &EntityTypeName,
     action: &EntityUid,
     resource_type: &EntityTypeName,
 ) -> Result<(), PlanError> {
@@ -598,11 +653,11 @@ fn check_request(
     }
     let for_principal = schema
         .principals_for_action(action)
-        .is_some_and(|mut types| types.any(|t| t == principal.type_name()));
+        .is_some_and(|mut types| types.any(|t| t == principal_type));
     if !for_principal {
         return Err(PlanError::ActionNotForPrincipalType {
             action: action.to_string(),
-            principal_type: principal.type_name().to_string(),
+            principal_type: principal_type.to_string(),
         });
     }
     Ok(())
@@ -636,9 +691,9 @@ enum Kind {
 
 /// One operand of a comparison or membership test.
 enum Side<'e> {
-    /// `resource` itself.
-    Resource,
-    /// A path of resource attributes (non-empty), through records only.
+    /// The row's variable itself (`resource`, or `principal` in a subject search).
+    Row,
+    /// A path of the row's attributes (non-empty), through records only.
     Attr(Vec<String>),
     /// A resource attribute path through an entity: its data is not in the row.
     Deref(Filter),
@@ -651,7 +706,11 @@ enum Side<'e> {
 /// Translates the residuals of one plan request.
 struct Planner<'a> {
     action: &'a EntityUid,
-    resource_type: &'a EntityTypeName,
+    /// The unknown variable the rows stand for: `resource` for a query plan, `principal` for
+    /// a subject search's plan (docs/search.md).
+    row: Var,
+    /// The type of the rows (of the unknown variable).
+    row_type: &'a EntityTypeName,
     entities: &'a Entities,
     /// Kinds of attribute paths, shared by every plan of the bundle.
     kinds: &'a AttrKinds,
@@ -816,7 +875,7 @@ impl Planner<'_> {
                 BinaryOp::Contains => self.contains(e, left, right),
                 BinaryOp::ContainsAny => self.contains_any(e, left, right),
                 BinaryOp::ContainsAll => self.contains_all(e, left, right),
-                _ => opaque(e),
+                _ => self.opaque(e),
             },
             Expr::IfThenElse {
                 cond,
@@ -839,15 +898,15 @@ impl Planner<'_> {
                     },
                 },
                 Side::Deref(f) => f,
-                _ => opaque(e),
+                _ => self.opaque(e),
             },
             Expr::Is {
                 expr,
                 entity_type,
                 in_expr,
             } => match self.side(expr) {
-                Side::Resource => {
-                    if &type_name(entity_type) != self.resource_type {
+                Side::Row => {
+                    if &type_name(entity_type) != self.row_type {
                         return Filter::False;
                     }
                     match in_expr {
@@ -856,7 +915,7 @@ impl Planner<'_> {
                     }
                 }
                 Side::Deref(f) => f,
-                _ => opaque(e),
+                _ => self.opaque(e),
             },
             Expr::GetAttr { .. } => match self.side(e) {
                 Side::Attr(attr) => Filter::Compare {
@@ -865,9 +924,9 @@ impl Planner<'_> {
                     value: Value::Bool(true),
                 },
                 Side::Deref(f) => f,
-                _ => opaque(e),
+                _ => self.opaque(e),
             },
-            _ => opaque(e),
+            _ => self.opaque(e),
         }
     }
 
@@ -875,9 +934,9 @@ impl Planner<'_> {
     fn equality(&mut self, e: &Expr, left: &Expr, right: &Expr) -> Filter {
         match (self.side(left), self.side(right)) {
             (Side::Deref(f), _) | (_, Side::Deref(f)) => f,
-            (Side::Resource, Side::Lit(x)) | (Side::Lit(x), Side::Resource) => match entity(x) {
+            (Side::Row, Side::Lit(x)) | (Side::Lit(x), Side::Row) => match entity(x) {
                 Some(entity) => Filter::Is { entity },
-                None => opaque(e),
+                None => self.opaque(e),
             },
             (Side::Attr(attr), Side::Lit(x)) | (Side::Lit(x), Side::Attr(attr)) => {
                 match scalar(x) {
@@ -891,7 +950,7 @@ impl Planner<'_> {
                     },
                 }
             }
-            _ => opaque(e),
+            _ => self.opaque(e),
         }
     }
 
@@ -901,7 +960,7 @@ impl Planner<'_> {
             (Side::Deref(f), _) | (_, Side::Deref(f)) => return f,
             (Side::Attr(attr), Side::Lit(x)) => (attr, x, cmp),
             (Side::Lit(x), Side::Attr(attr)) => (attr, x, cmp.swapped()),
-            _ => return opaque(e),
+            _ => return self.opaque(e),
         };
         match lit {
             Expr::Literal(Literal::Long(n)) => Filter::Compare {
@@ -909,7 +968,7 @@ impl Planner<'_> {
                 cmp,
                 value: json!(n),
             },
-            _ => opaque(e),
+            _ => self.opaque(e),
         }
     }
 
@@ -917,7 +976,7 @@ impl Planner<'_> {
     fn membership(&mut self, e: &Expr, left: &Expr, right: &Expr) -> Filter {
         match (self.side(left), self.side(right)) {
             (Side::Deref(f), _) | (_, Side::Deref(f)) => f,
-            (Side::Resource, Side::Lit(x)) => {
+            (Side::Row, Side::Lit(x)) => {
                 if let Some(entity) = entity(x) {
                     Filter::In { entity }
                 } else if let Some(set) = entity_set(x) {
@@ -927,10 +986,10 @@ impl Planner<'_> {
                             .collect(),
                     )
                 } else {
-                    opaque(e)
+                    self.opaque(e)
                 }
             }
-            (Side::Lit(x), Side::Resource) => match entity(x) {
+            (Side::Lit(x), Side::Row) => match entity(x) {
                 Some(p) => match self.self_and_ancestors(&p) {
                     Some(all) => Filter::Or(
                         all.into_iter()
@@ -939,11 +998,11 @@ impl Planner<'_> {
                     ),
                     None => no_ancestors(e, &p),
                 },
-                None => opaque(e),
+                None => self.opaque(e),
             },
             (Side::Lit(x), Side::Attr(attr)) => {
                 let Some(p) = entity(x) else {
-                    return opaque(e);
+                    return self.opaque(e);
                 };
                 let Some(all) = self.self_and_ancestors(&p) else {
                     return no_ancestors(e, &p);
@@ -961,13 +1020,13 @@ impl Planner<'_> {
                             })
                             .collect(),
                     ),
-                    Kind::Record | Kind::Other => opaque(e),
+                    Kind::Record | Kind::Other => self.opaque(e),
                 }
             }
             (Side::Attr(_), _) => Filter::Unknown {
                 detail: format!("`{e}` needs the ancestors of an entity the row only names"),
             },
-            _ => opaque(e),
+            _ => self.opaque(e),
         }
     }
 
@@ -977,7 +1036,7 @@ impl Planner<'_> {
             (Side::Deref(f), _) | (_, Side::Deref(f)) => f,
             (Side::Attr(attr), Side::Lit(x)) => match scalar(x) {
                 Some(value) => Filter::Contains { attr, value },
-                None => opaque(e),
+                None => self.opaque(e),
             },
             // `[a, b].contains(resource.x)` is `resource.x` equal to one of them.
             (Side::Lit(x), Side::Attr(attr)) => match scalar_set(x) {
@@ -991,9 +1050,9 @@ impl Planner<'_> {
                         })
                         .collect(),
                 ),
-                None => opaque(e),
+                None => self.opaque(e),
             },
-            _ => opaque(e),
+            _ => self.opaque(e),
         }
     }
 
@@ -1004,10 +1063,10 @@ impl Planner<'_> {
             (Side::Attr(attr), Side::Lit(x)) | (Side::Lit(x), Side::Attr(attr)) => {
                 match scalar_set(x) {
                     Some(values) => Filter::ContainsAny { attr, values },
-                    None => opaque(e),
+                    None => self.opaque(e),
                 }
             }
-            _ => opaque(e),
+            _ => self.opaque(e),
         }
     }
 
@@ -1017,19 +1076,19 @@ impl Planner<'_> {
             (Side::Deref(f), _) | (_, Side::Deref(f)) => f,
             (Side::Attr(attr), Side::Lit(x)) => match scalar_set(x) {
                 Some(values) => Filter::ContainsAll { attr, values },
-                None => opaque(e),
+                None => self.opaque(e),
             },
-            _ => opaque(e),
+            _ => self.opaque(e),
         }
     }
 
     /// `expr has a.b.c`.
     fn has(&mut self, e: &Expr, expr: &Expr, attrs: &pst::NonEmpty<pst::SmolStr>) -> Filter {
         let mut path = match self.side(expr) {
-            Side::Resource => Vec::new(),
+            Side::Row => Vec::new(),
             Side::Attr(p) => p,
             Side::Deref(f) => return f,
-            _ => return opaque(e),
+            _ => return self.opaque(e),
         };
         let base = path.len().max(1);
         path.extend(attrs.iter().map(ToString::to_string));
@@ -1041,11 +1100,16 @@ impl Planner<'_> {
         Filter::Has { attr: path }
     }
 
+    /// [`opaque`] for this plan's row variable.
+    fn opaque(&self, e: &Expr) -> Filter {
+        opaque(e, &self.row)
+    }
+
     /// Classifies an operand.
     fn side<'e>(&mut self, e: &'e Expr) -> Side<'e> {
         match e {
-            Expr::Var(Var::Resource) => Side::Resource,
-            Expr::GetAttr { .. } if rooted_at_resource(e) => match self.path(e) {
+            Expr::Var(v) if *v == self.row => Side::Row,
+            Expr::GetAttr { .. } if rooted_at(e, &self.row) => match self.path(e) {
                 Some(p) => Side::Attr(p),
                 None => Side::Deref(deref(e)),
             },
@@ -1057,7 +1121,7 @@ impl Planner<'_> {
     /// The attribute path of `resource.a.b...`, or `None` when it passes through an entity.
     fn path(&mut self, e: &Expr) -> Option<Vec<String>> {
         match e {
-            Expr::Var(Var::Resource) => Some(Vec::new()),
+            Expr::Var(v) if *v == self.row => Some(Vec::new()),
             Expr::GetAttr { expr, attr } => {
                 let mut p = self.path(expr)?;
                 if !p.is_empty() && self.kind(&p) != Kind::Record {
@@ -1084,7 +1148,7 @@ impl Planner<'_> {
     /// probe policies (the public API exposes no attribute types). Anything not positively
     /// shown to be a record is never read through.
     fn kind(&mut self, path: &[String]) -> Kind {
-        if let Some(k) = self.kinds.get(self.resource_type, path) {
+        if let Some(k) = self.kinds.get(self.row_type, path) {
             return k;
         }
         let is_entity = |v: Arc<Expr>, ty: &pst::EntityType| Expr::Is {
@@ -1110,25 +1174,26 @@ impl Planner<'_> {
         } else {
             Kind::Other
         };
-        self.kinds.put(self.resource_type, path, kind);
+        self.kinds.put(self.row_type, path, kind);
         kind
     }
 
     /// Whether `permit(principal, action == A, resource is T) when { resource has path &&
-    /// check(resource.path) };` passes strict validation.
+    /// check(resource.path) };` passes strict validation (with `principal` in the place of
+    /// `resource` when the rows are principals).
     fn probe(
         &mut self,
         path: &[String],
         check: &dyn Fn(Arc<Expr>, &pst::EntityType) -> Expr,
     ) -> bool {
         let (Some(ty), Some(action), Some((head, tail))) = (
-            pst_type(self.resource_type),
+            pst_type(self.row_type),
             pst_uid(self.action),
             path.split_first(),
         ) else {
             return false;
         };
-        let resource = Arc::new(Expr::Var(Var::Resource));
+        let resource = Arc::new(Expr::Var(self.row.clone()));
         let guard = Expr::HasAttr {
             expr: Arc::clone(&resource),
             attrs: pst::NonEmpty {
@@ -1150,9 +1215,17 @@ impl Planner<'_> {
         let template = pst::Template::new(
             pst::PolicyID("plan_probe".into()),
             pst::Effect::Permit,
-            PrincipalConstraint::Any,
+            if self.row == Var::Principal {
+                PrincipalConstraint::Is(ty.clone())
+            } else {
+                PrincipalConstraint::Any
+            },
             ActionConstraint::Eq(action),
-            ResourceConstraint::Is(ty),
+            if self.row == Var::Principal {
+                ResourceConstraint::Any
+            } else {
+                ResourceConstraint::Is(ty)
+            },
         )
         .try_with_clauses(vec![Clause::When(Arc::new(cond))]);
         let Some(set) = template
@@ -1194,9 +1267,10 @@ fn negate(f: Filter) -> Filter {
 }
 
 /// A node for `e`, which has no faithful operator: `unknown` when it does not involve the
-/// resource (it is left over only because an entity's data was not given), else `unmappable`.
-fn opaque(e: &Expr) -> Filter {
-    if mentions_resource(e) {
+/// row's variable (it is left over only because an entity's data was not given), else
+/// `unmappable`.
+fn opaque(e: &Expr, row: &Var) -> Filter {
+    if mentions(e, row) {
         Filter::Unmappable {
             detail: format!("no filter operator for `{e}`"),
         }
@@ -1219,9 +1293,9 @@ fn no_ancestors(e: &Expr, uid: &EntityUid) -> Filter {
     }
 }
 
-fn mentions_resource(e: &Expr) -> bool {
+fn mentions(e: &Expr, row: &Var) -> bool {
     e.reduce(
-        &|x| matches!(x, Expr::Var(Var::Resource)).then_some(true),
+        &|x| matches!(x, Expr::Var(v) if v == row).then_some(true),
         &|a, b| a || b,
         false,
     )
@@ -1235,10 +1309,10 @@ fn has_error(e: &Expr) -> bool {
     )
 }
 
-fn rooted_at_resource(e: &Expr) -> bool {
+fn rooted_at(e: &Expr, row: &Var) -> bool {
     match e {
-        Expr::Var(Var::Resource) => true,
-        Expr::GetAttr { expr, .. } => rooted_at_resource(expr),
+        Expr::Var(v) => v == row,
+        Expr::GetAttr { expr, .. } => rooted_at(expr, row),
         _ => false,
     }
 }

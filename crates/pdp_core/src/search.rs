@@ -4,7 +4,7 @@
 //! This module holds what does not need the engine's state: the request ([`SearchRequest`],
 //! parsed from AuthZEN's JSON shape), the answer ([`SearchPage`]), the opaque page token
 //! ([`PageToken`]) and the evaluation of a query plan's filter on one stored row
-//! ([`row_matches`]). The searches themselves are methods of [`crate::Engine`]
+//! ([`RowFilter`]). The searches themselves are methods of [`crate::Engine`]
 //! (`engine/search.rs`).
 
 use crate::decision::{Mode, Verdict};
@@ -443,6 +443,18 @@ impl SearchPage {
     /// `[{type, id, challenges}]` or `[{name, challenges}]`, and `undecided`,
     /// `[{name, error}]`, only when some candidate could not be checked).
     pub fn to_response(&self) -> Value {
+        let mut out = Map::new();
+        out.insert(
+            "results".into(),
+            Value::Array(self.results.iter().map(SearchResult::to_json).collect()),
+        );
+        out.extend(self.response_rest());
+        Value::Object(out)
+    }
+
+    /// [`SearchPage::to_response`] without `results`: `page` and `context`, in that order
+    /// (for a caller that writes the results its own way).
+    pub fn response_rest(&self) -> Map<String, Value> {
         let challenges: Vec<Value> = self
             .challenges
             .iter()
@@ -455,7 +467,6 @@ impl SearchPage {
             })
             .collect();
         let mut out = json!({
-            "results": self.results.iter().map(SearchResult::to_json).collect::<Vec<_>>(),
             "page": {"next_token": self.next_token, "count": self.results.len()},
             "context": {
                 "qid": self.qid,
@@ -480,7 +491,10 @@ impl SearchPage {
                 c.insert("undecided".into(), Value::Array(undecided));
             }
         }
-        out
+        match out {
+            Value::Object(m) => m,
+            _ => Map::new(),
+        }
     }
 
     /// The decision-log record of this search (docs/history.md#schema): `call` `search`,
@@ -529,25 +543,192 @@ pub(crate) fn verdict_kind(v: Verdict) -> Option<bool> {
 
 // ---------------------------------------------------------------- filters on stored rows
 
-/// The filter's value for one stored row, in SQL's three-valued logic (docs/plans.md#null-
-/// semantics): `Some(true)`/`Some(false)` when the row's attributes decide it, `None` when they
-/// do not (a missing attribute, an `unknown` or `unmappable` node, a value this evaluator does
-/// not read such as an extension value). A `None` row is checked on its own by the search.
-///
-/// `ancestors_of(e)` says whether the row is a (transitive) descendant of `e`.
-pub(crate) fn row_matches(
-    f: &Filter,
+/// A query plan's filter prepared for evaluation on many stored rows (docs/plans.md#the-
+/// filter-tree): each attribute path numbered (a row is read by that number, see
+/// [`RowAttrs`]) and each entity reference read out of its JSON once, rather than on every row.
+#[derive(Debug)]
+pub(crate) struct RowFilter {
+    root: Node,
+    paths: Vec<Vec<String>>,
+}
+
+/// A node of a [`RowFilter`]: a [`Filter`] node with `col` in place of `attr`.
+#[derive(Debug)]
+enum Node {
+    True,
+    False,
+    And(Vec<Node>),
+    Or(Vec<Node>),
+    Not(Box<Node>),
+    Compare { col: usize, cmp: Cmp, value: Want },
+    Has { col: usize },
+    Contains { col: usize, value: Want },
+    ContainsAny { col: usize, values: Vec<Want> },
+    ContainsAll { col: usize, values: Vec<Want> },
+    Like { col: usize, pattern: String },
+    In { entity: EntityUid },
+    Is { entity: EntityUid },
+    Undecided,
+}
+
+/// A filter's value, as compared with a row's: an entity reference read out of its JSON, or
+/// any other JSON value as the filter holds it.
+#[derive(Debug)]
+enum Want {
+    Entity { ty: String, id: String },
+    Json(Value),
+}
+
+impl Want {
+    fn new(v: &Value) -> Self {
+        // Only `{"__entity": {type, id}}`, the form plans write entities in: a bare
+        // `{type, id}` object is an entity or a record depending on the row's value.
+        if let Some(Value::Object(e)) = v
+            .as_object()
+            .filter(|o| o.len() == 1)
+            .and_then(|o| o.get("__entity"))
+        {
+            if let (Some(Value::String(ty)), Some(Value::String(id)), 2) =
+                (e.get("type"), e.get("id"), e.len())
+            {
+                return Self::Entity {
+                    ty: ty.clone(),
+                    id: id.clone(),
+                };
+            }
+        }
+        Self::Json(v.clone())
+    }
+
+    /// Cedar's `==` between a row's value and this one ([`value_eq`]).
+    fn eq(&self, v: &CedarValue) -> Option<bool> {
+        match self {
+            Self::Json(j) => value_eq(v, j),
+            Self::Entity { ty, id } => match &v.value {
+                ValueKind::ExtensionValue(_) => None,
+                // The id first: it tells most rows apart without writing out the type's name.
+                ValueKind::Lit(Literal::EntityUID(u)) => {
+                    Some(u.eid().as_ref() == id.as_str() && u.entity_type().to_string() == *ty)
+                }
+                _ => Some(false),
+            },
+        }
+    }
+
+    /// Whether the set `v` holds this value ([`set_has`]).
+    fn in_set(&self, v: &CedarValue) -> Option<bool> {
+        let ValueKind::Set(s) = &v.value else {
+            return None;
+        };
+        let mut found = Some(false);
+        for e in s.authoritative.iter() {
+            match self.eq(e) {
+                Some(true) => return Some(true),
+                Some(false) => {}
+                None => found = None,
+            }
+        }
+        found
+    }
+}
+
+/// What [`RowFilter::matches`] reads of a row: the value at the filter's `col`-th attribute
+/// path ([`RowFilter::paths`]).
+pub(crate) trait RowAttrs {
+    /// The row's value at the path numbered `col`; `None` when the row has no value there.
+    fn get(&self, col: usize) -> Option<&CedarValue>;
+}
+
+impl RowFilter {
+    /// Prepares `f`.
+    pub(crate) fn new(f: &Filter) -> Self {
+        let mut paths = Vec::new();
+        let root = Self::node(f, &mut paths);
+        Self { root, paths }
+    }
+
+    /// The attribute paths the filter reads, in the order of their numbers.
+    pub(crate) fn paths(&self) -> &[Vec<String>] {
+        &self.paths
+    }
+
+    fn node(f: &Filter, paths: &mut Vec<Vec<String>>) -> Node {
+        let mut col = |attr: &Vec<String>| match paths.iter().position(|p| p == attr) {
+            Some(i) => i,
+            None => {
+                paths.push(attr.clone());
+                paths.len() - 1
+            }
+        };
+        match f {
+            Filter::True => Node::True,
+            Filter::False => Node::False,
+            Filter::And(args) => Node::And(args.iter().map(|a| Self::node(a, paths)).collect()),
+            Filter::Or(args) => Node::Or(args.iter().map(|a| Self::node(a, paths)).collect()),
+            Filter::Not(a) => Node::Not(Box::new(Self::node(a, paths))),
+            Filter::Compare { attr, cmp, value } => Node::Compare {
+                col: col(attr),
+                cmp: *cmp,
+                value: Want::new(value),
+            },
+            Filter::Has { attr } => Node::Has { col: col(attr) },
+            Filter::Contains { attr, value } => Node::Contains {
+                col: col(attr),
+                value: Want::new(value),
+            },
+            Filter::ContainsAny { attr, values } => Node::ContainsAny {
+                col: col(attr),
+                values: values.iter().map(Want::new).collect(),
+            },
+            Filter::ContainsAll { attr, values } => Node::ContainsAll {
+                col: col(attr),
+                values: values.iter().map(Want::new).collect(),
+            },
+            Filter::Like { attr, pattern } => Node::Like {
+                col: col(attr),
+                pattern: pattern.clone(),
+            },
+            Filter::In { entity } => Node::In {
+                entity: entity.clone(),
+            },
+            Filter::Is { entity } => Node::Is {
+                entity: entity.clone(),
+            },
+            Filter::Unknown { .. } | Filter::Unmappable { .. } => Node::Undecided,
+        }
+    }
+
+    /// The filter's value for one stored row, in SQL's three-valued logic (docs/plans.md#null-
+    /// semantics): `Some(true)`/`Some(false)` when the row's attributes decide it, `None` when
+    /// they do not (a missing attribute, an `unknown` or `unmappable` node, a value this
+    /// evaluator does not read such as an extension value). A `None` row is checked on its own
+    /// by the search.
+    ///
+    /// `uid` is the row's entity, `row` gives its attribute values and `descendant_of(e)` says
+    /// whether it is a (transitive) descendant of `e`.
+    pub(crate) fn matches<R: RowAttrs>(
+        &self,
+        uid: &EntityUid,
+        row: &R,
+        descendant_of: &dyn Fn(&EntityUid) -> bool,
+    ) -> Option<bool> {
+        node_matches(&self.root, uid, row, descendant_of)
+    }
+}
+
+fn node_matches<R: RowAttrs>(
+    f: &Node,
     uid: &EntityUid,
-    row: Written<'_>,
+    row: &R,
     descendant_of: &dyn Fn(&EntityUid) -> bool,
 ) -> Option<bool> {
     match f {
-        Filter::True => Some(true),
-        Filter::False => Some(false),
-        Filter::And(args) => {
+        Node::True => Some(true),
+        Node::False => Some(false),
+        Node::And(args) => {
             let mut all = Some(true);
             for a in args {
-                match row_matches(a, uid, row, descendant_of) {
+                match node_matches(a, uid, row, descendant_of) {
                     Some(false) => return Some(false),
                     Some(true) => {}
                     None => all = None,
@@ -555,10 +736,10 @@ pub(crate) fn row_matches(
             }
             all
         }
-        Filter::Or(args) => {
+        Node::Or(args) => {
             let mut any = Some(false);
             for a in args {
-                match row_matches(a, uid, row, descendant_of) {
+                match node_matches(a, uid, row, descendant_of) {
                     Some(true) => return Some(true),
                     Some(false) => {}
                     None => any = None,
@@ -566,17 +747,18 @@ pub(crate) fn row_matches(
             }
             any
         }
-        Filter::Not(a) => row_matches(a, uid, row, descendant_of).map(|b| !b),
-        Filter::Compare { attr, cmp, value } => {
-            let v = lookup(row, attr)?;
+        Node::Not(a) => node_matches(a, uid, row, descendant_of).map(|b| !b),
+        Node::Compare { col, cmp, value } => {
+            let v = row.get(*col)?;
             match cmp {
-                Cmp::Eq => value_eq(v, value),
-                Cmp::Ne => value_eq(v, value).map(|b| !b),
+                Cmp::Eq => value.eq(v),
+                Cmp::Ne => value.eq(v).map(|b| !b),
                 Cmp::Lt | Cmp::Le | Cmp::Gt | Cmp::Ge => {
-                    let (ValueKind::Lit(Literal::Long(a)), Some(b)) = (&v.value, value.as_i64())
+                    let (ValueKind::Lit(Literal::Long(a)), Want::Json(j)) = (&v.value, value)
                     else {
                         return None;
                     };
+                    let b = j.as_i64()?;
                     Some(match cmp {
                         Cmp::Lt => *a < b,
                         Cmp::Le => *a <= b,
@@ -586,13 +768,13 @@ pub(crate) fn row_matches(
                 }
             }
         }
-        Filter::Has { attr } => Some(lookup(row, attr).is_some()),
-        Filter::Contains { attr, value } => set_has(lookup(row, attr)?, value),
-        Filter::ContainsAny { attr, values } => {
-            let set = lookup(row, attr)?;
+        Node::Has { col } => Some(row.get(*col).is_some()),
+        Node::Contains { col, value } => value.in_set(row.get(*col)?),
+        Node::ContainsAny { col, values } => {
+            let set = row.get(*col)?;
             let mut any = Some(false);
             for v in values {
-                match set_has(set, v) {
+                match v.in_set(set) {
                     Some(true) => return Some(true),
                     Some(false) => {}
                     None => any = None,
@@ -600,11 +782,11 @@ pub(crate) fn row_matches(
             }
             any
         }
-        Filter::ContainsAll { attr, values } => {
-            let set = lookup(row, attr)?;
+        Node::ContainsAll { col, values } => {
+            let set = row.get(*col)?;
             let mut all = Some(true);
             for v in values {
-                match set_has(set, v) {
+                match v.in_set(set) {
                     Some(false) => return Some(false),
                     Some(true) => {}
                     None => all = None,
@@ -612,20 +794,20 @@ pub(crate) fn row_matches(
             }
             all
         }
-        Filter::Like { attr, pattern } => {
-            let ValueKind::Lit(Literal::String(s)) = &lookup(row, attr)?.value else {
+        Node::Like { col, pattern } => {
+            let ValueKind::Lit(Literal::String(s)) = &row.get(*col)?.value else {
                 return None;
             };
             like(s, pattern)
         }
-        Filter::In { entity } => Some(entity == uid || descendant_of(entity)),
-        Filter::Is { entity } => Some(entity == uid),
-        Filter::Unknown { .. } | Filter::Unmappable { .. } => None,
+        Node::In { entity } => Some(entity == uid || descendant_of(entity)),
+        Node::Is { entity } => Some(entity == uid),
+        Node::Undecided => None,
     }
 }
 
 /// The value at `path` in the row's attributes, `None` when absent.
-fn lookup<'a>(row: Written<'a>, path: &[String]) -> Option<&'a CedarValue> {
+pub(crate) fn lookup<'a>(row: Written<'a>, path: &[String]) -> Option<&'a CedarValue> {
     let (first, rest) = path.split_first()?;
     let mut v = row.attr(first)?;
     for p in rest {

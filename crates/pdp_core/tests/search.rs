@@ -28,13 +28,16 @@ entity Doc in [Folder] {
   readers: Set<Group>,
   note?: String,
 };
-action view, edit, remove, share appliesTo { principal: [User], resource: [Doc] };
+action view, edit, remove, share appliesTo {
+  principal: [User], resource: [Doc], context: { risk_score?: Long }
+};
 "#;
 
 /// The policies a random policy set is drawn from: every filter node, a forbid, a challenge,
-/// and residuals the plan cannot map (read through an entity attribute), so rows are checked
-/// one by one.
-const POLICIES: [&str; 12] = [
+/// residuals the plan cannot map (read through an entity attribute), so rows are checked one
+/// by one, and conditions on the principal's risk score (which differs between the
+/// principals of a subject search).
+const POLICIES: [&str; 14] = [
     r#"@id("own") permit (principal, action == Action::"view", resource) when { resource.owner == principal };"#,
     r#"@id("dept") permit (principal, action == Action::"view", resource) when { resource.dept == principal.dept };"#,
     r#"@id("level") permit (principal, action == Action::"edit", resource) when { resource.level <= principal.level };"#,
@@ -47,20 +50,26 @@ const POLICIES: [&str; 12] = [
     r#"@id("group") permit (principal in Group::"g0", action == Action::"share", resource);"#,
     r#"@id("note") permit (principal, action == Action::"edit", resource) when { resource has note && resource.note == "open" };"#,
     r#"@id("approve") @challenge("approval") forbid (principal, action == Action::"share", resource) when { resource.level > 2 };"#,
+    r#"@id("risky") @challenge("approval") forbid (principal, action, resource) when { context has risk_score && context.risk_score > 70 };"#,
+    r#"@id("calm-edit") permit (principal, action == Action::"edit", resource) when { context has risk_score && context.risk_score < 30 && resource.dept == principal.dept };"#,
 ];
 
 const ACTIONS: [&str; 4] = ["edit", "remove", "share", "view"];
 
-/// A random store: `users` users (department, level, groups), three groups (`g1` and `g2` may
-/// sit in `g0`), two folders (`f1` may sit in `f0`) and `docs` documents.
+/// A random store: `users` users (department, level, groups, risk score, contained), three
+/// groups (`g1` and `g2` may sit in `g0`), two folders (`f1` may sit in `f0`) and `docs`
+/// documents.
 #[derive(Debug, Clone)]
 struct World {
     policies: Vec<usize>,
-    users: Vec<(bool, i64, Vec<usize>)>,
+    users: Vec<User>,
     group_parents: (bool, bool),
     folder_parent: bool,
     docs: Vec<Doc>,
 }
+
+/// Department `eng` (else `ops`), level, groups, risk score, contained.
+type User = (bool, i64, Vec<usize>, Option<i64>, bool);
 
 #[derive(Debug, Clone)]
 struct Doc {
@@ -108,6 +117,8 @@ fn world() -> impl Strategy<Value = World> {
                     any::<bool>(),
                     0i64..4,
                     proptest::collection::vec(0usize..3, 0..3),
+                    proptest::option::of(prop_oneof![Just(10i64), Just(50), Just(90)]),
+                    proptest::bool::weighted(0.15),
                 ),
                 n,
             ),
@@ -149,13 +160,24 @@ fn engine(w: &World) -> Engine {
         json!({"uid": {"type": "Folder", "id": "f1"}, "attrs": {},
                "parents": if w.folder_parent { vec![json!({"type": "Folder", "id": "f0"})] } else { vec![] }}),
     ];
-    for (i, (eng, level, groups)) in w.users.iter().enumerate() {
+    let mut scores = Vec::new();
+    let mut contained = Vec::new();
+    for (i, (eng, level, groups, risk, held)) in w.users.iter().enumerate() {
+        let uid = json!({"type": "User", "id": format!("u{i}")});
         ents.push(json!({
-            "uid": {"type": "User", "id": format!("u{i}")},
+            "uid": uid,
             "attrs": {"dept": if *eng { "eng" } else { "ops" }, "level": level},
             "parents": groups.iter().map(|x| g(*x)).collect::<Vec<_>>(),
         }));
+        if let Some(score) = risk {
+            scores.push(json!({"principal": uid, "score": score}));
+        }
+        if *held {
+            contained.push(uid);
+        }
     }
+    e.set_risk_scores(&Value::Array(scores), true).unwrap();
+    e.set_containments(&Value::Array(contained)).unwrap();
     for (i, d) in w.docs.iter().enumerate() {
         let mut attrs = json!({
             "owner": {"__entity": {"type": "User", "id": format!("u{}", d.owner)}},
@@ -318,9 +340,10 @@ fn fixed_world() -> World {
     World {
         policies: (0..POLICIES.len()).collect(),
         users: vec![
-            (true, 3, vec![1]),
-            (false, 0, vec![]),
-            (true, 1, vec![0, 2]),
+            (true, 3, vec![1], None, false),
+            (false, 0, vec![], Some(90), false),
+            (true, 1, vec![0, 2], Some(10), false),
+            (true, 2, vec![2], Some(50), true),
         ],
         group_parents: (true, false),
         folder_parent: true,
@@ -345,7 +368,7 @@ fn every_policy_at_once_equals_brute_force() {
 }
 
 #[test]
-fn resource_search_uses_the_plan_and_subject_search_checks() {
+fn resource_and_subject_searches_use_plans() {
     let e = engine(&fixed_world());
     let body = json!({"subject": {"type": "User", "id": "u0"}, "action": {"name": "view"},
                       "resource": {"type": "Doc"}});
@@ -354,10 +377,9 @@ fn resource_search_uses_the_plan_and_subject_search_checks() {
     assert!(!p.results.is_empty());
     let body = json!({"subject": {"type": "User"}, "action": {"name": "view"},
                       "resource": {"type": "Doc", "id": "d00"}});
-    assert_eq!(
-        e.search_json(SearchKind::Subject, &body).unwrap().method,
-        SearchMethod::Checks
-    );
+    let p = e.search_json(SearchKind::Subject, &body).unwrap();
+    assert_eq!(p.method, SearchMethod::Plan);
+    assert!(!p.results.is_empty());
 }
 
 #[test]

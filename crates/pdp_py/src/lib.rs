@@ -777,10 +777,12 @@ impl Engine {
         pysearch::search(py, &self.inner, pdp_core::SearchKind::Action, request)
     }
 
-    /// Sets the largest `page.limit` a search takes (larger ones are lowered to it).
-    #[pyo3(signature = (max_limit=1000))]
-    fn configure_search(&self, max_limit: usize) {
+    /// Sets the largest `page.limit` a search takes (larger ones are lowered to it), and
+    /// whether subject search plans with the principal unknown (docs/search.md).
+    #[pyo3(signature = (max_limit=1000, subject_plans=true))]
+    fn configure_search(&self, max_limit: usize, subject_plans: bool) {
         self.inner.configure_search(max_limit);
+        self.inner.set_subject_plans(subject_plans);
     }
 
     #[pyo3(signature = (prune_slices=true))]

@@ -365,6 +365,46 @@ pub(super) fn context_for(
     assigned: bool,
     work_item: Option<&WorkItem>,
 ) -> Result<Arc<MemoContext>, RequestError> {
+    context_with_risk(
+        st,
+        action,
+        st.store.risk(subject),
+        agent,
+        caller,
+        human_present,
+        assigned,
+        work_item,
+    )
+}
+
+/// Whether the context of `action` takes the principal's `risk_score`: when it does not, every
+/// principal's context is the same for the same request.
+pub(super) fn takes_risk(st: &State, action: &EntityUid) -> bool {
+    let b = &*st.bundle;
+    match (b.schema.is_some(), b.injected.get(action)) {
+        (false, _) => true,
+        (true, Some(d)) => d.risk_score,
+        (true, None) => false,
+    }
+}
+
+/// [`context_for`] for a principal whose risk score is `risk` (0 to 100, `None` when it has
+/// none): what a subject search plans with, where the principal is unknown
+/// (docs/search.md#subject-search).
+///
+/// # Errors
+/// As [`context_for`].
+#[allow(clippy::too_many_arguments)]
+pub(super) fn context_with_risk(
+    st: &State,
+    action: &EntityUid,
+    risk: Option<i64>,
+    agent: Option<&EntityUid>,
+    caller: &Map<String, Value>,
+    human_present: bool,
+    assigned: bool,
+    work_item: Option<&WorkItem>,
+) -> Result<Arc<MemoContext>, RequestError> {
     let b = &*st.bundle;
     let takes = match (b.schema.is_some(), b.injected.get(action)) {
         (false, _) => Declared::ALL,
@@ -375,7 +415,7 @@ pub(super) fn context_for(
         .filter(|_| takes.work_item)
         .map(|w| w.entity.entity.uid());
     let inj = Injected {
-        risk_score: st.store.risk(subject).filter(|_| takes.risk_score),
+        risk_score: risk.filter(|_| takes.risk_score),
         human_present: takes.human_present.then_some(human_present),
         assigned: takes.assigned.then_some(assigned),
         work_item: work_item.as_ref(),

@@ -2,20 +2,22 @@
 //! acts for) may see, as a filter, from Cedar's type-aware partial evaluation over the
 //! principal's slice; memoised per side and cached per plan for paging (crate::plan_outcome).
 
-use super::check::{check_on_behalf_of, context_for, elapsed_us, is_registered};
+use super::check::{check_on_behalf_of, context_for, context_with_risk, elapsed_us, is_registered};
 use super::check::{REASON_CONTAINED, REASON_UNREGISTERED};
 use super::slice::{closed_list, entities_of};
 use super::state::Engine;
 use super::state::State;
 use crate::decision::QueryPlan;
 use crate::error::RequestError;
-use crate::plan_outcome::{finish, PlanKey, PrincipalState, Side};
+use crate::plan_outcome::{finish, Finished, PlanKey, PrincipalState, Side};
 use crate::request::PlanRequest;
-use crate::residual_filter::{partial_entities, residuals_with, PlanError};
+use crate::residual_filter::{
+    partial_entities, principal_residuals_with, residuals_with, PlanError,
+};
 use crate::scope::{Follow, FOLLOW_ALL, FOLLOW_NONE};
 use crate::store::Hierarchy;
-use cedar_policy::EntityUid;
-use serde_json::Value;
+use cedar_policy::{Entities, EntityTypeName, EntityUid, PartialEntities};
+use serde_json::{Map, Value};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
@@ -265,6 +267,76 @@ impl Engine {
         } else {
             compute(&*slice()?)
         }
+    }
+
+    /// The plan of a subject search (docs/search.md#subject-search): which principals of
+    /// `principal_type` may do `action` on `resource` with the caller's `context`, as a filter
+    /// over the principals' rows, from Cedar's type-aware partial evaluation with the
+    /// principal unknown, for principals whose risk score is `risk` (the one thing of a
+    /// principal's own the context holds in a search: no agent, no work item, a human present).
+    ///
+    /// The outcome follows the verdict rules of a plan ([`crate::plan_outcome`]); containment
+    /// and registration, which are a principal's own too, are left to the caller.
+    ///
+    /// `slice` holds the resource's entities once made (by the first call of a page; they do
+    /// not depend on `risk`).
+    ///
+    /// # Errors
+    /// [`RequestError`] when the bundle has no schema, the action does not apply to the types,
+    /// or the context does not match the schema.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn subject_plan(
+        &self,
+        st: &State,
+        principal_type: &EntityTypeName,
+        action: &EntityUid,
+        resource: &EntityUid,
+        caller: &Map<String, Value>,
+        risk: Option<i64>,
+        slice: &mut Option<(Entities, PartialEntities)>,
+    ) -> Result<Finished, RequestError> {
+        let b = &*st.bundle;
+        let (Some(schema), Some(kinds)) = (b.schema.as_ref(), st.caches.attr_kinds.as_deref())
+        else {
+            return Err(RequestError::new(
+                "subject.type",
+                "a subject search's plan needs a bundle with a schema",
+            ));
+        };
+        let context = context_with_risk(st, action, risk, None, caller, true, false, None)?;
+        // The resource's slice, the same for every risk score: made once per page.
+        let (entities, known) = match slice {
+            Some(s) => &*s,
+            None => {
+                let roots: Vec<(&EntityUid, &Follow)> =
+                    vec![(resource, &FOLLOW_ALL), (action, &FOLLOW_NONE)];
+                let entities = Hierarchy::slice(entities_of(&closed_list(
+                    st,
+                    &roots,
+                    None,
+                    &FOLLOW_ALL,
+                    true,
+                )))?;
+                let known = partial_entities(&entities, schema);
+                &*slice.insert((entities, known))
+            }
+        };
+        let scoped = st
+            .caches
+            .scoped(b, action, principal_type, resource.type_name());
+        let res = principal_residuals_with(
+            scoped.policies.as_ref().unwrap_or(&b.policies),
+            schema,
+            kinds,
+            principal_type,
+            action,
+            context.context.clone(),
+            resource,
+            entities,
+            known,
+        )
+        .map_err(|e| plan_error(&e, "subject"))?;
+        Ok(finish(vec![Side::from_residuals(res, &b.meta)]))
     }
 
     /// Turns the memo of plan sides on (the default) or off. With it on, a plan whose

@@ -1,32 +1,78 @@
 //! The AuthZEN 1.0 searches on the engine (docs/search.md): resource search on the query plan,
-//! subject and action search by checks, paged over a per-snapshot index of the entities by
-//! type in ascending id order ([`crate::search`] holds the request, page and token types).
+//! subject search on a plan with the principal unknown, action search by checks, paged over a
+//! per-snapshot index of the entities by type in ascending id order, with columns of the
+//! attribute values filters read ([`crate::search`] holds the request, page, token and
+//! prepared-filter types).
 
-use super::check::elapsed_us;
+use super::check::{elapsed_us, is_registered, takes_risk};
 use super::state::{Engine, State};
 use crate::decision::{Decision, PlanOutcome};
 use crate::error::RequestError;
+use crate::plan_outcome::Finished;
 use crate::request::{CheckRequest, PlanRequest};
+use crate::residual_filter::Filter;
 use crate::search::{
-    row_matches, verdict_kind, PageToken, SearchError, SearchKind, SearchMethod, SearchPage,
-    SearchRequest, SearchResult, DEFAULT_SEARCH_LIMIT,
+    lookup, verdict_kind, PageToken, RowAttrs, RowFilter, SearchError, SearchKind, SearchMethod,
+    SearchPage, SearchRequest, SearchResult, DEFAULT_SEARCH_LIMIT,
 };
 use crate::store::{ClosedEntity, Written};
 use cedar_policy::{EntityTypeName, EntityUid};
+use cedar_policy_core::ast::Value as CedarValue;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 /// One entity of a [`TypeIndex`]: its id (unescaped), uid and closed record (the one the
 /// snapshot's hierarchy holds, so a row is read without looking it up).
 type Indexed = (String, EntityUid, Option<Arc<ClosedEntity>>);
 
+/// The values at one attribute path of every entity of a type, in the [`TypeIndex`]'s order
+/// (`None` where an entity has no value there, or no record).
+type Column = Arc<[Option<CedarValue>]>;
+
 /// The entities of one snapshot by type, each list in ascending order of id (bytes of the
-/// unescaped id), for paging with a cursor.
+/// unescaped id), for paging with a cursor; and, built on first use, the columns of the
+/// attribute paths plans have read.
+///
+/// A filter evaluated on 100,000 rows spent most of its time waiting for each row's record
+/// to come from memory (the records are scattered); a column holds the one value the filter
+/// reads of every row in one array, read in order. Columns are built once per snapshot and
+/// attribute path (as many as the schema's paths at most), like the index itself.
 #[derive(Debug, Default)]
 pub(crate) struct TypeIndex {
     by_type: HashMap<EntityTypeName, Vec<Indexed>>,
+    columns: Mutex<HashMap<(EntityTypeName, Vec<String>), Column>>,
+    /// Subject search's plans on this snapshot, by question and risk score: a later page, or
+    /// the same search again, reuses them (at most [`SUBJECT_PLANS_KEPT`]; emptied when full).
+    subject_plans: Mutex<HashMap<SubjectQuestion, Arc<PagePlan>>>,
+    /// Per type, what each entity is as a principal on this snapshot ([`AsPrincipal`]),
+    /// in the type's order; built on a type's first subject search.
+    principals: Mutex<HashMap<EntityTypeName, Arc<[AsPrincipal]>>>,
+}
+
+/// What a subject search needs of a candidate principal besides its attributes: whether it is
+/// denied before any policy runs (contained, or an unregistered service account), and its risk
+/// score. Risk scores, containments and registrations all move the principals version, so
+/// they hold for the snapshot of a [`TypeIndex`].
+#[derive(Debug, Clone, Copy)]
+struct AsPrincipal {
+    denied: bool,
+    risk: Option<i64>,
+}
+
+/// How many subject-search plans a [`TypeIndex`] keeps.
+const SUBJECT_PLANS_KEPT: usize = 4096;
+
+/// What a subject search's plan answers: the searched type, action, resource, the caller's
+/// context (as JSON text) and the principals' risk score.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct SubjectQuestion {
+    principal_type: EntityTypeName,
+    action: EntityUid,
+    resource: EntityUid,
+    context: String,
+    risk: Option<i64>,
 }
 
 impl TypeIndex {
@@ -52,19 +98,155 @@ impl TypeIndex {
         for list in by_type.values_mut() {
             list.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         }
-        Self { by_type }
+        Self {
+            by_type,
+            columns: Mutex::new(HashMap::new()),
+            subject_plans: Mutex::new(HashMap::new()),
+            principals: Mutex::new(HashMap::new()),
+        }
     }
 
-    /// The entities of type `ty` whose id comes after `cursor` (all of them without one).
-    fn after<'a>(&'a self, ty: &EntityTypeName, cursor: Option<&str>) -> &'a [Indexed] {
+    /// The entities of type `ty` whose id comes after `cursor` (all of them without one), and
+    /// the position of the first of them in the type's list (and columns).
+    fn after<'a>(&'a self, ty: &EntityTypeName, cursor: Option<&str>) -> (usize, &'a [Indexed]) {
         let list = self.by_type.get(ty).map_or(&[][..], Vec::as_slice);
-        match cursor {
-            None => list,
-            Some(c) => {
-                let from = list.partition_point(|(id, _, _)| id.as_str() <= c);
-                list.get(from..).unwrap_or(&[])
-            }
+        let from = cursor.map_or(0, |c| list.partition_point(|(id, _, _)| id.as_str() <= c));
+        (from, list.get(from..).unwrap_or(&[]))
+    }
+
+    /// The columns of type `ty` for the attribute paths `filter` reads, in its numbering
+    /// ([`RowFilter::paths`]), each built on first use.
+    fn columns(&self, ty: &EntityTypeName, filter: &RowFilter) -> Columns {
+        let mut built = self
+            .columns
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let list = self.by_type.get(ty).map_or(&[][..], Vec::as_slice);
+        let cols = filter
+            .paths()
+            .iter()
+            .map(|path| {
+                let col = built.entry((ty.clone(), path.clone())).or_insert_with(|| {
+                    list.iter()
+                        .map(|(_, _, rec)| {
+                            rec.as_ref()
+                                .and_then(|r| lookup(Written::Record(r), path).cloned())
+                        })
+                        .collect()
+                });
+                Arc::clone(col)
+            })
+            .collect();
+        Columns(cols)
+    }
+}
+
+impl TypeIndex {
+    /// What each entity of type `ty` is as a principal on `st` (this index's snapshot), in the
+    /// type's order, built on first use.
+    fn as_principals(&self, st: &State, ty: &EntityTypeName) -> Arc<[AsPrincipal]> {
+        let mut built = self
+            .principals
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let service_accounts = ty.basename() == "ServiceAccount";
+        let list = self.by_type.get(ty).map_or(&[][..], Vec::as_slice);
+        Arc::clone(built.entry(ty.clone()).or_insert_with(|| {
+            list.iter()
+                .map(|(_, uid, _)| AsPrincipal {
+                    denied: st.store.is_contained(uid)
+                        || (service_accounts && !is_registered(st, uid)),
+                    risk: st.store.risk(uid),
+                })
+                .collect()
+        }))
+    }
+}
+
+/// The columns a [`RowFilter`] reads ([`TypeIndex::columns`]), in its numbering of paths.
+#[derive(Debug)]
+struct Columns(Vec<Column>);
+
+/// Row `i` of a type's list, read from the [`Columns`] of the filter evaluated on it.
+struct ColumnRow<'a> {
+    cols: &'a Columns,
+    i: usize,
+}
+
+impl RowAttrs for ColumnRow<'_> {
+    fn get(&self, col: usize) -> Option<&CedarValue> {
+        self.cols.0.get(col)?.get(self.i)?.as_ref()
+    }
+}
+
+/// A plan prepared for a page: its outcome, its filter prepared for rows with the columns
+/// that filter reads, and whether a challenge could widen it.
+#[derive(Debug)]
+struct PagePlan {
+    outcome: PlanOutcome,
+    filter: Option<(RowFilter, Columns)>,
+    challenge_could_widen: bool,
+}
+
+impl PagePlan {
+    fn new(
+        index: &TypeIndex,
+        ty: &EntityTypeName,
+        outcome: PlanOutcome,
+        filter: Option<&Filter>,
+        challenge_could_widen: bool,
+    ) -> Self {
+        Self {
+            outcome,
+            filter: filter.map(|f| {
+                let rf = RowFilter::new(f);
+                let cols = index.columns(ty, &rf);
+                (rf, cols)
+            }),
+            challenge_could_widen,
         }
+    }
+
+    /// What the plan says of row `i` of the type's list ([`plan_says`]).
+    fn says(&self, i: usize, uid: &EntityUid, rec: &ClosedEntity) -> Option<bool> {
+        plan_says(
+            self.outcome,
+            self.filter.as_ref(),
+            self.challenge_could_widen,
+            |(f, cols)| {
+                f.matches(uid, &ColumnRow { cols, i }, &|e| {
+                    rec.is_descendant_of(e.as_ref())
+                })
+            },
+        )
+    }
+}
+
+/// What a plan's outcome and filter say of one row: `Some(true)` allowed, `Some(false)`
+/// denied, `None` when the row must be checked (the filter cannot decide it, or the row may be
+/// a challenge).
+fn plan_says<F>(
+    outcome: PlanOutcome,
+    filter: Option<F>,
+    challenge_could_widen: bool,
+    matches: impl FnOnce(F) -> Option<bool>,
+) -> Option<bool> {
+    match (outcome, filter) {
+        (PlanOutcome::AlwaysAllowed, _) => Some(true),
+        (PlanOutcome::AlwaysDenied, _) => Some(false),
+        // A row the filter leaves out may still be a challenge when one could widen the plan:
+        // that row is checked.
+        (PlanOutcome::Conditional, Some(f)) => match matches(f) {
+            Some(false) if challenge_could_widen => None,
+            m => m,
+        },
+        // Rows the challenge's filter leaves out are denied; the others are checked for the
+        // challenge's kinds.
+        (PlanOutcome::Challenge, Some(f)) => match matches(f) {
+            Some(false) => Some(false),
+            _ => None,
+        },
+        _ => None,
     }
 }
 
@@ -154,6 +336,14 @@ impl Engine {
             .store(max_limit.max(1), Ordering::Relaxed);
     }
 
+    /// Turns subject search's plans (docs/search.md#how-each-search-is-answered-contextmethod)
+    /// on (the default) or off. Off, subject search checks every candidate (`checks`), as it
+    /// does without a schema; the results are the same either way, and off exists to test and
+    /// measure that.
+    pub fn set_subject_plans(&self, on: bool) {
+        self.subject_plans.store(on, Ordering::Relaxed);
+    }
+
     /// The index of the snapshot `st` by type, built once per set of versions.
     fn type_index(&self, st: &State) -> Arc<TypeIndex> {
         let v = [
@@ -195,7 +385,10 @@ impl Engine {
     ///   stored row; rows it cannot decide from their attributes (`unknown`, `unmappable`, a
     ///   missing attribute) are checked one by one, as are all rows without a schema;
     /// * subject search: the entities of `subject.type` the decision point holds that may do
-    ///   the action on the resource, one check each;
+    ///   the action on the resource, from a plan made with the principal unknown (one per
+    ///   risk score among the candidates) evaluated on each principal's row, with contained
+    ///   and unregistered principals denied first; rows it cannot decide are checked one by
+    ///   one, as are all rows without a schema;
     /// * action search: the schema's actions for the subject's and resource's types that the
     ///   subject may do on the resource, one check each.
     ///
@@ -326,7 +519,7 @@ impl Engine {
             None
         };
         let index = self.type_index(st);
-        let mut rows = index.after(&rtype, cursor).iter();
+        let (from, rows) = index.after(&rtype, cursor);
         let method = if plan.is_some() {
             SearchMethod::Plan
         } else {
@@ -338,43 +531,29 @@ impl Engine {
         {
             return Ok((Filled::default(), method));
         }
+        let plan = plan.map(|p| {
+            PagePlan::new(
+                &index,
+                &rtype,
+                p.outcome,
+                p.filter.as_deref(),
+                p.challenge_could_widen,
+            )
+        });
+        let mut rows = rows.iter().enumerate();
         let filled = fill(
             limit,
             || {
-                let (_, uid, rec) = rows.next()?;
-                let r = uid;
-                // What the plan says of the row: Some(true) allowed, Some(false) denied, None: ask.
-                let said = plan.as_ref().and_then(|p| match (p.outcome, &p.filter) {
-                    (PlanOutcome::AlwaysAllowed, _) => Some(true),
-                    (PlanOutcome::Conditional, Some(f)) => {
-                        let rec = rec.as_ref()?;
-                        let m = row_matches(f, uid, Written::Record(rec), &|e| {
-                            rec.is_descendant_of(e.as_ref())
-                        });
-                        // A row the filter leaves out may still be a challenge when one could
-                        // widen the plan: that row is checked.
-                        match m {
-                            Some(false) if p.challenge_could_widen => None,
-                            m => m,
-                        }
-                    }
-                    (PlanOutcome::Challenge, Some(f)) => {
-                        let rec = rec.as_ref()?;
-                        match row_matches(f, uid, Written::Record(rec), &|e| {
-                            rec.is_descendant_of(e.as_ref())
-                        }) {
-                            Some(false) => Some(false),
-                            _ => None,
-                        }
-                    }
-                    _ => None,
-                });
+                let (k, (_, uid, rec)) = rows.next()?;
+                let said = plan
+                    .as_ref()
+                    .and_then(|p| p.says(from + k, uid, rec.as_ref()?));
                 Some(match said {
-                    Some(true) => Ok((r, Seen::Allowed)),
-                    Some(false) => Ok((r, Seen::Denied)),
+                    Some(true) => Ok((uid, Seen::Allowed)),
+                    Some(false) => Ok((uid, Seen::Denied)),
                     None => self
                         .search_check(req, subject, action, uid)
-                        .map(|d| (r, found(&d))),
+                        .map(|d| (uid, found(&d))),
                 })
             },
             |u: &EntityUid| SearchResult::Entity(u.clone()),
@@ -402,19 +581,115 @@ impl Engine {
         b.check_type(resource.type_name(), "resource.type")
             .map_err(authzen_error)?;
         let index = self.type_index(st);
-        let mut rows = index.after(&stype, cursor).iter();
+        let (from, rows) = index.after(&stype, cursor);
+        let mut rows = rows.iter().enumerate();
+        // One plan per risk score among the candidates (the context's only part that is a
+        // principal's own), built when a candidate with that score first comes.
+        let mut plans: HashMap<Option<i64>, Arc<PagePlan>> = HashMap::new();
+        let action_uid = b.resolve_action(action).map_err(authzen_error)?;
+        let context = serde_json::to_string(&req.context).unwrap_or_default();
+        let mut slice = None;
+        let mut plan_for = |plans: &mut HashMap<Option<i64>, Arc<PagePlan>>,
+                            risk: Option<i64>|
+         -> Result<(), SearchError> {
+            if let std::collections::hash_map::Entry::Vacant(slot) = plans.entry(risk) {
+                let question = SubjectQuestion {
+                    principal_type: stype.clone(),
+                    action: action_uid.clone(),
+                    resource: resource.clone(),
+                    context: context.clone(),
+                    risk,
+                };
+                let kept = index
+                    .subject_plans
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .get(&question)
+                    .map(Arc::clone);
+                let plan = match kept {
+                    Some(p) => p,
+                    None => {
+                        let p: Finished = self
+                            .subject_plan(
+                                st,
+                                &stype,
+                                &action_uid,
+                                resource,
+                                &req.context,
+                                risk,
+                                &mut slice,
+                            )
+                            .map_err(authzen_error)?;
+                        let plan = Arc::new(PagePlan::new(
+                            &index,
+                            &stype,
+                            p.outcome,
+                            p.filter.as_deref(),
+                            p.challenge_could_widen,
+                        ));
+                        let mut kept = index
+                            .subject_plans
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner);
+                        if kept.len() >= SUBJECT_PLANS_KEPT {
+                            kept.clear();
+                        }
+                        kept.insert(question, Arc::clone(&plan));
+                        plan
+                    }
+                };
+                slot.insert(plan);
+            }
+            Ok(())
+        };
+        // Without a schema (partial evaluation is type-aware), or when the request's plan
+        // cannot be made, every candidate is checked; the checks report the request's errors.
+        if b.schema.is_none()
+            || !self.subject_plans.load(Ordering::Relaxed)
+            || plan_for(&mut plans, None).is_err()
+        {
+            let filled = fill(
+                limit,
+                || {
+                    let (_, (_, uid, _)) = rows.next()?;
+                    Some(
+                        self.search_check(req, uid, action, resource)
+                            .map(|d| (uid, found(&d))),
+                    )
+                },
+                |u: &EntityUid| SearchResult::Entity(u.clone()),
+            )?;
+            return Ok((filled, SearchMethod::Checks));
+        }
+        let by_risk = takes_risk(st, &action_uid);
+        let principals = index.as_principals(st, &stype);
         let filled = fill(
             limit,
             || {
-                let (_, uid, _) = rows.next()?;
-                Some(
-                    self.search_check(req, uid, action, resource)
+                let (k, (_, uid, rec)) = rows.next()?;
+                let me = principals.get(from + k)?;
+                // A contained or unregistered principal is denied before any policy runs.
+                if me.denied {
+                    return Some(Ok((uid, Seen::Denied)));
+                }
+                let risk = if by_risk { me.risk } else { None };
+                if let Err(e) = plan_for(&mut plans, risk) {
+                    return Some(Err(e));
+                }
+                let said = plans
+                    .get(&risk)
+                    .and_then(|p| p.says(from + k, uid, rec.as_ref()?));
+                Some(match said {
+                    Some(true) => Ok((uid, Seen::Allowed)),
+                    Some(false) => Ok((uid, Seen::Denied)),
+                    None => self
+                        .search_check(req, uid, action, resource)
                         .map(|d| (uid, found(&d))),
-                )
+                })
             },
             |u: &EntityUid| SearchResult::Entity(u.clone()),
         )?;
-        Ok((filled, SearchMethod::Checks))
+        Ok((filled, SearchMethod::Plan))
     }
 
     fn action_page(

@@ -267,6 +267,8 @@ pub struct Engine {
     pub(super) slice_pruning: AtomicBool,
     /// The largest `page.limit` a search takes ([`Engine::configure_search`]).
     pub(super) search_max_limit: AtomicUsize,
+    /// Whether subject search plans with the principal unknown ([`Engine::set_subject_plans`]).
+    pub(super) subject_plans: std::sync::atomic::AtomicBool,
     /// The entities by type of the latest snapshot a search ran on, with its versions
     /// (policy, principals, resources).
     pub(super) search_index: Mutex<Option<([u64; 3], Arc<super::search::TypeIndex>)>>,
@@ -305,6 +307,7 @@ impl Engine {
             plan_memo: AtomicBool::new(true),
             slice_pruning: AtomicBool::new(true),
             search_max_limit: AtomicUsize::new(crate::search::DEFAULT_MAX_SEARCH_LIMIT),
+            subject_plans: std::sync::atomic::AtomicBool::new(true),
             search_index: Mutex::new(None),
         }
     }

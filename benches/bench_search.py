@@ -13,6 +13,10 @@ sensitivity; each human one of 10 departments. ``view-own-department`` and
   first page of 100, and the whole result (every page at the maximum limit, 1,000);
 * subject search: ``Engine.search_subjects`` for ``Human`` / ``view`` / one document: the first
   page of 100 and the whole result;
+* subject search by checks: the same with ``configure_search(subject_plans=False)``, one check
+  per principal (what subject search does without a schema), for comparison;
+* subject search with every principal scored: the same after a risk score (0 to 100, seeded)
+  is set for every human, so the search makes one plan per distinct score (101);
 * brute force: ``Engine.evaluate_many`` over every candidate (100,000 requests), keeping the
   allowed ones.
 
@@ -166,14 +170,32 @@ def main() -> None:
     )
 
     rows = []
-    for name, search, body, reqs, key in [
-        ("resource search", e.search_resources, rbody, rreqs, "resource"),
-        ("subject search", e.search_subjects, sbody, sreqs, "principal"),
-    ]:
-        first = timed(lambda s=search, b=body: s({**b, "page": {"limit": 100}}), first_n)
-        all_ = timed(lambda s=search, b=body: whole(s, b), whole_n)
-        bf = timed(lambda r=reqs, k=key: brute(e, r, k), whole_n)
+
+    def run(
+        name: str,
+        search: Callable[[dict[str, Any]], dict[str, Any]],
+        body: dict[str, Any],
+        reqs: list[dict[str, Any]],
+        key: str,
+    ) -> None:
+        first = timed(lambda: search({**body, "page": {"limit": 100}}), first_n)
+        all_ = timed(lambda: whole(search, body), whole_n)
+        bf = timed(lambda: brute(e, reqs, key), whole_n)
         rows.append((name, first, all_, bf))
+
+    run("resource search", e.search_resources, rbody, rreqs, "resource")
+    run("subject search", e.search_subjects, sbody, sreqs, "principal")
+    e.configure_search(subject_plans=False)
+    assert whole(e.search_subjects, sbody) == s_all, "subject search by checks differs"
+    run("subject (checks)", e.search_subjects, sbody, sreqs, "principal")
+    e.configure_search(subject_plans=True)
+    rng = random.Random(7)
+    e.set_risk_scores(
+        [{"principal": {"type": "Human", "id": h}, "score": rng.randrange(101)} for h in humans]
+    )
+    scored = whole(e.search_subjects, sbody)
+    assert scored == brute(e, sreqs, "principal"), "scored subject search differs"
+    run("subject (scored)", e.search_subjects, sbody, sreqs, "principal")
 
     print()
     print(
@@ -193,6 +215,9 @@ def main() -> None:
     for name, first, all_, bf in rows:
         p50 = statistics.median(first)
         speed = statistics.median(bf) / statistics.median(all_)
+        if name.endswith("(checks)"):
+            print(f"{name}: {speed:.1f}x brute force (for comparison, no target)")
+            continue
         print(
             f"{name}: first page p50 {p50:.2f} ms < 5 ms: {'ok' if p50 < 5 else 'MISS'}; "
             f"whole search {speed:.1f}x brute force >= 10x: {'ok' if speed >= 10 else 'MISS'}"

@@ -19,8 +19,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 import anyio.to_thread
-from connectrpc.compat import google_protobuf_codecs
-from connectrpc.server import ConnectASGIApplication
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from svc.challenge.service import (
@@ -34,7 +32,7 @@ from svc.challenge.service import (
 )
 from svc.challenge.v1 import challenge_pb2 as pb
 from svc.common.auth import Verifier
-from svc.common.connect import BearerInterceptor, endpoints, status_error, timestamp
+from svc.common.connect import ServiceApp, ServiceHandlers, status_error, timestamp
 
 __all__ = [
     "SERVICE_NAME",
@@ -146,21 +144,13 @@ class ChallengeMetrics:
         )
 
 
-class _Handlers:
+class _Handlers(ServiceHandlers):
     """One coroutine per method of the proto, each calling ``ChallengeService`` in a thread."""
 
     def __init__(self, service: ChallengeService, metrics: ChallengeMetrics) -> None:
+        super().__init__(metrics.calls)
         self.service = service
         self.metrics = metrics
-
-    async def _call(self, method: str, fn: Callable[[], Any]) -> Any:
-        try:
-            out = await anyio.to_thread.run_sync(fn)
-        except ChallengeError as e:
-            self.metrics.calls.labels(method, e.code).inc()
-            raise status_error(e) from None
-        self.metrics.calls.labels(method, "ok").inc()
-        return out
 
     async def Resolve(self, req: pb.ResolveRequest) -> pb.ResolveResponse:
         info, created, granted = await self._call(
@@ -466,7 +456,7 @@ class _Handlers:
             yield msg
 
 
-class ChallengeConnectApp(ConnectASGIApplication[_Handlers]):
+class ChallengeConnectApp(ServiceApp[_Handlers]):
     """The ASGI app serving ``svc.challenge.v1.ChallengeService`` (gRPC, gRPC-Web, Connect).
 
     Args:
@@ -485,15 +475,4 @@ class ChallengeConnectApp(ConnectASGIApplication[_Handlers]):
         verifier: Verifier | None = None,
         max_message_bytes: int = 1024 * 1024,
     ) -> None:
-        super().__init__(
-            service=_Handlers(service, metrics),
-            endpoints=lambda h: endpoints(pb, SERVICE_NAME, h),
-            read_max_bytes=max_message_bytes,
-            codecs=google_protobuf_codecs(),
-            interceptors=[BearerInterceptor(verifier)] if verifier is not None else (),
-        )
-
-    @property
-    def path(self) -> str:
-        """``/svc.challenge.v1.ChallengeService``: the prefix of every method's path."""
-        return f"/{SERVICE_NAME}"
+        super().__init__(_Handlers(service, metrics), pb, SERVICE_NAME, max_message_bytes, verifier)

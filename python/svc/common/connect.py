@@ -14,6 +14,9 @@ hypercorn (HTTP/1.1 and HTTP/2 cleartext), in this process or a thread of its ow
 * ``status_error``: a service layer's ``svc.common.errors.ServiceError`` as a gRPC status,
   its violations as a ``google.rpc.BadRequest`` detail.
 * ``timestamp``: an aware ``datetime`` as ``google.protobuf.Timestamp``.
+* ``ServiceHandlers`` and ``ServiceApp``: the base of a service's handlers (each blocking
+  service call in a worker thread, counted by method and outcome, its ``ServiceError`` as a
+  gRPC status) and the connectrpc app over them (endpoints, codecs, the bearer check).
 * ``serve_asgi``: binds the port (``svc.common.net.tcp_listener``) and runs hypercorn until a
   stop event or a signal; ``ThreadedServer``: the same in a thread, ``start()`` returning once
   the port listens.
@@ -27,18 +30,20 @@ import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 from types import ModuleType
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 import anyio.to_thread
 from connectrpc.code import Code
+from connectrpc.compat import google_protobuf_codecs
 from connectrpc.errors import ConnectError
 from connectrpc.method import IdempotencyLevel, MethodInfo, StreamType
 from connectrpc.request import RequestContext
-from connectrpc.server import Endpoint
+from connectrpc.server import ConnectASGIApplication, Endpoint
 from google.protobuf.timestamp_pb2 import Timestamp
 from google.rpc import error_details_pb2
 from hypercorn.asyncio import serve as hypercorn_serve
 from hypercorn.config import Config
+from prometheus_client import Counter
 from protobuf.wkt import Any as AnyDetail
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -51,6 +56,8 @@ from svc.common.net import tcp_listener
 __all__ = [
     "METRICS_CONTENT_TYPE",
     "BearerInterceptor",
+    "ServiceApp",
+    "ServiceHandlers",
     "ThreadedServer",
     "endpoints",
     "one_port",
@@ -153,6 +160,80 @@ def endpoints(pb: ModuleType, service: str, handlers: object) -> dict[str, Any]:
         else:
             out[path] = Endpoint.unary(method=info, function=_drop_ctx(fn))
     return out
+
+
+T = TypeVar("T")
+H = TypeVar("H", bound="ServiceHandlers")
+
+
+class ServiceHandlers:
+    """The base of a control-plane service's connectrpc handlers (one coroutine per method).
+
+    Args:
+        calls: the service's calls counter, labelled ``method`` and ``code`` (``ok`` or the
+            ``ServiceError`` code).
+
+    """
+
+    def __init__(self, calls: Counter) -> None:
+        self._calls = calls
+
+    async def _call(self, method: str, fn: Callable[[], T]) -> T:
+        """Runs the blocking service call ``fn`` in a worker thread and counts it.
+
+        Returns:
+            What ``fn`` returns.
+
+        Raises:
+            ConnectError: ``fn`` raised a ``ServiceError`` (``status_error``'s status).
+
+        """
+        try:
+            out = await anyio.to_thread.run_sync(fn)
+        except ServiceError as e:
+            self._calls.labels(method, e.code).inc()
+            raise status_error(e) from None
+        self._calls.labels(method, "ok").inc()
+        return out
+
+
+class ServiceApp(ConnectASGIApplication[H]):
+    """The ASGI app serving one proto service's handlers (gRPC, gRPC-Web and Connect).
+
+    Args:
+        handlers: the service's handlers, one per method of the proto (``endpoints``).
+        pb: the proto's grpcio-tools module (``*_pb2``).
+        service: the service's full name (``svc.policy.v1.PolicyService``).
+        max_message_bytes: largest request message.
+        verifier: checks every call's bearer token (``BearerInterceptor``); None admits every
+            caller (a loopback bind only).
+
+    Raises:
+        RuntimeError: a method of the proto has no handler.
+
+    """
+
+    def __init__(
+        self,
+        handlers: H,
+        pb: ModuleType,
+        service: str,
+        max_message_bytes: int,
+        verifier: Verifier | None = None,
+    ) -> None:
+        self._service_name = service
+        super().__init__(
+            service=handlers,
+            endpoints=lambda h: endpoints(pb, service, h),
+            read_max_bytes=max_message_bytes,
+            codecs=google_protobuf_codecs(),
+            interceptors=[BearerInterceptor(verifier)] if verifier is not None else (),
+        )
+
+    @property
+    def path(self) -> str:
+        """``/<service>``: the prefix of every method's path."""
+        return f"/{self._service_name}"
 
 
 def _drop_ctx(

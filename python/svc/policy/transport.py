@@ -19,17 +19,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
 import anyio.to_thread
-from connectrpc.compat import google_protobuf_codecs
-from connectrpc.server import ConnectASGIApplication
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from svc.common.auth import Verifier
-from svc.common.connect import BearerInterceptor, endpoints, status_error, timestamp
+from svc.common.connect import ServiceApp, ServiceHandlers, status_error, timestamp
 from svc.policy import service as svc_service
 from svc.policy.service import BundleInfo, PolicyError, PolicyService
 from svc.policy.v1 import policy_pb2 as pb
@@ -133,21 +131,13 @@ class PolicyMetrics:
         )
 
 
-class _Handlers:
-    """One coroutine per unary method of the proto, each calling ``PolicyService`` in a thread."""
+class _Handlers(ServiceHandlers):
+    """One coroutine per method of the proto, each calling ``PolicyService`` in a thread."""
 
     def __init__(self, service: PolicyService, metrics: PolicyMetrics) -> None:
+        super().__init__(metrics.calls)
         self.service = service
         self.metrics = metrics
-
-    async def _call(self, method: str, fn: Callable[[], Any]) -> Any:
-        try:
-            out = await anyio.to_thread.run_sync(fn)
-        except PolicyError as e:
-            self.metrics.calls.labels(method, e.code).inc()
-            raise status_error(e) from None
-        self.metrics.calls.labels(method, "ok").inc()
-        return out
 
     async def CreateDraft(self, req: pb.CreateDraftRequest) -> pb.CreateDraftResponse:
         files: dict[str, str] = {}
@@ -332,7 +322,7 @@ class _Handlers:
             self.metrics.watchers.dec()
 
 
-class PolicyConnectApp(ConnectASGIApplication[_Handlers]):
+class PolicyConnectApp(ServiceApp[_Handlers]):
     """The ASGI app serving ``svc.policy.v1.PolicyService`` (gRPC, gRPC-Web and Connect).
 
     Args:
@@ -352,15 +342,4 @@ class PolicyConnectApp(ConnectASGIApplication[_Handlers]):
         max_message_bytes: int,
         verifier: Verifier | None = None,
     ) -> None:
-        super().__init__(
-            service=_Handlers(service, metrics),
-            endpoints=lambda h: endpoints(pb, SERVICE_NAME, h),
-            read_max_bytes=max_message_bytes,
-            codecs=google_protobuf_codecs(),
-            interceptors=[BearerInterceptor(verifier)] if verifier is not None else (),
-        )
-
-    @property
-    def path(self) -> str:
-        """``/svc.policy.v1.PolicyService``: the prefix of every method's path."""
-        return f"/{SERVICE_NAME}"
+        super().__init__(_Handlers(service, metrics), pb, SERVICE_NAME, max_message_bytes, verifier)

@@ -269,6 +269,19 @@ def test_grpc_and_authzen(world: World) -> None:
     assert again.verdict == authz_pb2.VERDICT_ALLOW
     assert again.challenge_qid == qid
     assert world.http.post("/access/v1/evaluation", json=z).json()["decision"] is True
+    # In a short-circuiting batch, the passed challenge's allow lets the batch go on, and the
+    # next item's open challenge stops it.
+    short = world.http.post(
+        "/access/v1/evaluations",
+        json={
+            "subject": human("ana"),
+            "evaluations": [z, {**z, "resource": doc("g2")}, z],
+            "options": {"evaluations_semantic": "deny_on_first_deny"},
+        },
+    ).json()["evaluations"]
+    assert [e["decision"] for e in short] == [True, False]
+    assert short[0]["context"]["challenge_qid"] == qid
+    assert short[1]["context"]["verdict"] == "challenge"
 
 
 def test_rejected_and_waited_on_another_decision_point(world: World) -> None:

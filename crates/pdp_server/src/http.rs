@@ -15,6 +15,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
+use futures_util::future::join_all;
 use pdp_core::request::BodyError;
 use pdp_core::search::{SearchError, SearchKind};
 use pdp_core::{CheckRequest, Decision, EntityUid, Mode, PlanRequest, RequestError, Verdict};
@@ -925,8 +926,9 @@ async fn authzen_evaluations(
         let refs: Vec<&EntityUid> = uids.iter().collect();
         s.ensure_resources(&refs, &[]).await;
     }
-    let mut out = Vec::with_capacity(items.len());
-    let mut logged = Vec::new();
+    // Decide the items in order, up to the first that stops the batch (its semantic).
+    let mut decided: Vec<Result<Decision, RequestError>> = Vec::with_capacity(items.len());
+    let mut resolutions: Vec<Option<String>> = Vec::with_capacity(items.len());
     for (i, item) in items.iter().enumerate() {
         let Some(it) = item.as_object() else {
             return Err(Problem::request(&RequestError::new(
@@ -935,7 +937,7 @@ async fn authzen_evaluations(
             )));
         };
         let pick = |k: &str| it.get(k).filter(|x| !x.is_null()).or_else(|| o.get(k));
-        let res = unknown_authzen_member(it).and_then(|()| {
+        let mut res = unknown_authzen_member(it).and_then(|()| {
             authzen_decide(
                 &s,
                 pick("subject"),
@@ -944,33 +946,67 @@ async fn authzen_evaluations(
                 pick("context"),
             )
         });
-        let (entry, decision) = match res {
-            Ok(mut d) => {
-                let challenge_qid = s.resolve_challenge(&mut d).await;
-                logged.push(s.decided(&d, Transport::Authzen, challenge_qid.as_deref()));
-                let r = authzen_response(&d, challenge_qid.as_deref());
-                // A view of the decision model cannot fail to serialise (string keys only).
-                (serde_json::to_value(&r).unwrap_or_default(), r.decision)
-            }
-            // One bad evaluation does not fail the batch (AuthZEN 1.0 section 7.2): it is a
-            // deny carrying the error.
-            Err(e) => (
-                json!({
-                    "decision": false,
-                    "context": {"error": {"status": 400, "field": e.field, "message": e.to_string()}},
-                }),
-                false,
-            ),
+        if semantic == Semantic::ExecuteAll {
+            // Every item is decided; their challenges are resolved together below.
+            decided.push(res);
+            continue;
+        }
+        // Whether the batch goes on depends on this item's final verdict, which resolving its
+        // challenge may change (passed: allow; rejected: deny): resolved now, in order.
+        let challenge_qid = match &mut res {
+            Ok(d) => s.resolve_challenge(d).await,
+            Err(_) => None,
         };
-        out.push(entry);
+        let allowed = res
+            .as_ref()
+            .is_ok_and(|d| authzen_response(d, None).decision);
+        decided.push(res);
+        resolutions.push(challenge_qid);
         let stop = match semantic {
+            Semantic::DenyOnFirstDeny => !allowed,
+            Semantic::PermitOnFirstPermit => allowed,
             Semantic::ExecuteAll => false,
-            Semantic::DenyOnFirstDeny => !decision,
-            Semantic::PermitOnFirstPermit => decision,
         };
         if stop {
             break;
         }
+    }
+    if semantic == Semantic::ExecuteAll {
+        // One challenge-service call per challenged item, all at once rather than one after
+        // another (each may create a challenge, a round trip to its database).
+        let pending = decided.iter_mut().filter_map(|r| r.as_mut().ok()).map(|d| {
+            let s = &s;
+            async move { s.resolve_challenge(d).await }
+        });
+        let mut done = join_all(pending).await.into_iter();
+        resolutions = decided
+            .iter()
+            .map(|r| {
+                if r.is_ok() {
+                    done.next().flatten()
+                } else {
+                    None
+                }
+            })
+            .collect();
+    }
+    let mut out = Vec::with_capacity(decided.len());
+    let mut logged = Vec::new();
+    for (res, challenge_qid) in decided.iter().zip(&resolutions) {
+        out.push(match res {
+            Ok(d) => {
+                logged.push(s.decided(d, Transport::Authzen, challenge_qid.as_deref()));
+                // A view of the decision model cannot fail to serialise (string keys only).
+                serde_json::to_value(authzen_response(d, challenge_qid.as_deref()))
+                    .unwrap_or_default()
+            }
+            // One bad evaluation does not fail the batch (AuthZEN 1.0 section 7.2): it is a
+            // deny carrying the error.
+            Err(e) => json!({
+                "decision": false,
+                "context": {"error": {"status": 400, "field": e.field, "message": e.to_string()}},
+            }),
+        });
     }
     for l in logged {
         l.written().await?;

@@ -8,31 +8,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sqlalchemy import Engine
-
 from svc.common.migrate import Migrations
 
-__all__ = ["HEAD", "current_revision", "migrate"]
+__all__ = ["HEAD", "MIGRATIONS", "current_revision", "migrate"]
 
-_MIGRATIONS = Migrations(Path(__file__).parent / "migrations")
+#: The scripts in ``migrations/`` beside this module.
+MIGRATIONS = Migrations(Path(__file__).parent / "migrations")
 
 #: The newest revision of the scripts.
-HEAD: str = _MIGRATIONS.head
+HEAD: str = MIGRATIONS.head
 
+#: Upgrades the database behind an engine to ``HEAD`` (``Migrations.upgrade``).
+migrate = MIGRATIONS.upgrade
 
-def migrate(engine: Engine) -> str:
-    """Upgrades the database behind ``engine`` to the newest revision (``Migrations.upgrade``).
-
-    Returns:
-        The revision now applied (``HEAD``).
-
-    Raises:
-        sqlalchemy.exc.SQLAlchemyError: the database refused a step; nothing of it is kept.
-
-    """
-    return _MIGRATIONS.upgrade(engine)
-
-
-def current_revision(engine: Engine) -> str | None:
-    """The revision the database is at, or None before the first migration."""
-    return Migrations.current_revision(engine)
+#: The revision a database is at, or None before the first migration
+#: (``Migrations.current_revision``).
+current_revision = Migrations.current_revision

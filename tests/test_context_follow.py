@@ -18,7 +18,7 @@ import httpx
 import pytest
 import uvicorn
 
-from serverkit import check_json, check_request
+from serverkit import check_json, check_request, wait_until
 from svc.authz.v1 import authz_pb2_grpc
 from svc.common.auth import LOCAL_ISSUER, LocalIssuer
 from svc.common.net import tcp_listener
@@ -444,6 +444,115 @@ def test_misses_of_every_transport_are_fetched(live: Live, pdp: Pdp) -> None:
     put_docs(live, ("e", "eng", "internal"))
     assert pdp.verdict(human("gus@example.com"), "e") == "deny"
     assert follower.status.fetches == 3
+
+
+def test_resource_search_sees_every_resource_the_service_holds(live: Live, pdp: Pdp) -> None:
+    """A resource search's candidates are all the type's resources (docs/search.md): the
+    decision point reads the type whole from the service (pages of ``GET /v1/resources``)
+    before the first search, and the feed keeps it whole: a resource created, changed or
+    deleted after the load shows in the next search."""
+    create_user(
+        live,
+        "hal@example.com",
+        **{"urn:ietf:params:scim:schemas:extension:enterprise:2.0:User": {"department": "eng"}},
+    )
+    # More than one page of the listing (FETCH_CHUNK), half of them in hal's department.
+    n = 1203
+    docs = [(f"doc{i:05}", "eng" if i % 2 else "ops", "internal") for i in range(n)]
+    for i in range(0, n, 500):
+        put_docs(live, *docs[i : i + 500])
+    follower = follow_context(
+        pdp.engine, pdp.server, live.url, wait_secs=1, fetch_timeout_ms=FETCH_MS
+    )
+    body = {
+        "subject": {"type": "Human", "id": "hal@example.com"},
+        "action": {"name": "read"},
+        "resource": {"type": "Document"},
+        "page": {"limit": 1000},
+    }
+
+    def search() -> list[str]:
+        out: list[str] = []
+        token = ""
+        while True:
+            r = pdp.http.post(
+                "/access/v1/search/resource", json={**body, "page": {"limit": 1000, "token": token}}
+            )
+            if r.status_code == 410:  # the feed moved the resources mid-search: start again
+                out, token = [], ""
+                continue
+            assert r.status_code == 200, r.text
+            out += [x["id"] for x in r.json()["results"]]
+            token = r.json()["page"]["next_token"]
+            if not token:
+                return out
+
+    try:
+        follower.loaded.wait()
+        want = [d for d, dep, _ in docs if dep == "eng"]
+        assert search() == want
+        assert follower.status.fetched == n
+        # Loaded once: the next search reads nothing more.
+        assert search() == want
+        assert follower.status.fetched == n
+        # The feed keeps the type whole: a new resource, one moved out, one deleted.
+        put_docs(live, ("new", "eng", "internal"), (want[0], "ops", "internal"))
+        r = live.http.post("/v1/resources/delete", json={"resources": [_doc(want[1])]})
+        assert r.status_code == 200, r.text
+        expect = sorted([*want[2:], "new"])
+        wait_until(lambda: search() == expect)
+        # The listing itself: pages in id order, `next` empty on the last.
+        page = live.http.get("/v1/resources", params={"type": "Document", "limit": 2}).json()
+        assert [x["uid"]["id"] for x in page["resources"]] == ["doc00000", "doc00001"]
+        assert page["next"] == "doc00001"
+        last = live.http.get(
+            "/v1/resources", params={"type": "Document", "after": "doc01202", "limit": 5}
+        ).json()
+        assert [x["uid"]["id"] for x in last["resources"]] == ["new"] and last["next"] == ""
+        bad = live.http.get("/v1/resources", params={"type": "Document", "limit": 0})
+        assert bad.status_code == 400 and bad.json()["errors"][0]["field"] == "limit"
+    finally:
+        follower.stop()
+
+
+def test_resource_search_refuses_when_the_type_cannot_be_read_whole(pdp: Pdp) -> None:
+    """A resource search whose type the source cannot read whole answers 503 rather than a
+    result that may miss resources; a directory type is never asked for."""
+    asked: list[str] = []
+
+    def fetch(
+        resources: list[tuple[str, str]], work_items: list[str]
+    ) -> tuple[list[tuple[str, str]], list[str]]:
+        return resources, work_items
+
+    def load_type(resource_type: str) -> None:
+        asked.append(resource_type)
+        raise RuntimeError("the context service is down")
+
+    pdp.server.set_resource_source(fetch, timeout_ms=1000, load_type=load_type)
+    pdp.engine.upsert_entities(
+        [
+            {
+                "uid": {"type": "Human", "id": "ida"},
+                "attrs": {"active": True, "department": "eng", "title": "x"},
+                "parents": [],
+            }
+        ]
+    )
+    body = {
+        "subject": {"type": "Human", "id": "ida"},
+        "action": {"name": "read"},
+        "resource": {"type": "Document"},
+    }
+    r = pdp.http.post("/access/v1/search/resource", json=body)
+    assert r.status_code == 503, r.text
+    assert r.headers["content-type"].startswith("application/problem+json")
+    assert "the context service is down" in r.json()["detail"]
+    assert asked == ["Document"]
+    # An unknown type is the request's fault, not the source's.
+    r = pdp.http.post("/access/v1/search/resource", json={**body, "resource": {"type": "Nope"}})
+    assert r.status_code == 400, r.text
+    assert asked == ["Document"]
 
 
 def _serve(

@@ -558,6 +558,8 @@ class Server:
         | None,
         timeout_ms: int = 200,
         max_absent: int = 100_000,
+        load_type: Callable[[str], None] | None = None,
+        load_timeout_ms: int = 30_000,
     ) -> None:
         """Installs the source of resources and work items checks name and the engine lacks.
 
@@ -571,6 +573,12 @@ class Server:
         one request at a time; others wait for it. A call that raises or takes longer than
         ``timeout_ms`` lets the checks be decided without it (counted in
         ``svc_pdp_resource_fetches_total{outcome}``). ``None`` removes the source.
+
+        ``load_type(type)``, when given, reads every resource of the type into the engine and
+        keeps the type whole, returning once it is (at once when it already is). An AuthZEN
+        resource search calls it first, so its candidates are all the type's resources
+        (docs/search.md); when it raises or takes longer than ``load_timeout_ms`` the search
+        answers 503. Without it, resource search sees what the engine holds.
 
         Raises:
             RuntimeError: the server is not running.

@@ -7,7 +7,7 @@ use pdp_server::auth::{AuthConfig, Authenticator};
 use pdp_server::challenges::{
     Ask, ChallengeSource, Challenges, Found, GetFuture, ResolveFuture, State, Status,
 };
-use pdp_server::resources::{FetchFuture, Fetcher, Missing, ResourceSource};
+use pdp_server::resources::{FetchFuture, Fetcher, LoadFuture, Missing, ResourceSource};
 use pdp_server::{Config, Running};
 use pyo3::exceptions::{PyOSError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -205,20 +205,33 @@ impl Server {
     /// dropped first). It is called from a worker thread with the GIL, once for the misses of
     /// one request; a call that raises or takes longer than `timeout_ms` lets the checks be
     /// decided without what it fetches (`svc_pdp_resource_fetches_total{outcome}`).
+    ///
+    /// `load_type(type)`, when given, reads every resource of the type into the engine and
+    /// keeps the type whole, returning once it is (at once when it already is); an AuthZEN
+    /// resource search calls it first (docs/search.md) and answers 503 when it raises or takes
+    /// longer than `load_timeout_ms`. Without it, resource search sees what the engine holds.
     /// Raises `RuntimeError` when the server is not running.
-    #[pyo3(signature = (fetch, timeout_ms=200, max_absent=100_000))]
+    #[pyo3(signature = (fetch, timeout_ms=200, max_absent=100_000, load_type=None, load_timeout_ms=30_000))]
     fn set_resource_source(
         &self,
         fetch: Option<Py<PyAny>>,
         timeout_ms: u64,
         max_absent: usize,
+        load_type: Option<Py<PyAny>>,
+        load_timeout_ms: u64,
     ) -> PyResult<()> {
         let fetcher = fetch.map(|f| {
-            Arc::new(Fetcher::new(
-                Arc::new(PySource(Arc::new(f))),
-                Duration::from_millis(timeout_ms),
-                max_absent,
-            ))
+            Arc::new(
+                Fetcher::new(
+                    Arc::new(PySource {
+                        fetch: Arc::new(f),
+                        load_type: load_type.map(Arc::new),
+                    }),
+                    Duration::from_millis(timeout_ms),
+                    max_absent,
+                )
+                .with_load_timeout(Duration::from_millis(load_timeout_ms)),
+            )
         });
         self.with_running(|r| r.shared.set_resource_source(fetcher))
     }
@@ -355,12 +368,27 @@ impl Server {
     }
 }
 
-/// A Python callable as a [`ResourceSource`] (see `Server.set_resource_source`).
-struct PySource(Arc<Py<PyAny>>);
+/// Python callables as a [`ResourceSource`] (see `Server.set_resource_source`).
+struct PySource {
+    fetch: Arc<Py<PyAny>>,
+    load_type: Option<Arc<Py<PyAny>>>,
+}
 
 impl ResourceSource for PySource {
+    fn load_type(&self, resource_type: &str) -> LoadFuture {
+        let Some(f) = self.load_type.clone() else {
+            let why = format!("no source lists the resources of `{resource_type}`");
+            return Box::pin(async move { Err(why) });
+        };
+        let ty = resource_type.to_owned();
+        let task = tokio::task::spawn_blocking(move || {
+            Python::attach(|py| f.call1(py, (ty,)).map(drop).map_err(|e| e.to_string()))
+        });
+        Box::pin(async move { task.await.map_err(|e| e.to_string())? })
+    }
+
     fn fetch(&self, missing: Missing) -> FetchFuture {
-        let f = self.0.clone();
+        let f = self.fetch.clone();
         let task = tokio::task::spawn_blocking(move || {
             let resources: Vec<(String, String)> = missing.resources.iter().map(parts).collect();
             Python::attach(|py| -> Result<Missing, String> {

@@ -1032,8 +1032,9 @@ fn search_problem(e: &SearchError) -> Problem {
     }
 }
 
-/// One AuthZEN search (`POST /access/v1/search/<kind>`, docs/search.md): fetches the known
-/// resource when a resource source is installed, answers one page and writes one decision
+/// One AuthZEN search (`POST /access/v1/search/<kind>`, docs/search.md): when a resource
+/// source is installed, fetches the known resource, or for a resource search has the source
+/// read the whole type first (a 503 when it cannot); answers one page and writes one decision
 /// record for it.
 async fn search(
     s: &Shared,
@@ -1045,6 +1046,23 @@ async fn search(
     if kind != SearchKind::Resource {
         if let Some(uid) = authzen_resource(v.get("resource")) {
             s.ensure_resources(&[&uid], &[]).await;
+        }
+    } else if let Some(f) = s.resource_source() {
+        // The candidates are every resource of the type: the source's too (docs/search.md).
+        let ty = v
+            .get("resource")
+            .and_then(|r| r.get("type"))
+            .and_then(Value::as_str)
+            .and_then(|t| s.engine.source_type(t));
+        if let Some(ty) = ty {
+            f.load_type(&ty.to_string()).await.map_err(|e| {
+                Problem::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "resources-unavailable",
+                    "The resources of the type are not all held",
+                    format!("{e}; the search would miss some, so it is not answered: retry"),
+                )
+            })?;
         }
     }
     let page = s

@@ -65,6 +65,30 @@ pub trait ResourceSource: Send + Sync {
     /// what it did not find. Runs detached from the request: a check that stops waiting (the
     /// deadline) does not cancel it. Errors are a text for the log and the metric.
     fn fetch(&self, missing: Missing) -> FetchFuture;
+
+    /// Reads every resource of `resource_type` the source holds into the engine, and keeps
+    /// the type whole from then on (docs/search.md: a resource search's candidates are all
+    /// the resources of its type). Answers once the type is whole (at once when it already
+    /// is); an error is a text for the log. By default the source cannot list: an error.
+    fn load_type(&self, resource_type: &str) -> LoadFuture {
+        let why = format!("this resource source cannot list the resources of `{resource_type}`");
+        Box::pin(async move { Err(why) })
+    }
+}
+
+/// The future [`ResourceSource::load_type`] answers with.
+pub type LoadFuture = Pin<Box<dyn Future<Output = Result<(), String>> + Send + 'static>>;
+
+/// Why [`Fetcher::load_type`] could not make a type whole.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LoadError {
+    /// The source answered an error (the text).
+    #[error("the context service's resources of the type could not be read: {0}")]
+    Failed(String),
+    /// The source did not answer within the load timeout (it goes on: a later search may
+    /// find the type whole).
+    #[error("the context service's resources of the type are still being read")]
+    Timeout,
 }
 
 /// A key of the absent set and of fetches in flight.
@@ -109,11 +133,17 @@ impl Outcome {
 /// `pdp_py` a thread of Tokio's blocking pool waiting for the GIL and the context service).
 pub const MAX_CONCURRENT_FETCHES: usize = 32;
 
+/// How long a resource search waits, by default, for its type to be read whole
+/// ([`Fetcher::load_type`]).
+pub const DEFAULT_LOAD_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// A [`ResourceSource`] with the absent set, single flight, deadline and bound of the module
 /// docs.
 pub struct Fetcher {
     source: Arc<dyn ResourceSource>,
     timeout: Duration,
+    /// How long a search waits for its resource type to be read whole.
+    load_timeout: Duration,
     book: Mutex<Book>,
     permits: Arc<tokio::sync::Semaphore>,
 }
@@ -143,6 +173,7 @@ impl Fetcher {
         Self {
             source,
             timeout,
+            load_timeout: DEFAULT_LOAD_TIMEOUT,
             book: Mutex::new(Book {
                 absent: lru::LruCache::with_hasher(cap, foldhash::fast::RandomState::default()),
                 generation: 0,
@@ -156,6 +187,31 @@ impl Fetcher {
         self.book
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Sets how long [`Fetcher::load_type`] waits for a type to be read whole (default
+    /// [`DEFAULT_LOAD_TIMEOUT`]).
+    #[must_use]
+    pub fn with_load_timeout(mut self, timeout: Duration) -> Self {
+        self.load_timeout = timeout;
+        self
+    }
+
+    /// Makes the engine hold every resource of `resource_type` the source holds
+    /// ([`ResourceSource::load_type`]), waiting at most the load timeout. The source's load
+    /// is not cancelled by a timeout: it goes on, and a later call finds it done.
+    ///
+    /// # Errors
+    /// [`LoadError::Failed`] when the source failed; [`LoadError::Timeout`] when it did not
+    /// answer in time.
+    pub async fn load_type(&self, resource_type: &str) -> Result<(), LoadError> {
+        let task = tokio::spawn(self.source.load_type(resource_type));
+        match tokio::time::timeout(self.load_timeout, task).await {
+            Err(_) => Err(LoadError::Timeout),
+            Ok(Err(e)) => Err(LoadError::Failed(e.to_string())),
+            Ok(Ok(Err(e))) => Err(LoadError::Failed(e)),
+            Ok(Ok(Ok(()))) => Ok(()),
+        }
     }
 
     /// Forgets that these ids are absent (the change feed named them: they may exist now).

@@ -212,6 +212,18 @@ def create_app(
         """Stores ``{"resources": [...]}``, all or nothing."""
         return await run(service.put_resources, _member(body, "resources"))
 
+    @app.get("/v1/resources", dependencies=guard, tags=["resources"])
+    async def list_resources(
+        type: Annotated[str, Query(description="the resources' Cedar entity type")],
+        after: Annotated[str, Query(description="the previous page's `next`")] = "",
+        limit: Annotated[int, Query(description="most resources on the page")] = 500,
+    ) -> Any:
+        """The resources of ``type`` in ascending id order, a page at a time.
+
+        ``{"resources", "next", "version"}``; ``next`` is ``""`` on the last page.
+        """
+        return await run(service.list_resources, type, after, limit)
+
     @app.post("/v1/resources/get", dependencies=guard, tags=["resources"])
     async def get_resources(body: Annotated[dict[str, Any], Body()]) -> Any:
         """Reads ``{"resources": [ref]}`` by id."""

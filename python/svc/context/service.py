@@ -534,6 +534,53 @@ class ContextService:
                     found.append(row.entity)
         return {"resources": found, "missing": missing, "version": version}
 
+    def list_resources(self, resource_type: str, after: str, limit: int) -> dict[str, Any]:
+        """One page of the resources of a type, in ascending order of id.
+
+        What a decision point reads to hold every resource of a type, for an AuthZEN resource
+        search (docs/context.md#resources-and-work-items).
+
+        Args:
+            resource_type: the Cedar entity type (``Document``).
+            after: the last id of the previous page (``""``: from the first).
+            limit: most resources on the page (1 to ``max_batch_items``).
+
+        Returns:
+            ``{"resources": [entity], "next": id, "version": seq}``: ``next`` is the last id
+            of the page when more may follow, ``""`` on the last page; ``version`` is the
+            resources feed's version the read saw (follow the feed from it to stay current).
+
+        Raises:
+            Problem: 400 ``invalid-request`` naming ``type`` (not an identifier) or ``limit``
+                (out of range).
+
+        """
+        errors: list[FieldError] = []
+        _check_ident(resource_type, None, "type", errors)
+        if not 1 <= limit <= self.settings.max_batch_items:
+            errors.append(
+                FieldError(None, "limit", f"1 to {self.settings.max_batch_items}, not {limit}")
+            )
+        if errors:
+            raise Problem(
+                400,
+                "invalid-request",
+                "Invalid request",
+                "; ".join(e.message for e in errors),
+                errors,
+            )
+        with self.read() as s:
+            version = self._feed_version(s, "resources")
+            rows = s.exec(
+                select(ResourceRow)
+                .where(col(ResourceRow.type) == resource_type, col(ResourceRow.id) > after)
+                .order_by(col(ResourceRow.id))
+                .limit(limit)
+            ).all()
+            found = [r.entity for r in rows]
+            nxt = rows[-1].id if len(rows) == limit else ""
+        return {"resources": found, "next": nxt, "version": version}
+
     # -- Work items -------------------------------------------------------
 
     def put_work_items(self, raw: Any) -> dict[str, Any]:

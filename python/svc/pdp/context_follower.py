@@ -280,6 +280,9 @@ class ContextFollower:
         self._fetching = 0
         self._touched: set[tuple[str, str]] = set()
         self._touched_items: set[str] = set()
+        # Resource types held whole (``load_type``): every change of one is applied.
+        self._loaded_types: set[str] = set()
+        self._type_locks: dict[str, threading.Lock] = {}
         self._installed: int | None = None  # the timeout_ms it was installed with
         # Readiness needs the snapshot and, when following them, both feeds' heads: a fetch
         # before a head is known could miss a change between its read and that head.
@@ -347,7 +350,7 @@ class ContextFollower:
         """
         if self.server is None or not self.server.running or not self.follows_resources:
             return
-        self.server.set_resource_source(self.fetch, timeout_ms=timeout_ms)
+        self.server.set_resource_source(self.fetch, timeout_ms=timeout_ms, load_type=self.load_type)
         self._installed = timeout_ms
 
     def wait_for(self, predicate: Callable[[ContextStatus], bool]) -> ContextStatus:
@@ -614,6 +617,7 @@ class ContextFollower:
             if feed == "resources":
                 held = sorted(self._held)
                 self._held.clear()
+                self._loaded_types.clear()
                 if held:
                     self.engine.remove_entities([_ref(t, i) for t, i in held])
             else:
@@ -690,7 +694,11 @@ class ContextFollower:
         for ref, value in last.items():
             if self._fetching:
                 self._touched.add(ref)
-            if ref not in self._held:
+            if ref not in self._held and ref[0] in self._loaded_types and value is not None:
+                # A type held whole: a resource new to it is held from now on.
+                upserts.append(value)
+                adopted.append(ref)
+            elif ref not in self._held:
                 forget.append(ref)
                 if self._fetching and value is not None:
                     # A fetch in flight may be reading it, and will drop its (maybe older)
@@ -777,6 +785,84 @@ class ContextFollower:
         if not isinstance(answer, dict):
             raise _FeedError(f"POST {path}: the answer is not an object")
         return answer
+
+    def load_type(self, resource_type: str) -> None:
+        """Reads every resource of ``resource_type`` the service holds into the store, once.
+
+        The listener calls it (``Server.set_resource_source``'s ``load_type``) before an
+        AuthZEN resource search, whose candidates must be all the resources of the type
+        (docs/search.md). The pages come from ``GET /v1/resources?type=`` in id order; from the
+        start of the load on, the resources feed applies every change of the type (a new
+        resource is held too), so the type stays whole. A second call returns at once; a call
+        while another loads the type waits for it. Feed changes that came during the load win
+        over the pages (theirs is the newer state), as for ``fetch``.
+
+        Args:
+            resource_type: the Cedar entity type (``Document``).
+
+        Raises:
+            RuntimeError: a read failed (transport, status, shape); the type is not marked
+                whole (what was read stays held and followed), and the next call starts again.
+
+        """
+        if not self._heads.wait(self._fetch_timeout_secs):
+            raise RuntimeError("the context service's feeds are not followed yet")
+        with self._engine_lock:
+            lock = self._type_locks.setdefault(resource_type, threading.Lock())
+        with lock:
+            with self._engine_lock:
+                if resource_type in self._loaded_types:
+                    return
+                # Changes from now on are applied as held; the pages fill in the rest.
+                self._loaded_types.add(resource_type)
+                self._fetching += 1
+            done = False
+            try:
+                after = ""
+                while True:
+                    try:
+                        body = self._get(
+                            self._fetch_client,
+                            "/v1/resources",
+                            type=resource_type,
+                            after=after,
+                            limit=FETCH_CHUNK,
+                        )
+                        page = body["resources"]
+                        after = str(body["next"])
+                        if not isinstance(page, list):
+                            raise TypeError("`resources` is not a list")
+                    except (_FeedError, KeyError, TypeError, ValueError) as e:
+                        with self._cond:
+                            self.status.fetch_errors += 1
+                        log.warning("context service: loading %s failed: %s", resource_type, e)
+                        raise RuntimeError(str(e) or type(e).__name__) from e
+                    with self._engine_lock:
+                        fresh = [
+                            f
+                            for f in page
+                            if (f["uid"]["type"], f["uid"]["id"]) not in self._touched
+                        ]
+                        refused = self._upsert(fresh)
+                        self._held.update(
+                            (f["uid"]["type"], f["uid"]["id"])
+                            for f in fresh
+                            if f["uid"] not in refused
+                        )
+                    with self._cond:
+                        self.status.fetched += len(fresh)
+                    if not after:
+                        break
+                done = True
+            finally:
+                with self._engine_lock:
+                    if not done:
+                        self._loaded_types.discard(resource_type)
+                    self._fetching -= 1
+                    if not self._fetching:
+                        self._touched.clear()
+                        self._touched_items.clear()
+            self._changed(f"loaded {resource_type}")
 
     def fetch(
         self, resources: list[tuple[str, str]], work_items: list[str]

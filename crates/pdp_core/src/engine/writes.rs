@@ -11,7 +11,7 @@ use crate::decision::Mode;
 use crate::error::{chain, BundleError, RequestError, SourceError};
 use crate::request::{check_identifier, kind, parse_uid};
 use crate::store::{parse_uid_list, ClosedEntity, Interner, StoredEntity, WorkItem};
-use cedar_policy::{Entity, EntityUid};
+use cedar_policy::{Entity, EntityTypeName, EntityUid};
 use cedar_policy_core::ast;
 use serde_json::{json, Value};
 use std::collections::HashSet;
@@ -519,5 +519,16 @@ impl Engine {
             .map(|id| (*id).to_owned())
             .collect();
         (res, items)
+    }
+
+    /// The resource type named `name` (as requests name types: `Document`, or qualified)
+    /// when a resource source could serve it, as in [`Engine::missing`]: declared by the
+    /// bundle (any, without a schema) and not a directory type. `None` otherwise.
+    #[must_use]
+    pub fn source_type(&self, name: &str) -> Option<EntityTypeName> {
+        let st = self.state.load();
+        let b = &*st.bundle;
+        let ty = b.resolve_type(name, "resource.type").ok()?;
+        (!b.is_directory_type(&ty) && b.check_type(&ty, "resource.type").is_ok()).then_some(ty)
     }
 }

@@ -1125,7 +1125,7 @@ def test_metrics_count_searches_by_kind_and_method(corp: Served) -> None:
     assert all(r.status_code == 200 for r in pages), [r.text for r in pages]
     text = corp.metrics()
     assert metric(text, "svc_pdp_searches_total", kind="resource", method="plan") == 1
-    assert metric(text, "svc_pdp_searches_total", kind="subject", method="checks") == 1
+    assert metric(text, "svc_pdp_searches_total", kind="subject", method="plan") == 1
     assert metric(text, "svc_pdp_searches_total", kind="action", method="checks") == 2
     for kind, n in (("resource", 1), ("subject", 1), ("action", 2)):
         found = sum(len(r.json()["results"]) for r in pages if r.url.path.endswith(kind))

@@ -16,7 +16,7 @@ through (tools, resources, prompts) for HTTP and stdio upstreams; an upstream do
 comes back; an MCP session bound to the caller that opened it; checks the bundle refuses and
 calls that do not name their resource; outage tiers from the policy service and containments
 from a file; intake events that never block a call and are dropped past the queue's bound;
-settings checks.
+settings checks; a `Host` or `Origin` not the gateway's refused (DNS rebinding protection).
 """
 
 from __future__ import annotations
@@ -670,6 +670,44 @@ def test_unknown_upstreams_and_routes(stack: Stack) -> None:
     assert r.json()["type"] == "urn:svc:problem:not-found"
     v = httpx.get(f"{stack.gateway.url}/version", timeout=30).json()
     assert v["component"] == "svc-gateway"
+
+
+def test_a_host_or_origin_not_the_gateways_is_refused(stack: Stack) -> None:
+    """DNS rebinding protection (docs/gateway.md#dns-rebinding-protection): before the token."""
+    token = stack.copilot.mint("ana", AUD, act="copilot.assistant")
+    port = stack.gateway.url.rsplit(":", 1)[1]
+    refused = {
+        "evil host": ({"host": "evil.example.com"}, 421, "misdirected-request"),
+        "evil origin": ({"origin": "http://evil.example.com"}, 403, "origin-not-allowed"),
+        "loopback, another port": ({"origin": "http://localhost:1"}, 403, "origin-not-allowed"),
+    }
+    for name, (headers, status, slug) in refused.items():
+        for r in (
+            httpx.post(stack.mcp, json={}, headers={**headers, "authorization": f"Bearer {token}"}),
+            httpx.get(f"{stack.gateway.url}/mcp/challenges/x?wait=0", headers=headers),
+        ):
+            assert r.status_code == status, (name, r.text)
+            assert r.headers["content-type"] == "application/problem+json"
+            body = r.json()
+            assert body["type"] == f"urn:svc:problem:{slug}", body
+            assert body["status"] == status
+            assert "evil.example.com" in body["detail"] or "localhost:1" in body["detail"]
+    # The gateway's own names pass the check (and then need a token).
+    for host in (f"localhost:{port}", f"[::1]:{port}", f"127.0.0.1:{port}"):
+        r = httpx.post(stack.mcp, json={}, headers={"host": host, "origin": f"http://{host}"})
+        assert r.status_code == 401, (host, r.text)
+    # Listed names pass too; the probes are never checked.
+    gw = GatewayServer(
+        stack.settings(
+            allowed_hosts=["mcp.example.com:*"], allowed_origins=["https://app.example.com"]
+        )
+    ).start()
+    try:
+        ok = {"host": "mcp.example.com:443", "origin": "https://app.example.com"}
+        assert httpx.post(f"{gw.url}/mcp/docs", json={}, headers=ok).status_code == 401
+        assert httpx.get(f"{gw.url}/version", headers={"host": "evil.example.com"}).is_success
+    finally:
+        gw.stop()
 
 
 def test_settings_are_checked() -> None:

@@ -5,7 +5,8 @@
 * ``/mcp/{upstream}``: the upstream's MCP proxy, Streamable HTTP on the agent side (the MCP
   specification's transport, https://modelcontextprotocol.io/specification/2025-11-25/basic/
   transports), built on the ``mcp`` SDK's low-level ``Server`` and its
-  ``StreamableHTTPSessionManager``. Every request first needs a valid agent token
+  ``StreamableHTTPSessionManager``. Every ``/mcp/...`` request first needs an accepted
+  ``Host`` and ``Origin`` (``TransportGuard``, DNS rebinding protection), then a valid agent token
   (``svc.gateway.tokens``; 401 otherwise); an MCP session is bound to the caller that opened
   it (another caller gets 404 for it). ``tools/call`` is checked (``GatewayService.call_tool``);
   ``tools/list``, resources, prompts and completions pass through to the upstream's session,
@@ -40,7 +41,7 @@ from svc.gateway.service import GatewayService, UpstreamUnavailable
 from svc.gateway.settings import GatewaySettings
 from svc.gateway.tokens import AgentIdentity, AgentTokenVerifier, TokenError
 
-__all__ = ["GatewayServer", "McpProxy", "create_app", "serve"]
+__all__ = ["GatewayServer", "McpProxy", "TransportGuard", "create_app", "serve"]
 
 log = logging.getLogger("svc.gateway")
 
@@ -171,6 +172,93 @@ class McpProxy:
                 handlers.pop(method, None)
         if init is not None:
             self.server.instructions = init.instructions
+
+
+class TransportGuard:
+    """DNS rebinding protection of ``/mcp/...``: the request's ``Host`` and ``Origin`` checked.
+
+    The MCP transport's security warning (https://modelcontextprotocol.io/specification/
+    2025-11-25/basic/transports#security-warning: servers MUST validate ``Origin``) and the
+    ``mcp`` SDK's own check (``mcp.server.transport_security.TransportSecurityMiddleware``, the
+    one its Streamable HTTP transport runs; exact values or ``name:*`` for any port). Accepted:
+    the loopback names (``127.0.0.1``, ``localhost``, ``[::1]``) with the port the request came
+    in on (and bare, on port 80 or 443), ``public_url``'s host and origin, and
+    ``allowed_hosts`` / ``allowed_origins`` (docs/gateway.md#dns-rebinding-protection). A
+    request without ``Origin`` is not refused for it.
+
+    Args:
+        settings: the gateway's settings.
+
+    """
+
+    def __init__(self, settings: GatewaySettings) -> None:
+        self.settings = settings
+        self._by_port: dict[int, Any] = {}
+
+    def _middleware(self, port: int) -> Any:
+        from urllib.parse import urlsplit
+
+        from mcp.server.transport_security import (
+            TransportSecurityMiddleware,
+            TransportSecuritySettings,
+        )
+
+        mw = self._by_port.get(port)
+        if mw is None:
+            names = ("127.0.0.1", "localhost", "[::1]")
+            hosts = [f"{n}:{port}" for n in names]
+            if port in (80, 443):
+                hosts += list(names)
+            origins = [f"{scheme}://{h}" for h in hosts for scheme in ("http", "https")]
+            if self.settings.public_url:
+                public = urlsplit(self.settings.public_url)
+                hosts.append(public.netloc)
+                origins.append(f"{public.scheme}://{public.netloc}")
+            mw = TransportSecurityMiddleware(
+                TransportSecuritySettings(
+                    enable_dns_rebinding_protection=True,
+                    allowed_hosts=[*hosts, *self.settings.allowed_hosts],
+                    allowed_origins=[*origins, *self.settings.allowed_origins],
+                )
+            )
+            self._by_port[port] = mw
+        return mw
+
+    async def check(self, scope: Scope) -> Problem | None:
+        """The problem to answer a request with, or None when its ``Host`` and ``Origin`` pass.
+
+        Args:
+            scope: the request's ASGI scope (``server`` gives the port it came in on).
+
+        Returns:
+            None, or a ``Problem``: 421 ``misdirected-request`` for a ``Host`` not accepted
+            (the SDK's status), 403 ``origin-not-allowed`` for an ``Origin`` not accepted (the
+            MCP transport's).
+
+        """
+        from starlette.requests import Request
+
+        server = scope.get("server")
+        port = int(server[1]) if server and server[1] is not None else self.settings.port
+        refused = await self._middleware(port).validate_request(Request(scope), is_post=False)
+        if refused is None:
+            return None
+        headers = dict(Request(scope).headers)
+        if refused.status_code == 421:
+            return Problem(
+                421,
+                "misdirected-request",
+                "The Host is not this gateway's",
+                f"`Host: {headers.get('host', '')[:128]}` is not one of this gateway's names "
+                "(DNS rebinding protection: SVC_GATEWAY_ALLOWED_HOSTS, docs/gateway.md)",
+            )
+        return Problem(
+            403,
+            "origin-not-allowed",
+            "The Origin is not allowed",
+            f"`Origin: {headers.get('origin', '')[:128]}` is not allowed (DNS rebinding "
+            "protection: SVC_GATEWAY_ALLOWED_ORIGINS, docs/gateway.md)",
+        )
 
 
 def _bearer(scope: Scope) -> str:
@@ -328,6 +416,7 @@ def create_app(
     verifier = verifier or AgentTokenVerifier(service.settings, service.apps)
     proxies = {name: McpProxy(service, name) for name in service.links}
     http_app = health_app(service, verifier)
+    guard = TransportGuard(service.settings)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -349,6 +438,10 @@ def create_app(
         if scope["type"] == "http":
             path: str = scope["path"]
             if path.startswith("/mcp/"):
+                refused = await guard.check(scope)
+                if refused is not None:
+                    await problem_response(refused)(scope, receive, send)
+                    return
                 name = path[5:].rstrip("/")
                 proxy = proxies.get(name)
                 if proxy is not None:

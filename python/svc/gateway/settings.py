@@ -154,6 +154,16 @@ class GatewaySettings(ServiceSettings, component="gateway"):
     public_url: str | None = None
     """The base URL agents reach this gateway at, for ``svc/challenge_wait``; unset: taken from
     each request's ``Host``."""
+    allowed_hosts: list[str] = Field(default_factory=list)
+    """``Host`` values accepted on ``/mcp/...`` besides the defaults (DNS rebinding protection,
+    docs/gateway.md#dns-rebinding-protection): ``name:port``, or ``name:*`` for any port. The
+    defaults are ``127.0.0.1``, ``localhost`` and ``[::1]`` with the port the request came in
+    on, and ``public_url``'s host."""
+    allowed_origins: list[str] = Field(default_factory=list)
+    """``Origin`` values accepted on ``/mcp/...`` besides the defaults (``http://`` and the
+    loopback names with the port the request came in on, and ``public_url``'s origin):
+    ``scheme://name:port``, or ``scheme://name:*`` for any port. A request without
+    ``Origin`` (an MCP client that is not a browser) is not refused for it."""
     pdp_url: str = "http://127.0.0.1:8080"
     """The decision point (``http://host:port``): ``POST /v1/access/evaluation`` and
     ``POST /v1/access/challenge`` (docs/api.md)."""

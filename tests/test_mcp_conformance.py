@@ -33,13 +33,8 @@ DIRECT_FAILURES: dict[str, str] = {}
 #: failures" baseline is kept: a scenario that starts passing through the gateway fails this
 #: test until its entry is removed, and a new failure fails it too.
 GATEWAY_GAPS: dict[str, str] = {
-    "tools-call-with-progress": "the upstream's progress notifications do not reach the agent",
     "tools-call-with-logging": "logging/setLevel is not passed through (method not found)",
     "logging-set-level": "logging/setLevel is not passed through (method not found)",
-    "tools-call-sampling": "the upstream's sampling/createMessage does not reach the agent",
-    "tools-call-elicitation": "the upstream's elicitation/create does not reach the agent",
-    "elicitation-sep1034-defaults": "the upstream's elicitation/create does not reach the agent",
-    "elicitation-sep1330-enums": "the upstream's elicitation/create does not reach the agent",
     "resources-subscribe": "resources/subscribe is not passed through (method not found)",
     "resources-unsubscribe": "resources/unsubscribe is not passed through (method not found)",
 }

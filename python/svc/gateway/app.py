@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -41,7 +42,7 @@ from svc.gateway.service import GatewayService, UpstreamUnavailable
 from svc.gateway.settings import GatewaySettings
 from svc.gateway.tokens import AgentIdentity, AgentTokenVerifier, TokenError
 
-__all__ = ["GatewayServer", "McpProxy", "TransportGuard", "create_app", "serve"]
+__all__ = ["AgentRelay", "GatewayServer", "McpProxy", "TransportGuard", "create_app", "serve"]
 
 log = logging.getLogger("svc.gateway")
 
@@ -63,6 +64,80 @@ def _agent(ctx: Any) -> AgentIdentity:
 def _base_url(ctx: Any) -> str:
     request = getattr(ctx, "request", None)
     return str(request.base_url) if request is not None else ""
+
+
+#: MCP log levels from the most verbose (RFC 5424 severities, as MCP's logging utility says:
+#: https://modelcontextprotocol.io/specification/2025-11-25/server/utilities/logging).
+LEVELS: tuple[str, ...] = (
+    "debug",
+    "info",
+    "notice",
+    "warning",
+    "error",
+    "critical",
+    "alert",
+    "emergency",
+)
+#: Agent sessions whose log level is remembered (the oldest are forgotten first).
+MAX_SESSION_LEVELS = 10_000
+
+
+def _session_key(ctx: Any) -> str:
+    """The agent's MCP session id (``Mcp-Session-Id``) of a handler's request, or ``""``."""
+    request = getattr(ctx, "request", None)
+    return str(request.headers.get("mcp-session-id", "")) if request is not None else ""
+
+
+class AgentRelay:
+    """The agent's side of one forwarded request (``svc.gateway.relay.Relay``).
+
+    Sends on the agent request's own response stream (``related_request_id``: the MCP
+    Streamable HTTP transport's related messages), through the request's ``ServerSession``
+    (docs/gateway.md#relaying).
+
+    Args:
+        ctx: the agent request's context (the SDK's ``ServerRequestContext``).
+        progress_token: the agent's ``_meta.progressToken`` (None: progress is not sent).
+        min_level: the agent session's ``logging/setLevel`` (None: every message is sent).
+
+    """
+
+    def __init__(self, ctx: Any, progress_token: str | int | None, min_level: str | None) -> None:
+        self.ctx = ctx
+        self.progress_token = progress_token
+        self.min_level = min_level
+
+    async def progress(self, progress: float, total: float | None, message: str | None) -> None:
+        """A ``notifications/progress`` with the agent's token; nothing without one."""
+        if self.progress_token is None:
+            return
+        await self.ctx.session.send_progress_notification(
+            self.progress_token, progress, total, message, related_request_id=self.ctx.request_id
+        )
+
+    async def log(self, params: types.LoggingMessageNotificationParams) -> None:
+        """A ``notifications/message``, unless below the agent session's level."""
+        if self.min_level is not None and LEVELS.index(params.level) < LEVELS.index(self.min_level):
+            return
+        await self.ctx.session.send_notification(
+            types.LoggingMessageNotification(params=params), related_request_id=self.ctx.request_id
+        )
+
+    async def request(self, request: Any, result_type: Any) -> Any:
+        """The agent's result of a server-to-client request (sampling, elicitation).
+
+        Raises:
+            mcp.shared.exceptions.MCPError: the agent's error; ``NoBackChannelError`` when its
+                request's stream cannot carry a request.
+
+        """
+        from mcp.shared.message import ServerMessageMetadata
+
+        return await self.ctx.session.send_request(
+            request,
+            result_type,
+            metadata=ServerMessageMetadata(related_request_id=self.ctx.request_id),
+        )
 
 
 class McpProxy:
@@ -87,6 +162,7 @@ class McpProxy:
         self._install(None)
         service.links[name].on_connected = self._install
         self.manager = StreamableHTTPSessionManager(app=self.server)
+        self._levels: OrderedDict[str, str] = OrderedDict()
 
     def _passthrough(self, request_type: Any, result_type: Any) -> Callable[..., Awaitable[Any]]:
         async def handle(ctx: Any, params: Any) -> Any:
@@ -103,8 +179,12 @@ class McpProxy:
         return handle
 
     async def _call_tool(self, ctx: Any, params: types.CallToolRequestParams) -> Any:
+        token = (params.meta or {}).get("progress_token")
+        relay = AgentRelay(ctx, token, self._levels.get(_session_key(ctx)))
         try:
-            return await self.service.call_tool(self.name, params, _agent(ctx), _base_url(ctx))
+            return await self.service.call_tool(
+                self.name, params, _agent(ctx), _base_url(ctx), relay
+            )
         except UpstreamUnavailable as e:
             from mcp.shared.exceptions import MCPError
 

@@ -2,17 +2,22 @@
 
 Built with the ``mcp`` SDK's ``MCPServer``: tools that read and write documents held in memory
 (``read_doc``, ``write_doc``), two that name no resource (``ping``, ``launch``), a resource
-template and a prompt. ``python tests/gwupstream.py http [PORT]`` serves Streamable HTTP on
+template and a prompt; ``ask_later`` sends a request to the client after its call has ended
+and ``asked`` tells what it got. ``python tests/gwupstream.py http [PORT]`` serves Streamable HTTP on
 127.0.0.1 (on PORT, or a free port) and prints ``listening on <port>``;
 ``python tests/gwupstream.py stdio`` speaks MCP over its standard input and output.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import sys
 
 import uvicorn
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.shared.exceptions import MCPError
+from mcp_types import SamplingMessage, TextContent
 
 from svc.common.net import tcp_listener
 
@@ -44,6 +49,44 @@ def ping() -> str:
 def launch() -> str:
     """Launches the rocket (its policy asks the person for a security key)."""
     return "launched"
+
+
+#: What ``ask_later``'s requests to the client got: the answer, or the error.
+ASKED: list[str] = []
+
+
+@server.tool()
+async def ask_later(ctx: Context) -> str:
+    """Asks the client for a completion after the call has ended (no call in flight).
+
+    The request goes on the session's standalone stream, related to no request; what it gets is
+    kept for ``asked``.
+    """
+    session = ctx.session
+
+    async def ask() -> None:
+        await asyncio.sleep(0.2)
+        try:
+            got = await session.create_message(
+                [SamplingMessage(role="user", content=TextContent(type="text", text="hi"))],
+                max_tokens=10,
+            )
+            ASKED.append(f"answered: {got.model_dump_json()}")
+        except MCPError as e:
+            ASKED.append(f"error {e.error.code}: {e.error.message}")
+
+    TASKS.add(asyncio.get_running_loop().create_task(ask()))
+    return "asked"
+
+
+@server.tool()
+def asked() -> str:
+    """What ``ask_later``'s requests got, as a JSON list."""
+    return json.dumps(ASKED)
+
+
+#: The background tasks of ``ask_later`` (held so they are not collected while running).
+TASKS: set[asyncio.Task[None]] = set()
 
 
 @server.resource("doc://{name}")

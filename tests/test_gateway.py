@@ -16,6 +16,7 @@ through (tools, resources, prompts) for HTTP and stdio upstreams; an upstream do
 comes back; an MCP session bound to the caller that opened it; checks the bundle refuses and
 calls that do not name their resource; outage tiers from the policy service and containments
 from a file; intake events that never block a call and are dropped past the queue's bound;
+a request to the client from an upstream with no call in flight answered with an error;
 settings checks; a `Host` or `Origin` not the gateway's refused (DNS rebinding protection).
 """
 
@@ -34,6 +35,7 @@ from typing import Any
 
 import grpc
 import httpx
+import mcp_types as types
 import pytest
 from cryptography.hazmat.primitives import serialization
 from mcp.shared.exceptions import MCPError
@@ -433,7 +435,7 @@ async def _everything(url: str, token: str) -> dict[str, Any]:
 
 
 EXPECTED = {
-    "tools": ["launch", "ping", "read_doc", "write_doc"],
+    "tools": ["ask_later", "asked", "launch", "ping", "read_doc", "write_doc"],
     "templates": ["doc://{name}"],
     "resource": "the plan",
     "prompts": ["summarize"],
@@ -447,6 +449,36 @@ def test_mcp_methods_pass_through(stack: Stack) -> None:
     direct = asyncio.run(_everything(stack.upstream.url, token))
     assert direct == EXPECTED
     assert asyncio.run(_everything(stack.mcp, token)) == EXPECTED
+
+
+def test_a_request_to_the_client_with_no_call_in_flight_gets_an_error(stack: Stack) -> None:
+    """docs/gateway.md#relaying: an upstream's sampling request after the call that made it has
+    ended is answered with an MCP error by the gateway, not sent to an agent nor left waiting."""
+    token = stack.copilot.mint("ana", AUD, act="copilot.assistant")
+    sampled: list[Any] = []
+
+    async def sampling(context: Any, params: Any) -> Any:
+        sampled.append(params)
+        return types.CreateMessageResult(
+            role="assistant", content=types.TextContent(type="text", text="no"), model="m"
+        )
+
+    async def run() -> list[str]:
+        async with agent_session(stack.mcp, token, sampling_callback=sampling) as s:
+            started = await s.call_tool("ask_later", {})
+            assert started.content[0].text == "asked"  # type: ignore[union-attr]
+            for _ in range(600):
+                got = await s.call_tool("asked", {})
+                answers: list[str] = json.loads(got.content[0].text)  # type: ignore[union-attr]
+                if answers:
+                    return answers
+                await asyncio.sleep(0.05)
+            return []
+
+    (answer,) = asyncio.run(run())
+    assert answer.startswith("error -32600: sampling/createMessage"), answer
+    assert "no agent call in flight" in answer
+    assert sampled == []
 
 
 def test_a_stdio_upstream(stack: Stack) -> None:

@@ -16,7 +16,9 @@ through (tools, resources, prompts) for HTTP and stdio upstreams; an upstream do
 comes back; an MCP session bound to the caller that opened it; checks the bundle refuses and
 calls that do not name their resource; outage tiers from the policy service and containments
 from a file; intake events that never block a call and are dropped past the queue's bound;
-a request to the client from an upstream with no call in flight answered with an error;
+what an upstream sends during a call (log messages at the agent's level, sampling) reaching
+that call's agent over HTTP and stdio, resource updates reaching the subscribed agent session; a
+request to the client from an upstream with no call in flight answered with an error;
 settings checks; a `Host` or `Origin` not the gateway's refused (DNS rebinding protection).
 """
 
@@ -435,7 +437,7 @@ async def _everything(url: str, token: str) -> dict[str, Any]:
 
 
 EXPECTED = {
-    "tools": ["ask_later", "asked", "launch", "ping", "read_doc", "write_doc"],
+    "tools": ["ask_later", "ask_now", "asked", "launch", "ping", "read_doc", "touch", "write_doc"],
     "templates": ["doc://{name}"],
     "resource": "the plan",
     "prompts": ["summarize"],
@@ -479,6 +481,81 @@ def test_a_request_to_the_client_with_no_call_in_flight_gets_an_error(stack: Sta
     assert answer.startswith("error -32600: sampling/createMessage"), answer
     assert "no agent call in flight" in answer
     assert sampled == []
+
+
+async def _relayed(url: str, token: str) -> dict[str, Any]:
+    """What reaches an agent at warning level that asks (``ask_now``), and a subscriber and a
+    non-subscriber of a touched resource."""
+    seen: dict[str, list[Any]] = {"logs": [], "sampled": [], "updates": [], "others": []}
+
+    async def sampling(context: Any, params: Any) -> Any:
+        seen["sampled"].append(params.messages[0].content.text)
+        return types.CreateMessageResult(
+            role="assistant", content=types.TextContent(type="text", text="yes"), model="m"
+        )
+
+    async def logging(params: Any) -> None:
+        seen["logs"].append((params.level, params.data))
+
+    async def updates(message: Any) -> None:
+        if isinstance(message, types.ResourceUpdatedNotification):
+            seen["updates"].append(str(message.params.uri))
+
+    async def others(message: Any) -> None:
+        if isinstance(message, types.ResourceUpdatedNotification):
+            seen["others"].append(str(message.params.uri))
+
+    async with (
+        agent_session(
+            url,
+            token,
+            sampling_callback=sampling,
+            logging_callback=logging,
+            message_handler=updates,
+        ) as a,
+        agent_session(url, token, message_handler=others) as b,
+    ):
+        await a.set_logging_level("warning")
+        answer = await a.call_tool("ask_now", {})
+        await a.subscribe_resource("doc://plan")
+        await b.call_tool("touch", {"uri": "doc://plan"})
+        for _ in range(600):
+            if seen["updates"]:
+                break
+            await asyncio.sleep(0.05)
+        await a.unsubscribe_resource("doc://plan")
+        return {**seen, "answer": answer.content[0].text}
+
+
+@pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning")
+def test_what_an_upstream_sends_during_a_call_reaches_its_agent(stack: Stack) -> None:
+    """docs/gateway.md#relaying, over HTTP (tagged streams) and stdio (the one call in flight):
+    the agent's level filters the upstream's log messages, its sampling answer goes back, and
+    a resource update reaches the subscribed agent session only."""
+    expected = {
+        "logs": [("warning", "still asking")],
+        "sampled": ["hi"],
+        "updates": ["doc://plan"],
+        "others": [],
+        "answer": "yes",
+    }
+    token = stack.copilot.mint("ana", AUD, act="copilot.assistant")
+    assert asyncio.run(_relayed(stack.mcp, token)) == expected
+    gw = GatewayServer(
+        stack.settings(
+            upstreams={
+                "local": Upstream(
+                    command=[PYTHON, str(TESTS / "gwupstream.py"), "stdio"],
+                    env={"PYTHONPATH": str(TESTS.parent / "python")},
+                )
+            }
+        )
+    ).start()
+    try:
+        wait_until(lambda: ready(gw.url))
+        assert asyncio.run(_relayed(f"{gw.url}/mcp/local", token)) == expected
+    finally:
+        gw.stop()
 
 
 def test_a_stdio_upstream(stack: Stack) -> None:

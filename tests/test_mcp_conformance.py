@@ -32,12 +32,7 @@ DIRECT_FAILURES: dict[str, str] = {}
 #: ``svc gateway``'s pass-through (docs/gateway.md), kept as the suite's own "expected
 #: failures" baseline is kept: a scenario that starts passing through the gateway fails this
 #: test until its entry is removed, and a new failure fails it too.
-GATEWAY_GAPS: dict[str, str] = {
-    "tools-call-with-logging": "logging/setLevel is not passed through (method not found)",
-    "logging-set-level": "logging/setLevel is not passed through (method not found)",
-    "resources-subscribe": "resources/subscribe is not passed through (method not found)",
-    "resources-unsubscribe": "resources/unsubscribe is not passed through (method not found)",
-}
+GATEWAY_GAPS: dict[str, str] = {}
 
 #: The fewest scenarios a run has (the suite's active server scenarios, 0.1.16: 30).
 MIN_SCENARIOS = 30

@@ -9,8 +9,11 @@
   ``Host`` and ``Origin`` (``TransportGuard``, DNS rebinding protection), then a valid agent token
   (``svc.gateway.tokens``; 401 otherwise); an MCP session is bound to the caller that opened
   it (another caller gets 404 for it). ``tools/call`` is checked (``GatewayService.call_tool``);
-  ``tools/list``, resources, prompts and completions pass through to the upstream's session,
-  and the capabilities announced at ``initialize`` are the upstream's.
+  ``tools/list``, resources (subscriptions too), prompts, completions and
+  ``logging/setLevel`` pass through to the upstream's session, and the capabilities announced
+  at ``initialize`` are the upstream's. What the upstream sends during a forwarded call
+  (progress, log messages, sampling and elicitation requests) goes to that call's agent
+  (``AgentRelay``, ``svc.gateway.relay``).
 * ``GET /mcp/challenges/{challenge_qid}?wait=<0..25>``: the caller's challenge wait.
 * ``/healthz``, ``/readyz``, ``/version``, ``/metrics`` (``svc.common.health.probe_router``).
 
@@ -190,6 +193,53 @@ class McpProxy:
 
             raise MCPError(types.INTERNAL_ERROR, str(e)) from e
 
+    async def _set_level(self, ctx: Any, params: types.SetLevelRequestParams) -> Any:
+        """``logging/setLevel``: remembers the agent session's level (docs/gateway.md#relaying).
+
+        The upstream's session is shared, so it is set to the most verbose level any agent
+        session asked for, and each agent gets the messages at or above its own.
+        """
+        _agent(ctx)
+        self._levels[_session_key(ctx)] = params.level
+        self._levels.move_to_end(_session_key(ctx))
+        while len(self._levels) > MAX_SESSION_LEVELS:
+            self._levels.popitem(last=False)
+        upstream = min(self._levels.values(), key=LEVELS.index)
+        await self._forward(
+            types.SetLevelRequest(params=params.model_copy(update={"level": upstream}))
+        )
+        return types.EmptyResult()
+
+    async def _subscribe(self, ctx: Any, params: types.SubscribeRequestParams) -> Any:
+        """``resources/subscribe``: the agent session is told of the resource's updates.
+
+        The upstream is subscribed once for all agent sessions (docs/gateway.md#relaying).
+        """
+        _agent(ctx)
+        uri = str(params.uri)
+        if self.service.links[self.name].relays.subscribe(uri, _session_key(ctx), ctx.session):
+            try:
+                await self._forward(types.SubscribeRequest(params=params))
+            except BaseException:
+                self.service.links[self.name].relays.unsubscribe(uri, _session_key(ctx))
+                raise
+        return types.EmptyResult()
+
+    async def _unsubscribe(self, ctx: Any, params: types.UnsubscribeRequestParams) -> Any:
+        """``resources/unsubscribe``: the upstream is unsubscribed when no agent session is left."""
+        _agent(ctx)
+        if self.service.links[self.name].relays.unsubscribe(str(params.uri), _session_key(ctx)):
+            await self._forward(types.UnsubscribeRequest(params=params))
+        return types.EmptyResult()
+
+    async def _forward(self, request: Any) -> Any:
+        try:
+            return await self.service.forward(self.name, request, types.EmptyResult)
+        except UpstreamUnavailable as e:
+            from mcp.shared.exceptions import MCPError
+
+            raise MCPError(types.INTERNAL_ERROR, str(e)) from e
+
     def _install(self, init: types.InitializeResult | None) -> None:
         """Registers the handlers of the upstream's capabilities (all of them when None)."""
         caps = init.capabilities if init is not None else None
@@ -224,6 +274,24 @@ class McpProxy:
                 caps is None or caps.resources is not None,
                 t.ReadResourceRequestParams,
                 self._passthrough(t.ReadResourceRequest, t.ReadResourceResult),
+            ),
+            (
+                "resources/subscribe",
+                caps is None or bool(caps.resources and caps.resources.subscribe),
+                t.SubscribeRequestParams,
+                self._subscribe,
+            ),
+            (
+                "resources/unsubscribe",
+                caps is None or bool(caps.resources and caps.resources.subscribe),
+                t.UnsubscribeRequestParams,
+                self._unsubscribe,
+            ),
+            (
+                "logging/setLevel",
+                caps is None or caps.logging is not None,
+                t.SetLevelRequestParams,
+                self._set_level,
             ),
             (
                 "prompts/list",

@@ -17,7 +17,8 @@ comes back; an MCP session bound to the caller that opened it; checks the bundle
 calls that do not name their resource; outage tiers from the policy service and containments
 from a file; intake events that never block a call and are dropped past the queue's bound;
 what an upstream sends during a call (log messages at the agent's level, sampling) reaching
-that call's agent over HTTP and stdio, resource updates reaching the subscribed agent session; a
+that call's agent over HTTP and stdio, the relay key written into an upstream's event stream,
+resource updates reaching the subscribed agent session; a
 request to the client from an upstream with no call in flight answered with an error;
 settings checks; a `Host` or `Origin` not the gateway's refused (DNS rebinding protection).
 """
@@ -556,6 +557,48 @@ def test_what_an_upstream_sends_during_a_call_reaches_its_agent(stack: Stack) ->
         assert asyncio.run(_relayed(f"{gw.url}/mcp/local", token)) == expected
     finally:
         gw.stop()
+
+
+def test_the_relay_key_is_written_into_an_event_streams_requests_and_notifications() -> None:
+    """``TaggedEvents`` (docs/gateway.md#relaying): requests and notifications get the key,
+    responses pass as they are, whatever the line ends and however the chunks are cut."""
+    import httpx2
+
+    from svc.gateway.relay import RELAY_META, TaggedEvents
+
+    note = {"jsonrpc": "2.0", "method": "notifications/message", "params": {"data": "é"}}
+    ask = {"jsonrpc": "2.0", "id": 7, "method": "sampling/createMessage", "params": {"_meta": {"a": 1}}}  # fmt: skip
+    answer = {"jsonrpc": "2.0", "id": 1, "result": {}}
+    raw = (
+        f"event: message\r\nid: 1\r\ndata: {json.dumps(note, ensure_ascii=False)}\r\n\r\n"
+        f"event: message\rdata: {json.dumps(ask)}\r\r"
+        f"event: message\ndata: {json.dumps(answer)}\n\n"
+    ).encode()
+
+    class Chunks(httpx2.AsyncByteStream):
+        def __init__(self, *parts: bytes) -> None:
+            self.parts = parts
+
+        async def __aiter__(self) -> Any:
+            for part in self.parts:
+                yield part
+
+    async def read(*parts: bytes) -> list[Any]:
+        out = b""
+        async for part in TaggedEvents(Chunks(*parts), "k"):
+            out += part
+        return [json.loads(x[5:]) for x in out.decode().split("\n") if x.startswith("data:")]
+
+    expected = [
+        {**note, "params": {"data": "é", "_meta": {RELAY_META: "k"}}},
+        {**ask, "params": {"_meta": {"a": 1, RELAY_META: "k"}}},
+        answer,
+    ]
+    # One chunk, and every cut of the stream in two (between a CR and its LF, inside a UTF-8
+    # character).
+    assert asyncio.run(read(raw)) == expected
+    for cut in range(1, len(raw)):
+        assert asyncio.run(read(raw[:cut], raw[cut:])) == expected, cut
 
 
 def test_a_stdio_upstream(stack: Stack) -> None:

@@ -27,7 +27,6 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -41,6 +40,7 @@ from svc import __version__, web
 from svc.common.connect import METRICS_CONTENT_TYPE, ThreadedServer, serve_asgi
 from svc.common.health import Readiness, probe_router
 from svc.common.problems import Problem, install_problem_handlers, problem_response
+from svc.gateway.relay import LEVELS
 from svc.gateway.service import GatewayService, UpstreamUnavailable
 from svc.gateway.settings import GatewaySettings
 from svc.gateway.tokens import AgentIdentity, AgentTokenVerifier, TokenError
@@ -69,22 +69,6 @@ def _base_url(ctx: Any) -> str:
     return str(request.base_url) if request is not None else ""
 
 
-#: MCP log levels from the most verbose (RFC 5424 severities, as MCP's logging utility says:
-#: https://modelcontextprotocol.io/specification/2025-11-25/server/utilities/logging).
-LEVELS: tuple[str, ...] = (
-    "debug",
-    "info",
-    "notice",
-    "warning",
-    "error",
-    "critical",
-    "alert",
-    "emergency",
-)
-#: Agent sessions whose log level is remembered (the oldest are forgotten first).
-MAX_SESSION_LEVELS = 10_000
-
-
 def _session_key(ctx: Any) -> str:
     """The agent's MCP session id (``Mcp-Session-Id``) of a handler's request, or ``""``."""
     request = getattr(ctx, "request", None)
@@ -105,7 +89,9 @@ class AgentRelay:
 
     """
 
-    def __init__(self, ctx: Any, progress_token: str | int | None, min_level: str | None) -> None:
+    def __init__(
+        self, ctx: Any, progress_token: str | int | None, min_level: types.LoggingLevel | None
+    ) -> None:
         self.ctx = ctx
         self.progress_token = progress_token
         self.min_level = min_level
@@ -165,7 +151,6 @@ class McpProxy:
         self._install(None)
         service.links[name].on_connected = self._install
         self.manager = StreamableHTTPSessionManager(app=self.server)
-        self._levels: OrderedDict[str, str] = OrderedDict()
 
     def _passthrough(self, request_type: Any, result_type: Any) -> Callable[..., Awaitable[Any]]:
         async def handle(ctx: Any, params: Any) -> Any:
@@ -183,7 +168,8 @@ class McpProxy:
 
     async def _call_tool(self, ctx: Any, params: types.CallToolRequestParams) -> Any:
         token = (params.meta or {}).get("progress_token")
-        relay = AgentRelay(ctx, token, self._levels.get(_session_key(ctx)))
+        relays = self.service.links[self.name].relays
+        relay = AgentRelay(ctx, token, relays.level(_session_key(ctx)))
         try:
             return await self.service.call_tool(
                 self.name, params, _agent(ctx), _base_url(ctx), relay
@@ -200,11 +186,7 @@ class McpProxy:
         session asked for, and each agent gets the messages at or above its own.
         """
         _agent(ctx)
-        self._levels[_session_key(ctx)] = params.level
-        self._levels.move_to_end(_session_key(ctx))
-        while len(self._levels) > MAX_SESSION_LEVELS:
-            self._levels.popitem(last=False)
-        upstream = min(self._levels.values(), key=LEVELS.index)
+        upstream = self.service.links[self.name].relays.set_level(_session_key(ctx), params.level)
         await self._forward(
             types.SetLevelRequest(params=params.model_copy(update={"level": upstream}))
         )

@@ -34,6 +34,7 @@ import contextlib
 import json
 import logging
 import uuid
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
@@ -41,12 +42,26 @@ import httpx2
 import mcp_types as types
 from mcp.client.session import ClientRequestContext
 
-__all__ = ["RELAY_META", "Relay", "RelayTagging", "UpstreamRelays"]
+__all__ = ["LEVELS", "RELAY_META", "Relay", "RelayTagging", "TaggedEvents", "UpstreamRelays"]
 
 log = logging.getLogger("svc.gateway")
 
 #: The ``_meta`` key of a forwarded request's relay key (module docs).
 RELAY_META = "svc/relay"
+#: MCP log levels from the most verbose (RFC 5424 severities, as MCP's logging utility says:
+#: https://modelcontextprotocol.io/specification/2025-11-25/server/utilities/logging).
+LEVELS: tuple[types.LoggingLevel, ...] = (
+    "debug",
+    "info",
+    "notice",
+    "warning",
+    "error",
+    "critical",
+    "alert",
+    "emergency",
+)
+#: Agent sessions whose log level is remembered per upstream (the oldest are forgotten first).
+MAX_SESSION_LEVELS = 10_000
 
 
 class Relay(Protocol):
@@ -92,6 +107,7 @@ class UpstreamRelays:
         self.stdio = stdio
         self._relays: dict[str, Relay] = {}
         self._subscribers: dict[str, dict[str, Any]] = {}
+        self._levels: OrderedDict[str, types.LoggingLevel] = OrderedDict()
 
     @contextlib.contextmanager
     def open(self, relay: Relay) -> Any:
@@ -212,6 +228,30 @@ class UpstreamRelays:
             return False
         del self._subscribers[uri]
         return True
+
+    # -- log levels ---------------------------------------------------------------------
+
+    def set_level(self, key: str, level: types.LoggingLevel) -> types.LoggingLevel:
+        """Remembers an agent session's ``logging/setLevel`` (`key`: its MCP session id).
+
+        Returns:
+            The level to set upstream: the most verbose any remembered agent session asked
+            for (the upstream session is shared).
+
+        """
+        self._levels[key] = level
+        self._levels.move_to_end(key)
+        while len(self._levels) > MAX_SESSION_LEVELS:
+            self._levels.popitem(last=False)
+        return self.upstream_level() or level
+
+    def level(self, key: str) -> types.LoggingLevel | None:
+        """The agent session's level, or None when it set none."""
+        return self._levels.get(key)
+
+    def upstream_level(self) -> types.LoggingLevel | None:
+        """The most verbose level any agent session asked for, or None (set again on reconnect)."""
+        return min(self._levels.values(), key=LEVELS.index) if self._levels else None
 
     def subscribed(self) -> list[str]:
         """The resources some agent session is subscribed to (subscribed again on reconnect)."""

@@ -421,10 +421,22 @@ class UpstreamLink:
             delay = min(delay * 2, 10.0)
 
     async def _resubscribe(self, session: Any) -> None:
-        """Subscribes a new session to the resources agents are subscribed to."""
+        """Gives a new session the agents' log level and resource subscriptions."""
+        level = self.relays.upstream_level()
+        if level is not None:
+            try:
+                await session.send_request(
+                    types.SetLevelRequest(params=types.SetLevelRequestParams(level=level)),
+                    types.EmptyResult,
+                )
+            except Exception as e:
+                log.warning("upstream %s: log level not set again: %s", self.name, e)
         for uri in self.relays.subscribed():
             try:
-                await session.subscribe_resource(uri)
+                await session.send_request(
+                    types.SubscribeRequest(params=types.SubscribeRequestParams(uri=uri)),
+                    types.EmptyResult,
+                )
             except Exception as e:  # the resource may be gone: the agents keep asking
                 log.warning("upstream %s: not subscribed again to %s: %s", self.name, uri, e)
 

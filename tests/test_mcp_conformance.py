@@ -8,7 +8,8 @@ server scenario (``conformance list``); the upstream is tests/conformance_server
 from the scenarios' descriptions. Results are read from the suite's ``checks.json`` files.
 Directly, every active scenario passes (``DIRECT_FAILURES`` is empty). Through the gateway the
 suite talks to a small reverse proxy that adds the agent's bearer token (the suite sends none;
-``conformance_server.bearer_proxy``); what fails there is ``GATEWAY_GAPS``, with why.
+``conformance_server.bearer_proxy``; its address is the gateway's ``allowed_hosts``); what
+fails there is ``GATEWAY_GAPS``, with why.
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ DIRECT_FAILURES: dict[str, str] = {}
 #: Scenarios that pass directly but fail through the gateway today, with why: the known gaps of
 #: ``svc gateway``'s pass-through (docs/gateway.md), kept as the suite's own "expected
 #: failures" baseline is kept: a scenario that starts passing through the gateway fails this
-#: test until its entry is removed, and a new failure fails it too.
+#: test until its entry is removed, and a new failure fails it too. None today: DNS rebinding
+#: protection, progress, logging, sampling, elicitation and subscriptions pass through
+#: (docs/gateway.md#relaying).
 GATEWAY_GAPS: dict[str, str] = {}
 
 #: The fewest scenarios a run has (the suite's active server scenarios, 0.1.16: 30).

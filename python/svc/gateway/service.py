@@ -421,13 +421,17 @@ class UpstreamLink:
             delay = min(delay * 2, 10.0)
 
     async def _resubscribe(self, session: Any) -> None:
-        """Gives a new session the agents' log level and resource subscriptions."""
+        """Gives a new session the agents' log level and resource subscriptions.
+
+        Each request waits up to ``INITIALIZE_SECS``; one that fails is logged and skipped.
+        """
         level = self.relays.upstream_level()
         if level is not None:
             try:
                 await session.send_request(
                     types.SetLevelRequest(params=types.SetLevelRequestParams(level=level)),
                     types.EmptyResult,
+                    request_read_timeout_seconds=INITIALIZE_SECS,
                 )
             except Exception as e:
                 log.warning("upstream %s: log level not set again: %s", self.name, e)
@@ -436,6 +440,7 @@ class UpstreamLink:
                 await session.send_request(
                     types.SubscribeRequest(params=types.SubscribeRequestParams(uri=uri)),
                     types.EmptyResult,
+                    request_read_timeout_seconds=INITIALIZE_SECS,
                 )
             except Exception as e:  # the resource may be gone: the agents keep asking
                 log.warning("upstream %s: not subscribed again to %s: %s", self.name, uri, e)

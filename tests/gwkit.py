@@ -225,9 +225,9 @@ class UpstreamProcess:
 
 
 @contextlib.asynccontextmanager
-async def agent_session(url: str, token: str | None) -> AsyncIterator[Any]:
+async def agent_session(url: str, token: str | None, **callbacks: Any) -> AsyncIterator[Any]:
     """An initialized ``ClientSession`` to the gateway's ``url`` with ``Authorization: Bearer
-    <token>`` on every request."""
+    <token>`` on every request (`callbacks`: the session's, ``sampling_callback`` ...)."""
     import httpx2
     from mcp.client import ClientSession
     from mcp.client.streamable_http import streamable_http_client
@@ -236,7 +236,7 @@ async def agent_session(url: str, token: str | None) -> AsyncIterator[Any]:
     async with (
         httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(60)) as hc,
         streamable_http_client(url, http_client=hc) as (r, w),
-        ClientSession(r, w) as session,
+        ClientSession(r, w, **callbacks) as session,
     ):
         await session.initialize()
         yield session

@@ -2,17 +2,31 @@
 
 Built with the ``mcp`` SDK's ``MCPServer``: tools that read and write documents held in memory
 (``read_doc``, ``write_doc``), two that name no resource (``ping``, ``launch``), a resource
-template and a prompt. ``python tests/gwupstream.py http [PORT]`` serves Streamable HTTP on
+template and a prompt; ``ask_later`` sends a request to the client after its call has ended
+and ``asked`` tells what it got; ``ask_now`` logs and asks during its call; ``touch`` sends a
+resource's update; ``logging/setLevel`` and resource subscriptions are accepted. ``python tests/gwupstream.py http [PORT]`` serves Streamable HTTP on
 127.0.0.1 (on PORT, or a free port) and prints ``listening on <port>``;
 ``python tests/gwupstream.py stdio`` speaks MCP over its standard input and output.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import sys
+from typing import Any
 
 import uvicorn
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.shared.exceptions import MCPError
+from mcp_types import (
+    EmptyResult,
+    SamplingMessage,
+    SetLevelRequestParams,
+    SubscribeRequestParams,
+    TextContent,
+    UnsubscribeRequestParams,
+)
 
 from svc.common.net import tcp_listener
 
@@ -46,6 +60,64 @@ def launch() -> str:
     return "launched"
 
 
+#: What ``ask_later``'s requests to the client got: the answer, or the error.
+ASKED: list[str] = []
+
+
+@server.tool()
+async def ask_later(ctx: Context) -> str:
+    """Asks the client for a completion after the call has ended (no call in flight).
+
+    The request goes on the session's standalone stream, related to no request; what it gets is
+    kept for ``asked``.
+    """
+    session = ctx.session
+
+    async def ask() -> None:
+        await asyncio.sleep(0.2)
+        try:
+            got = await session.create_message(
+                [SamplingMessage(role="user", content=TextContent(type="text", text="hi"))],
+                max_tokens=10,
+            )
+            ASKED.append(f"answered: {got.model_dump_json()}")
+        except MCPError as e:
+            ASKED.append(f"error {e.error.code}: {e.error.message}")
+
+    TASKS.add(asyncio.get_running_loop().create_task(ask()))
+    return "asked"
+
+
+@server.tool()
+def asked() -> str:
+    """What ``ask_later``'s requests got, as a JSON list."""
+    return json.dumps(ASKED)
+
+
+@server.tool()
+async def ask_now(ctx: Context) -> str:
+    """Asks the client for a completion during the call, logs at two levels; answers its text."""
+    await ctx.info("asking")
+    await ctx.warning("still asking")
+    got = await ctx.session.create_message(
+        [SamplingMessage(role="user", content=TextContent(type="text", text="hi"))],
+        max_tokens=10,
+        related_request_id=ctx.request_id,
+    )
+    return got.content.text if isinstance(got.content, TextContent) else str(got.content)
+
+
+@server.tool()
+async def touch(ctx: Context, uri: str) -> str:
+    """Tells the subscribers of `uri` that it changed (``notifications/resources/updated``)."""
+    await ctx.session.send_resource_updated(uri)
+    return f"touched {uri}"
+
+
+#: The background tasks of ``ask_later`` (held so they are not collected while running).
+TASKS: set[asyncio.Task[None]] = set()
+
+
 @server.resource("doc://{name}")
 def doc(name: str) -> str:
     """A document as a resource."""
@@ -56,6 +128,20 @@ def doc(name: str) -> str:
 def summarize(doc_id: str) -> str:
     """A prompt asking for a summary."""
     return f"Summarize {doc_id}."
+
+
+# Logging levels and subscriptions are not among MCPServer's decorators: the low-level server
+# takes their handlers (its capabilities then announce them).
+async def _empty(ctx: Any, params: Any) -> EmptyResult:
+    return EmptyResult()
+
+
+for _method, _params in (
+    ("logging/setLevel", SetLevelRequestParams),
+    ("resources/subscribe", SubscribeRequestParams),
+    ("resources/unsubscribe", UnsubscribeRequestParams),
+):
+    server._lowlevel_server.add_request_handler(_method, _params, _empty)
 
 
 def main() -> None:

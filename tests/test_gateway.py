@@ -16,7 +16,11 @@ through (tools, resources, prompts) for HTTP and stdio upstreams; an upstream do
 comes back; an MCP session bound to the caller that opened it; checks the bundle refuses and
 calls that do not name their resource; outage tiers from the policy service and containments
 from a file; intake events that never block a call and are dropped past the queue's bound;
-settings checks.
+what an upstream sends during a call (log messages at the agent's level, sampling) reaching
+that call's agent over HTTP and stdio, the relay key written into an upstream's event stream,
+resource updates reaching the subscribed agent session; a
+request to the client from an upstream with no call in flight answered with an error;
+settings checks; a `Host` or `Origin` not the gateway's refused (DNS rebinding protection).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from typing import Any
 
 import grpc
 import httpx
+import mcp_types as types
 import pytest
 from cryptography.hazmat.primitives import serialization
 from mcp.shared.exceptions import MCPError
@@ -433,7 +438,7 @@ async def _everything(url: str, token: str) -> dict[str, Any]:
 
 
 EXPECTED = {
-    "tools": ["launch", "ping", "read_doc", "write_doc"],
+    "tools": ["ask_later", "ask_now", "asked", "launch", "ping", "read_doc", "touch", "write_doc"],
     "templates": ["doc://{name}"],
     "resource": "the plan",
     "prompts": ["summarize"],
@@ -447,6 +452,153 @@ def test_mcp_methods_pass_through(stack: Stack) -> None:
     direct = asyncio.run(_everything(stack.upstream.url, token))
     assert direct == EXPECTED
     assert asyncio.run(_everything(stack.mcp, token)) == EXPECTED
+
+
+def test_a_request_to_the_client_with_no_call_in_flight_gets_an_error(stack: Stack) -> None:
+    """docs/gateway.md#relaying: an upstream's sampling request after the call that made it has
+    ended is answered with an MCP error by the gateway, not sent to an agent nor left waiting."""
+    token = stack.copilot.mint("ana", AUD, act="copilot.assistant")
+    sampled: list[Any] = []
+
+    async def sampling(context: Any, params: Any) -> Any:
+        sampled.append(params)
+        return types.CreateMessageResult(
+            role="assistant", content=types.TextContent(type="text", text="no"), model="m"
+        )
+
+    async def run() -> list[str]:
+        async with agent_session(stack.mcp, token, sampling_callback=sampling) as s:
+            started = await s.call_tool("ask_later", {})
+            assert started.content[0].text == "asked"  # type: ignore[union-attr]
+            for _ in range(600):
+                got = await s.call_tool("asked", {})
+                answers: list[str] = json.loads(got.content[0].text)  # type: ignore[union-attr]
+                if answers:
+                    return answers
+                await asyncio.sleep(0.05)
+            return []
+
+    (answer,) = asyncio.run(run())
+    assert answer.startswith("error -32600: sampling/createMessage"), answer
+    assert "no agent call in flight" in answer
+    assert sampled == []
+
+
+async def _relayed(url: str, token: str) -> dict[str, Any]:
+    """What reaches an agent at warning level that asks (``ask_now``), and a subscriber and a
+    non-subscriber of a touched resource."""
+    seen: dict[str, list[Any]] = {"logs": [], "sampled": [], "updates": [], "others": []}
+
+    async def sampling(context: Any, params: Any) -> Any:
+        seen["sampled"].append(params.messages[0].content.text)
+        return types.CreateMessageResult(
+            role="assistant", content=types.TextContent(type="text", text="yes"), model="m"
+        )
+
+    async def logging(params: Any) -> None:
+        seen["logs"].append((params.level, params.data))
+
+    async def updates(message: Any) -> None:
+        if isinstance(message, types.ResourceUpdatedNotification):
+            seen["updates"].append(str(message.params.uri))
+
+    async def others(message: Any) -> None:
+        if isinstance(message, types.ResourceUpdatedNotification):
+            seen["others"].append(str(message.params.uri))
+
+    async with (
+        agent_session(
+            url,
+            token,
+            sampling_callback=sampling,
+            logging_callback=logging,
+            message_handler=updates,
+        ) as a,
+        agent_session(url, token, message_handler=others) as b,
+    ):
+        await a.set_logging_level("warning")
+        answer = await a.call_tool("ask_now", {})
+        await a.subscribe_resource("doc://plan")
+        await b.call_tool("touch", {"uri": "doc://plan"})
+        for _ in range(600):
+            if seen["updates"]:
+                break
+            await asyncio.sleep(0.05)
+        await a.unsubscribe_resource("doc://plan")
+        return {**seen, "answer": answer.content[0].text}
+
+
+@pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning")
+def test_what_an_upstream_sends_during_a_call_reaches_its_agent(stack: Stack) -> None:
+    """docs/gateway.md#relaying, over HTTP (tagged streams) and stdio (the one call in flight):
+    the agent's level filters the upstream's log messages, its sampling answer goes back, and
+    a resource update reaches the subscribed agent session only."""
+    expected = {
+        "logs": [("warning", "still asking")],
+        "sampled": ["hi"],
+        "updates": ["doc://plan"],
+        "others": [],
+        "answer": "yes",
+    }
+    token = stack.copilot.mint("ana", AUD, act="copilot.assistant")
+    assert asyncio.run(_relayed(stack.mcp, token)) == expected
+    gw = GatewayServer(
+        stack.settings(
+            upstreams={
+                "local": Upstream(
+                    command=[PYTHON, str(TESTS / "gwupstream.py"), "stdio"],
+                    env={"PYTHONPATH": str(TESTS.parent / "python")},
+                )
+            }
+        )
+    ).start()
+    try:
+        wait_until(lambda: ready(gw.url))
+        assert asyncio.run(_relayed(f"{gw.url}/mcp/local", token)) == expected
+    finally:
+        gw.stop()
+
+
+def test_the_relay_key_is_written_into_an_event_streams_requests_and_notifications() -> None:
+    """``TaggedEvents`` (docs/gateway.md#relaying): requests and notifications get the key,
+    responses pass as they are, whatever the line ends and however the chunks are cut."""
+    import httpx2
+
+    from svc.gateway.relay import RELAY_META, TaggedEvents
+
+    note = {"jsonrpc": "2.0", "method": "notifications/message", "params": {"data": "é"}}
+    ask = {"jsonrpc": "2.0", "id": 7, "method": "sampling/createMessage", "params": {"_meta": {"a": 1}}}  # fmt: skip
+    answer = {"jsonrpc": "2.0", "id": 1, "result": {}}
+    raw = (
+        f"event: message\r\nid: 1\r\ndata: {json.dumps(note, ensure_ascii=False)}\r\n\r\n"
+        f"event: message\rdata: {json.dumps(ask)}\r\r"
+        f"event: message\ndata: {json.dumps(answer)}\n\n"
+    ).encode()
+
+    class Chunks(httpx2.AsyncByteStream):
+        def __init__(self, *parts: bytes) -> None:
+            self.parts = parts
+
+        async def __aiter__(self) -> Any:
+            for part in self.parts:
+                yield part
+
+    async def read(*parts: bytes) -> list[Any]:
+        out = b""
+        async for part in TaggedEvents(Chunks(*parts), "k"):
+            out += part
+        return [json.loads(x[5:]) for x in out.decode().split("\n") if x.startswith("data:")]
+
+    expected = [
+        {**note, "params": {"data": "é", "_meta": {RELAY_META: "k"}}},
+        {**ask, "params": {"_meta": {"a": 1, RELAY_META: "k"}}},
+        answer,
+    ]
+    # One chunk, and every cut of the stream in two (between a CR and its LF, inside a UTF-8
+    # character).
+    assert asyncio.run(read(raw)) == expected
+    for cut in range(1, len(raw)):
+        assert asyncio.run(read(raw[:cut], raw[cut:])) == expected, cut
 
 
 def test_a_stdio_upstream(stack: Stack) -> None:
@@ -670,6 +822,44 @@ def test_unknown_upstreams_and_routes(stack: Stack) -> None:
     assert r.json()["type"] == "urn:svc:problem:not-found"
     v = httpx.get(f"{stack.gateway.url}/version", timeout=30).json()
     assert v["component"] == "svc-gateway"
+
+
+def test_a_host_or_origin_not_the_gateways_is_refused(stack: Stack) -> None:
+    """DNS rebinding protection (docs/gateway.md#dns-rebinding-protection): before the token."""
+    token = stack.copilot.mint("ana", AUD, act="copilot.assistant")
+    port = stack.gateway.url.rsplit(":", 1)[1]
+    refused = {
+        "evil host": ({"host": "evil.example.com"}, 421, "misdirected-request"),
+        "evil origin": ({"origin": "http://evil.example.com"}, 403, "origin-not-allowed"),
+        "loopback, another port": ({"origin": "http://localhost:1"}, 403, "origin-not-allowed"),
+    }
+    for name, (headers, status, slug) in refused.items():
+        for r in (
+            httpx.post(stack.mcp, json={}, headers={**headers, "authorization": f"Bearer {token}"}),
+            httpx.get(f"{stack.gateway.url}/mcp/challenges/x?wait=0", headers=headers),
+        ):
+            assert r.status_code == status, (name, r.text)
+            assert r.headers["content-type"] == "application/problem+json"
+            body = r.json()
+            assert body["type"] == f"urn:svc:problem:{slug}", body
+            assert body["status"] == status
+            assert "evil.example.com" in body["detail"] or "localhost:1" in body["detail"]
+    # The gateway's own names pass the check (and then need a token).
+    for host in (f"localhost:{port}", f"[::1]:{port}", f"127.0.0.1:{port}"):
+        r = httpx.post(stack.mcp, json={}, headers={"host": host, "origin": f"http://{host}"})
+        assert r.status_code == 401, (host, r.text)
+    # Listed names pass too; the probes are never checked.
+    gw = GatewayServer(
+        stack.settings(
+            allowed_hosts=["mcp.example.com:*"], allowed_origins=["https://app.example.com"]
+        )
+    ).start()
+    try:
+        ok = {"host": "mcp.example.com:443", "origin": "https://app.example.com"}
+        assert httpx.post(f"{gw.url}/mcp/docs", json={}, headers=ok).status_code == 401
+        assert httpx.get(f"{gw.url}/version", headers={"host": "evil.example.com"}).is_success
+    finally:
+        gw.stop()
 
 
 def test_settings_are_checked() -> None:

@@ -8,7 +8,8 @@ server scenario (``conformance list``); the upstream is tests/conformance_server
 from the scenarios' descriptions. Results are read from the suite's ``checks.json`` files.
 Directly, every active scenario passes (``DIRECT_FAILURES`` is empty). Through the gateway the
 suite talks to a small reverse proxy that adds the agent's bearer token (the suite sends none;
-``conformance_server.bearer_proxy``); what fails there is ``GATEWAY_GAPS``, with why.
+``conformance_server.bearer_proxy``; its address is the gateway's ``allowed_hosts``); what
+fails there is ``GATEWAY_GAPS``, with why.
 """
 
 from __future__ import annotations
@@ -31,19 +32,10 @@ DIRECT_FAILURES: dict[str, str] = {}
 #: Scenarios that pass directly but fail through the gateway today, with why: the known gaps of
 #: ``svc gateway``'s pass-through (docs/gateway.md), kept as the suite's own "expected
 #: failures" baseline is kept: a scenario that starts passing through the gateway fails this
-#: test until its entry is removed, and a new failure fails it too.
-GATEWAY_GAPS: dict[str, str] = {
-    "tools-call-with-progress": "the upstream's progress notifications do not reach the agent",
-    "tools-call-with-logging": "logging/setLevel is not passed through (method not found)",
-    "logging-set-level": "logging/setLevel is not passed through (method not found)",
-    "tools-call-sampling": "the upstream's sampling/createMessage does not reach the agent",
-    "tools-call-elicitation": "the upstream's elicitation/create does not reach the agent",
-    "elicitation-sep1034-defaults": "the upstream's elicitation/create does not reach the agent",
-    "elicitation-sep1330-enums": "the upstream's elicitation/create does not reach the agent",
-    "resources-subscribe": "resources/subscribe is not passed through (method not found)",
-    "resources-unsubscribe": "resources/unsubscribe is not passed through (method not found)",
-    "dns-rebinding-protection": "a request with a non-local Host or Origin is served (200)",
-}
+#: test until its entry is removed, and a new failure fails it too. None today: DNS rebinding
+#: protection, progress, logging, sampling, elicitation and subscriptions pass through
+#: (docs/gateway.md#relaying).
+GATEWAY_GAPS: dict[str, str] = {}
 
 #: The fewest scenarios a run has (the suite's active server scenarios, 0.1.16: 30).
 MIN_SCENARIOS = 30
@@ -158,6 +150,10 @@ def test_through_the_gateway_passes_what_the_upstream_passes(tmp_path: Path) -> 
                     trusted_apps_file=str(apps),
                     jwks_ca_file=str(issuer.ca_file),
                     containments_file=str(containments),
+                    # The suite reaches the gateway through the bearer proxy, which passes the
+                    # Host and Origin it was sent: the proxy's address is the gateway's name.
+                    allowed_hosts=[f"127.0.0.1:{proxy_port}"],
+                    allowed_origins=[f"http://127.0.0.1:{proxy_port}"],
                 )
             ).start()
             try:

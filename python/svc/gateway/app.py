@@ -5,11 +5,15 @@
 * ``/mcp/{upstream}``: the upstream's MCP proxy, Streamable HTTP on the agent side (the MCP
   specification's transport, https://modelcontextprotocol.io/specification/2025-11-25/basic/
   transports), built on the ``mcp`` SDK's low-level ``Server`` and its
-  ``StreamableHTTPSessionManager``. Every request first needs a valid agent token
+  ``StreamableHTTPSessionManager``. Every ``/mcp/...`` request first needs an accepted
+  ``Host`` and ``Origin`` (``TransportGuard``, DNS rebinding protection), then a valid agent token
   (``svc.gateway.tokens``; 401 otherwise); an MCP session is bound to the caller that opened
   it (another caller gets 404 for it). ``tools/call`` is checked (``GatewayService.call_tool``);
-  ``tools/list``, resources, prompts and completions pass through to the upstream's session,
-  and the capabilities announced at ``initialize`` are the upstream's.
+  ``tools/list``, resources (subscriptions too), prompts, completions and
+  ``logging/setLevel`` pass through to the upstream's session, and the capabilities announced
+  at ``initialize`` are the upstream's. What the upstream sends during a forwarded call
+  (progress, log messages, sampling and elicitation requests) goes to that call's agent
+  (``AgentRelay``, ``svc.gateway.relay``).
 * ``GET /mcp/challenges/{challenge_qid}?wait=<0..25>``: the caller's challenge wait.
 * ``/healthz``, ``/readyz``, ``/version``, ``/metrics`` (``svc.common.health.probe_router``).
 
@@ -36,11 +40,12 @@ from svc import __version__, web
 from svc.common.connect import METRICS_CONTENT_TYPE, ThreadedServer, serve_asgi
 from svc.common.health import Readiness, probe_router
 from svc.common.problems import Problem, install_problem_handlers, problem_response
+from svc.gateway.relay import LEVELS
 from svc.gateway.service import GatewayService, UpstreamUnavailable
 from svc.gateway.settings import GatewaySettings
 from svc.gateway.tokens import AgentIdentity, AgentTokenVerifier, TokenError
 
-__all__ = ["GatewayServer", "McpProxy", "create_app", "serve"]
+__all__ = ["AgentRelay", "GatewayServer", "McpProxy", "TransportGuard", "create_app", "serve"]
 
 log = logging.getLogger("svc.gateway")
 
@@ -62,6 +67,66 @@ def _agent(ctx: Any) -> AgentIdentity:
 def _base_url(ctx: Any) -> str:
     request = getattr(ctx, "request", None)
     return str(request.base_url) if request is not None else ""
+
+
+def _session_key(ctx: Any) -> str:
+    """The agent's MCP session id (``Mcp-Session-Id``) of a handler's request, or ``""``."""
+    request = getattr(ctx, "request", None)
+    return str(request.headers.get("mcp-session-id", "")) if request is not None else ""
+
+
+class AgentRelay:
+    """The agent's side of one forwarded request (``svc.gateway.relay.Relay``).
+
+    Sends on the agent request's own response stream (``related_request_id``: the MCP
+    Streamable HTTP transport's related messages), through the request's ``ServerSession``
+    (docs/gateway.md#relaying).
+
+    Args:
+        ctx: the agent request's context (the SDK's ``ServerRequestContext``).
+        progress_token: the agent's ``_meta.progressToken`` (None: progress is not sent).
+        min_level: the agent session's ``logging/setLevel`` (None: every message is sent).
+
+    """
+
+    def __init__(
+        self, ctx: Any, progress_token: str | int | None, min_level: types.LoggingLevel | None
+    ) -> None:
+        self.ctx = ctx
+        self.progress_token = progress_token
+        self.min_level = min_level
+
+    async def progress(self, progress: float, total: float | None, message: str | None) -> None:
+        """A ``notifications/progress`` with the agent's token; nothing without one."""
+        if self.progress_token is None:
+            return
+        await self.ctx.session.send_progress_notification(
+            self.progress_token, progress, total, message, related_request_id=self.ctx.request_id
+        )
+
+    async def log(self, params: types.LoggingMessageNotificationParams) -> None:
+        """A ``notifications/message``, unless below the agent session's level."""
+        if self.min_level is not None and LEVELS.index(params.level) < LEVELS.index(self.min_level):
+            return
+        await self.ctx.session.send_notification(
+            types.LoggingMessageNotification(params=params), related_request_id=self.ctx.request_id
+        )
+
+    async def request(self, request: Any, result_type: Any) -> Any:
+        """The agent's result of a server-to-client request (sampling, elicitation).
+
+        Raises:
+            mcp.shared.exceptions.MCPError: the agent's error; ``NoBackChannelError`` when its
+                request's stream cannot carry a request.
+
+        """
+        from mcp.shared.message import ServerMessageMetadata
+
+        return await self.ctx.session.send_request(
+            request,
+            result_type,
+            metadata=ServerMessageMetadata(related_request_id=self.ctx.request_id),
+        )
 
 
 class McpProxy:
@@ -102,8 +167,56 @@ class McpProxy:
         return handle
 
     async def _call_tool(self, ctx: Any, params: types.CallToolRequestParams) -> Any:
+        token = (params.meta or {}).get("progress_token")
+        relays = self.service.links[self.name].relays
+        relay = AgentRelay(ctx, token, relays.level(_session_key(ctx)))
         try:
-            return await self.service.call_tool(self.name, params, _agent(ctx), _base_url(ctx))
+            return await self.service.call_tool(
+                self.name, params, _agent(ctx), _base_url(ctx), relay
+            )
+        except UpstreamUnavailable as e:
+            from mcp.shared.exceptions import MCPError
+
+            raise MCPError(types.INTERNAL_ERROR, str(e)) from e
+
+    async def _set_level(self, ctx: Any, params: types.SetLevelRequestParams) -> Any:
+        """``logging/setLevel``: remembers the agent session's level (docs/gateway.md#relaying).
+
+        The upstream's session is shared, so it is set to the most verbose level any agent
+        session asked for, and each agent gets the messages at or above its own.
+        """
+        _agent(ctx)
+        upstream = self.service.links[self.name].relays.set_level(_session_key(ctx), params.level)
+        await self._forward(
+            types.SetLevelRequest(params=params.model_copy(update={"level": upstream}))
+        )
+        return types.EmptyResult()
+
+    async def _subscribe(self, ctx: Any, params: types.SubscribeRequestParams) -> Any:
+        """``resources/subscribe``: the agent session is told of the resource's updates.
+
+        The upstream is subscribed once for all agent sessions (docs/gateway.md#relaying).
+        """
+        _agent(ctx)
+        uri = str(params.uri)
+        if self.service.links[self.name].relays.subscribe(uri, _session_key(ctx), ctx.session):
+            try:
+                await self._forward(types.SubscribeRequest(params=params))
+            except BaseException:
+                self.service.links[self.name].relays.unsubscribe(uri, _session_key(ctx))
+                raise
+        return types.EmptyResult()
+
+    async def _unsubscribe(self, ctx: Any, params: types.UnsubscribeRequestParams) -> Any:
+        """``resources/unsubscribe``: the upstream is unsubscribed when no agent session is left."""
+        _agent(ctx)
+        if self.service.links[self.name].relays.unsubscribe(str(params.uri), _session_key(ctx)):
+            await self._forward(types.UnsubscribeRequest(params=params))
+        return types.EmptyResult()
+
+    async def _forward(self, request: Any) -> Any:
+        try:
+            return await self.service.forward(self.name, request, types.EmptyResult)
         except UpstreamUnavailable as e:
             from mcp.shared.exceptions import MCPError
 
@@ -145,6 +258,24 @@ class McpProxy:
                 self._passthrough(t.ReadResourceRequest, t.ReadResourceResult),
             ),
             (
+                "resources/subscribe",
+                caps is None or bool(caps.resources and caps.resources.subscribe),
+                t.SubscribeRequestParams,
+                self._subscribe,
+            ),
+            (
+                "resources/unsubscribe",
+                caps is None or bool(caps.resources and caps.resources.subscribe),
+                t.UnsubscribeRequestParams,
+                self._unsubscribe,
+            ),
+            (
+                "logging/setLevel",
+                caps is None or caps.logging is not None,
+                t.SetLevelRequestParams,
+                self._set_level,
+            ),
+            (
                 "prompts/list",
                 caps is None or caps.prompts is not None,
                 t.PaginatedRequestParams,
@@ -171,6 +302,93 @@ class McpProxy:
                 handlers.pop(method, None)
         if init is not None:
             self.server.instructions = init.instructions
+
+
+class TransportGuard:
+    """DNS rebinding protection of ``/mcp/...``: the request's ``Host`` and ``Origin`` checked.
+
+    The MCP transport's security warning (https://modelcontextprotocol.io/specification/
+    2025-11-25/basic/transports#security-warning: servers MUST validate ``Origin``) and the
+    ``mcp`` SDK's own check (``mcp.server.transport_security.TransportSecurityMiddleware``, the
+    one its Streamable HTTP transport runs; exact values or ``name:*`` for any port). Accepted:
+    the loopback names (``127.0.0.1``, ``localhost``, ``[::1]``) with the port the request came
+    in on (and bare, on port 80 or 443), ``public_url``'s host and origin, and
+    ``allowed_hosts`` / ``allowed_origins`` (docs/gateway.md#dns-rebinding-protection). A
+    request without ``Origin`` is not refused for it.
+
+    Args:
+        settings: the gateway's settings.
+
+    """
+
+    def __init__(self, settings: GatewaySettings) -> None:
+        self.settings = settings
+        self._by_port: dict[int, Any] = {}
+
+    def _middleware(self, port: int) -> Any:
+        from urllib.parse import urlsplit
+
+        from mcp.server.transport_security import (
+            TransportSecurityMiddleware,
+            TransportSecuritySettings,
+        )
+
+        mw = self._by_port.get(port)
+        if mw is None:
+            names = ("127.0.0.1", "localhost", "[::1]")
+            hosts = [f"{n}:{port}" for n in names]
+            if port in (80, 443):
+                hosts += list(names)
+            origins = [f"{scheme}://{h}" for h in hosts for scheme in ("http", "https")]
+            if self.settings.public_url:
+                public = urlsplit(self.settings.public_url)
+                hosts.append(public.netloc)
+                origins.append(f"{public.scheme}://{public.netloc}")
+            mw = TransportSecurityMiddleware(
+                TransportSecuritySettings(
+                    enable_dns_rebinding_protection=True,
+                    allowed_hosts=[*hosts, *self.settings.allowed_hosts],
+                    allowed_origins=[*origins, *self.settings.allowed_origins],
+                )
+            )
+            self._by_port[port] = mw
+        return mw
+
+    async def check(self, scope: Scope) -> Problem | None:
+        """The problem to answer a request with, or None when its ``Host`` and ``Origin`` pass.
+
+        Args:
+            scope: the request's ASGI scope (``server`` gives the port it came in on).
+
+        Returns:
+            None, or a ``Problem``: 421 ``misdirected-request`` for a ``Host`` not accepted
+            (the SDK's status), 403 ``origin-not-allowed`` for an ``Origin`` not accepted (the
+            MCP transport's).
+
+        """
+        from starlette.requests import Request
+
+        server = scope.get("server")
+        port = int(server[1]) if server and server[1] is not None else self.settings.port
+        refused = await self._middleware(port).validate_request(Request(scope), is_post=False)
+        if refused is None:
+            return None
+        headers = dict(Request(scope).headers)
+        if refused.status_code == 421:
+            return Problem(
+                421,
+                "misdirected-request",
+                "The Host is not this gateway's",
+                f"`Host: {headers.get('host', '')[:128]}` is not one of this gateway's names "
+                "(DNS rebinding protection: SVC_GATEWAY_ALLOWED_HOSTS, docs/gateway.md)",
+            )
+        return Problem(
+            403,
+            "origin-not-allowed",
+            "The Origin is not allowed",
+            f"`Origin: {headers.get('origin', '')[:128]}` is not allowed (DNS rebinding "
+            "protection: SVC_GATEWAY_ALLOWED_ORIGINS, docs/gateway.md)",
+        )
 
 
 def _bearer(scope: Scope) -> str:
@@ -328,6 +546,7 @@ def create_app(
     verifier = verifier or AgentTokenVerifier(service.settings, service.apps)
     proxies = {name: McpProxy(service, name) for name in service.links}
     http_app = health_app(service, verifier)
+    guard = TransportGuard(service.settings)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -349,6 +568,10 @@ def create_app(
         if scope["type"] == "http":
             path: str = scope["path"]
             if path.startswith("/mcp/"):
+                refused = await guard.check(scope)
+                if refused is not None:
+                    await problem_response(refused)(scope, receive, send)
+                    return
                 name = path[5:].rstrip("/")
                 proxy = proxies.get(name)
                 if proxy is not None:

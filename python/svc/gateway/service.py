@@ -39,6 +39,7 @@ import httpx
 import mcp_types as types
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from svc.gateway.relay import Relay, RelayTagging, UpstreamRelays
 from svc.gateway.settings import GatewaySettings, ToolMapping, Upstream, read_token_file
 from svc.gateway.tokens import AgentIdentity, TrustedApps, parse_trusted_apps
 
@@ -344,6 +345,7 @@ class UpstreamLink:
         self.on_connected = on_connected
         self.initialized: types.InitializeResult | None = None
         self.error = "not connected yet"
+        self.relays = UpstreamRelays(name, stdio=config.command is not None)
         self._session: Any = None
         self._ready = asyncio.Event()
 
@@ -355,7 +357,9 @@ class UpstreamLink:
 
             async with (
                 httpx2.AsyncClient(
-                    headers=self.config.headers, timeout=httpx2.Timeout(30, read=300)
+                    headers=self.config.headers,
+                    timeout=httpx2.Timeout(30, read=300),
+                    transport=RelayTagging(),
                 ) as hc,
                 streamable_http_client(self.config.url, http_client=hc) as (r, w),
             ):
@@ -380,8 +384,19 @@ class UpstreamLink:
         delay = 0.2
         while True:
             try:
-                async with self._streams() as (r, w), ClientSession(r, w) as session:
+                async with (
+                    self._streams() as (r, w),
+                    ClientSession(
+                        r,
+                        w,
+                        sampling_callback=self.relays.sampling,
+                        elicitation_callback=self.relays.elicitation,
+                        logging_callback=self.relays.logging,
+                        message_handler=self.relays.message,
+                    ) as session,
+                ):
                     init = await asyncio.wait_for(session.initialize(), INITIALIZE_SECS)
+                    await self._resubscribe(session)
                     self.initialized = init
                     if self.on_connected is not None:
                         self.on_connected(init)
@@ -404,6 +419,31 @@ class UpstreamLink:
             log.warning("upstream %s: %s; connecting again in %.1f s", self.name, self.error, delay)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 10.0)
+
+    async def _resubscribe(self, session: Any) -> None:
+        """Gives a new session the agents' log level and resource subscriptions.
+
+        Each request waits up to ``INITIALIZE_SECS``; one that fails is logged and skipped.
+        """
+        level = self.relays.upstream_level()
+        if level is not None:
+            try:
+                await session.send_request(
+                    types.SetLevelRequest(params=types.SetLevelRequestParams(level=level)),
+                    types.EmptyResult,
+                    request_read_timeout_seconds=INITIALIZE_SECS,
+                )
+            except Exception as e:
+                log.warning("upstream %s: log level not set again: %s", self.name, e)
+        for uri in self.relays.subscribed():
+            try:
+                await session.send_request(
+                    types.SubscribeRequest(params=types.SubscribeRequestParams(uri=uri)),
+                    types.EmptyResult,
+                    request_read_timeout_seconds=INITIALIZE_SECS,
+                )
+            except Exception as e:  # the resource may be gone: the agents keep asking
+                log.warning("upstream %s: not subscribed again to %s: %s", self.name, uri, e)
 
     async def session(self, wait_secs: float = 5.0) -> Any:
         """The open ``ClientSession``.
@@ -937,14 +977,17 @@ class GatewayService:
         params: types.CallToolRequestParams,
         ident: AgentIdentity,
         base_url: str,
+        relay: Relay | None = None,
     ) -> types.CallToolResult:
         """Checks one ``tools/call`` and forwards it when allowed (docs/gateway.md#checks).
 
         Args:
             upstream: the upstream's name.
-            params: the call as the agent sent it (forwarded unchanged).
+            params: the call as the agent sent it (forwarded unchanged but for ``_meta``'s
+                progress token and relay key, docs/gateway.md#relaying).
             ident: the verified caller.
             base_url: this gateway's URL as the agent reached it.
+            relay: where the upstream's messages during the call go (None: nowhere).
 
         Returns:
             The upstream's result, or a tool error (``isError``) with ``_meta`` ``svc/*`` when
@@ -971,13 +1014,23 @@ class GatewayService:
             return blocked.result()
         self.metrics.calls.labels(upstream, "forwarded" if outcome == "allowed" else outcome).inc()
         result = await self.forward(
-            upstream, types.CallToolRequest(params=params), types.CallToolResult
+            upstream, types.CallToolRequest(params=params), types.CallToolResult, relay
         )
         self._event(upstream, params.name, ident, mapping, resource, result, outcome)
         return result  # type: ignore[no-any-return]
 
-    async def forward(self, upstream: str, request: Any, result_type: Any) -> Any:
+    async def forward(
+        self, upstream: str, request: Any, result_type: Any, relay: Relay | None = None
+    ) -> Any:
         """Sends `request` to the upstream's session and answers its result.
+
+        Args:
+            upstream: the upstream's name.
+            request: an MCP client request (``mcp_types``).
+            result_type: its result's model.
+            relay: where the upstream's progress, log messages and requests to the client made
+                while it runs go (docs/gateway.md#relaying); None: nowhere (requests to the
+                client are answered with an error).
 
         Raises:
             UpstreamUnavailable: the session is not open.
@@ -986,9 +1039,24 @@ class GatewayService:
         """
         link = self.links[upstream]
         session = await link.session()
-        return await session.send_request(
-            request, result_type, request_read_timeout_seconds=self.settings.upstream_timeout_secs
-        )
+        timeout = self.settings.upstream_timeout_secs
+        if relay is None or request.params is None:
+            return await session.send_request(
+                request, result_type, request_read_timeout_seconds=timeout
+            )
+
+        async def progress(done: float, total: float | None, message: str | None) -> None:
+            await relay.progress(done, total, message)
+
+        with link.relays.open(relay) as tag:
+            params = request.params
+            tagged = params.model_copy(update={"meta": {**(params.meta or {}), **tag}})
+            return await session.send_request(
+                request.model_copy(update={"params": tagged}),
+                result_type,
+                request_read_timeout_seconds=timeout,
+                progress_callback=progress,
+            )
 
     def _event(
         self,

@@ -13,11 +13,12 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_settings import NoDecode
 
-from svc.common.settings import ServiceSettings
+from svc.common.settings import ServiceSettings, list_setting
 
 __all__ = [
     "GatewaySettings",
@@ -154,6 +155,17 @@ class GatewaySettings(ServiceSettings, component="gateway"):
     public_url: str | None = None
     """The base URL agents reach this gateway at, for ``svc/challenge_wait``; unset: taken from
     each request's ``Host``."""
+    allowed_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """``Host`` values accepted on ``/mcp/...`` besides the defaults (DNS rebinding protection,
+    docs/gateway.md#dns-rebinding-protection): ``name:port``, or ``name:*`` for any port. The
+    defaults are ``127.0.0.1``, ``localhost`` and ``[::1]`` with the port the request came in
+    on, and ``public_url``'s host."""
+    allowed_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """``Origin`` values accepted on ``/mcp/...`` besides the defaults (``http://`` and the
+    loopback names with the port the request came in on, and ``public_url``'s origin):
+    ``scheme://name:port``, or ``scheme://name:*`` for any port. A request without
+    ``Origin`` (an MCP client that is not a browser) is not refused for it. Both: a JSON list or
+    comma-separated."""
     pdp_url: str = "http://127.0.0.1:8080"
     """The decision point (``http://host:port``): ``POST /v1/access/evaluation`` and
     ``POST /v1/access/challenge`` (docs/api.md)."""
@@ -228,6 +240,12 @@ class GatewaySettings(ServiceSettings, component="gateway"):
     intake_queue_bound: int = Field(default=10_000, ge=1, le=10_000_000)
     """Events held while the intake is slow or down; past it new events are dropped (counted
     in ``svc_gateway_events_dropped_total`` and logged)."""
+
+    @field_validator("allowed_hosts", "allowed_origins", mode="before")
+    @classmethod
+    def _split(cls, v: Any) -> Any:
+        """Accepts a JSON list or a comma-separated string (``list_setting``)."""
+        return list_setting(v)
 
     @field_validator("upstreams")
     @classmethod

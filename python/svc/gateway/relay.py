@@ -1,0 +1,381 @@
+"""What an upstream sends on its own, relayed to the agent whose call caused it.
+
+docs/gateway.md#relaying: each upstream has one MCP session shared by every agent, so what the
+upstream sends during a forwarded request (progress notifications, ``notifications/message``,
+``sampling/createMessage`` and ``elicitation/create``) must be traced back to the agent's
+request that the gateway forwarded. The MCP Streamable HTTP transport sends these on the
+response stream of the request they relate to
+(https://modelcontextprotocol.io/specification/2025-11-25/basic/transports#sending-messages-to-the-server),
+but the ``mcp`` SDK's client hands them to its callbacks without saying which request's stream
+they came on. So:
+
+* each forwarded request the gateway relays for carries a key of its own in ``_meta``
+  (``svc/relay``, ``RELAY_META``; the upstream ignores it, as MCP lets it for ``_meta`` keys it
+  does not know);
+* ``RelayTagging``, the gateway's ``httpx2`` transport to a Streamable HTTP upstream, reads that
+  key from the POST it sends and writes it into the ``_meta`` of every request and
+  notification that comes back on that POST's event stream;
+* ``UpstreamRelays`` (one per upstream) holds the requests in flight by key (``Relay``, the
+  agent's side, made by the proxy in ``svc.gateway.app``) and is the ``ClientSession``'s
+  sampling, elicitation, logging and message callbacks: a tagged message goes to its request's
+  agent; a server-to-client request that names none, or whose request is over, is answered
+  with an MCP error (never left waiting).
+
+Progress needs no tag: the SDK gives the forwarded request a progress token of its own and
+calls its ``progress_callback``. A stdio upstream has one stream for everything, so there an
+untagged message goes to the one request in flight when there is exactly one, else nowhere.
+``notifications/resources/updated`` goes to every agent session subscribed to the resource.
+"""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+import json
+import logging
+import uuid
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
+
+import httpx2
+import mcp_types as types
+from mcp.client.session import ClientRequestContext
+
+__all__ = ["LEVELS", "RELAY_META", "Relay", "RelayTagging", "TaggedEvents", "UpstreamRelays"]
+
+log = logging.getLogger("svc.gateway")
+
+#: The ``_meta`` key of a forwarded request's relay key (module docs).
+RELAY_META = "svc/relay"
+#: MCP log levels from the most verbose (RFC 5424 severities, as MCP's logging utility says:
+#: https://modelcontextprotocol.io/specification/2025-11-25/server/utilities/logging).
+LEVELS: tuple[types.LoggingLevel, ...] = (
+    "debug",
+    "info",
+    "notice",
+    "warning",
+    "error",
+    "critical",
+    "alert",
+    "emergency",
+)
+#: Agent sessions whose log level is remembered per upstream (the oldest are forgotten first).
+MAX_SESSION_LEVELS = 10_000
+
+
+class Relay(Protocol):
+    """The agent's side of one forwarded request: where its upstream's messages go.
+
+    Implemented by ``svc.gateway.app`` over the agent's MCP request context; each method sends
+    on the agent request's own response stream (``related_request_id``).
+    """
+
+    async def progress(self, progress: float, total: float | None, message: str | None) -> None:
+        """Sends a progress notification with the agent's own progress token (none: nothing)."""
+
+    async def log(self, params: types.LoggingMessageNotificationParams) -> None:
+        """Sends a ``notifications/message`` when the agent session's level lets it through."""
+
+    async def request(self, request: Any, result_type: Any) -> Any:
+        """Sends a server-to-client request to the agent and answers its result.
+
+        Raises:
+            mcp.shared.exceptions.MCPError: the agent's error answer, or no way back to it.
+
+        """
+
+
+def _without_key(params: Any) -> Any:
+    """`params` (an MCP params model) with ``RELAY_META`` taken out of its ``_meta``."""
+    meta = dict(params.meta or {})
+    meta.pop(RELAY_META, None)
+    return params.model_copy(update={"meta": meta or None})
+
+
+class UpstreamRelays:
+    """One upstream's requests in flight and resource subscribers (module docs).
+
+    Args:
+        name: the upstream's name (for logs and errors).
+        stdio: True for a stdio upstream (untagged messages go to a lone request in flight).
+
+    """
+
+    def __init__(self, name: str, stdio: bool) -> None:
+        self.name = name
+        self.stdio = stdio
+        self._relays: dict[str, Relay] = {}
+        self._subscribers: dict[str, dict[str, Any]] = {}
+        self._levels: OrderedDict[str, types.LoggingLevel] = OrderedDict()
+
+    @contextlib.contextmanager
+    def open(self, relay: Relay) -> Any:
+        """Registers `relay` while its request is forwarded; yields its ``_meta`` entry.
+
+        Yields:
+            ``{RELAY_META: key}`` to add to the forwarded request's ``_meta``.
+
+        """
+        key = uuid.uuid4().hex
+        self._relays[key] = relay
+        try:
+            yield {RELAY_META: key}
+        finally:
+            self._relays.pop(key, None)
+
+    def _find(self, meta: Any) -> Relay | None:
+        key = (meta or {}).get(RELAY_META)
+        if isinstance(key, str):
+            return self._relays.get(key)
+        if key is None and self.stdio and len(self._relays) == 1:
+            return next(iter(self._relays.values()))
+        return None
+
+    # -- the ClientSession's callbacks ----------------------------------------------------
+
+    async def _ask(self, method: str, params: Any, request: Any, result_type: Any) -> Any:
+        relay = self._find(params.meta)
+        if relay is None:
+            return types.ErrorData(
+                code=types.INVALID_REQUEST,
+                message=f"{method} from upstream `{self.name}` names no agent call in flight "
+                "through the gateway; only a request made during a tool call is relayed",
+            )
+        from mcp.shared.exceptions import MCPError
+
+        try:
+            return await relay.request(request(params=_without_key(params)), result_type)
+        except MCPError as e:
+            return e.error
+        except Exception as e:  # the agent gone, a malformed answer: an error, never a hang
+            log.warning("upstream %s: %s not relayed: %s", self.name, method, e)
+            return types.ErrorData(
+                code=types.INTERNAL_ERROR, message=f"the agent did not answer {method}: {e}"
+            )
+
+    async def sampling(
+        self, context: ClientRequestContext, params: types.CreateMessageRequestParams
+    ) -> types.CreateMessageResult | types.CreateMessageResultWithTools | types.ErrorData:
+        """``sampling_callback``: the agent's answer to ``sampling/createMessage``, or an error."""
+        result_type = (
+            types.CreateMessageResultWithTools if params.tools else types.CreateMessageResult
+        )
+        answer: types.CreateMessageResult | types.CreateMessageResultWithTools | types.ErrorData
+        answer = await self._ask(
+            "sampling/createMessage", params, types.CreateMessageRequest, result_type
+        )
+        return answer
+
+    async def elicitation(
+        self, context: ClientRequestContext, params: types.ElicitRequestParams
+    ) -> types.ElicitResult | types.ErrorData:
+        """``elicitation_callback``: the agent's answer to ``elicitation/create``, or an error."""
+        answer: types.ElicitResult | types.ErrorData
+        answer = await self._ask(
+            "elicitation/create", params, types.ElicitRequest, types.ElicitResult
+        )
+        return answer
+
+    async def logging(self, params: types.LoggingMessageNotificationParams) -> None:
+        """``logging_callback``: the message to its request's agent (none: dropped)."""
+        relay = self._find(params.meta)
+        if relay is None:
+            log.debug("upstream %s: a log message for no call in flight dropped", self.name)
+            return
+        try:
+            await relay.log(_without_key(params))
+        except Exception as e:  # the agent's stream is gone: its call ends anyway
+            log.debug("upstream %s: log message not relayed: %s", self.name, e)
+
+    async def message(self, message: Any) -> None:
+        """``message_handler``: ``notifications/resources/updated`` to its subscribers."""
+        if isinstance(message, types.ResourceUpdatedNotification):
+            uri = str(message.params.uri)
+            for key, session in list(self._subscribers.get(uri, {}).items()):
+                try:
+                    await session.send_notification(message)
+                except Exception as e:  # that agent session is gone
+                    log.debug("upstream %s: %s unsubscribed from %s: %s", self.name, key, uri, e)
+                    self.unsubscribe(uri, key)
+
+    # -- subscriptions ------------------------------------------------------------------
+
+    def subscribe(self, uri: str, key: str, session: Any) -> bool:
+        """Adds an agent session (`key`, its ``ServerSession``) to `uri`'s subscribers.
+
+        Returns:
+            True when it is the resource's first subscriber (subscribe upstream).
+
+        """
+        subs = self._subscribers.setdefault(uri, {})
+        first = not subs
+        subs[key] = session
+        return first
+
+    def unsubscribe(self, uri: str, key: str) -> bool:
+        """Removes an agent session from `uri`'s subscribers.
+
+        Returns:
+            True when none is left (unsubscribe upstream).
+
+        """
+        subs = self._subscribers.get(uri)
+        if not subs:
+            return False
+        subs.pop(key, None)
+        if subs:
+            return False
+        del self._subscribers[uri]
+        return True
+
+    # -- log levels ---------------------------------------------------------------------
+
+    def set_level(self, key: str, level: types.LoggingLevel) -> types.LoggingLevel:
+        """Remembers an agent session's ``logging/setLevel`` (`key`: its MCP session id).
+
+        Returns:
+            The level to set upstream: the most verbose any remembered agent session asked
+            for (the upstream session is shared).
+
+        """
+        self._levels[key] = level
+        self._levels.move_to_end(key)
+        while len(self._levels) > MAX_SESSION_LEVELS:
+            self._levels.popitem(last=False)
+        return self.upstream_level() or level
+
+    def level(self, key: str) -> types.LoggingLevel | None:
+        """The agent session's level, or None when it set none."""
+        return self._levels.get(key)
+
+    def upstream_level(self) -> types.LoggingLevel | None:
+        """The most verbose level any agent session asked for, or None (set again on reconnect)."""
+        return min(self._levels.values(), key=LEVELS.index) if self._levels else None
+
+    def subscribed(self) -> list[str]:
+        """The resources some agent session is subscribed to (subscribed again on reconnect)."""
+        return list(self._subscribers)
+
+
+# ------------------------------------------------------------------ the HTTP transport
+
+
+def _relay_key(request: httpx2.Request) -> str | None:
+    """The ``RELAY_META`` key of a POSTed JSON-RPC request, or None."""
+    if request.method != "POST":
+        return None
+    try:
+        body = json.loads(request.content)
+    except (ValueError, httpx2.RequestNotRead):
+        return None
+    if not isinstance(body, dict):
+        return None
+    meta = (body.get("params") or {}).get("_meta") if isinstance(body.get("params"), dict) else None
+    key = meta.get(RELAY_META) if isinstance(meta, dict) else None
+    return key if isinstance(key, str) else None
+
+
+class RelayTagging(httpx2.AsyncBaseTransport):
+    """The ``httpx2`` transport to a Streamable HTTP upstream: tags what relates to a request.
+
+    A POST whose JSON-RPC request carries ``_meta[RELAY_META]`` and is answered with an event
+    stream (``text/event-stream``, https://html.spec.whatwg.org/multipage/server-sent-events.html)
+    gets its stream's requests and notifications tagged with the same key (``TaggedEvents``);
+    everything else passes unchanged.
+
+    Args:
+        inner: the transport that sends (default ``httpx2.AsyncHTTPTransport()``).
+
+    """
+
+    def __init__(self, inner: httpx2.AsyncBaseTransport | None = None) -> None:
+        self.inner = inner or httpx2.AsyncHTTPTransport()
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        """Sends `request`; answers its response, its event stream tagged when it relays."""
+        response = await self.inner.handle_async_request(request)
+        key = _relay_key(request)
+        ctype = response.headers.get("content-type", "").lower()
+        if key is None or not ctype.startswith("text/event-stream"):
+            return response
+        assert isinstance(response.stream, httpx2.AsyncByteStream)
+        return httpx2.Response(
+            response.status_code,
+            headers=response.headers,
+            stream=TaggedEvents(response.stream, key),
+            extensions=response.extensions,
+        )
+
+    async def aclose(self) -> None:
+        """Closes the inner transport."""
+        await self.inner.aclose()
+
+
+class TaggedEvents(httpx2.AsyncByteStream):
+    """An event stream with ``_meta[RELAY_META] = key`` in its requests and notifications.
+
+    JSON-RPC responses pass as they are.
+
+    Events are cut at blank lines and their ``data`` lines joined, as the event stream format
+    says (lines end in CRLF, LF or CR); each event goes on whole, with its ``id``, ``event`` and
+    ``retry`` lines, its data re-serialized on one line when tagged.
+
+    Args:
+        inner: the response's byte stream.
+        key: the relay key.
+
+    """
+
+    def __init__(self, inner: httpx2.AsyncByteStream, key: str) -> None:
+        self.inner = inner
+        self.key = key
+
+    def _tag(self, lines: list[str]) -> list[str]:
+        data = [line[5:].removeprefix(" ") for line in lines if line.startswith("data:")]
+        if not data:
+            return lines
+        try:
+            msg = json.loads("\n".join(data))
+        except ValueError:
+            return lines
+        if not isinstance(msg, dict) or "method" not in msg:
+            return lines
+        params = msg.get("params")
+        params = dict(params) if isinstance(params, dict) else {}
+        meta = params.get("_meta")
+        params["_meta"] = {**(meta if isinstance(meta, dict) else {}), RELAY_META: self.key}
+        msg["params"] = params
+        out = [line for line in lines if not line.startswith("data:")]
+        return [*out, "data: " + json.dumps(msg, separators=(",", ":"))]
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        """The stream's bytes, event by event (module docs)."""
+        decoder = codecs.getincrementaldecoder("utf-8")()
+        pending = ""
+        event: list[str] = []
+        async for chunk in self.inner:
+            pending += decoder.decode(chunk)
+            # A CR at the end may be the first half of a CRLF: keep it for the next chunk.
+            hold = pending.endswith("\r")
+            text, pending = (pending[:-1], "\r") if hold else (pending, "")
+            text = text.replace("\r\n", "\n").replace("\r", "\n")
+            *lines, rest = text.split("\n")
+            pending = rest + pending
+            out: list[str] = []
+            for line in lines:
+                if line:
+                    event.append(line)
+                    continue
+                out.extend(self._tag(event) if event else [])
+                out.append("")
+                event = []
+            if out:
+                yield ("\n".join(out) + "\n").encode()
+        tail = pending + decoder.decode(b"", final=True)
+        if event or tail:
+            yield ("\n".join([*self._tag(event), tail]) + "\n").encode()
+
+    async def aclose(self) -> None:
+        """Closes the response's stream."""
+        await self.inner.aclose()

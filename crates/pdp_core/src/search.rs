@@ -632,6 +632,12 @@ impl Want {
     }
 }
 
+/// `a == b`, the ids compared first: they tell most rows apart without comparing the types'
+/// names (paths of names).
+fn same_entity(a: &EntityUid, b: &EntityUid) -> bool {
+    a.id() == b.id() && a.type_name() == b.type_name()
+}
+
 /// What [`RowFilter::matches`] reads of a row: the value at the filter's `col`-th attribute
 /// path ([`RowFilter::paths`]).
 pub(crate) trait RowAttrs {
@@ -800,8 +806,8 @@ fn node_matches<R: RowAttrs>(
             };
             like(s, pattern)
         }
-        Node::In { entity } => Some(entity == uid || descendant_of(entity)),
-        Node::Is { entity } => Some(entity == uid),
+        Node::In { entity } => Some(same_entity(entity, uid) || descendant_of(entity)),
+        Node::Is { entity } => Some(same_entity(entity, uid)),
         Node::Undecided => None,
     }
 }

@@ -61,6 +61,21 @@ struct AsPrincipal {
     risk: Option<i64>,
 }
 
+/// Slots of a subject search page's plans by risk score: no score, then 0 to 100.
+const RISK_SLOTS: usize = 102;
+
+/// The slot of `risk` among [`RISK_SLOTS`]; [`RISK_SLOTS`] itself (no slot) for a score
+/// outside 0 to 100.
+fn risk_slot(risk: Option<i64>) -> usize {
+    match risk {
+        None => 0,
+        Some(r) => usize::try_from(r)
+            .ok()
+            .filter(|r| *r <= 100)
+            .map_or(RISK_SLOTS, |r| r + 1),
+    }
+}
+
 /// How many subject-search plans a [`TypeIndex`] keeps.
 const SUBJECT_PLANS_KEPT: usize = 4096;
 
@@ -585,14 +600,19 @@ impl Engine {
         let mut rows = rows.iter().enumerate();
         // One plan per risk score among the candidates (the context's only part that is a
         // principal's own), built when a candidate with that score first comes.
-        let mut plans: HashMap<Option<i64>, Arc<PagePlan>> = HashMap::new();
+        // The page's plans by risk score (0 to 100, as `set_risk_scores` takes them; slot 0 is
+        // no score), found per candidate without hashing.
+        let mut plans: Vec<Option<Arc<PagePlan>>> = vec![None; RISK_SLOTS];
         let action_uid = b.resolve_action(action).map_err(authzen_error)?;
         let context = serde_json::to_string(&req.context).unwrap_or_default();
         let mut slice = None;
-        let mut plan_for = |plans: &mut HashMap<Option<i64>, Arc<PagePlan>>,
+        let mut plan_for = |plans: &mut Vec<Option<Arc<PagePlan>>>,
                             risk: Option<i64>|
          -> Result<(), SearchError> {
-            if let std::collections::hash_map::Entry::Vacant(slot) = plans.entry(risk) {
+            let Some(slot) = plans.get_mut(risk_slot(risk)) else {
+                return Ok(());
+            };
+            if slot.is_none() {
                 let question = SubjectQuestion {
                     principal_type: stype.clone(),
                     action: action_uid.clone(),
@@ -638,7 +658,7 @@ impl Engine {
                         plan
                     }
                 };
-                slot.insert(plan);
+                *slot = Some(plan);
             }
             Ok(())
         };
@@ -676,8 +696,10 @@ impl Engine {
                 if let Err(e) = plan_for(&mut plans, risk) {
                     return Some(Err(e));
                 }
+                // A score outside 0 to 100 (never stored) has no slot: its rows are checked.
                 let said = plans
-                    .get(&risk)
+                    .get(risk_slot(risk))
+                    .and_then(Option::as_ref)
                     .and_then(|p| p.says(from + k, uid, rec.as_ref()?));
                 Some(match said {
                     Some(true) => Ok((uid, Seen::Allowed)),

@@ -380,11 +380,17 @@ pub(super) fn context_for(
 /// Whether the context of `action` takes the principal's `risk_score`: when it does not, every
 /// principal's context is the same for the same request.
 pub(super) fn takes_risk(st: &State, action: &EntityUid) -> bool {
+    declared(st, action).risk_score
+}
+
+/// The fields svc fills into `action`'s context: all of them without a schema, else those
+/// the action's context type declares.
+fn declared(st: &State, action: &EntityUid) -> Declared {
     let b = &*st.bundle;
     match (b.schema.is_some(), b.injected.get(action)) {
-        (false, _) => true,
-        (true, Some(d)) => d.risk_score,
-        (true, None) => false,
+        (false, _) => Declared::ALL,
+        (true, Some(d)) => *d,
+        (true, None) => Declared::NONE,
     }
 }
 
@@ -406,11 +412,7 @@ pub(super) fn context_with_risk(
     work_item: Option<&WorkItem>,
 ) -> Result<Arc<MemoContext>, RequestError> {
     let b = &*st.bundle;
-    let takes = match (b.schema.is_some(), b.injected.get(action)) {
-        (false, _) => Declared::ALL,
-        (true, Some(d)) => *d,
-        (true, None) => Declared::NONE,
-    };
+    let takes = declared(st, action);
     let work_item = work_item
         .filter(|_| takes.work_item)
         .map(|w| w.entity.entity.uid());

@@ -4,8 +4,9 @@ Built with the ``mcp`` SDK's ``MCPServer``: tools that read and write documents 
 (``read_doc``, ``write_doc``), two that name no resource (``ping``, ``launch``), a resource
 template and a prompt; ``ask_later`` sends a request to the client after its call has ended
 and ``asked`` tells what it got; ``ask_now`` logs and asks during its call; ``touch`` sends a
-resource's update; ``logging/setLevel`` and resource subscriptions are accepted. ``python tests/gwupstream.py http [PORT]`` serves Streamable HTTP on
-127.0.0.1 (on PORT, or a free port) and prints ``listening on <port>``;
+resource's update; ``wait_long`` waits to be cancelled and ``waits`` tells how such calls
+ended; ``logging/setLevel`` and resource subscriptions are accepted.
+``python tests/gwupstream.py http [PORT]`` serves Streamable HTTP on 127.0.0.1 (on PORT, or a free port) and prints ``listening on <port>``;
 ``python tests/gwupstream.py stdio`` speaks MCP over its standard input and output.
 """
 
@@ -112,6 +113,28 @@ async def touch(ctx: Context, uri: str) -> str:
     """Tells the subscribers of `uri` that it changed (``notifications/resources/updated``)."""
     await ctx.session.send_resource_updated(uri)
     return f"touched {uri}"
+
+
+#: How the calls of ``wait_long`` ended: ``cancelled`` or ``done``.
+WAITS: list[str] = []
+
+
+@server.tool()
+async def wait_long(seconds: float) -> str:
+    """Waits `seconds` (for a call to cancel); ``waits`` tells how each call ended."""
+    try:
+        await asyncio.sleep(seconds)
+    except asyncio.CancelledError:
+        WAITS.append("cancelled")
+        raise
+    WAITS.append("done")
+    return "waited"
+
+
+@server.tool()
+def waits() -> str:
+    """How the calls of ``wait_long`` ended, as a JSON list."""
+    return json.dumps(WAITS)
 
 
 #: The background tasks of ``ask_later`` (held so they are not collected while running).

@@ -438,7 +438,18 @@ async def _everything(url: str, token: str) -> dict[str, Any]:
 
 
 EXPECTED = {
-    "tools": ["ask_later", "ask_now", "asked", "launch", "ping", "read_doc", "touch", "write_doc"],
+    "tools": [
+        "ask_later",
+        "ask_now",
+        "asked",
+        "launch",
+        "ping",
+        "read_doc",
+        "touch",
+        "wait_long",
+        "waits",
+        "write_doc",
+    ],
     "templates": ["doc://{name}"],
     "resource": "the plan",
     "prompts": ["summarize"],
@@ -557,6 +568,95 @@ def test_what_an_upstream_sends_during_a_call_reaches_its_agent(stack: Stack) ->
         assert asyncio.run(_relayed(f"{gw.url}/mcp/local", token)) == expected
     finally:
         gw.stop()
+
+
+def _fast_path(url: str) -> dict[str, float]:
+    """The gateway's ``svc_gateway_fast_path_calls_total`` for the ``docs`` upstream, by how."""
+    out = {"answered": 0.0, "relayed": 0.0}
+    for line in httpx.get(f"{url}/metrics", timeout=30).text.splitlines():
+        if line.startswith('svc_gateway_fast_path_calls_total{how="') and 'upstream="docs"' in line:
+            out[line.split('how="')[1].split('"')[0]] = float(line.split()[-1])
+    return out
+
+
+@pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning")
+def test_plain_calls_are_answered_on_the_fast_path_and_relaying_ones_handed_over(
+    stack: Stack,
+) -> None:
+    """docs/gateway.md#fast-path: a call whose result comes first is answered as one JSON body;
+    one whose upstream logs and asks first is handed to the SDK's path, which relays both;
+    a blocked call is answered on the fast path too. Each is checked once."""
+    token = stack.copilot.mint("ana", AUD, act="copilot.assistant")
+    before = _fast_path(stack.gateway.url)
+    logs: list[Any] = []
+
+    async def sampling(context: Any, params: Any) -> Any:
+        return types.CreateMessageResult(
+            role="assistant", content=types.TextContent(type="text", text="yes"), model="m"
+        )
+
+    async def logging(params: Any) -> None:
+        logs.append((params.level, params.data))
+
+    async def run() -> list[Any]:
+        async with agent_session(
+            stack.mcp, token, sampling_callback=sampling, logging_callback=logging
+        ) as s:
+            return [
+                await s.call_tool("read_doc", {"doc_id": "plan"}),
+                await s.call_tool("ask_now", {}),
+                await s.call_tool("read_doc", {}),
+            ]
+
+    plain, asked, blocked = asyncio.run(run())
+    assert plain.content[0].text == "the plan" and not plain.is_error
+    assert asked.content[0].text == "yes"
+    assert logs == [("info", "asking"), ("warning", "still asking")]
+    assert blocked.is_error and blocked.meta["svc/verdict"] == "deny"
+    assert "names no resource" in blocked.content[0].text
+    after = _fast_path(stack.gateway.url)
+    assert after["answered"] - before["answered"] == 1
+    assert after["relayed"] - before["relayed"] == 1
+
+
+def test_a_call_cancelled_on_the_fast_path_is_cancelled_upstream(stack: Stack) -> None:
+    """docs/gateway.md#fast-path: ``notifications/cancelled`` for a call in flight ends it
+    without an answer and tells the upstream, whose tool is cancelled."""
+    token = stack.billing.mint("billing.bot", AUD)
+    sid = _initialize(stack.mcp, token).headers["mcp-session-id"]
+    headers = {
+        "accept": "application/json, text/event-stream",
+        "authorization": f"Bearer {token}",
+        "mcp-session-id": sid,
+        "mcp-protocol-version": "2025-11-25",
+    }
+
+    def call(rid: str, name: str, args: dict[str, Any]) -> dict[str, Any]:
+        params = {"name": name, "arguments": args}
+        return {"jsonrpc": "2.0", "id": rid, "method": "tools/call", "params": params}
+
+    async def run() -> tuple[httpx.Response, list[str]]:
+        async with httpx.AsyncClient(headers=headers, timeout=30) as c:
+            await c.post(stack.mcp, json={"jsonrpc": "2.0", "method": "notifications/initialized"})
+            slow = asyncio.create_task(
+                c.post(stack.mcp, json=call("w1", "wait_long", {"seconds": 20}))
+            )
+            await asyncio.sleep(1.0)
+            cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": "w1"}}  # fmt: skip
+            assert (await c.post(stack.mcp, json=cancel)).status_code == 202
+            ended = await asyncio.wait_for(slow, 10)
+            for _ in range(100):
+                got = (await c.post(stack.mcp, json=call("w2", "waits", {}))).json()
+                waits: list[str] = json.loads(got["result"]["content"][0]["text"])
+                if waits:
+                    return ended, waits
+                await asyncio.sleep(0.05)
+            return ended, []
+
+    ended, waits = asyncio.run(run())
+    assert ended.status_code == 200
+    assert '"result"' not in ended.text and '"error"' not in ended.text
+    assert waits == ["cancelled"]
 
 
 def test_the_relay_key_is_written_into_an_event_streams_requests_and_notifications() -> None:

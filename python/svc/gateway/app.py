@@ -40,6 +40,7 @@ from svc import __version__, web
 from svc.common.connect import METRICS_CONTENT_TYPE, ThreadedServer, serve_asgi
 from svc.common.health import Readiness, probe_router
 from svc.common.problems import Problem, install_problem_handlers, problem_response
+from svc.gateway.fastpath import FastPath
 from svc.gateway.relay import LEVELS
 from svc.gateway.service import GatewayService, UpstreamUnavailable
 from svc.gateway.settings import GatewaySettings
@@ -151,6 +152,7 @@ class McpProxy:
         self._install(None)
         service.links[name].on_connected = self._install
         self.manager = StreamableHTTPSessionManager(app=self.server)
+        self.fast = FastPath(service, name, self.manager)
 
     def _passthrough(self, request_type: Any, result_type: Any) -> Callable[..., Awaitable[Any]]:
         async def handle(ctx: Any, params: Any) -> Any:
@@ -171,6 +173,9 @@ class McpProxy:
         relays = self.service.links[self.name].relays
         relay = AgentRelay(ctx, token, relays.level(_session_key(ctx)))
         try:
+            direct = self.fast.adopt(_session_key(ctx), ctx.request_id)
+            if direct is not None:  # forwarded by the fast path, its stream to relay
+                return await self.service.finish_direct(direct, relay)
             return await self.service.call_tool(
                 self.name, params, _agent(ctx), _base_url(ctx), relay
             )
@@ -580,20 +585,25 @@ def create_app(
                     except Problem as p:
                         await problem_response(p)(scope, receive, send)
                         return
-                    await _serve_mcp(proxy, ident, scope, receive, send)
+                    _bind_caller(scope, ident)
+                    await proxy.fast.serve(
+                        ident,
+                        scope,
+                        receive,
+                        send,
+                        lambda replayed: proxy.manager.handle_request(scope, replayed, send),
+                    )
                     return
         await http_app(scope, receive, send)
 
     return app
 
 
-async def _serve_mcp(
-    proxy: McpProxy, ident: AgentIdentity, scope: Scope, receive: Receive, send: Send
-) -> None:
-    """Hands an authenticated request to the upstream's session manager.
+def _bind_caller(scope: Scope, ident: AgentIdentity) -> None:
+    """Puts the verified caller in an MCP request's scope, for the proxy and the SDK.
 
-    The MCP session is bound to the caller (``AuthenticatedUser``: the manager answers 404 to
-    another caller's request for it).
+    The MCP session is bound to the caller (``AuthenticatedUser``: the session manager answers
+    404 to another caller's request for it, and the fast path serves only its owner).
     """
     from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
     from mcp.server.auth.provider import AccessToken
@@ -603,7 +613,6 @@ async def _serve_mcp(
     scope["user"] = AuthenticatedUser(
         AccessToken(token="", client_id=ident.issuer, scopes=[], subject=who)
     )
-    await proxy.manager.handle_request(scope, receive, send)
 
 
 def serve(

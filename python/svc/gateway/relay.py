@@ -35,14 +35,23 @@ import json
 import logging
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
 
 import httpx2
 import mcp_types as types
 from mcp.client.session import ClientRequestContext
 
-__all__ = ["LEVELS", "RELAY_META", "Relay", "RelayTagging", "TaggedEvents", "UpstreamRelays"]
+__all__ = [
+    "LEVELS",
+    "RELAY_META",
+    "Relay",
+    "RelayTagging",
+    "TaggedEvents",
+    "UpstreamRelays",
+    "event_data",
+    "event_lines",
+]
 
 log = logging.getLogger("svc.gateway")
 
@@ -142,6 +151,11 @@ class UpstreamRelays:
                 message=f"{method} from upstream `{self.name}` names no agent call in flight "
                 "through the gateway; only a request made during a tool call is relayed",
             )
+        return await self._ask_relay(relay, method, params, request, result_type)
+
+    async def _ask_relay(
+        self, relay: Relay, method: str, params: Any, request: Any, result_type: Any
+    ) -> Any:
         from mcp.shared.exceptions import MCPError
 
         try:
@@ -198,6 +212,88 @@ class UpstreamRelays:
                 except Exception as e:  # that agent session is gone
                     log.debug("upstream %s: %s unsubscribed from %s: %s", self.name, key, uri, e)
                     self.unsubscribe(uri, key)
+
+    # -- one call's own event stream (the fast path's, svc.gateway.fastpath) --------------
+
+    async def follow(
+        self,
+        upstream_id: str,
+        messages: AsyncIterator[dict[str, Any]],
+        relay: Relay,
+        answer: Callable[[dict[str, Any]], Awaitable[None]],
+    ) -> dict[str, Any]:
+        """Relays what comes on one forwarded request's own stream until its response.
+
+        The request was POSTed by the gateway itself (``svc.gateway.fastpath``), so its stream
+        is known without a tag: progress and ``notifications/message`` go to `relay`,
+        ``sampling/createMessage`` and ``elicitation/create`` are asked of `relay` and their
+        answers (or an MCP error) sent back with `answer`, ``ping`` is answered at once,
+        ``notifications/resources/updated`` goes to its subscribers, and any other request
+        gets ``METHOD_NOT_FOUND`` (as the SDK's client session answers it).
+
+        Args:
+            upstream_id: the JSON-RPC id of the forwarded request.
+            messages: the JSON-RPC messages of its stream, in order (dicts, as sent).
+            relay: the agent's side of the call.
+            answer: sends a JSON-RPC response back to the upstream.
+
+        Returns:
+            The JSON-RPC response to `upstream_id` (with ``result`` or ``error``), as sent.
+
+        Raises:
+            ConnectionError: the stream ended before the response.
+
+        """
+        async for msg in messages:
+            method = msg.get("method")
+            if not isinstance(method, str):
+                if msg.get("id") == upstream_id:
+                    return msg
+                log.debug("upstream %s: a response to another request dropped", self.name)
+                continue
+            try:
+                if "id" in msg:
+                    await answer(await self._answer(msg, relay))
+                elif method == "notifications/progress":
+                    p = types.ProgressNotificationParams.model_validate(msg.get("params"))
+                    await relay.progress(p.progress, p.total, p.message)
+                elif method == "notifications/message":
+                    await relay.log(
+                        types.LoggingMessageNotificationParams.model_validate(msg.get("params"))
+                    )
+                elif method == "notifications/resources/updated":
+                    await self.message(types.ResourceUpdatedNotification.model_validate(msg))
+            except ValueError as e:  # pydantic's ValidationError: a malformed message
+                log.warning("upstream %s: %s not relayed: %s", self.name, method, e)
+        raise ConnectionError(f"upstream `{self.name}` ended the call's stream without a result")
+
+    async def _answer(self, msg: dict[str, Any], relay: Relay) -> dict[str, Any]:
+        """The JSON-RPC response to a request from the upstream on a call's stream."""
+        method = msg["method"]
+        answer: Any
+        if method == "sampling/createMessage":
+            req = types.CreateMessageRequest.model_validate(msg)
+            with_tools = req.params.tools
+            result_type = (
+                types.CreateMessageResultWithTools if with_tools else types.CreateMessageResult
+            )
+            answer = await self._ask_relay(
+                relay, method, req.params, types.CreateMessageRequest, result_type
+            )
+        elif method == "elicitation/create":
+            req_e = types.ElicitRequest.model_validate(msg)
+            answer = await self._ask_relay(
+                relay, method, req_e.params, types.ElicitRequest, types.ElicitResult
+            )
+        elif method == "ping":
+            answer = types.EmptyResult()
+        else:
+            answer = types.ErrorData(
+                code=types.METHOD_NOT_FOUND, message=f"{method} is not relayed by the gateway"
+            )
+        body = answer.model_dump(by_alias=True, exclude_none=True, mode="json")
+        key = "error" if isinstance(answer, types.ErrorData) else "result"
+        return {"jsonrpc": "2.0", "id": msg["id"], key: body}
 
     # -- subscriptions ------------------------------------------------------------------
 
@@ -291,9 +387,17 @@ class RelayTagging(httpx2.AsyncBaseTransport):
 
     def __init__(self, inner: httpx2.AsyncBaseTransport | None = None) -> None:
         self.inner = inner or httpx2.AsyncHTTPTransport()
+        #: The upstream's ``Mcp-Session-Id`` and ``MCP-Protocol-Version`` as the SDK's client
+        #: last sent them (None until it has): the fast path's requests join the same session.
+        self.session_id: str | None = None
+        self.protocol_version: str | None = None
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         """Sends `request`; answers its response, its event stream tagged when it relays."""
+        version = request.headers.get("mcp-protocol-version")
+        if version is not None:
+            self.protocol_version = version
+            self.session_id = request.headers.get("mcp-session-id")
         response = await self.inner.handle_async_request(request)
         key = _relay_key(request)
         ctype = response.headers.get("content-type", "").lower()
@@ -332,11 +436,11 @@ class TaggedEvents(httpx2.AsyncByteStream):
         self.key = key
 
     def _tag(self, lines: list[str]) -> list[str]:
-        data = [line[5:].removeprefix(" ") for line in lines if line.startswith("data:")]
+        data = event_data(lines)
         if not data:
             return lines
         try:
-            msg = json.loads("\n".join(data))
+            msg = json.loads(data)
         except ValueError:
             return lines
         if not isinstance(msg, dict) or "method" not in msg:
@@ -351,31 +455,60 @@ class TaggedEvents(httpx2.AsyncByteStream):
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         """The stream's bytes, event by event (module docs)."""
-        decoder = codecs.getincrementaldecoder("utf-8")()
-        pending = ""
-        event: list[str] = []
-        async for chunk in self.inner:
-            pending += decoder.decode(chunk)
-            # A CR at the end may be the first half of a CRLF: keep it for the next chunk.
-            hold = pending.endswith("\r")
-            text, pending = (pending[:-1], "\r") if hold else (pending, "")
-            text = text.replace("\r\n", "\n").replace("\r", "\n")
-            *lines, rest = text.split("\n")
-            pending = rest + pending
-            out: list[str] = []
-            for line in lines:
-                if line:
-                    event.append(line)
-                    continue
-                out.extend(self._tag(event) if event else [])
-                out.append("")
-                event = []
-            if out:
-                yield ("\n".join(out) + "\n").encode()
-        tail = pending + decoder.decode(b"", final=True)
-        if event or tail:
-            yield ("\n".join([*self._tag(event), tail]) + "\n").encode()
+        async for event, ended in event_lines(self.inner):
+            # An event the stream ends before its blank line stays unended (never dispatched).
+            yield ("\n".join(self._tag(event)) + ("\n\n" if ended else "\n")).encode()
 
     async def aclose(self) -> None:
         """Closes the response's stream."""
         await self.inner.aclose()
+
+
+async def event_lines(chunks: AsyncIterable[bytes]) -> AsyncIterator[tuple[list[str], bool]]:
+    """The events of an event stream, each as its lines (without line ends), in order.
+
+    The stream format of https://html.spec.whatwg.org/multipage/server-sent-events.html
+    (parsing an event stream): UTF-8, lines end in CRLF, LF or CR, and a blank line ends an
+    event.
+
+    Args:
+        chunks: the stream's bytes, cut anywhere.
+
+    Yields:
+        ``(lines, ended)``: ``ended`` False only for lines the stream ended in before a blank
+        line (the format discards such an event; a proxy passes it on as it came).
+
+    """
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    pending = ""
+    event: list[str] = []
+    async for chunk in chunks:
+        pending += decoder.decode(chunk)
+        # A CR at the end may be the first half of a CRLF: keep it for the next chunk.
+        hold = pending.endswith("\r")
+        text, pending = (pending[:-1], "\r") if hold else (pending, "")
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
+        *lines, rest = text.split("\n")
+        pending = rest + pending
+        for line in lines:
+            if line:
+                event.append(line)
+            elif event:
+                yield event, True
+                event = []
+    tail = (pending + decoder.decode(b"", final=True)).rstrip("\r")
+    if tail:
+        event.append(tail)
+    if event:
+        yield event, False
+
+
+def event_data(lines: list[str]) -> str:
+    """An event's data: its ``data`` fields joined with newlines (``""`` when it has none).
+
+    The event stream format's field rules: ``data:value`` or ``data: value`` (one leading space
+    dropped), a line starting with ``:`` a comment.
+    """
+    return "\n".join(
+        line[5:].removeprefix(" ") for line in lines if line.startswith("data:") or line == "data"
+    )

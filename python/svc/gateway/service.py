@@ -35,11 +35,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
+import anyio
 import httpx
 import mcp_types as types
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from svc.gateway.relay import Relay, RelayTagging, UpstreamRelays
+from svc.gateway.relay import Relay, RelayTagging, UpstreamRelays, event_data, event_lines
 from svc.gateway.settings import GatewaySettings, ToolMapping, Upstream, read_token_file
 from svc.gateway.tokens import AgentIdentity, TrustedApps, parse_trusted_apps
 
@@ -48,6 +49,7 @@ __all__ = [
     "TOOL_TYPE",
     "Blocked",
     "Containments",
+    "DirectCall",
     "EventSink",
     "GatewayMetrics",
     "GatewayService",
@@ -57,6 +59,7 @@ __all__ = [
     "PdpUnreachable",
     "UpstreamLink",
     "UpstreamUnavailable",
+    "cancel_message",
 ]
 
 log = logging.getLogger("svc.gateway")
@@ -103,6 +106,14 @@ class GatewayMetrics:
             "Tool calls by upstream and outcome (forwarded, deny, challenge, unavailable, "
             "outage_fail_open, outage_cached).",
             ["upstream", "outcome"],
+            registry=self.registry,
+        )
+        self.fast_path = Counter(
+            "svc_gateway_fast_path_calls",
+            "Tool calls forwarded on the fast path (docs/gateway.md#fast-path) by how they went "
+            "on: answered (the result came first) or relayed (handed to the SDK's path to relay "
+            "what the upstream sent first).",
+            ["upstream", "how"],
             registry=self.registry,
         )
         self.refused_tokens = Counter(
@@ -348,22 +359,34 @@ class UpstreamLink:
         self.relays = UpstreamRelays(name, stdio=config.command is not None)
         self._session: Any = None
         self._ready = asyncio.Event()
+        self._tagging: RelayTagging | None = None
+        self._direct: Any = None
 
     @contextlib.asynccontextmanager
     async def _streams(self) -> AsyncIterator[tuple[Any, Any]]:
         if self.config.url is not None:
+            import aiohttp
             import httpx2
             from mcp.client.streamable_http import streamable_http_client
 
+            tagging = RelayTagging()
             async with (
                 httpx2.AsyncClient(
                     headers=self.config.headers,
                     timeout=httpx2.Timeout(30, read=300),
-                    transport=RelayTagging(),
+                    transport=tagging,
                 ) as hc,
+                aiohttp.ClientSession(
+                    headers=self.config.headers,
+                    timeout=aiohttp.ClientTimeout(sock_connect=30, sock_read=300),
+                ) as direct,
                 streamable_http_client(self.config.url, http_client=hc) as (r, w),
             ):
-                yield r, w
+                self._tagging, self._direct = tagging, direct
+                try:
+                    yield r, w
+                finally:
+                    self._tagging = self._direct = None
         else:
             from mcp.client.stdio import StdioServerParameters, stdio_client
 
@@ -445,6 +468,102 @@ class UpstreamLink:
             except Exception as e:  # the resource may be gone: the agents keep asking
                 log.warning("upstream %s: not subscribed again to %s: %s", self.name, uri, e)
 
+    def direct_ready(self) -> bool:
+        """True when requests can be POSTed on the open session directly (``post``).
+
+        That is: a Streamable HTTP upstream whose session is open and whose protocol version the
+        SDK's client has sent (it does from ``notifications/initialized`` on).
+        """
+        return (
+            self._session is not None
+            and self._tagging is not None
+            and self._tagging.protocol_version is not None
+        )
+
+    def _direct_headers(self) -> dict[str, str]:
+        assert self._tagging is not None and self._tagging.protocol_version is not None
+        headers = {
+            "accept": "application/json, text/event-stream",
+            "mcp-protocol-version": self._tagging.protocol_version,
+        }
+        if self._tagging.session_id is not None:
+            headers["mcp-session-id"] = self._tagging.session_id
+        return headers
+
+    @contextlib.asynccontextmanager
+    async def post(
+        self, message: dict[str, Any], timeout_secs: float
+    ) -> AsyncIterator[AsyncIterator[dict[str, Any]]]:
+        """POSTs one JSON-RPC request on the open session, outside the SDK's client.
+
+        The MCP Streamable HTTP transport (https://modelcontextprotocol.io/specification/
+        2025-11-25/basic/transports#sending-messages-to-the-server): the answer is one JSON
+        object or an event stream of the request's related messages, its response last. Sent
+        with ``aiohttp``, which takes a quarter of the CPU of the SDK's ``httpx2`` per request
+        (docs/dependencies.md).
+
+        Args:
+            message: the JSON-RPC request (its id a string, so it never meets the SDK
+                client's integer ids on the shared session).
+            timeout_secs: how long the upstream may take to answer (and between events).
+
+        Yields:
+            The messages that come back, in order (dicts as sent; events without data, such
+            as priming events, are skipped). The response is open until the block ends.
+
+        Raises:
+            UpstreamUnavailable: no open session (``direct_ready`` is False), the request could
+                not be sent or read, or the upstream answered with an HTTP error or something
+                that is not JSON-RPC.
+
+        """
+        import aiohttp
+
+        direct, url = self._direct, self.config.url
+        if direct is None or url is None or not self.direct_ready():
+            raise UpstreamUnavailable(f"upstream `{self.name}` cannot be reached: {self.error}")
+        try:
+            async with direct.post(
+                url,
+                data=json.dumps(message, separators=(",", ":")).encode(),
+                headers={"content-type": "application/json", **self._direct_headers()},
+                timeout=aiohttp.ClientTimeout(sock_connect=30, sock_read=timeout_secs),
+            ) as response:
+                if response.status != 200:
+                    text = await response.text(errors="replace")
+                    raise UpstreamUnavailable(
+                        f"upstream `{self.name}` answered HTTP {response.status}: {text[:200]}"
+                    )
+                yield _messages(response)
+        except (aiohttp.ClientError, TimeoutError, ValueError) as e:
+            raise UpstreamUnavailable(
+                f"upstream `{self.name}` failed: {e.__class__.__name__}: {e}"
+            ) from e
+
+    async def send(self, message: dict[str, Any]) -> None:
+        """POSTs a JSON-RPC response or notification on the open session (202 expected).
+
+        Raises:
+            UpstreamUnavailable: as ``post``.
+
+        """
+        import aiohttp
+
+        direct, url = self._direct, self.config.url
+        if direct is None or url is None or not self.direct_ready():
+            raise UpstreamUnavailable(f"upstream `{self.name}` cannot be reached: {self.error}")
+        try:
+            async with direct.post(
+                url,
+                data=json.dumps(message, separators=(",", ":")).encode(),
+                headers={"content-type": "application/json", **self._direct_headers()},
+            ) as r:
+                await r.read()
+        except (aiohttp.ClientError, TimeoutError) as e:
+            raise UpstreamUnavailable(f"upstream `{self.name}` failed: {e}") from e
+        if r.status >= 300:
+            raise UpstreamUnavailable(f"upstream `{self.name}` answered HTTP {r.status}")
+
     async def session(self, wait_secs: float = 5.0) -> Any:
         """The open ``ClientSession``.
 
@@ -458,6 +577,35 @@ class UpstreamLink:
         if self._session is None:
             raise UpstreamUnavailable(f"upstream `{self.name}` cannot be reached: {self.error}")
         return self._session
+
+
+async def _messages(response: Any) -> AsyncIterator[dict[str, Any]]:
+    """The JSON-RPC messages of an upstream's answer (an ``aiohttp`` response).
+
+    One JSON body (an object, or a batch of them) or an event stream whose events carry one
+    message each (``svc.gateway.relay.event_lines``).
+
+    Raises:
+        ValueError: neither, or a message that is not a JSON object.
+
+    """
+    ctype = response.content_type
+    if ctype == "application/json":
+        body = json.loads(await response.read())
+        for msg in body if isinstance(body, list) else [body]:
+            if not isinstance(msg, dict):
+                raise ValueError("a JSON-RPC message is not an object")
+            yield msg
+    elif ctype == "text/event-stream":
+        async for lines, ended in event_lines(response.content.iter_any()):
+            data = event_data(lines) if ended else ""
+            if data:
+                msg = json.loads(data)
+                if not isinstance(msg, dict):
+                    raise ValueError("a JSON-RPC message is not an object")
+                yield msg
+    else:
+        raise ValueError(f"the answer's content type is {ctype or 'missing'}")
 
 
 async def _until_closed(session: Any) -> None:
@@ -747,6 +895,38 @@ class Blocked:
         )
 
 
+@dataclass
+class DirectCall:
+    """A call the fast path forwarded whose stream needs relaying (``svc.gateway.fastpath``).
+
+    Attributes:
+        upstream, tool: the call's upstream and tool.
+        ident: the caller.
+        mapping, resource, outcome: as ``GatewayService.check`` answered them.
+        upstream_id: the JSON-RPC id the call was forwarded with.
+        messages: the rest of its stream, from the first message not yet handled.
+
+    """
+
+    upstream: str
+    tool: str
+    ident: AgentIdentity
+    mapping: ToolMapping | None
+    resource: dict[str, str] | None
+    outcome: str
+    upstream_id: str
+    messages: AsyncIterator[dict[str, Any]]
+
+
+def cancel_message(upstream_id: str) -> dict[str, Any]:
+    """The ``notifications/cancelled`` that tells an upstream a forwarded call is abandoned."""
+    return {
+        "jsonrpc": "2.0",
+        "method": "notifications/cancelled",
+        "params": {"requestId": upstream_id, "reason": "cancelled by the agent"},
+    }
+
+
 def _event_problem(event: dict[str, Any]) -> str | None:
     """Why the intake would refuse `event` (docs/intake.md, the identifiers' limits), or None."""
     limits = [
@@ -998,26 +1178,76 @@ class GatewayService:
             mcp.shared.exceptions.MCPError: the upstream answered with an error (passed on).
 
         """
-        tool_id = f"{upstream}/{params.name}"
         blocked, outcome, mapping, resource = await self.check(
             upstream, params.name, params.arguments or {}, ident, base_url
         )
         if blocked is not None:
-            self.metrics.calls.labels(upstream, blocked.verdict).inc()
-            log.info(
-                "blocked %s for %s: %s %s",
-                tool_id,
-                ident.principal["id"],
-                blocked.verdict,
-                blocked.decision_qid or "",
-            )
-            return blocked.result()
-        self.metrics.calls.labels(upstream, "forwarded" if outcome == "allowed" else outcome).inc()
+            return self.blocked(upstream, params.name, ident, blocked)
+        self.forwarding(upstream, outcome)
         result = await self.forward(
             upstream, types.CallToolRequest(params=params), types.CallToolResult, relay
         )
-        self._event(upstream, params.name, ident, mapping, resource, result, outcome)
+        self.record(upstream, params.name, ident, mapping, resource, result.is_error, outcome)
         return result  # type: ignore[no-any-return]
+
+    def blocked(
+        self, upstream: str, tool: str, ident: AgentIdentity, blocked: Blocked
+    ) -> types.CallToolResult:
+        """Counts and logs a blocked call; returns the tool error the agent gets."""
+        self.metrics.calls.labels(upstream, blocked.verdict).inc()
+        log.info(
+            "blocked %s/%s for %s: %s %s",
+            upstream,
+            tool,
+            ident.principal["id"],
+            blocked.verdict,
+            blocked.decision_qid or "",
+        )
+        return blocked.result()
+
+    def forwarding(self, upstream: str, outcome: str) -> None:
+        """Counts a call about to be forwarded (`outcome` as ``check`` answers it)."""
+        self.metrics.calls.labels(upstream, "forwarded" if outcome == "allowed" else outcome).inc()
+
+    async def finish_direct(self, call: DirectCall, relay: Relay) -> types.CallToolResult:
+        """Finishes a call the fast path forwarded, relaying its stream (``svc.gateway.fastpath``).
+
+        Args:
+            call: the forwarded call, its stream partly read.
+            relay: the agent's side of the call.
+
+        Returns:
+            The upstream's result.
+
+        Raises:
+            UpstreamUnavailable: the stream ended or failed before the result.
+            mcp.shared.exceptions.MCPError: the upstream's error answer (passed on).
+
+        """
+        from mcp.shared.exceptions import MCPError
+
+        link = self.links[call.upstream]
+        try:
+            response = await link.relays.follow(call.upstream_id, call.messages, relay, link.send)
+        except ConnectionError as e:
+            raise UpstreamUnavailable(str(e)) from e
+        except BaseException:
+            with anyio.CancelScope(shield=True), contextlib.suppress(UpstreamUnavailable):
+                await link.send(cancel_message(call.upstream_id))
+            raise
+        if "error" in response:
+            raise MCPError.from_error_data(types.ErrorData.model_validate(response["error"]))
+        result = types.CallToolResult.model_validate(response.get("result"))
+        self.record(
+            call.upstream,
+            call.tool,
+            call.ident,
+            call.mapping,
+            call.resource,
+            result.is_error,
+            call.outcome,
+        )
+        return result
 
     async def forward(
         self, upstream: str, request: Any, result_type: Any, relay: Relay | None = None
@@ -1058,17 +1288,28 @@ class GatewayService:
                 progress_callback=progress,
             )
 
-    def _event(
+    def record(
         self,
         upstream: str,
         tool: str,
         ident: AgentIdentity,
         mapping: ToolMapping | None,
         resource: dict[str, str] | None,
-        result: types.CallToolResult,
+        failed: bool,
         outcome: str,
     ) -> None:
-        """Queues the intake event of a forwarded call (docs/gateway.md#events)."""
+        """Queues the intake event of a forwarded call (docs/gateway.md#events).
+
+        Args:
+            upstream: the upstream's name.
+            tool: the tool's name.
+            ident: the caller.
+            mapping: the tool's mapping, as ``check`` answers it.
+            resource: the resource the call names, as ``check`` answers it.
+            failed: the result was a tool error (``isError``).
+            outcome: as ``check`` answers it (``allowed`` or an outage's).
+
+        """
         if self.events is None:
             return
         event: dict[str, Any] = {
@@ -1077,7 +1318,7 @@ class GatewayService:
             "principal": dict(ident.principal),
             "action": mapping.action if mapping and mapping.resource_arg else CALL,
             "resource": resource or {"type": TOOL_TYPE, "id": f"{upstream}/{tool}"},
-            "outcome": "failure" if result.is_error else "success",
+            "outcome": "failure" if failed else "success",
             "tool": f"{upstream}/{tool}"[:128],
             "action_class": mapping.event_class if mapping else CALL,
             "attributes": {"gateway_check": outcome},

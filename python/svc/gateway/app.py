@@ -13,7 +13,8 @@
   ``logging/setLevel`` pass through to the upstream's session, and the capabilities announced
   at ``initialize`` are the upstream's. What the upstream sends during a forwarded call
   (progress, log messages, sampling and elicitation requests) goes to that call's agent
-  (``AgentRelay``, ``svc.gateway.relay``).
+  (``AgentRelay``, ``svc.gateway.relay``). A plain ``tools/call`` on an open session takes the
+  fast path (``svc.gateway.fastpath``, docs/gateway.md#fast-path) around the SDK.
 * ``GET /mcp/challenges/{challenge_qid}?wait=<0..25>``: the caller's challenge wait.
 * ``/healthz``, ``/readyz``, ``/version``, ``/metrics`` (``svc.common.health.probe_router``).
 

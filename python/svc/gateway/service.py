@@ -2,10 +2,11 @@
 
 docs/gateway.md describes the behaviour; the pieces:
 
-* ``PdpClient``: the decision point over HTTP (``POST /v1/access/evaluation`` and ``POST
-  /v1/access/challenge``, docs/api.md) with one keep-alive ``httpx.AsyncClient``.
+* ``PdpClient``: the decision point (docs/api.md): gRPC ``Check`` for the checks, ``POST
+  /v1/access/challenge`` for the challenge waits.
 * ``UpstreamLink``: one MCP client session (the ``mcp`` SDK's ``ClientSession`` over Streamable
-  HTTP or stdio) per upstream, shared by every agent, opened again with backoff when lost.
+  HTTP or stdio) per upstream, shared by every agent, opened again with backoff when lost; the
+  fast path POSTs plain tool calls on the same session directly (``post``, ``send``).
 * ``Containments``: who is contained, from the challenge service's ``WatchContainments`` feed
   (``svc.pdp.containment_follower.ContainmentFollower``, docs/challenges.md) or a file, so
   that a contained principal's call is never forwarded while the decision point is away.
@@ -14,8 +15,10 @@ docs/gateway.md describes the behaviour; the pieces:
 * ``EventSink``: each forwarded call as an intake event (docs/intake.md), batched in the
   background: a bounded queue, flushed by size or time, never blocking a call; events past
   the bound are dropped, counted and logged.
-* ``GatewayService``: ``call_tool`` (the check and the forward), ``wait_challenge`` (the
-  agent's challenge wait), and the background tasks (``run``).
+* ``GatewayService``: ``call_tool`` (the check and the forward; ``check``, ``blocked``,
+  ``forwarding``, ``record`` and ``finish_direct`` are its parts the fast path,
+  ``svc.gateway.fastpath``, uses), ``wait_challenge`` (the agent's challenge wait), and the
+  background tasks (``run``).
 """
 
 from __future__ import annotations

@@ -173,6 +173,7 @@ def main() -> None:
         server.run("stdio")
         return
     sock = tcp_listener("127.0.0.1", int(sys.argv[2]) if len(sys.argv) > 2 else 0)
+    sock.listen(128)  # connections wait in the backlog from the moment the line is printed
     print(f"listening on {sock.getsockname()[1]}", flush=True)
     config = uvicorn.Config(server.streamable_http_app(), log_level="warning")
     uvicorn.Server(config).run(sockets=[sock])

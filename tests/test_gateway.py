@@ -746,6 +746,14 @@ def test_an_upstream_that_is_down_then_comes_back(stack: Stack) -> None:
         upstream = UpstreamProcess(port)
         wait_until(lambda: ready(gw.url))
         assert asyncio.run(ping()).content[0].text == "pong"
+        # Restarted, the upstream no longer knows the gateway's session: the call the fast
+        # path forwards gets its 404, the gateway opens a new session at once (not at the next
+        # ping, 15 s on) and sends the call again on it.
+        upstream.stop()
+        upstream = UpstreamProcess(port)
+        again = asyncio.run(ping())
+        assert not isinstance(again, MCPError), again
+        assert again.content[0].text == "pong"
     finally:
         gw.stop()
         if upstream is not None:

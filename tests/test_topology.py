@@ -466,6 +466,7 @@ def test_an_install_end_to_end_then_kill_9_each_process(topo: Topology) -> None:
             "pdp-2",
             "gateway",
             "agent-issuer",
+            "tools",
             "kafka",
             "postgres",
         ):

@@ -21,15 +21,16 @@ own process on 127.0.0.1 with the production parts, the way a cluster runs them
 * a development issuer of agent tokens (``python -m svc.demo.token_issuer``: the demo apps'
   keys, their JWK Sets over HTTPS with a CA of its own; an install trusts the apps that run its
   agents instead), whose apps ``start`` trusts on the context service;
-* the MCP gateway (``svc gateway``, docs/gateway.md) in front of the demo company's tools server
-  (stdio), checking at ``pdp-1``, following the challenge service's containments and the policy
+* the demo company's tools server (``python -m svc.demo.tools_server --http``) and the MCP
+  gateway (``svc gateway``, docs/gateway.md) in front of it over Streamable HTTP, checking at
+  ``pdp-1``, following the challenge service's containments and the policy
   service's outage fallback, reading the trusted apps from the context service, and posting
   its events to the intake.
 
 Ports, from the base port ``B`` (default 18080): decision points ``B`` and ``B + 6``, intake
 ``B + 1``, history ``B + 2``, policy ``B + 3``, context ``B + 4``, challenge ``B + 5``,
 PostgreSQL ``B + 7``, Kafka ``B + 8`` (its controller ``B + 9``), the MCP gateway ``B + 10``,
-the agent-token issuer ``B + 11`` (HTTPS).
+the agent-token issuer ``B + 11`` (HTTPS), the tools server ``B + 12``.
 
 The history store: a ClickHouse server over ``http://`` when ``--history-dsn`` names one; by
 default chDB on a file path (``chdb://<state>/history``), which only the history process opens
@@ -248,6 +249,7 @@ class Topology:
             "kafka": b + 8,
             "gateway": b + 10,
             "agent-issuer": b + 11,
+            "tools": b + 12,
         }
         self.urls = {
             n: f"http://127.0.0.1:{p}" for n, p in self.ports.items() if n not in ("postgres",)
@@ -583,6 +585,20 @@ class Topology:
         )
         parts.append(
             Component(
+                "tools",
+                [
+                    sys.executable,
+                    "-m",
+                    "svc.demo.tools_server",
+                    "--http",
+                    "--port",
+                    str(p["tools"]),
+                ],
+                p["tools"],
+            )
+        )
+        parts.append(
+            Component(
                 "gateway",
                 _py(
                     "gateway",
@@ -738,7 +754,8 @@ class Topology:
         """Trusts the agent-token issuer's apps and writes the gateway's upstreams.
 
         Run before the gateway starts: the apps go to the context service, and the upstreams
-        (the demo company's tools server over stdio) to ``<state>/gateway-upstreams.json``.
+        (the demo company's tools server, its own process over Streamable HTTP) to
+        ``<state>/gateway-upstreams.json``.
 
         The trusted-app records are upserts (``POST /v1/directory/trusted-apps``,
         docs/context.md), so a restart writes the same ones again.
@@ -762,7 +779,10 @@ class Topology:
             if not r.is_success:
                 raise TopologyError(f"the context service refused trusted app {app}: {r.text}")
         upstreams = {
-            name: u.model_dump(mode="json", exclude_none=True)
+            name: {
+                **u.model_dump(mode="json", exclude_none=True, exclude={"command", "env"}),
+                "url": f"{self.urls['tools']}/mcp",
+            }
             for name, u in demo_upstreams().items()
         }
         (self.state / "gateway-upstreams.json").write_text(json.dumps(upstreams, indent=2))

@@ -362,8 +362,14 @@ def serve_asgi(
     *,
     ready: Callable[[int], None] | None = None,
     stop: threading.Event | None = None,
+    http1: bool = False,
 ) -> None:
     """Serves an ASGI app with hypercorn on ``host:port`` in this thread until stopped.
+
+    With ``http1``, uvicorn with its ``httptools`` parser serves instead: HTTP/1.1 only (no
+    gRPC), for a component that serves no gRPC and whose requests are many and small (the MCP
+    gateway): measured on one small JSON POST, 0.11 ms of the server's CPU against hypercorn's
+    0.29 ms (docs/dependencies.md).
 
     Args:
         app: the ASGI 3 app (gRPC paths and the probe routes, dispatched by the caller's app).
@@ -374,6 +380,7 @@ def serve_asgi(
         ready: called with the bound port once the socket listens.
         stop: ends the server when set (open streams are ended after one second); without it
             SIGINT and SIGTERM do (main thread only).
+        http1: serve with uvicorn and httptools (above).
 
     Raises:
         OSError: the port cannot be bound.
@@ -383,6 +390,9 @@ def serve_asgi(
     sock.listen(1024)
     sock.set_inheritable(True)
     bound = int(sock.getsockname()[1])
+    if http1:
+        _serve_uvicorn(app, sock, name, bound, host, ready, stop)
+        return
     # Hypercorn takes the descriptor over (its socket closes it at shutdown).
     cfg = _config(sock.detach(), f"svc.{name.removeprefix('svc-')}.http")
     log.info("%s listening on %s:%d", name, host, bound)
@@ -409,6 +419,54 @@ def serve_asgi(
     if stop is not None and stop.is_set():
         for w in watchers:
             w.join()  # it has woken the loop already: no thread outlives the server
+
+
+def _serve_uvicorn(
+    app: Any,
+    sock: Any,
+    name: str,
+    bound: int,
+    host: str,
+    ready: Callable[[int], None] | None,
+    stop: threading.Event | None,
+) -> None:
+    """``serve_asgi`` with ``http1``: uvicorn (httptools) on the listening socket `sock`."""
+    import uvicorn
+
+    config = uvicorn.Config(
+        app,
+        http="httptools",
+        lifespan="on",
+        log_config=None,
+        access_log=False,
+        server_header=False,
+        timeout_graceful_shutdown=1,
+        timeout_keep_alive=75,
+    )
+    server = uvicorn.Server(config)
+    log.info("%s listening on %s:%d", name, host, bound)
+    if ready is not None:
+        ready(bound)
+
+    async def main() -> None:
+        watcher = None
+        if stop is not None:
+            loop = asyncio.get_running_loop()
+
+            def wait() -> None:
+                stop.wait()
+                loop.call_soon_threadsafe(setattr, server, "should_exit", True)
+
+            watcher = threading.Thread(target=wait, name=f"{name}-stop", daemon=True)
+            watcher.start()
+        try:
+            await server.serve(sockets=[sock])
+        finally:
+            sock.close()
+        if watcher is not None and stop is not None and stop.is_set():
+            watcher.join()
+
+    asyncio.run(main())
 
 
 class ThreadedServer:

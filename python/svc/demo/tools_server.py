@@ -24,7 +24,8 @@ Also a resource template ``demo://documents/{document_id}`` (a document's text),
 pass-through of resources and prompts can be seen.
 
 Run: ``python -m svc.demo.tools_server`` (stdio, what ``svc up`` starts) or ``python -m
-svc.demo.tools_server --http --port 8090`` (Streamable HTTP at ``/mcp``). For the demo only.
+svc.demo.tools_server --http --port 8090`` (Streamable HTTP at ``/mcp``, with ``/healthz`` and
+``/readyz``; what ``svc topology`` runs). For the demo only.
 """
 
 from __future__ import annotations
@@ -295,6 +296,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     server = build_server(generate(args.seed, args.people))
     if args.http:
+        from starlette.requests import Request
+        from starlette.responses import JSONResponse
+
+        @server.custom_route("/healthz", methods=["GET"])
+        @server.custom_route("/readyz", methods=["GET"])
+        async def probe(request: Request) -> JSONResponse:
+            """Ready once serving: the company is generated before the port listens."""
+            return JSONResponse({"status": "ok"})
+
         server.run("streamable-http", host=args.host, port=args.port)
     else:
         server.run("stdio")

@@ -18,7 +18,8 @@
 * ``GET /mcp/challenges/{challenge_qid}?wait=<0..25>``: the caller's challenge wait.
 * ``/healthz``, ``/readyz``, ``/version``, ``/metrics`` (``svc.common.health.probe_router``).
 
-``serve`` runs it with hypercorn in the calling thread (``svc.common.connect.serve_asgi``);
+``serve`` runs it with uvicorn and httptools in the calling thread
+(``svc.common.connect.serve_asgi`` with ``http1``: the gateway serves no gRPC);
 ``GatewayServer`` in a thread of its own (tests, ``svc up``).
 """
 
@@ -638,7 +639,13 @@ def serve(
     """
     service = service or GatewayService(settings)
     serve_asgi(
-        create_app(service), settings.host, settings.port, "svc-gateway", ready=ready, stop=stop
+        create_app(service),
+        settings.host,
+        settings.port,
+        "svc-gateway",
+        ready=ready,
+        stop=stop,
+        http1=True,
     )
 
 

@@ -28,6 +28,7 @@ and a call in flight holds off the session's idle timeout as the SDK's requests 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import logging
@@ -41,7 +42,13 @@ import mcp_types as types
 from starlette.requests import Request
 from starlette.types import Message, Receive, Scope, Send
 
-from svc.gateway.service import DirectCall, GatewayService, UpstreamUnavailable, cancel_message
+from svc.gateway.service import (
+    DirectCall,
+    GatewayService,
+    UpstreamSessionLost,
+    UpstreamUnavailable,
+    cancel_message,
+)
 from svc.gateway.tokens import AgentIdentity
 
 __all__ = ["FastPath"]
@@ -276,7 +283,8 @@ class FastPath:
             with anyio.CancelScope() as cancel:
                 self._running[key] = cancel
                 try:
-                    async with self.link.post(message, timeout) as messages:
+                    async with contextlib.AsyncExitStack() as stack:
+                        messages = await self._post(stack, message, timeout)
                         first = await anext(messages, None)
                         if first is None:
                             raise UpstreamUnavailable(
@@ -318,6 +326,22 @@ class FastPath:
             await _answer(send, session_id, {"jsonrpc": "2.0", "id": rid, "error": error})
         finally:
             _release(transport, held)
+
+    async def _post(
+        self, stack: contextlib.AsyncExitStack, message: dict[str, Any], timeout: float
+    ) -> AsyncIterator[dict[str, Any]]:
+        """``UpstreamLink.post`` in `stack`; sent once more on a new session after a 404.
+
+        A 404 means the upstream never took the call (it no longer knows the session: it was
+        restarted), so it is sent again once the link has opened a new session (up to 5 s).
+        """
+        try:
+            return await stack.enter_async_context(self.link.post(message, timeout))
+        except UpstreamSessionLost:
+            if not await self.link.reopened():
+                raise
+            log.info("upstream %s: the session was lost; the call goes on a new one", self.name)
+            return await stack.enter_async_context(self.link.post(message, timeout))
 
     async def _result(
         self,

@@ -61,6 +61,7 @@ __all__ = [
     "PdpRefused",
     "PdpUnreachable",
     "UpstreamLink",
+    "UpstreamSessionLost",
     "UpstreamUnavailable",
     "cancel_message",
 ]
@@ -331,6 +332,14 @@ class UpstreamUnavailable(Exception):
     """The upstream's session is not open (it cannot be reached now)."""
 
 
+class UpstreamSessionLost(UpstreamUnavailable):
+    """The upstream answered 404 for the shared session: it no longer knows it (restarted).
+
+    The request was not processed (the MCP Streamable HTTP transport: a server answers 404 to a
+    session ID it does not know), so it may be sent again once a new session is open.
+    """
+
+
 class UpstreamLink:
     """One upstream MCP server, reached through one shared ``ClientSession`` (module docs).
 
@@ -364,6 +373,7 @@ class UpstreamLink:
         self._ready = asyncio.Event()
         self._tagging: RelayTagging | None = None
         self._direct: Any = None
+        self._forgotten = asyncio.Event()
 
     @contextlib.asynccontextmanager
     async def _streams(self) -> AsyncIterator[tuple[Any, Any]]:
@@ -432,7 +442,8 @@ class UpstreamLink:
                     self.metrics.upstream_up.labels(self.name).set(1)
                     log.info("upstream %s: session open (%s)", self.name, init.server_info.name)
                     delay = 0.2
-                    await _until_closed(session)
+                    self._forgotten.clear()
+                    await _until_closed(session, self._forgotten)
                     self.error = "the session ended"
             except asyncio.CancelledError:
                 raise
@@ -534,14 +545,38 @@ class UpstreamLink:
             ) as response:
                 if response.status != 200:
                     text = await response.text(errors="replace")
-                    raise UpstreamUnavailable(
-                        f"upstream `{self.name}` answered HTTP {response.status}: {text[:200]}"
-                    )
+                    status = response.status
+                    problem = f"upstream `{self.name}` answered HTTP {status}: {text[:200]}"
+                    if response.status == 404:  # the upstream forgot the session (restarted)
+                        self._forgotten.set()
+                        raise UpstreamSessionLost(problem)
+                    raise UpstreamUnavailable(problem)
                 yield _messages(response)
         except (aiohttp.ClientError, TimeoutError, ValueError) as e:
             raise UpstreamUnavailable(
                 f"upstream `{self.name}` failed: {e.__class__.__name__}: {e}"
             ) from e
+
+    async def reopened(self, wait_secs: float = 5.0) -> bool:
+        """Waits for a session other than the one the upstream answered 404 for.
+
+        Returns:
+            True once a new session is open and ready for ``post``; False after `wait_secs`.
+
+        """
+        lost = self._tagging.session_id if self._tagging is not None else None
+        deadline = time.monotonic() + wait_secs
+        while time.monotonic() < deadline:
+            tagging = self._tagging
+            if (
+                not self._forgotten.is_set()
+                and self.direct_ready()
+                and tagging is not None
+                and tagging.session_id != lost
+            ):
+                return True
+            await asyncio.sleep(0.05)
+        return False
 
     async def send(self, message: dict[str, Any]) -> None:
         """POSTs a JSON-RPC response or notification on the open session (202 expected).
@@ -611,10 +646,19 @@ async def _messages(response: Any) -> AsyncIterator[dict[str, Any]]:
         raise ValueError(f"the answer's content type is {ctype or 'missing'}")
 
 
-async def _until_closed(session: Any) -> None:
-    """Returns when `session`'s connection ends: pings it every 15 s; a failed ping ends it."""
+async def _until_closed(session: Any, forgotten: asyncio.Event) -> None:
+    """Returns when `session`'s connection ends: pings it every 15 s; a failed ping ends it.
+
+    Raises:
+        ConnectionError: a ping failed, or `forgotten` was set (the upstream answered 404 for
+            the session: the MCP transport's sign that the session is gone).
+
+    """
     while True:
-        await asyncio.sleep(15)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(forgotten.wait(), 15)
+        if forgotten.is_set():
+            raise ConnectionError("the upstream no longer knows the session (HTTP 404)")
         try:
             await asyncio.wait_for(session.send_ping(), 10)
         except Exception as e:

@@ -299,11 +299,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         from starlette.requests import Request
         from starlette.responses import JSONResponse
 
-        @server.custom_route("/healthz", methods=["GET"])
-        @server.custom_route("/readyz", methods=["GET"])
         async def probe(request: Request) -> JSONResponse:
             """Ready once serving: the company is generated before the port listens."""
             return JSONResponse({"status": "ok"})
+
+        for path in ("/healthz", "/readyz"):
+            server.custom_route(path, methods=["GET"])(probe)
 
         server.run("streamable-http", host=args.host, port=args.port)
     else:

@@ -776,6 +776,12 @@ def test_an_mcp_session_belongs_to_the_caller_that_opened_it(stack: Stack) -> No
         stack.mcp, json=body, timeout=30, headers={**headers, "authorization": f"Bearer {theirs}"}
     )
     assert other.status_code == 404
+    # A tools/call, which the fast path would serve on an owner's session, too.
+    call = {"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "ping"}}
+    other = httpx.post(
+        stack.mcp, json=call, timeout=30, headers={**headers, "authorization": f"Bearer {theirs}"}
+    )
+    assert other.status_code == 404
     # A fresh token of the same caller keeps the session.
     again = stack.copilot.mint("ana", AUD, act="copilot.assistant")
     assert again != mine

@@ -504,6 +504,23 @@ class UpstreamLink:
             headers["mcp-session-id"] = self._tagging.session_id
         return headers
 
+    def _post(self, message: dict[str, Any], **options: Any) -> Any:
+        """The ``aiohttp`` POST of one JSON-RPC message on the open session (to enter).
+
+        Raises:
+            UpstreamUnavailable: no open session (``direct_ready`` is False).
+
+        """
+        direct, url = self._direct, self.config.url
+        if direct is None or url is None or not self.direct_ready():
+            raise UpstreamUnavailable(f"upstream `{self.name}` cannot be reached: {self.error}")
+        return direct.post(
+            url,
+            data=json.dumps(message, separators=(",", ":")).encode(),
+            headers={"content-type": "application/json", **self._direct_headers()},
+            **options,
+        )
+
     @contextlib.asynccontextmanager
     async def post(
         self, message: dict[str, Any], timeout_secs: float
@@ -533,15 +550,9 @@ class UpstreamLink:
         """
         import aiohttp
 
-        direct, url = self._direct, self.config.url
-        if direct is None or url is None or not self.direct_ready():
-            raise UpstreamUnavailable(f"upstream `{self.name}` cannot be reached: {self.error}")
         try:
-            async with direct.post(
-                url,
-                data=json.dumps(message, separators=(",", ":")).encode(),
-                headers={"content-type": "application/json", **self._direct_headers()},
-                timeout=aiohttp.ClientTimeout(sock_connect=30, sock_read=timeout_secs),
+            async with self._post(
+                message, timeout=aiohttp.ClientTimeout(sock_connect=30, sock_read=timeout_secs)
             ) as response:
                 if response.status != 200:
                     text = await response.text(errors="replace")
@@ -587,15 +598,8 @@ class UpstreamLink:
         """
         import aiohttp
 
-        direct, url = self._direct, self.config.url
-        if direct is None or url is None or not self.direct_ready():
-            raise UpstreamUnavailable(f"upstream `{self.name}` cannot be reached: {self.error}")
         try:
-            async with direct.post(
-                url,
-                data=json.dumps(message, separators=(",", ":")).encode(),
-                headers={"content-type": "application/json", **self._direct_headers()},
-            ) as r:
+            async with self._post(message) as r:
                 await r.read()
         except (aiohttp.ClientError, TimeoutError) as e:
             raise UpstreamUnavailable(f"upstream `{self.name}` failed: {e}") from e

@@ -291,13 +291,13 @@ class FastPath:
                                 f"upstream `{self.name}` answered the call with nothing"
                             )
                         if "method" not in first and first.get("id") == upstream_id:
-                            await self._result(send, session_id, rid, first, ident, tool, mapping,
-                                               resource, outcome)  # fmt: skip
+                            # Answered: a cancellation from now on is too late to matter.
+                            del self._running[key]
+                            with anyio.CancelScope(shield=True):
+                                await self._result(send, session_id, rid, first, ident, tool,
+                                                   mapping, resource, outcome)  # fmt: skip
                             self.service.metrics.fast_path.labels(self.name, "answered").inc()
-                            # Read the stream to its end (it ends after the response), so its
-                            # connection goes back to the pool rather than being closed.
-                            async for _ in messages:
-                                pass
+                            await _drain(messages)
                             return
                         # The upstream relates messages to the call: the SDK's path relays them.
                         self.service.metrics.fast_path.labels(self.name, "relayed").inc()
@@ -369,6 +369,21 @@ class FastPath:
             out = {"jsonrpc": "2.0", "id": rid, "error": {"code": types.INTERNAL_ERROR,
                                                           "message": message}}  # fmt: skip
         await _answer(send, session_id, out)
+
+
+async def _drain(messages: AsyncIterator[dict[str, Any]]) -> None:
+    """Reads an answered call's stream to its end, for at most a second.
+
+    The upstream ends the stream after the response (the Streamable HTTP transport); read to
+    its end, the connection goes back to the pool instead of being closed. Whatever fails now
+    concerns no one: the agent has its answer.
+    """
+    with anyio.move_on_after(1.0):
+        try:
+            async for _ in messages:
+                pass
+        except Exception as e:
+            log.debug("an answered call's stream ended badly: %s", e)
 
 
 def _hold(transport: Any) -> bool:

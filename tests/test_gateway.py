@@ -659,6 +659,88 @@ def test_a_call_cancelled_on_the_fast_path_is_cancelled_upstream(stack: Stack) -
     assert waits == ["cancelled"]
 
 
+def test_a_calls_own_stream_is_relayed_until_its_response() -> None:
+    """``UpstreamRelays.follow`` (docs/gateway.md#fast-path): progress and log messages go to
+    the call's relay, requests to the client are answered (a malformed one with an error, never
+    left waiting), other responses are dropped, and the call's response ends it."""
+    from svc.gateway.relay import UpstreamRelays
+
+    seen: list[Any] = []
+
+    class Recording:
+        async def progress(self, progress: float, total: float | None, message: str | None) -> None:
+            seen.append(("progress", progress, total, message))
+
+        async def log(self, params: types.LoggingMessageNotificationParams) -> None:
+            seen.append(("log", params.level, params.data))
+
+        async def request(self, request: Any, result_type: Any) -> Any:
+            seen.append(("asked", request.method))
+            return types.CreateMessageResult(
+                role="assistant", content=types.TextContent(type="text", text="ok"), model="m"
+            )
+
+    ask = {"role": "user", "content": {"type": "text", "text": "hi"}}
+    stream = [
+        {
+            "jsonrpc": "2.0",
+            "method": "notifications/progress",
+            "params": {"progressToken": "svc-1", "progress": 1, "total": 2},
+        },
+        {
+            "jsonrpc": "2.0",
+            "method": "notifications/message",
+            "params": {"level": "info", "data": "x"},
+        },
+        {"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "loud"}},
+        {
+            "jsonrpc": "2.0",
+            "id": 5,
+            "method": "sampling/createMessage",
+            "params": {"messages": [ask], "maxTokens": 5},
+        },
+        {
+            "jsonrpc": "2.0",
+            "id": 6,
+            "method": "sampling/createMessage",
+            "params": {"messages": 3},
+        },
+        {"jsonrpc": "2.0", "id": 7, "method": "ping"},
+        {"jsonrpc": "2.0", "id": 8, "method": "roots/list"},
+        {"jsonrpc": "2.0", "id": "svc-other", "result": {}},
+        {"jsonrpc": "2.0", "id": "svc-1", "result": {"content": []}},
+        {
+            "jsonrpc": "2.0",
+            "method": "notifications/message",
+            "params": {"level": "info", "data": "late"},
+        },
+    ]
+    answered: list[dict[str, Any]] = []
+
+    async def answer(msg: dict[str, Any]) -> None:
+        answered.append(msg)
+
+    async def messages(items: list[dict[str, Any]]) -> Any:
+        for item in items:
+            yield item
+
+    relays = UpstreamRelays("docs", stdio=False)
+    response = asyncio.run(relays.follow("svc-1", messages(stream), Recording(), answer))
+    assert response == {"jsonrpc": "2.0", "id": "svc-1", "result": {"content": []}}
+    assert seen == [
+        ("progress", 1.0, 2.0, None),
+        ("log", "info", "x"),
+        ("asked", "sampling/createMessage"),
+    ]
+    by_id = {m["id"]: m for m in answered}
+    assert by_id[5]["result"]["content"]["text"] == "ok"
+    assert by_id[6]["error"]["code"] == types.INVALID_PARAMS
+    assert by_id[7]["result"] == {}
+    assert by_id[8]["error"]["code"] == types.METHOD_NOT_FOUND
+    with pytest.raises(ConnectionError):
+        asyncio.run(relays.follow("svc-1", messages(stream[:2]), Recording(), answer))
+
+
 def test_the_relay_key_is_written_into_an_event_streams_requests_and_notifications() -> None:
     """``TaggedEvents`` (docs/gateway.md#relaying): requests and notifications get the key,
     responses pass as they are, whatever the line ends and however the chunks are cut."""

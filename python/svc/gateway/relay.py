@@ -251,10 +251,11 @@ class UpstreamRelays:
                     return msg
                 log.debug("upstream %s: a response to another request dropped", self.name)
                 continue
+            if "id" in msg:
+                await answer(await self._answer(msg, relay))
+                continue
             try:
-                if "id" in msg:
-                    await answer(await self._answer(msg, relay))
-                elif method == "notifications/progress":
+                if method == "notifications/progress":
                     p = types.ProgressNotificationParams.model_validate(msg.get("params"))
                     await relay.progress(p.progress, p.total, p.message)
                 elif method == "notifications/message":
@@ -263,13 +264,24 @@ class UpstreamRelays:
                     )
                 elif method == "notifications/resources/updated":
                     await self.message(types.ResourceUpdatedNotification.model_validate(msg))
-            except ValueError as e:  # pydantic's ValidationError: a malformed message
+            except Exception as e:  # malformed (pydantic's ValidationError), or the agent gone
                 log.warning("upstream %s: %s not relayed: %s", self.name, method, e)
         raise ConnectionError(f"upstream `{self.name}` ended the call's stream without a result")
 
     async def _answer(self, msg: dict[str, Any], relay: Relay) -> dict[str, Any]:
         """The JSON-RPC response to a request from the upstream on a call's stream."""
         method = msg["method"]
+        answer: Any
+        try:
+            answer = await self._answer_with(method, msg, relay)
+        except ValueError as e:  # pydantic's ValidationError: the request is malformed
+            answer = types.ErrorData(code=types.INVALID_PARAMS, message=f"{method}: {e}")
+        body = answer.model_dump(by_alias=True, exclude_none=True, mode="json")
+        key = "error" if isinstance(answer, types.ErrorData) else "result"
+        return {"jsonrpc": "2.0", "id": msg["id"], key: body}
+
+    async def _answer_with(self, method: str, msg: dict[str, Any], relay: Relay) -> Any:
+        """The result (or ``ErrorData``) of a request on a call's stream; raises when malformed."""
         answer: Any
         if method == "sampling/createMessage":
             req = types.CreateMessageRequest.model_validate(msg)
@@ -291,9 +303,7 @@ class UpstreamRelays:
             answer = types.ErrorData(
                 code=types.METHOD_NOT_FOUND, message=f"{method} is not relayed by the gateway"
             )
-        body = answer.model_dump(by_alias=True, exclude_none=True, mode="json")
-        key = "error" if isinstance(answer, types.ErrorData) else "result"
-        return {"jsonrpc": "2.0", "id": msg["id"], key: body}
+        return answer
 
     # -- subscriptions ------------------------------------------------------------------
 

@@ -36,6 +36,7 @@ import anyio.to_thread
 import mcp_types as types
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from starlette.datastructures import Headers
 from starlette.types import Receive, Scope, Send
 
 from svc import __version__, web
@@ -399,13 +400,9 @@ class TransportGuard:
 
 
 def _bearer(scope: Scope) -> str:
-    for k, v in scope.get("headers", []):
-        if k == b"authorization":
-            text = str(v.decode("latin-1"))
-            scheme, _, token = text.partition(" ")
-            if scheme.lower() == "bearer" and token.strip():
-                return token.strip()
-            break
+    scheme, _, token = Headers(scope=scope).get("authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and token.strip():
+        return token.strip()
     raise TokenError(
         "no bearer token: send `Authorization: Bearer <agent token>` (docs/gateway.md)",
         missing=True,

@@ -39,6 +39,7 @@ from typing import Any
 
 import anyio
 import mcp_types as types
+from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.types import Message, Receive, Scope, Send
 
@@ -62,13 +63,6 @@ PLAIN_PARAMS = frozenset({"name", "arguments", "_meta"})
 def _id_key(request_id: Any) -> tuple[bool, Any]:
     """A JSON-RPC id as a dict key that keeps ``1`` and ``"1"`` apart."""
     return isinstance(request_id, str), request_id
-
-
-def _header(scope: Scope, name: bytes) -> str | None:
-    for k, v in scope["headers"]:
-        if k == name:
-            return str(v.decode("latin-1"))
-    return None
 
 
 async def _read_body(receive: Receive, limit: int) -> tuple[list[Message], bytes | None]:
@@ -181,16 +175,16 @@ class FastPath:
             return None
         return transport
 
-    def _takes(self, scope: Scope) -> bool:
+    def _takes(self, scope: Scope, headers: Headers) -> bool:
         """Whether the request's method and headers are ones the fast path serves."""
         if scope["method"] != "POST" or not self.link.direct_ready():
             return False
         init = self.link.initialized
         if init is None or init.capabilities.tools is None:
             return False
-        ctype = (_header(scope, b"content-type") or "").partition(";")[0].strip().lower()
-        accept = (_header(scope, b"accept") or "").lower()
-        version = _header(scope, b"mcp-protocol-version")
+        ctype = headers.get("content-type", "").partition(";")[0].strip().lower()
+        accept = headers.get("accept", "").lower()
+        version = headers.get("mcp-protocol-version")
         return (
             ctype == "application/json"
             and "application/json" in accept
@@ -217,8 +211,9 @@ class FastPath:
                 ``receive``.
 
         """
-        session_id = _header(scope, b"mcp-session-id")
-        if not self._takes(scope):
+        headers = Headers(scope=scope)
+        session_id = headers.get("mcp-session-id")
+        if not self._takes(scope, headers):
             await sdk(receive)
             return
         transport = self._session(scope, session_id)

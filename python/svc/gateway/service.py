@@ -635,19 +635,21 @@ async def _messages(response: Any) -> AsyncIterator[dict[str, Any]]:
     if ctype == "application/json":
         body = json.loads(await response.read())
         for msg in body if isinstance(body, list) else [body]:
-            if not isinstance(msg, dict):
-                raise ValueError("a JSON-RPC message is not an object")
-            yield msg
+            yield _json_rpc(msg)
     elif ctype == "text/event-stream":
         async for lines, ended in event_lines(response.content.iter_any()):
             data = event_data(lines) if ended else ""
             if data:
-                msg = json.loads(data)
-                if not isinstance(msg, dict):
-                    raise ValueError("a JSON-RPC message is not an object")
-                yield msg
+                yield _json_rpc(json.loads(data))
     else:
         raise ValueError(f"the answer's content type is {ctype or 'missing'}")
+
+
+def _json_rpc(msg: Any) -> dict[str, Any]:
+    """`msg` when it is a JSON object (a JSON-RPC message); raises ``ValueError`` otherwise."""
+    if not isinstance(msg, dict):
+        raise ValueError("a JSON-RPC message is not an object")
+    return msg
 
 
 async def _until_closed(session: Any, forgotten: asyncio.Event) -> None:

@@ -208,6 +208,20 @@ def grpc_calls(stub: authz_pb2_grpc.AuthorizerStub) -> dict[str, Any]:
             metadata=md,
             timeout=10,
         ),
+        "BatchCheck": lambda md: stub.BatchCheck(
+            authz_pb2.BatchCheckRequest(
+                checks=[
+                    authz_pb2.CheckRequest(
+                        principal=ref(**ALICE),
+                        action=action,
+                        resource=ref(type="Document", id="design"),
+                    )
+                    for action in ("view", "delete")
+                ]
+            ),
+            metadata=md,
+            timeout=10,
+        ),
         "Plan": lambda md: stub.Plan(
             authz_pb2.PlanRequest(principal=ref(**ALICE), action="view", resource_type="Document"),
             metadata=md,
@@ -279,6 +293,8 @@ def test_every_grpc_method_refuses_bad_tokens_with_the_same_text(
         md = [("authorization", f"Bearer {good}")]
         calls = grpc_calls(stub)
         assert calls["Check"](md).verdict == authz_pb2.VERDICT_CHALLENGE
+        verdicts = [r.verdict for r in calls["BatchCheck"](md).results]
+        assert verdicts == [authz_pb2.VERDICT_ALLOW, authz_pb2.VERDICT_CHALLENGE]
         assert calls["Plan"](md).outcome == authz_pb2.PLAN_OUTCOME_CONDITIONAL
         err = grpc_refusal(calls["WaitForChallenge"], md)
         assert err.code() == grpc.StatusCode.UNAVAILABLE  # past the token check: no svc-challenge

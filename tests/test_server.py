@@ -44,6 +44,7 @@ from serverkit import (
     serve,
     wait_until,
 )
+from svc._pdp_core import DecisionLog
 from svc.authz.v1 import authz_pb2
 from svc.pdp import Engine, RequestError
 
@@ -943,6 +944,53 @@ def test_grpc_wait_for_challenge(corp: Served) -> None:
         assert bad_request_fields(info.value) == [field]
 
 
+BATCH = [
+    req("alice", "view", "design"),
+    req("alice", "delete", "design"),
+    req("mallory", "view", "design"),
+    req("alice", "export", "design", context={"risk_score": 10, "destination": "usb"}),
+]
+
+
+def test_grpc_batch_check_answers_each_check_as_check_does(corp: Served) -> None:
+    """``BatchCheck``: one ``CheckResponse`` per check, in order, each what ``Check`` answers."""
+    batch = authz_pb2.BatchCheckRequest(checks=[check_request(r) for r in BATCH])
+    got = [check_json(r) for r in corp.stub.BatchCheck(batch, timeout=10).results]
+    singly = [check_json(corp.stub.Check(check_request(r), timeout=10)) for r in BATCH]
+    assert [without_qid(g) for g in got] == [without_qid(s) for s in singly]
+    assert [g["verdict"] for g in got][:2] == ["allow", "challenge"]
+    assert len({g["qid"] for g in got}) == len(BATCH) and all(UUID7.match(g["qid"]) for g in got)
+
+
+def test_grpc_batch_check_is_refused_whole_naming_every_bad_check(tmp_path: Path) -> None:
+    """An invalid check refuses the batch: every bad one named, none decided or logged."""
+    log = DecisionLog(tmp_path / "spool")
+    with serve(Engine.from_bundle_dir(CORP), decision_log=log, max_batch_items=3) as s:
+        bad = [
+            check_request(req("alice", "view", "design")),
+            authz_pb2.CheckRequest(
+                action="view", resource=authz_pb2.EntityRef(type="Document", id="design")
+            ),
+            check_request(req("alice", "view", "design") | {"resource": ref("Planet", "mars")}),
+        ]
+        with pytest.raises(grpc.RpcError) as info:
+            s.stub.BatchCheck(authz_pb2.BatchCheckRequest(checks=bad), timeout=10)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        fields = bad_request_fields(info.value)
+        assert fields[0] == "checks[1].principal" and fields[1].startswith("checks[2]."), fields
+        assert "and 1 more" in (info.value.details() or "")
+        for checks in ([], [check_request(req("alice", "view", "design"))] * 4):
+            with pytest.raises(grpc.RpcError) as info:
+                s.stub.BatchCheck(authz_pb2.BatchCheckRequest(checks=checks), timeout=10)
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert bad_request_fields(info.value) == ["checks"]
+            assert "max_batch_items" in (info.value.details() or "")
+        assert log.read(100, 0.2)[0] == []
+        ok = s.stub.BatchCheck(authz_pb2.BatchCheckRequest(checks=bad[:1] * 3), timeout=10)
+        assert [r.verdict for r in ok.results] == [authz_pb2.VERDICT_ALLOW] * 3
+        assert len(wait_until(lambda: log.read(100, 0.2)[0])) == 3
+
+
 def test_challenge_verdict_carries_no_challenge_qid(corp: Served) -> None:
     r = corp.post(EVAL, req("alice", "delete", "design"))
     assert r.json()["verdict"] == "challenge" and "challenge_qid" not in r.json()
@@ -1140,7 +1188,12 @@ def test_grpc_reflection_lists_the_services(corp: Served) -> None:
     assert "svc.authz.v1.NoopAuthorizer" not in services
     fd = db.FindFileContainingSymbol("svc.authz.v1.Authorizer")
     assert fd.package == "svc.authz.v1"
-    assert [m.name for m in fd.service[0].method] == ["Check", "WaitForChallenge", "Plan"]
+    assert [m.name for m in fd.service[0].method] == [
+        "Check",
+        "BatchCheck",
+        "WaitForChallenge",
+        "Plan",
+    ]
 
 
 def test_noop_routes_only_when_asked_for(corp: Served) -> None:

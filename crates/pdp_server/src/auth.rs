@@ -566,6 +566,7 @@ mod tests {
         for p in [
             "/v1/access/evaluation",
             "/svc.authz.v1.Authorizer/Check",
+            "/svc.authz.v1.Authorizer/BatchCheck",
             "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
             "/healthz/x",
             "/v1/noop",

@@ -12,6 +12,7 @@
 use super::http::{bounded, challenge_wait, wait_for_challenge};
 use super::metrics::Transport;
 use super::Shared;
+use futures_util::future::join_all;
 use pdp_core::request::{action_text, check_identifier, resource_type_text, uid_from_parts};
 use pdp_core::{
     CheckRequest, Decision, EntityUid, Mode, Outcome, PlanOutcome, PlanRequest, QueryPlan,
@@ -50,6 +51,33 @@ pub fn invalid(e: &RequestError) -> Status {
             bounded(e.message.clone()),
         ),
     )
+}
+
+/// `INVALID_ARGUMENT` for a refused batch: one `BadRequest` field violation per error (each
+/// field already prefixed with its item, `checks[2].resource`), the first error's text as the
+/// message with how many more there are.
+fn invalid_batch(errors: &[RequestError]) -> Status {
+    let first = errors.first().map(ToString::to_string).unwrap_or_default();
+    let message = match errors.len() {
+        0 | 1 => first,
+        n => format!("{first} (and {} more invalid checks)", n - 1),
+    };
+    let violations = errors
+        .iter()
+        .map(|e| {
+            tonic_types::FieldViolation::new(bounded(e.field.clone()), bounded(e.message.clone()))
+        })
+        .collect::<Vec<_>>();
+    Status::with_error_details(
+        Code::InvalidArgument,
+        bounded(message),
+        ErrorDetails::with_bad_request(violations),
+    )
+}
+
+/// `e` with its field under batch item `i` (`checks[i].<field>`).
+fn in_item(i: usize, e: &RequestError) -> RequestError {
+    RequestError::new(format!("checks[{i}].{}", e.field), e.message.clone())
 }
 
 fn uid_json(r: Option<&pb::EntityRef>) -> Value {
@@ -321,6 +349,69 @@ impl Authorizer for AuthorizerService {
         let mut resp = check_response(&d);
         resp.challenge_qid = challenge_qid.unwrap_or_default();
         Ok(Response::new(resp))
+    }
+
+    async fn batch_check(
+        &self,
+        request: Request<pb::BatchCheckRequest>,
+    ) -> Result<Response<pb::BatchCheckResponse>, Status> {
+        let s = &self.shared;
+        let checks = request.into_inner().checks;
+        let max = s.config.max_batch_items;
+        if checks.is_empty() || checks.len() > max {
+            return Err(invalid(&RequestError::new(
+                "checks",
+                format!(
+                    "{} checks in one request: from 1 to {max} are decided (limit `max_batch_items` = {max}); split the batch",
+                    checks.len()
+                ),
+            )));
+        }
+        // All or none: every check is read and decided before any is logged or answered, and
+        // every bad one is named.
+        let parsed: Vec<Result<CheckRequest, RequestError>> =
+            checks.into_iter().map(check_request).collect();
+        let resources: Vec<&EntityUid> = parsed.iter().flatten().map(|r| &r.resource).collect();
+        let work_items: Vec<&str> = parsed
+            .iter()
+            .flatten()
+            .filter_map(|r| r.work_item_id.as_deref())
+            .collect();
+        s.ensure_resources(&resources, &work_items).await;
+        let mut decided = Vec::with_capacity(parsed.len());
+        let mut errors = Vec::new();
+        for (i, r) in parsed.iter().enumerate() {
+            match r {
+                Ok(r) => match s.engine.decide(r) {
+                    Ok(d) => decided.push(d),
+                    Err(e) => errors.push(in_item(i, &e)),
+                },
+                Err(e) => errors.push(in_item(i, e)),
+            }
+        }
+        if !errors.is_empty() {
+            return Err(invalid_batch(&errors));
+        }
+        // The challenged checks' challenges are resolved together, not one after another.
+        let resolutions = join_all(decided.iter_mut().map(|d| s.resolve_challenge(d))).await;
+        let logged: Vec<_> = decided
+            .iter()
+            .zip(&resolutions)
+            .map(|(d, qid)| s.decided(d, Transport::Grpc, qid.as_deref()))
+            .collect();
+        for l in logged {
+            l.written().await?;
+        }
+        let results = decided
+            .iter()
+            .zip(resolutions)
+            .map(|(d, qid)| {
+                let mut resp = check_response(d);
+                resp.challenge_qid = qid.unwrap_or_default();
+                resp
+            })
+            .collect();
+        Ok(Response::new(pb::BatchCheckResponse { results }))
     }
 
     async fn wait_for_challenge(

@@ -900,7 +900,9 @@ def serve_history(dsn: str, kafka_url: str, host: str, port: int) -> None:
 
     client = history.connect(dsn, create_database=True)
     history.migrate(client)
-    loader = history.Loader(client, bootstrap_servers(kafka_url), batch_ms=200)
+    # The loader's own batch bounds (docs/history.md#loader), as `svc history load` and the chart
+    # use them: one INSERT a second per kind, not five, is what the store is built for.
+    loader = history.Loader(client, bootstrap_servers(kafka_url))
     failed: list[BaseException] = []
 
     def load() -> None:

@@ -295,8 +295,10 @@ print(json.dumps({"qids": dict(d), "events": dict(e), "tools": dict(g)}))
     return out
 
 
-def _wait_loaded(t: Topology, c: Client) -> None:
-    """Waits until the history's totals reach what was answered and acknowledged."""
+def _wait_loaded(t: Topology, c: Client, documents: tuple[str, ...] = ()) -> None:
+    """Waits until the history's totals reach what was answered and acknowledged, and the
+    gateway's event of a tool call on each of `documents` can be read (it comes through the
+    gateway's own batches, in a later load than the client's events)."""
     headers = _operator(t)
 
     def loaded() -> bool:
@@ -312,6 +314,23 @@ def _wait_loaded(t: Topology, c: Client) -> None:
         )
 
     _until("the history holds every decision and event sent", loaded, within=300)
+
+    def tool_event(document: str) -> bool:
+        r = httpx.get(
+            f"{t.urls['history']}/v1/history/events",
+            params={"resource": f"Document::{document}", "limit": 1000},
+            headers=headers,
+            timeout=10,
+        )
+        rows = r.json() if r.is_success else []
+        return any(isinstance(e, dict) and e.get("system") == "demo" for e in rows)
+
+    for document in documents:
+        _until(
+            f"the history holds the tool call's event on {document}",
+            lambda d=document: tool_event(d),
+            within=300,
+        )
 
 
 def _assert_exactly_once(t: Topology, c: Client) -> dict[str, int]:
@@ -424,7 +443,7 @@ def test_an_install_end_to_end_then_kill_9_each_process(topo: Topology) -> None:
 
     # -- every decision and event is in the history exactly once
     assert {p for p in c.sent.qids.values()} == {"pdp-1", "pdp-2"}
-    _wait_loaded(t, c)
+    _wait_loaded(t, c, ("doc-0317",))
     assert _assert_exactly_once(t, c) == {"demo/read_document": 1}
     _svc("topology", "start", "--state-dir", str(t.state))
 
@@ -494,6 +513,6 @@ def test_an_install_end_to_end_then_kill_9_each_process(topo: Topology) -> None:
     # Each kill waited for 150 rounds of traffic: a check each, a batch of 10 events every 10.
     assert len(c.sent.qids) >= 11 * 150
     assert len(c.sent.events) >= 11 * 150
-    _wait_loaded(t, c)
+    _wait_loaded(t, c, ("doc-0317", "doc-0001"))
     tools = _assert_exactly_once(t, c)
     assert tools == {"demo/read_document": 2}, tools

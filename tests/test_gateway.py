@@ -959,6 +959,63 @@ def test_what_the_checks_carry_and_what_they_refuse(stack: Stack) -> None:
     assert here["blocked agent"].content[0].text == "pong"
 
 
+def test_a_decision_point_without_batch_check_gets_one_check_each(stack: Stack) -> None:
+    """A decision point of an older release (``BatchCheck`` ``UNIMPLEMENTED``, as a rolling
+    upgrade may leave one) is asked with one ``Check`` per check, and only asked once."""
+    from svc.authz.v1 import authz_pb2_grpc
+    from svc.gateway.service import PdpClient
+
+    who = {
+        "principal": {"type": "ServiceAccount", "id": "copilot.assistant"},
+        "on_behalf_of": {"type": "Human", "id": "ana"},
+    }
+    requests = [
+        {**who, "action": "call", "resource": {"type": "Tool", "id": "docs/read_doc"}},
+        {**who, "action": "read", "resource": {"type": "Document", "id": "plan"}},
+    ]
+    asked: list[str] = []
+
+    async def run() -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+        async with grpc.aio.insecure_channel(stack.pdp_url.removeprefix("http://")) as channel:
+            real = authz_pb2_grpc.AuthorizerStub(channel)  # type: ignore[no-untyped-call]
+
+            class Older(authz_pb2_grpc.AuthorizerServicer):
+                """Serves ``Check`` from the real decision point, and no ``BatchCheck``."""
+
+                async def Check(self, request: Any, context: Any) -> Any:
+                    asked.append("Check")
+                    return await real.Check(request, timeout=10)
+
+                async def BatchCheck(self, request: Any, context: Any) -> Any:
+                    asked.append("BatchCheck")
+                    await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not implemented!")
+
+            server = grpc.aio.server()
+            authz_pb2_grpc.add_AuthorizerServicer_to_server(Older(), server)  # type: ignore[no-untyped-call]
+            port = server.add_insecure_port("127.0.0.1:0")
+            await server.start()
+            older = PdpClient(f"http://127.0.0.1:{port}", lambda: None, 10.0)
+            current = PdpClient(stack.pdp_url, lambda: None, 10.0)
+            try:
+                first = await older.evaluate(requests)
+                again = await older.evaluate(requests)
+                want = await current.evaluate(requests)
+            finally:
+                await older.aclose()
+                await current.aclose()
+                await server.stop(None)
+            return first, again, want
+
+    first, again, want = asyncio.run(run())
+    assert asked == ["BatchCheck", "Check", "Check", "Check", "Check"]
+
+    def view(ds: list[dict[str, Any]]) -> list[tuple[str, list[str]]]:
+        return [(d["verdict"], d["policies"]) for d in ds]
+
+    assert view(first) == view(again) == view(want)
+    assert [d["verdict"] for d in want] == ["allow", "allow"], want
+
+
 def test_tiers_from_the_policy_service_and_containments_from_a_file(stack: Stack) -> None:
     policy_settings = PolicySettings(
         port=0, data_dir=stack.tmp / "policy", database_url=f"sqlite:///{stack.tmp / 'p.db'}"

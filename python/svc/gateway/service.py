@@ -200,6 +200,7 @@ class PdpClient:
         self.token = token
         self.timeout_secs = timeout_secs
         self._channel: Any = None
+        self._batch = True  # until the decision point answers BatchCheck UNIMPLEMENTED
         self._stub: Any = None
         self._client = httpx.AsyncClient(
             base_url=self.base_url,
@@ -232,6 +233,10 @@ class PdpClient:
     async def evaluate(self, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Decides `requests` in one gRPC ``BatchCheck`` (one round trip for a call's checks).
 
+        A decision point that does not serve ``BatchCheck`` yet (``UNIMPLEMENTED``: an older
+        release, during a rolling upgrade) gets one ``Check`` per request, at once, from then
+        on.
+
         Args:
             requests: 1 to ``--max-batch-items`` checks, each ``{principal, action,
                 resource[, on_behalf_of, human_present, work_item_id]}``
@@ -250,30 +255,41 @@ class PdpClient:
                 ``PERMISSION_DENIED`` (403) for the gateway's own token.
 
         """
-        import grpc
-
         from svc.authz.v1 import authz_pb2 as apb
 
-        batch = apb.BatchCheckRequest()
-        for request in requests:
-            msg = batch.checks.add(
-                principal=apb.EntityRef(**request["principal"]),
-                action=request["action"],
-                resource=apb.EntityRef(**request["resource"]),
+        checks = [_check_message(apb, r) for r in requests]
+        if self._batch:
+            try:
+                answer = await self._call("BatchCheck", apb.BatchCheckRequest(checks=checks))
+            except _Unimplemented:
+                log.warning(
+                    "the decision point does not serve BatchCheck (an older release): one "
+                    "Check per check from now on"
+                )
+                self._batch = False
+            else:
+                results = list(answer.results)
+        if not self._batch:
+            results = list(await asyncio.gather(*(self._call("Check", m) for m in checks)))
+        if len(results) != len(requests):
+            raise PdpUnreachable(
+                f"the decision point answered {len(results)} of {len(requests)} checks"
             )
-            if "on_behalf_of" in request:
-                msg.on_behalf_of.CopyFrom(apb.EntityRef(**request["on_behalf_of"]))
-            if "human_present" in request:
-                msg.human_present = bool(request["human_present"])
-            if "work_item_id" in request:
-                msg.work_item_id = str(request["work_item_id"])
+        return [_decision(apb, r) for r in results]
+
+    async def _call(self, method: str, message: Any) -> Any:
+        """One unary call of the ``Authorizer`` stub, its failures as the gateway's errors."""
+        import grpc
+
         bearer = self.token()
         metadata = (("authorization", f"Bearer {bearer}"),) if bearer else None
         try:
-            answer = await self._authz().BatchCheck(
-                batch, timeout=self.timeout_secs, metadata=metadata
+            return await getattr(self._authz(), method)(
+                message, timeout=self.timeout_secs, metadata=metadata
             )
         except grpc.aio.AioRpcError as e:
+            if e.code() == grpc.StatusCode.UNIMPLEMENTED and method == "BatchCheck":
+                raise _Unimplemented from e
             refused = {
                 grpc.StatusCode.INVALID_ARGUMENT: 400,
                 grpc.StatusCode.UNAUTHENTICATED: 401,
@@ -282,23 +298,6 @@ class PdpClient:
             if refused is not None:
                 raise PdpRefused(refused, {"detail": e.details() or ""}) from e
             raise PdpUnreachable(f"{e.code().name}: {e.details()}") from e
-        if len(answer.results) != len(requests):
-            raise PdpUnreachable(
-                f"the decision point answered {len(answer.results)} of {len(requests)} checks"
-            )
-        out = []
-        for r in answer.results:
-            d: dict[str, Any] = {
-                "qid": r.decision_qid,
-                "verdict": apb.Verdict.Name(r.verdict).removeprefix("VERDICT_").lower(),
-                "challenges": list(r.challenges),
-                "policies": list(r.policies),
-                "mode": apb.Mode.Name(r.mode).removeprefix("MODE_").lower(),
-            }
-            if r.challenge_qid:
-                d["challenge_qid"] = r.challenge_qid
-            out.append(d)
-        return out
 
     async def wait_challenge(self, request: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         """``POST /v1/access/challenge`` (docs/api.md#challenge-waits).
@@ -329,6 +328,40 @@ class PdpClient:
         await self._client.aclose()
         if self._channel is not None:
             await self._channel.close()
+
+
+class _Unimplemented(Exception):
+    """The decision point does not serve the method (an older release)."""
+
+
+def _check_message(apb: Any, request: dict[str, Any]) -> Any:
+    """A ``CheckRequest`` of a check in the HTTP API's shape (docs/decisions.md#request)."""
+    msg = apb.CheckRequest(
+        principal=apb.EntityRef(**request["principal"]),
+        action=request["action"],
+        resource=apb.EntityRef(**request["resource"]),
+    )
+    if "on_behalf_of" in request:
+        msg.on_behalf_of.CopyFrom(apb.EntityRef(**request["on_behalf_of"]))
+    if "human_present" in request:
+        msg.human_present = bool(request["human_present"])
+    if "work_item_id" in request:
+        msg.work_item_id = str(request["work_item_id"])
+    return msg
+
+
+def _decision(apb: Any, r: Any) -> dict[str, Any]:
+    """A ``CheckResponse`` as ``POST /v1/access/evaluation`` answers (lowercase enums)."""
+    d: dict[str, Any] = {
+        "qid": r.decision_qid,
+        "verdict": apb.Verdict.Name(r.verdict).removeprefix("VERDICT_").lower(),
+        "challenges": list(r.challenges),
+        "policies": list(r.policies),
+        "mode": apb.Mode.Name(r.mode).removeprefix("MODE_").lower(),
+    }
+    if r.challenge_qid:
+        d["challenge_qid"] = r.challenge_qid
+    return d
 
 
 def _json_object(r: httpx.Response) -> dict[str, Any]:

@@ -4,8 +4,9 @@ Built with the ``mcp`` SDK's ``MCPServer``: tools that read and write documents 
 (``read_doc``, ``write_doc``), two that name no resource (``ping``, ``launch``), a resource
 template and a prompt; ``ask_later`` sends a request to the client after its call has ended
 and ``asked`` tells what it got; ``ask_now`` logs and asks during its call; ``touch`` sends a
-resource's update; ``wait_long`` waits to be cancelled and ``waits`` tells how such calls
-ended; ``logging/setLevel`` and resource subscriptions are accepted.
+resource's update; ``change_tools`` says its tool list changed; ``wait_long`` waits to be
+cancelled and ``waits`` tells how such calls ended; ``logging/setLevel`` and resource
+subscriptions are accepted.
 ``python tests/gwupstream.py http [PORT]`` serves Streamable HTTP on 127.0.0.1 (on PORT, or a free port) and prints ``listening on <port>``;
 ``python tests/gwupstream.py stdio`` speaks MCP over its standard input and output.
 """
@@ -113,6 +114,13 @@ async def touch(ctx: Context, uri: str) -> str:
     """Tells the subscribers of `uri` that it changed (``notifications/resources/updated``)."""
     await ctx.session.send_resource_updated(uri)
     return f"touched {uri}"
+
+
+@server.tool()
+async def change_tools(ctx: Context) -> str:
+    """Tells the client its tool list changed (``notifications/tools/list_changed``)."""
+    await ctx.session.send_tool_list_changed()
+    return "changed"
 
 
 #: How the calls of ``wait_long`` ended: ``cancelled`` or ``done``.

@@ -442,6 +442,7 @@ EXPECTED = {
         "ask_later",
         "ask_now",
         "asked",
+        "change_tools",
         "launch",
         "ping",
         "read_doc",
@@ -537,6 +538,50 @@ async def _relayed(url: str, token: str) -> dict[str, Any]:
             await asyncio.sleep(0.05)
         await a.unsubscribe_resource("doc://plan")
         return {**seen, "answer": answer.content[0].text}
+
+
+def _changes(seen: list[str]) -> Any:
+    """A ``message_handler`` that notes each ``list_changed`` notification's method."""
+
+    async def handler(message: Any) -> None:
+        method = getattr(message, "method", "")
+        if isinstance(method, str) and method.endswith("/list_changed"):
+            seen.append(method)
+
+    return handler
+
+
+async def _until_seen(seen: list[str], want: set[str]) -> None:
+    """Waits (up to 30 s) until `seen` holds every method of `want`."""
+    for _ in range(600):
+        if want <= set(seen):
+            return
+        await asyncio.sleep(0.05)
+
+
+def test_an_upstreams_list_changes_reach_every_agent_session(stack: Stack) -> None:
+    """docs/gateway.md#relaying: the upstream's ``notifications/tools/list_changed`` goes to
+    every agent session of that upstream (the caller's, on the fast path, and one that made no
+    request yet), and the gateway announces ``listChanged``."""
+    token = stack.copilot.mint("ana", AUD, act="copilot.assistant")
+    a_seen: list[str] = []
+    b_seen: list[str] = []
+
+    async def run() -> Any:
+        async with (
+            agent_session(stack.mcp, token, message_handler=_changes(a_seen)) as a,
+            # The second session makes no request: the gateway knows it from its initialization.
+            agent_session(stack.mcp, token, message_handler=_changes(b_seen)),
+        ):
+            changed = await a.call_tool("change_tools", {})
+            await _until_seen(a_seen, {"notifications/tools/list_changed"})
+            await _until_seen(b_seen, {"notifications/tools/list_changed"})
+            return a.server_capabilities, changed
+
+    caps, changed = asyncio.run(run())
+    assert changed.content[0].text == "changed"
+    assert caps.tools.list_changed and caps.resources.list_changed and caps.prompts.list_changed
+    assert a_seen == b_seen == ["notifications/tools/list_changed"]
 
 
 @pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning")
@@ -818,6 +863,27 @@ def test_an_upstream_that_is_down_then_comes_back(stack: Stack) -> None:
             except MCPError as e:
                 return e
 
+    seen: list[str] = []
+
+    async def across_a_restart() -> Any:
+        """A call on a session opened before the upstream restarts, and what it was told."""
+        nonlocal upstream
+        async with agent_session(f"{gw.url}/mcp/late", token, message_handler=_changes(seen)) as s:
+            await s.list_tools()
+            assert upstream is not None
+            upstream.stop()
+            upstream = UpstreamProcess(port)
+            again = await s.call_tool("ping", {})
+            await _until_seen(
+                seen,
+                {
+                    "notifications/tools/list_changed",
+                    "notifications/resources/list_changed",
+                    "notifications/prompts/list_changed",
+                },
+            )
+            return again
+
     try:
         r = httpx.get(f"{gw.url}/readyz", timeout=30)
         assert r.status_code == 503
@@ -830,12 +896,16 @@ def test_an_upstream_that_is_down_then_comes_back(stack: Stack) -> None:
         assert asyncio.run(ping()).content[0].text == "pong"
         # Restarted, the upstream no longer knows the gateway's session: the call the fast
         # path forwards gets its 404, the gateway opens a new session at once (not at the next
-        # ping, 15 s on) and sends the call again on it.
-        upstream.stop()
-        upstream = UpstreamProcess(port)
-        again = asyncio.run(ping())
+        # ping, 15 s on) and sends the call again on it. The agent's session, opened before,
+        # is told that every list may have changed.
+        again = asyncio.run(across_a_restart())
         assert not isinstance(again, MCPError), again
         assert again.content[0].text == "pong"
+        assert sorted(seen) == [
+            "notifications/prompts/list_changed",
+            "notifications/resources/list_changed",
+            "notifications/tools/list_changed",
+        ]
     finally:
         gw.stop()
         if upstream is not None:

@@ -11,7 +11,9 @@
   it (another caller gets 404 for it). ``tools/call`` is checked (``GatewayService.call_tool``);
   ``tools/list``, resources (subscriptions too), prompts, completions and
   ``logging/setLevel`` pass through to the upstream's session, and the capabilities announced
-  at ``initialize`` are the upstream's. What the upstream sends during a forwarded call
+  at ``initialize`` are the upstream's (with ``listChanged`` on every list: the upstream's
+  ``list_changed`` notifications go to every agent session, and so do the gateway's own after
+  the upstream's session opens again). What the upstream sends during a forwarded call
   (progress, log messages, sampling and elicitation requests) goes to that call's agent
   (``AgentRelay``, ``svc.gateway.relay``). A plain ``tools/call`` on an open session takes the
   fast path (``svc.gateway.fastpath``, docs/gateway.md#fast-path) around the SDK.
@@ -36,6 +38,7 @@ import anyio.to_thread
 import mcp_types as types
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from mcp.server.lowlevel.server import NotificationOptions, Server
 from starlette.datastructures import Headers
 from starlette.types import Receive, Scope, Send
 
@@ -133,11 +136,36 @@ class AgentRelay:
         )
 
 
+class ProxyServer(Server):
+    """The SDK's low-level ``Server`` announcing ``listChanged`` on each list it serves.
+
+    The gateway relays the upstream's ``list_changed`` notifications and sends its own when the
+    upstream's session opens again (``McpProxy``), so agents may rely on them whatever the
+    upstream announced (MCP lifecycle, capability negotiation:
+    https://modelcontextprotocol.io/specification/2025-11-25/basic/lifecycle).
+    """
+
+    def create_initialization_options(
+        self,
+        notification_options: NotificationOptions | None = None,
+        experimental_capabilities: dict[str, dict[str, Any]] | None = None,
+        extensions: dict[str, dict[str, Any]] | None = None,
+    ) -> Any:
+        """The SDK's, with every ``*_changed`` option on unless `notification_options` is given."""
+        changes = notification_options or NotificationOptions(
+            prompts_changed=True, resources_changed=True, tools_changed=True
+        )
+        return super().create_initialization_options(changes, experimental_capabilities, extensions)
+
+
 class McpProxy:
     """One upstream's MCP proxy: a low-level ``Server`` whose handlers forward to the upstream.
 
     The handlers registered follow the upstream's capabilities each time its session opens
-    (before the first, every kind is registered and a request waits for the session).
+    (before the first, every kind is registered and a request waits for the session). Each
+    agent session that makes a request is remembered, and when the upstream's session opens
+    again (after a lost one, or an upstream restarted with other tools) every remembered
+    session is sent ``list_changed`` for the lists the upstream serves, so agents list again.
 
     Args:
         service: the gateway's service layer.
@@ -146,20 +174,38 @@ class McpProxy:
     """
 
     def __init__(self, service: GatewayService, name: str) -> None:
-        from mcp.server.lowlevel.server import Server
         from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 
         self.service = service
         self.name = name
-        self.server: Any = Server(name, version=__version__)
+        self.server: Any = ProxyServer(name, version=__version__)
+        self._connections = 0
+        self._tasks: set[asyncio.Task[None]] = set()
         self._install(None)
+        self.server.add_notification_handler(
+            "notifications/initialized", types.NotificationParams, self._initialized
+        )
         service.links[name].on_connected = self._install
         self.manager = StreamableHTTPSessionManager(app=self.server)
         self.fast = FastPath(service, name, self.manager)
 
+    def _caller(self, ctx: Any) -> AgentIdentity:
+        """The verified caller of a handler's request; its agent session is remembered."""
+        ident = _agent(ctx)
+        self.service.links[self.name].relays.note_session(_session_key(ctx), ctx.session)
+        return ident
+
+    async def _initialized(self, ctx: Any, params: types.NotificationParams) -> None:
+        """``notifications/initialized``: the new agent session is remembered.
+
+        Also a session whose only requests will be fast-path calls, which do not reach the
+        SDK's handlers.
+        """
+        self.service.links[self.name].relays.note_session(_session_key(ctx), ctx.session)
+
     def _passthrough(self, request_type: Any, result_type: Any) -> Callable[..., Awaitable[Any]]:
         async def handle(ctx: Any, params: Any) -> Any:
-            _agent(ctx)
+            self._caller(ctx)
             try:
                 return await self.service.forward(
                     self.name, request_type(params=params), result_type
@@ -180,7 +226,7 @@ class McpProxy:
             if direct is not None:  # forwarded by the fast path, its stream to relay
                 return await self.service.finish_direct(direct, relay)
             return await self.service.call_tool(
-                self.name, params, _agent(ctx), _base_url(ctx), relay
+                self.name, params, self._caller(ctx), _base_url(ctx), relay
             )
         except UpstreamUnavailable as e:
             from mcp.shared.exceptions import MCPError
@@ -193,7 +239,7 @@ class McpProxy:
         The upstream's session is shared, so it is set to the most verbose level any agent
         session asked for, and each agent gets the messages at or above its own.
         """
-        _agent(ctx)
+        self._caller(ctx)
         upstream = self.service.links[self.name].relays.set_level(_session_key(ctx), params.level)
         await self._forward(
             types.SetLevelRequest(params=params.model_copy(update={"level": upstream}))
@@ -205,7 +251,7 @@ class McpProxy:
 
         The upstream is subscribed once for all agent sessions (docs/gateway.md#relaying).
         """
-        _agent(ctx)
+        self._caller(ctx)
         uri = str(params.uri)
         if self.service.links[self.name].relays.subscribe(uri, _session_key(ctx), ctx.session):
             try:
@@ -217,7 +263,7 @@ class McpProxy:
 
     async def _unsubscribe(self, ctx: Any, params: types.UnsubscribeRequestParams) -> Any:
         """``resources/unsubscribe``: the upstream is unsubscribed when no agent session is left."""
-        _agent(ctx)
+        self._caller(ctx)
         if self.service.links[self.name].relays.unsubscribe(str(params.uri), _session_key(ctx)):
             await self._forward(types.UnsubscribeRequest(params=params))
         return types.EmptyResult()
@@ -310,6 +356,30 @@ class McpProxy:
                 handlers.pop(method, None)
         if init is not None:
             self.server.instructions = init.instructions
+            self._connections += 1
+            if self._connections > 1:
+                self._lists_changed(init.capabilities)
+
+    def _lists_changed(self, caps: types.ServerCapabilities) -> None:
+        """Tells every remembered agent session that the upstream's lists may have changed.
+
+        Called when the upstream's session opened again: it may have been restarted with
+        other tools, resources or prompts.
+        """
+        changed: list[Any] = []
+        if caps.tools is not None:
+            changed.append(types.ToolListChangedNotification())
+        if caps.resources is not None:
+            changed.append(types.ResourceListChangedNotification())
+        if caps.prompts is not None:
+            changed.append(types.PromptListChangedNotification())
+        if not changed:
+            return
+        task = asyncio.get_running_loop().create_task(
+            self.service.links[self.name].relays.lists_changed(changed)
+        )
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
 
 class TransportGuard:

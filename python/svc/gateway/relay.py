@@ -38,6 +38,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
 
+import anyio
 import httpx2
 import mcp_types as types
 from mcp.client.session import ClientRequestContext
@@ -69,7 +70,8 @@ LEVELS: tuple[types.LoggingLevel, ...] = (
     "alert",
     "emergency",
 )
-#: Agent sessions whose log level is remembered per upstream (the oldest are forgotten first).
+#: Agent sessions remembered per upstream, for their log levels and to tell them of list changes
+#: (the oldest are forgotten first).
 MAX_SESSION_LEVELS = 10_000
 
 
@@ -102,8 +104,16 @@ def _without_key(params: Any) -> Any:
     return params.model_copy(update={"meta": meta or None})
 
 
+#: The notifications that say a list changed: each goes to every agent session of the upstream.
+LIST_CHANGES = (
+    types.ToolListChangedNotification,
+    types.ResourceListChangedNotification,
+    types.PromptListChangedNotification,
+)
+
+
 class UpstreamRelays:
-    """One upstream's requests in flight and resource subscribers (module docs).
+    """One upstream's requests in flight, agent sessions and resource subscribers (module docs).
 
     Args:
         name: the upstream's name (for logs and errors).
@@ -117,6 +127,7 @@ class UpstreamRelays:
         self._relays: dict[str, Relay] = {}
         self._subscribers: dict[str, dict[str, Any]] = {}
         self._levels: OrderedDict[str, types.LoggingLevel] = OrderedDict()
+        self._sessions: OrderedDict[str, Any] = OrderedDict()
 
     @contextlib.contextmanager
     def open(self, relay: Relay) -> Any:
@@ -203,8 +214,14 @@ class UpstreamRelays:
             log.debug("upstream %s: log message not relayed: %s", self.name, e)
 
     async def message(self, message: Any) -> None:
-        """``message_handler``: ``notifications/resources/updated`` to its subscribers."""
-        if isinstance(message, types.ResourceUpdatedNotification):
+        """``message_handler``: the upstream's notifications that are not about a call.
+
+        ``notifications/resources/updated`` goes to the resource's subscribers, a
+        ``list_changed`` notification to every agent session (``lists_changed``).
+        """
+        if isinstance(message, LIST_CHANGES):
+            await self.lists_changed([message])
+        elif isinstance(message, types.ResourceUpdatedNotification):
             uri = str(message.params.uri)
             for key, session in list(self._subscribers.get(uri, {}).items()):
                 try:
@@ -304,6 +321,42 @@ class UpstreamRelays:
                 code=types.METHOD_NOT_FOUND, message=f"{method} is not relayed by the gateway"
             )
         return answer
+
+    # -- agent sessions -----------------------------------------------------------------
+
+    def note_session(self, key: str, session: Any) -> None:
+        """Remembers an agent session, to tell it when a list changes.
+
+        The latest ``MAX_SESSION_LEVELS`` sessions are remembered.
+
+        Args:
+            key: its MCP session id (``Mcp-Session-Id``; ``""`` is not remembered).
+            session: its ``ServerSession``.
+
+        """
+        if not key:
+            return
+        self._sessions[key] = session
+        self._sessions.move_to_end(key)
+        while len(self._sessions) > MAX_SESSION_LEVELS:
+            self._sessions.popitem(last=False)
+
+    async def lists_changed(self, notifications: list[Any]) -> None:
+        """Sends `notifications` (``LIST_CHANGES``) to every remembered agent session.
+
+        Each goes on the session's standalone stream (no related request), as an MCP server's
+        own ``list_changed`` would. A session that cannot take it (ended) is forgotten; one
+        that takes longer than a second is skipped this time.
+        """
+        for key, session in list(self._sessions.items()):
+            for n in notifications:
+                try:
+                    with anyio.move_on_after(1.0):
+                        await session.send_notification(n)
+                except Exception as e:  # that agent session is gone
+                    log.debug("upstream %s: agent session %s forgotten: %s", self.name, key, e)
+                    self._sessions.pop(key, None)
+                    break
 
     # -- subscriptions ------------------------------------------------------------------
 

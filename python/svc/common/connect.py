@@ -339,6 +339,11 @@ class BearerInterceptor:
         """Nothing to do at the end of a call."""
 
 
+#: How long a stopped hypercorn server may take past its ``graceful_timeout`` (its app's
+#: lifespan shutdown included) before its loop is left (``_serve_until_stopped``).
+STOP_BOUND_SECS = 30.0
+
+
 def _config(fd: int, errorlog: str) -> Config:
     cfg = Config()
     cfg.bind = [f"fd://{fd}"]
@@ -378,8 +383,9 @@ def serve_asgi(
         name: the component (``svc-policy``): names the log lines, the error logger
             (``svc.<component>.http``) and the stop thread.
         ready: called with the bound port once the socket listens.
-        stop: ends the server when set (open streams are ended after one second); without it
-            SIGINT and SIGTERM do (main thread only).
+        stop: ends the server when set (open streams are ended after one second; with
+            hypercorn, a server still shutting down ``STOP_BOUND_SECS`` later is left, logged,
+            so that a stop never hangs); without it SIGINT and SIGTERM do (main thread only).
         http1: serve with uvicorn and httptools (above).
 
     Raises:
@@ -398,27 +404,69 @@ def serve_asgi(
     log.info("%s listening on %s:%d", name, host, bound)
     if ready is not None:
         ready(bound)
-    watchers: list[threading.Thread] = []
+    if stop is None:
+        asyncio.run(hypercorn_serve(app, cfg))
+        return
+    _serve_until_stopped(app, cfg, name, stop)
+
+
+class _Abandoned(Exception):
+    """The server did not finish within its bound after ``stop``: its loop is left."""
+
+
+def _serve_until_stopped(app: Any, cfg: Config, name: str, stop: threading.Event) -> None:
+    """Hypercorn until `stop` is set, then at most ``graceful_timeout + STOP_BOUND_SECS`` more.
+
+    Hypercorn cancels the connections still open after ``graceful_timeout`` and waits for the
+    cancelled tasks to end (Python 3.11's ``asyncio.wait_for``), so one task that swallows its
+    cancellation would keep the server, and whoever stops it, waiting for good. Past the bound
+    the loop is stopped and closed with whatever is left (logged): stopping never hangs.
+    """
+    loop = asyncio.new_event_loop()
+    done = asyncio.Event()
+    watcher = threading.Thread(
+        target=lambda: (stop.wait(), loop.call_soon_threadsafe(done.set)),
+        name=f"{name}-stop",
+        daemon=True,
+    )
 
     async def main() -> None:
-        trigger = None
-        if stop is not None:
-            loop = asyncio.get_running_loop()
-            done = asyncio.Event()
-            watcher = threading.Thread(
-                target=lambda: (stop.wait(), loop.call_soon_threadsafe(done.set)),
-                name=f"{name}-stop",
-                daemon=True,
-            )
-            watcher.start()
-            watchers.append(watcher)
-            trigger = done.wait
-        await hypercorn_serve(app, cfg, shutdown_trigger=trigger)
+        server = asyncio.ensure_future(hypercorn_serve(app, cfg, shutdown_trigger=done.wait))
+        stopped = asyncio.ensure_future(done.wait())
+        await asyncio.wait({server, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        if not server.done():
+            ended, _ = await asyncio.wait({server}, timeout=cfg.graceful_timeout + STOP_BOUND_SECS)
+            if not ended:
+                log.warning(
+                    "%s: still shutting down %.0f s after stop; its loop is left with what is "
+                    "still open",
+                    name,
+                    cfg.graceful_timeout + STOP_BOUND_SECS,
+                )
+                raise _Abandoned
+        stopped.cancel()
+        server.result()
 
-    asyncio.run(main())
-    if stop is not None and stop.is_set():
-        for w in watchers:
-            w.join()  # it has woken the loop already: no thread outlives the server
+    watcher.start()
+    abandoned = False
+    try:
+        loop.run_until_complete(main())
+    except _Abandoned:
+        abandoned = True
+    finally:
+        left = asyncio.all_tasks(loop)
+        for task in left:
+            task.cancel()
+        if left:  # each gets one chance to end; one that will not is left behind
+            loop.run_until_complete(asyncio.wait(left, timeout=1.0))
+            for task in left:
+                if task.done() and not task.cancelled() and task.exception() is not None:
+                    log.debug("%s: a task ended with %r at stop", name, task.exception())
+        if not abandoned:  # as asyncio.run ends a loop
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.run_until_complete(loop.shutdown_default_executor())
+        loop.close()
+        watcher.join()  # it has woken the loop already: no thread outlives the server
 
 
 def _serve_uvicorn(

@@ -25,6 +25,7 @@ hypercorn (HTTP/1.1 and HTTP/2 cleartext), in this process or a thread of its ow
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -424,11 +425,13 @@ def _serve_until_stopped(app: Any, cfg: Config, name: str, stop: threading.Event
     """
     loop = asyncio.new_event_loop()
     done = asyncio.Event()
-    watcher = threading.Thread(
-        target=lambda: (stop.wait(), loop.call_soon_threadsafe(done.set)),
-        name=f"{name}-stop",
-        daemon=True,
-    )
+
+    def wake() -> None:
+        stop.wait()
+        with contextlib.suppress(RuntimeError):  # the loop ended on its own and is closed
+            loop.call_soon_threadsafe(done.set)
+
+    watcher = threading.Thread(target=wake, name=f"{name}-stop", daemon=True)
 
     async def main() -> None:
         server = asyncio.ensure_future(hypercorn_serve(app, cfg, shutdown_trigger=done.wait))
@@ -466,7 +469,8 @@ def _serve_until_stopped(app: Any, cfg: Config, name: str, stop: threading.Event
             loop.run_until_complete(loop.shutdown_asyncgens())
             loop.run_until_complete(loop.shutdown_default_executor())
         loop.close()
-        watcher.join()  # it has woken the loop already: no thread outlives the server
+        if stop.is_set():
+            watcher.join()  # it has woken the loop already: no thread outlives the server
 
 
 def _serve_uvicorn(

@@ -43,19 +43,12 @@ pub const NOOP_SERVICE_NAME: &str = "svc.authz.v1.NoopAuthorizer";
 /// `INVALID_ARGUMENT` with the error's text and a `BadRequest` field violation (each cut to
 /// [`super::http::MAX_ERROR_TEXT`], as the HTTP problem's `detail` is).
 pub fn invalid(e: &RequestError) -> Status {
-    Status::with_error_details(
-        Code::InvalidArgument,
-        bounded(e.to_string()),
-        ErrorDetails::with_bad_request_violation(
-            bounded(e.field.clone()),
-            bounded(e.message.clone()),
-        ),
-    )
+    invalid_batch(std::slice::from_ref(e))
 }
 
-/// `INVALID_ARGUMENT` for a refused batch: one `BadRequest` field violation per error (each
-/// field already prefixed with its item, `checks[2].resource`), the first error's text as the
-/// message with how many more there are.
+/// `INVALID_ARGUMENT` naming every error: one `BadRequest` field violation per error (in a
+/// batch each field already prefixed with its item, `checks[2].resource`), the first error's
+/// text as the message with how many more there are.
 fn invalid_batch(errors: &[RequestError]) -> Status {
     let first = errors.first().map(ToString::to_string).unwrap_or_default();
     let message = match errors.len() {

@@ -163,9 +163,10 @@ class McpProxy:
 
     The handlers registered follow the upstream's capabilities each time its session opens
     (before the first, every kind is registered and a request waits for the session). Each
-    agent session that makes a request is remembered, and when the upstream's session opens
-    again (after a lost one, or an upstream restarted with other tools) every remembered
-    session is sent ``list_changed`` for the lists the upstream serves, so agents list again.
+    agent session is remembered from its ``notifications/initialized``, and when the upstream's
+    session opens again (after a lost one, or an upstream restarted with other tools) every
+    remembered session is sent ``list_changed`` for the lists the upstream serves, so agents
+    list again.
 
     Args:
         service: the gateway's service layer.
@@ -189,10 +190,14 @@ class McpProxy:
         self.manager = StreamableHTTPSessionManager(app=self.server)
         self.fast = FastPath(service, name, self.manager)
 
-    def _caller(self, ctx: Any) -> AgentIdentity:
-        """The verified caller of a handler's request; its agent session is remembered."""
-        ident = _agent(ctx)
+    def _remember(self, ctx: Any) -> None:
+        """Remembers (or marks as recent) the agent session of a handler's message."""
         self.service.links[self.name].relays.note_session(_session_key(ctx), ctx.session)
+
+    def _caller(self, ctx: Any) -> AgentIdentity:
+        """The verified caller of a handler's request; its agent session is marked recent."""
+        ident = _agent(ctx)
+        self._remember(ctx)
         return ident
 
     async def _initialized(self, ctx: Any, params: types.NotificationParams) -> None:
@@ -201,7 +206,7 @@ class McpProxy:
         Also a session whose only requests will be fast-path calls, which do not reach the
         SDK's handlers.
         """
-        self.service.links[self.name].relays.note_session(_session_key(ctx), ctx.session)
+        self._remember(ctx)
 
     def _passthrough(self, request_type: Any, result_type: Any) -> Callable[..., Awaitable[Any]]:
         async def handle(ctx: Any, params: Any) -> Any:

@@ -16,10 +16,11 @@ its ``principals_version`` (docs/architecture.md#versioning).
 * **Failures.** A stream that fails (connection refused or lost, a status such as
   ``UNAVAILABLE`` or ``UNAUTHENTICATED``, a message that is not the documented shape) leaves
   the list in force serving, and is opened again: at once after a stream that had delivered
-  its list, then after a delay that doubles from ``backoff_secs`` up to ``max_backoff_secs``
-  (tenacity's exponential wait) while opening keeps failing. A new stream starts with the whole
-  list, so whatever changed during the gap is caught up by replacing the list. A stream that
-  stays silent longer than ``stale_secs`` (the service sends a heartbeat every
+  its list, then, while opening keeps failing, after the shared reconnect policy's delays
+  (``svc.common.retry.Reconnect``: full jitter under a ceiling that doubles from
+  ``backoff_secs`` up to ``max_backoff_secs``, one log line per failure). A new stream starts
+  with the whole list, so whatever changed during the gap is caught up by replacing the list.
+  A stream that stays silent longer than ``stale_secs`` (the service sends a heartbeat every
   ``heartbeat_secs``, 5 s by default) counts as lost: a connection that died without closing is
   noticed.
 * **Challenge waits.** After every list or change it applies, the follower calls
@@ -44,11 +45,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
-from tenacity import Retrying, retry_if_exception_type, wait_exponential
 
 from svc._pdp_core import Engine, RequestError, Server
 from svc.challenge.v1 import challenge_pb2 as pb
 from svc.challenge.v1 import challenge_pb2_grpc as pb_grpc
+from svc.common.retry import Reconnect
 
 __all__ = ["ContainmentFollower", "ContainmentStatus", "follow_containments"]
 
@@ -108,8 +109,9 @@ class ContainmentFollower:
         token: returns the bearer token to send with each new stream (audience
             ``svc-challenge``, docs/auth.md), or None to send none; ``None`` (the default)
             sends none.
-        backoff_secs: first delay after a stream that failed to open; doubles per failure up
-            to ``max_backoff_secs``.
+        backoff_secs: the longest first delay after a stream that failed to open, seconds;
+            the ceiling doubles per failure up to ``max_backoff_secs`` (full jitter below it,
+            ``svc.common.retry.Reconnect``).
         stale_secs: a stream without any message (list, change or heartbeat) for this long is
             taken as lost and opened again; keep it a few times the service's
             ``heartbeat_secs``.
@@ -148,6 +150,13 @@ class ContainmentFollower:
         self._cond = threading.Condition()
         self._stop = threading.Event()
         self._call: Any = None
+        self._reconnect = Reconnect(
+            "challenge service",
+            log,
+            initial_secs=backoff_secs,
+            max_secs=max_backoff_secs,
+            retry_on=_StreamLost,
+        )
         self._thread = threading.Thread(target=self._run, name="svc-pdp-containments", daemon=True)
 
     # -- life cycle ------------------------------------------------------------------------
@@ -202,35 +211,8 @@ class ContainmentFollower:
     # -- the stream ------------------------------------------------------------------------
 
     def _run(self) -> None:
-        """Opens streams until ``stop``: tenacity's backoff between streams that fail to open."""
-        retrying = Retrying(
-            retry=retry_if_exception_type(_StreamLost),
-            wait=wait_exponential(
-                multiplier=self.backoff_secs, min=self.backoff_secs, max=self.max_backoff_secs
-            ),
-            stop=lambda _state: self._stop.is_set(),
-            sleep=self._pause,
-            before_sleep=self._failed,
-            reraise=True,
-        )
-        while not self._stop.is_set():
-            try:
-                # Returns after a stream that delivered its list was lost; raises _StreamLost
-                # once stopped while failing.
-                retrying(self._stream)
-            except _StreamLost:
-                break
-
-    def _pause(self, secs: float) -> None:
-        """The retries' sleep: waits `secs` seconds, or less when ``stop`` is called."""
-        self._stop.wait(secs)
-
-    def _failed(self, state: Any) -> None:
-        """The retries' ``before_sleep`` (tenacity): logs the failure about to be waited for."""
-        outcome = state.outcome
-        error = str(outcome.exception()) if outcome is not None else "stream lost"
-        wait = state.next_action.sleep if state.next_action is not None else 0.0
-        log.warning("challenge service: %s; reconnecting in %.1f s", error, wait)
+        """Opens streams until ``stop``, with the shared reconnect policy between them."""
+        self._reconnect.forever(self._stream, self._stop)
 
     def _lost(self, error: str) -> None:
         """Records a stream that ended (not by ``stop``)."""

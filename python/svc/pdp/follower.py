@@ -9,11 +9,13 @@ served: the last verified bundle keeps serving, and ``status`` (and, when a ``Se
 ``/readyz`` and the ``svc_pdp_bundle_error`` metric through ``Server.bundle_reloaded``) says
 why. The first verified bundle marks the listener's bundle as loaded (``Server.set_ready``);
 the containment list's readiness is its own feed's to set. When the stream drops, the follower
-keeps serving what it has and reconnects with exponential backoff (``backoff_secs`` doubling
-up to ``max_backoff_secs``); the first message of a new stream is the active state, so it
-catches up at once. A stream that stays silent longer than ``stale_secs`` (the service sends a
-heartbeat every few seconds) counts as lost too: a connection that died without closing is
-noticed.
+keeps serving what it has and opens a new stream: at once after a stream that had delivered
+a message, then, while opening keeps failing, after the shared reconnect policy's delays
+(``svc.common.retry.Reconnect``: full jitter under a ceiling that doubles from
+``backoff_secs`` up to ``max_backoff_secs``, one log line per failure). The first message of
+a new stream is the active state, so it catches up at once. A stream that stays silent
+longer than ``stale_secs`` (the service sends a heartbeat every few seconds) counts as lost
+too: a connection that died without closing is noticed.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import grpc
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from svc._pdp_core import BundleError, Engine, RequestError, Server
+from svc.common.retry import Reconnect
 from svc.policy import signing
 from svc.policy.v1 import policy_pb2 as pb
 from svc.policy.v1 import policy_pb2_grpc as pb_grpc
@@ -36,6 +39,10 @@ __all__ = ["CHANNEL_OPTIONS", "Follower", "FollowerStatus", "bundle_sources", "f
 
 
 log = logging.getLogger("svc.pdp.follower")
+
+
+class _StreamLost(Exception):
+    """A stream that failed or ended before its first message; the message says how."""
 
 
 def bundle_sources(
@@ -135,7 +142,10 @@ class Follower:
         target: the policy service's gRPC address (``host:port``).
         public_key: the policy service's signing public key.
         server: the running decision point, whose ``/readyz`` and metrics report refusals.
-        backoff_secs: first reconnect delay; doubles per failure up to ``max_backoff_secs``.
+        backoff_secs: the longest first delay after a stream that failed to open, seconds;
+            the ceiling doubles per failure up to ``max_backoff_secs`` (full jitter below it,
+            ``svc.common.retry.Reconnect``).
+        max_backoff_secs: the largest such ceiling, seconds.
         stale_secs: a stream without any message (state or heartbeat) for this long is taken
             as lost and opened again; keep it a few times the service's ``heartbeat_secs``.
         on_change: called (from the follower's thread) after every swap, mode change or
@@ -171,6 +181,13 @@ class Follower:
         self._stop = threading.Event()
         self._call: grpc.Future | None = None
         self._channel: grpc.Channel | None = None
+        self._reconnect = Reconnect(
+            "policy service",
+            log,
+            initial_secs=backoff_secs,
+            max_secs=max_backoff_secs,
+            retry_on=_StreamLost,
+        )
         self._thread = threading.Thread(target=self._run, name="svc-pdp-follower", daemon=True)
 
     def start(self) -> Follower:
@@ -270,49 +287,60 @@ class Follower:
         return timer
 
     def _run(self) -> None:
-        delay = self.backoff_secs
-        while not self._stop.is_set():
-            watchdog: threading.Timer | None = None
-            channel = grpc.insecure_channel(self.target, options=CHANNEL_OPTIONS)
-            stub = pb_grpc.PolicyServiceStub(channel)  # type: ignore[no-untyped-call]
-            try:
-                bearer = self.token() if self.token is not None else None
-                metadata = [("authorization", f"Bearer {bearer}")] if bearer else []
-                call = stub.WatchActive(pb.WatchActiveRequest(), metadata=metadata)
-                with self._cond:
-                    self._call = call
-                    if self._stop.is_set():
-                        call.cancel()
-                watchdog = self._watch(call)
-                for msg in call:
-                    watchdog.cancel()
-                    watchdog = self._watch(call)
-                    if not self.status.connected:
-                        self.status.connected = True
-                        if self.status.error.startswith("policy stream lost"):
-                            self.status.error = ""
-                        delay = self.backoff_secs
-                        self._changed("connected")
-                    if msg.HasField("active"):
-                        self._apply(msg.active)
-                    else:
-                        self.status.heartbeats += 1
-                        self._changed("heartbeat")
-            except grpc.RpcError as e:
+        """Opens streams until ``stop``, with the shared reconnect policy between them."""
+        self._reconnect.forever(self._stream, self._stop)
+
+    def _stream(self) -> None:
+        """One ``WatchActive`` stream, applied until it ends.
+
+        Returns when a stream that had delivered a message is lost (the next opens at once);
+        raises ``_StreamLost`` when it failed or ended before its first message (the next
+        waits, ``svc.common.retry.Reconnect``), or once stopped.
+        """
+        if self._stop.is_set():
+            raise _StreamLost("stopped")
+        delivered = False
+        error = "policy stream ended"
+        watchdog: threading.Timer | None = None
+        channel = grpc.insecure_channel(self.target, options=CHANNEL_OPTIONS)
+        stub = pb_grpc.PolicyServiceStub(channel)  # type: ignore[no-untyped-call]
+        try:
+            bearer = self.token() if self.token is not None else None
+            metadata = [("authorization", f"Bearer {bearer}")] if bearer else []
+            call = stub.WatchActive(pb.WatchActiveRequest(), metadata=metadata)
+            with self._cond:
+                self._call = call
                 if self._stop.is_set():
-                    break
+                    call.cancel()
+            watchdog = self._watch(call)
+            for msg in call:
+                watchdog.cancel()
+                watchdog = self._watch(call)
+                delivered = True
+                if not self.status.connected:
+                    self.status.connected = True
+                    if self.status.error.startswith("policy stream lost"):
+                        self.status.error = ""
+                    self._changed("connected")
+                if msg.HasField("active"):
+                    self._apply(msg.active)
+                else:
+                    self.status.heartbeats += 1
+                    self._changed("heartbeat")
+        except grpc.RpcError as e:
+            if not self._stop.is_set():
                 code = e.code() if isinstance(e, grpc.Call) else None
                 details = e.details() if isinstance(e, grpc.Call) else str(e)
-                self.status.error = f"policy stream lost: {code}: {details}"
-                log.warning("%s; reconnecting in %.1f s", self.status.error, delay)
-            finally:
-                if watchdog is not None:
-                    watchdog.cancel()
-                channel.close()
-            if self._stop.is_set():
-                break
-            self.status.connected = False
-            self.status.reconnects += 1
-            self._changed("disconnected")
-            self._stop.wait(delay)
-            delay = min(delay * 2, self.max_backoff_secs)
+                error = self.status.error = f"policy stream lost: {code}: {details}"
+        finally:
+            if watchdog is not None:
+                watchdog.cancel()
+            channel.close()
+        if self._stop.is_set():
+            raise _StreamLost("stopped")
+        self.status.connected = False
+        self.status.reconnects += 1
+        self._changed("disconnected")
+        if not delivered:
+            raise _StreamLost(error)
+        log.warning("%s; reconnecting", error)

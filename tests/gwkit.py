@@ -7,7 +7,8 @@
 * ``UpstreamProcess``: tests/gwupstream.py as a child process serving Streamable HTTP.
 * ``write_bundle``: a bundle with ``Tool`` and ``call``, documents read and written, agents.
 * ``agent_session``: the ``mcp`` SDK's ``ClientSession`` over Streamable HTTP with a bearer
-  token, as an agent opens it.
+  token, as an agent opens it; ``agent_client``: its high-level ``Client`` in a given mode
+  (``auto``, ``legacy``, ``2026-07-28``).
 """
 
 from __future__ import annotations
@@ -199,11 +200,14 @@ class JwksServer:
 
 
 class UpstreamProcess:
-    """tests/gwupstream.py serving Streamable HTTP in a child process (on `port`; 0: a free one)."""
+    """tests/gwupstream.py serving Streamable HTTP in a child process (on `port`; 0: a free one).
 
-    def __init__(self, port: int = 0) -> None:
+    `era`: ``both`` (the SDK's default), ``legacy`` or ``modern`` (tests/gwupstream.py).
+    """
+
+    def __init__(self, port: int = 0, era: str = "both") -> None:
         self.proc = subprocess.Popen(
-            [PYTHON, str(TESTS / "gwupstream.py"), "http", str(port)],
+            [PYTHON, str(TESTS / "gwupstream.py"), "http", str(port), era],
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             text=True,
@@ -240,6 +244,25 @@ async def agent_session(url: str, token: str | None, **callbacks: Any) -> AsyncI
     ):
         await session.initialize()
         yield session
+
+
+@contextlib.asynccontextmanager
+async def agent_client(
+    url: str, token: str | None, mode: str, **options: Any
+) -> AsyncIterator[Any]:
+    """The ``mcp`` SDK's high-level ``Client`` to the gateway's ``url`` in `mode` (``auto``:
+    ``server/discover`` first, the 2026-07-28 revision when offered; ``legacy``: the initialize
+    handshake; ``2026-07-28``: that revision without a probe), with ``Authorization: Bearer
+    <token>`` on every request (`options`: the client's, ``sampling_callback`` ...)."""
+    import httpx2
+    from mcp.client import Client
+    from mcp.client.streamable_http import streamable_http_client
+
+    headers = {"authorization": f"Bearer {token}"} if token else {}
+    async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(60)) as hc:
+        transport = streamable_http_client(url, http_client=hc)
+        async with Client(transport, mode=mode, **options) as client:
+            yield client
 
 
 def wait_until(pred: Any, timeout: float = 30.0, every: float = 0.05) -> Any:

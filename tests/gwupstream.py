@@ -7,7 +7,10 @@ and ``asked`` tells what it got; ``ask_now`` logs and asks during its call; ``to
 resource's update; ``change_tools`` says its tool list changed; ``wait_long`` waits to be
 cancelled and ``waits`` tells how such calls ended; ``logging/setLevel`` and resource
 subscriptions are accepted.
-``python tests/gwupstream.py http [PORT]`` serves Streamable HTTP on 127.0.0.1 (on PORT, or a free port) and prints ``listening on <port>``;
+``python tests/gwupstream.py http [PORT [ERA]]`` serves Streamable HTTP on 127.0.0.1 (on PORT, or a free port) and prints ``listening on <port>``;
+ERA is ``both`` (the default: the handshake era and the 2026-07-28 revision, as the SDK serves
+them), ``legacy`` (the handshake era only) or ``modern`` (2026-07-28 only) (``one_era``);
+``ask_round`` asks in the 2026-07-28 revision's input-required round;
 ``python tests/gwupstream.py stdio`` speaks MCP over its standard input and output.
 """
 
@@ -22,13 +25,17 @@ import uvicorn
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.shared.exceptions import MCPError
 from mcp_types import (
+    CreateMessageRequest,
+    CreateMessageRequestParams,
     EmptyResult,
+    InputRequiredResult,
     SamplingMessage,
     SetLevelRequestParams,
     SubscribeRequestParams,
     TextContent,
     UnsubscribeRequestParams,
 )
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
 
 from svc.common.net import tcp_listener
 
@@ -145,6 +152,30 @@ def waits() -> str:
     return json.dumps(WAITS)
 
 
+@server.tool()
+async def ask_round(ctx: Context) -> Any:
+    """Asks the client for a completion in the 2026-07-28 revision's way (an input-required
+    round: ``InputRequiredResult`` with the request, then the retry with the answer); answers
+    the completion's text. On a handshake-era session it asks during the call instead."""
+    if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+        return await ask_now(ctx)
+    answers = ctx.input_responses or {}
+    got = answers.get("q")
+    if got is None:
+        ask = CreateMessageRequest(
+            params=CreateMessageRequestParams(
+                messages=[
+                    SamplingMessage(role="user", content=TextContent(type="text", text="hi"))
+                ],
+                max_tokens=10,
+            )
+        )
+        return InputRequiredResult(input_requests={"q": ask}, request_state="asked")
+    assert ctx.request_state == "asked", ctx.request_state
+    content = getattr(got, "content", None)
+    return content.text if isinstance(content, TextContent) else str(got)
+
+
 #: The background tasks of ``ask_later`` (held so they are not collected while running).
 TASKS: set[asyncio.Task[None]] = set()
 
@@ -175,6 +206,45 @@ for _method, _params in (
     server._lowlevel_server.add_request_handler(_method, _params, _empty)
 
 
+def one_era(app: Any, era: str) -> Any:
+    """`app` serving only one protocol era over Streamable HTTP, as a server of that era would.
+
+    ``legacy``: a request naming a 2026-07-28 ``MCP-Protocol-Version`` gets what a server
+    older than the revision answers (400, a JSON-RPC ``-32600`` naming the version), so
+    ``server/discover`` fails and clients fall back to ``initialize``. ``modern``: a request
+    of the handshake era (``initialize``, a session's GET or DELETE) gets ``-32022`` naming the
+    one revision served. ``both``: `app` unchanged (the ``mcp`` SDK serves both).
+    """
+    if era == "both":
+        return app
+
+    async def guarded(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+        version = dict(scope["headers"]).get(b"mcp-protocol-version", b"").decode()
+        modern = version in MODERN_PROTOCOL_VERSIONS
+        if era == "legacy" and version and version not in HANDSHAKE_PROTOCOL_VERSIONS:
+            error = {"code": -32600, "message": f"Unsupported protocol version: {version}"}
+        elif era == "modern" and not modern:
+            data = {"supported": list(MODERN_PROTOCOL_VERSIONS), "requested": version or None}
+            error = {"code": -32022, "message": "Unsupported protocol version", "data": data}
+        else:
+            await app(scope, receive, send)
+            return
+        body = json.dumps({"jsonrpc": "2.0", "id": None, "error": error}).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 400,
+                "headers": [(b"content-type", b"application/json")],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+    return guarded
+
+
 def main() -> None:
     """Serves over the transport named by the first argument (module docs)."""
     if sys.argv[1:] == ["stdio"]:
@@ -183,7 +253,8 @@ def main() -> None:
     sock = tcp_listener("127.0.0.1", int(sys.argv[2]) if len(sys.argv) > 2 else 0)
     sock.listen(128)  # connections wait in the backlog from the moment the line is printed
     print(f"listening on {sock.getsockname()[1]}", flush=True)
-    config = uvicorn.Config(server.streamable_http_app(), log_level="warning")
+    era = sys.argv[3] if len(sys.argv) > 3 else "both"
+    config = uvicorn.Config(one_era(server.streamable_http_app(), era), log_level="warning")
     uvicorn.Server(config).run(sockets=[sock])
 
 

@@ -441,6 +441,7 @@ EXPECTED = {
     "tools": [
         "ask_later",
         "ask_now",
+        "ask_round",
         "asked",
         "change_tools",
         "launch",

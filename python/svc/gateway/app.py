@@ -38,7 +38,9 @@ import anyio.to_thread
 import mcp_types as types
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from mcp.server.caching import CacheHint
 from mcp.server.lowlevel.server import NotificationOptions, Server
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from starlette.datastructures import Headers
 from starlette.types import Receive, Scope, Send
 
@@ -76,6 +78,25 @@ def _base_url(ctx: Any) -> str:
     return str(request.base_url) if request is not None else ""
 
 
+def _revision(ctx: Any) -> str:
+    """The protocol revision of a handler's request.
+
+    ``2026-07-28`` (its ``_meta`` envelope), or the version its agent session negotiated at
+    ``initialize``.
+    """
+    return str(getattr(ctx, "protocol_version", "") or "")
+
+
+def _opted_level(meta: Any) -> types.LoggingLevel | None:
+    """The log level a 2026-07-28 request's ``_meta`` opts in to, or None.
+
+    The revision's per-request logging (``io.modelcontextprotocol/logLevel``): without the
+    opt-in, no log messages are sent.
+    """
+    level = (meta or {}).get(types.LOG_LEVEL_META_KEY)
+    return level if level in LEVELS else None
+
+
 def _session_key(ctx: Any) -> str:
     """The agent's MCP session id (``Mcp-Session-Id``) of a handler's request, or ``""``."""
     request = getattr(ctx, "request", None)
@@ -92,16 +113,26 @@ class AgentRelay:
     Args:
         ctx: the agent request's context (the SDK's ``ServerRequestContext``).
         progress_token: the agent's ``_meta.progressToken`` (None: progress is not sent).
-        min_level: the agent session's ``logging/setLevel`` (None: every message is sent).
+        min_level: the agent session's ``logging/setLevel``, or on a 2026-07-28 request the
+            level its ``_meta`` opts in to (``io.modelcontextprotocol/logLevel``); None: every
+            message is sent (handshake era), none at all (2026-07-28: no opt-in, no logs).
+        modern: the agent's request is of the 2026-07-28 revision (one request, no session):
+            it has no back channel, so ``request`` raises ``NoBackChannelError``.
 
     """
 
     def __init__(
-        self, ctx: Any, progress_token: str | int | None, min_level: types.LoggingLevel | None
+        self,
+        ctx: Any,
+        progress_token: str | int | None,
+        min_level: types.LoggingLevel | None,
+        *,
+        modern: bool = False,
     ) -> None:
         self.ctx = ctx
         self.progress_token = progress_token
         self.min_level = min_level
+        self.modern = modern
 
     async def progress(self, progress: float, total: float | None, message: str | None) -> None:
         """A ``notifications/progress`` with the agent's token; nothing without one."""
@@ -113,7 +144,10 @@ class AgentRelay:
 
     async def log(self, params: types.LoggingMessageNotificationParams) -> None:
         """A ``notifications/message``, unless below the agent session's level."""
-        if self.min_level is not None and LEVELS.index(params.level) < LEVELS.index(self.min_level):
+        if self.min_level is None:
+            if self.modern:  # 2026-07-28: logs only for a request that opted in
+                return
+        elif LEVELS.index(params.level) < LEVELS.index(self.min_level):
             return
         await self.ctx.session.send_notification(
             types.LoggingMessageNotification(params=params), related_request_id=self.ctx.request_id
@@ -134,6 +168,22 @@ class AgentRelay:
             result_type,
             metadata=ServerMessageMetadata(related_request_id=self.ctx.request_id),
         )
+
+
+#: The 2026-07-28 revision's caching hints (``ttlMs``, ``cacheScope``) the gateway gives a
+#: listing or a read whose upstream gave none (an upstream's own hints pass through): stale at
+#: once, and private to the caller's authorization context, since the gateway cannot know how
+#: long an upstream's lists hold and answers each agent under its own token.
+CACHE_HINTS: dict[Any, CacheHint] = {
+    method: CacheHint(ttl_ms=0, scope="private")
+    for method in (
+        "tools/list",
+        "resources/list",
+        "resources/templates/list",
+        "resources/read",
+        "prompts/list",
+    )
+}
 
 
 class ProxyServer(Server):
@@ -179,7 +229,7 @@ class McpProxy:
 
         self.service = service
         self.name = name
-        self.server: Any = ProxyServer(name, version=__version__)
+        self.server: Any = ProxyServer(name, version=__version__, cache_hints=CACHE_HINTS)
         self._connections = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self._install(None)
@@ -195,9 +245,14 @@ class McpProxy:
         self.service.links[self.name].relays.note_session(_session_key(ctx), ctx.session)
 
     def _caller(self, ctx: Any) -> AgentIdentity:
-        """The verified caller of a handler's request; its agent session is marked recent."""
+        """The verified caller of a handler's request; its agent session is marked recent.
+
+        The request is counted by caller and protocol revision
+        (``svc_gateway_agent_requests_total``, docs/gateway.md#protocol-revisions).
+        """
         ident = _agent(ctx)
         self._remember(ctx)
+        self.service.count_request(self.name, ident, _revision(ctx))
         return ident
 
     async def _initialized(self, ctx: Any, params: types.NotificationParams) -> None:
@@ -223,9 +278,17 @@ class McpProxy:
         return handle
 
     async def _call_tool(self, ctx: Any, params: types.CallToolRequestParams) -> Any:
+        """``tools/call``: checked and forwarded (``GatewayService.call_tool``).
+
+        Either era: a 2026-07-28 request's log level is the one its ``_meta`` opts in to, and an
+        upstream's ``InputRequiredResult`` goes back to it as its answer (it retries with the
+        responses); a handshake-era agent's level is its session's.
+        """
         token = (params.meta or {}).get("progress_token")
         relays = self.service.links[self.name].relays
-        relay = AgentRelay(ctx, token, relays.level(_session_key(ctx)))
+        modern = _revision(ctx) in MODERN_PROTOCOL_VERSIONS
+        level = _opted_level(params.meta) if modern else relays.level(_session_key(ctx))
+        relay = AgentRelay(ctx, token, level, modern=modern)
         try:
             direct = self.fast.adopt(_session_key(ctx), ctx.request_id)
             if direct is not None:  # forwarded by the fast path, its stream to relay

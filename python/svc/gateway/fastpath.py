@@ -236,6 +236,9 @@ class FastPath:
                     running.cancel()
             await sdk(replay)
             return
+        # The transport's default when a client sends no version (the MCP transport spec).
+        version = headers.get("mcp-protocol-version") or "2025-03-26"
+        self.service.count_request(self.name, ident, version)
         await self._call(ident, scope, send, session_id, transport, call, lambda: sdk(replay))
 
     async def _call(

@@ -140,6 +140,14 @@ class GatewayMetrics:
             "refused the batch.",
             registry=self.registry,
         )
+        self.agent_requests = Counter(
+            "svc_gateway_agent_requests",
+            "MCP requests by upstream, agent (the token's principal id) and the protocol revision "
+            "the agent speaks: 2026-07-28 (stateless requests), or the version its session "
+            "negotiated at initialize (docs/gateway.md#protocol-revisions).",
+            ["upstream", "agent", "protocol_version"],
+            registry=self.registry,
+        )
         self.upstream_up = Gauge(
             "svc_gateway_upstream_up",
             "1 while the upstream's session is open.",
@@ -1018,6 +1026,32 @@ class DirectCall:
     messages: AsyncIterator[dict[str, Any]]
 
 
+#: The 2026-07-28 revision's per-request envelope in ``_meta``: it describes the agent's hop
+#: to the gateway (its revision, its client and capabilities, its log opt-in), never the
+#: gateway's session to the upstream, which stamps its own (docs/gateway.md#protocol-revisions).
+ENVELOPE_KEYS = frozenset(
+    {
+        types.PROTOCOL_VERSION_META_KEY,
+        types.CLIENT_INFO_META_KEY,
+        types.CLIENT_CAPABILITIES_META_KEY,
+        types.LOG_LEVEL_META_KEY,
+    }
+)
+
+
+def without_envelope(params: Any) -> Any:
+    """`params` (an MCP request's params model) without the agent's envelope keys in ``_meta``.
+
+    A handshake-era upstream refuses a request carrying the 2026-07-28 envelope, and a
+    2026-07-28 upstream must get the gateway's, so the agent's is never forwarded.
+    """
+    meta = getattr(params, "meta", None)
+    if not meta or ENVELOPE_KEYS.isdisjoint(meta):
+        return params
+    kept = {k: v for k, v in meta.items() if k not in ENVELOPE_KEYS}
+    return params.model_copy(update={"meta": kept or None})
+
+
 def cancel_message(upstream_id: str) -> dict[str, Any]:
     """The ``notifications/cancelled`` that tells an upstream a forwarded call is abandoned."""
     return {
@@ -1290,6 +1324,20 @@ class GatewayService:
         self.record(upstream, params.name, ident, mapping, resource, result.is_error, outcome)
         return result  # type: ignore[no-any-return]
 
+    def count_request(self, upstream: str, ident: AgentIdentity, revision: str) -> None:
+        """Counts one MCP request of an agent (``svc_gateway_agent_requests_total``).
+
+        Args:
+            upstream: the upstream's name.
+            ident: the verified caller (its principal's id is the ``agent`` label).
+            revision: the protocol revision of the request (``2026-07-28``, or the version the
+                agent's session negotiated; ``""`` counts as ``unknown``).
+
+        """
+        self.metrics.agent_requests.labels(
+            upstream, ident.principal["id"], revision or "unknown"
+        ).inc()
+
     def blocked(
         self, upstream: str, tool: str, ident: AgentIdentity, blocked: Blocked
     ) -> types.CallToolResult:
@@ -1370,6 +1418,8 @@ class GatewayService:
         link = self.links[upstream]
         session = await link.session()
         timeout = self.settings.upstream_timeout_secs
+        if request.params is not None:
+            request = request.model_copy(update={"params": without_envelope(request.params)})
         if relay is None or request.params is None:
             return await session.send_request(
                 request, result_type, request_read_timeout_seconds=timeout
@@ -1560,7 +1610,7 @@ class GatewayService:
         """``GetOutageFallback`` with no tool: every entry (docs/policy.md)."""
         import grpc
 
-        from svc.policy.cli import target
+        from svc.common.install import grpc_target as target
         from svc.policy.v1 import policy_pb2 as ppb
         from svc.policy.v1 import policy_pb2_grpc as ppb_grpc
 

@@ -1,0 +1,159 @@
+"""Both protocol eras through the MCP gateway (docs/gateway.md#protocol-revisions), every part
+real: the agent is the ``mcp`` SDK's high-level ``Client`` in each of its modes (``auto``,
+``legacy``, ``2026-07-28``), and meets allow, deny (with ``_meta``), challenge, a pass and the
+retry, as tests/test_gateway_flows.py's agent does (its ``World``: the challenge service, a
+decision point process, the intake, the upstream and the gateway). A 2026-07-28 request whose
+``Mcp-Method`` or ``Mcp-Name`` disagrees with its body is refused with the revision's
+``HEADER_MISMATCH`` error; the revision of each agent is a metric label.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from gwkit import agent_client
+from svc.challenge.v1 import challenge_pb2 as pb
+from test_gateway_flows import Agent, World
+
+MODERN = "2026-07-28"
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    w = World(tmp_path_factory.mktemp("revisions"))
+    yield w
+    w.close()
+
+
+def _agent_flow(world: World, mode: str, person: str) -> tuple[str, Agent, dict[str, Any]]:
+    """An agent acting for `person` in `mode`: read, denied, write (challenged, passed, retried)."""
+
+    def justify(qid: str) -> None:
+        world.stub.Justify(pb.JustifyRequest(qid=qid, person=person, text="a typo"), timeout=30)
+
+    token = world.app.mint(person, "svc-gateway", act="copilot.assistant")
+    agent = Agent(world, token, justify)
+
+    async def run() -> tuple[str, dict[str, Any]]:
+        async with agent_client(world.url, token, mode) as client:
+            got = {
+                "read": await agent.call(client, "read_doc", {"doc_id": "plan"}),
+                "denied": await agent.call(client, "read_doc", {"doc_id": "secret"}),
+                "wrote": await agent.call(
+                    client, "write_doc", {"doc_id": f"{mode}-doc", "text": mode}
+                ),
+                "again": await agent.call(client, "read_doc", {"doc_id": f"{mode}-doc"}),
+            }
+            return client.protocol_version, got
+
+    version, got = asyncio.run(run())
+    return version, agent, got
+
+
+@pytest.mark.parametrize("mode", ["auto", "legacy", MODERN])
+def test_each_client_mode_meets_allow_deny_challenge_pass_and_retry(
+    world: World, mode: str
+) -> None:
+    version, agent, got = _agent_flow(world, mode, "ana")
+    assert version == ("2025-11-25" if mode == "legacy" else MODERN)
+    assert not got["read"].is_error and got["read"].content[0].text
+    denied = got["denied"]
+    assert denied.is_error
+    assert denied.meta["svc/verdict"] == "deny"
+    assert denied.meta["svc/decision_qid"] in denied.content[0].text
+    assert "secret-is-secret" in denied.content[0].text
+    assert got["wrote"].content[0].text == f"wrote {mode}-doc"
+    assert got["again"].content[0].text == mode
+    assert agent.steps == ["done", "deny", "challenge", "pending", "passed", "done", "done"]
+    # The operator sees which revision the agent speaks.
+    label = f'agent="copilot.assistant",protocol_version="{version}",upstream="docs"'
+    assert world.metric(f"svc_gateway_agent_requests_total{{{label}}}") >= 4
+
+
+def _post(world: World, body: dict[str, Any], headers: dict[str, str]) -> httpx.Response:
+    token = world.agent()
+    return world.http.post(
+        world.url,
+        content=json.dumps(body),
+        headers={
+            "authorization": f"Bearer {token}",
+            "content-type": "application/json",
+            "accept": "application/json, text/event-stream",
+            **headers,
+        },
+    )
+
+
+def _call(name: str, **meta: Any) -> dict[str, Any]:
+    envelope = {
+        "io.modelcontextprotocol/protocolVersion": MODERN,
+        "io.modelcontextprotocol/clientCapabilities": {},
+        **meta,
+    }
+    return {
+        "jsonrpc": "2.0",
+        "id": 7,
+        "method": "tools/call",
+        "params": {"name": name, "arguments": {}, "_meta": envelope},
+    }
+
+
+def test_a_request_whose_headers_disagree_with_its_body_is_refused(world: World) -> None:
+    modern = {"mcp-protocol-version": MODERN}
+    good = {**modern, "mcp-method": "tools/call", "mcp-name": "ping"}
+    r = _post(world, _call("ping"), good)
+    assert r.status_code == 200, r.text
+    assert "pong" in r.text
+    for headers, what in [
+        ({**good, "mcp-name": "launch"}, "mcp-name"),
+        ({**good, "mcp-method": "tools/list"}, "mcp-method"),
+        ({k: v for k, v in good.items() if k != "mcp-name"}, "mcp-name"),
+        ({**good, "mcp-protocol-version": "2025-11-25"}, None),
+    ]:
+        r = _post(world, _call("ping"), headers)
+        if what is None:  # a handshake-era header: the session transport's, which wants a session
+            assert r.status_code in (400, 404), r.text
+            continue
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert error["code"] == -32020 and what in error["message"], error
+    # The envelope's version must be one the gateway serves; the header must say the same.
+    r = _post(world, _call("ping"), {**good, "mcp-protocol-version": "2099-01-01"})
+    assert r.status_code == 400
+    assert r.json()["error"]["code"] in (-32020, -32022)
+
+
+def test_server_discover_names_the_revision_and_the_upstreams_capabilities(world: World) -> None:
+    body = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "server/discover",
+        "params": {
+            "_meta": {
+                "io.modelcontextprotocol/protocolVersion": MODERN,
+                "io.modelcontextprotocol/clientCapabilities": {},
+            }
+        },
+    }
+    r = _post(world, body, {"mcp-protocol-version": MODERN, "mcp-method": "server/discover"})
+    assert r.status_code == 200, r.text
+    result = r.json()["result"]
+    assert MODERN in result["supportedVersions"]
+    assert "tools" in result["capabilities"]
+    assert result["instructions"] == "Documents for the gateway's tests."
+    listed = _post(
+        world,
+        {**body, "method": "tools/list"},
+        {"mcp-protocol-version": MODERN, "mcp-method": "tools/list"},
+    )
+    tools = listed.json()["result"]
+    assert "read_doc" in {t["name"] for t in tools["tools"]}
+    # The revision's caching hints: the upstream gave none, so the gateway's (stale at once,
+    # private to the caller).
+    assert (tools["ttlMs"], tools["cacheScope"]) == (0, "private")

@@ -36,13 +36,15 @@
   ``await_principals=True``).
 * **Failures.** A request that fails (connection refused or lost, a status other than 200, a
   body that is not the documented shape) leaves what is loaded serving; the feed is asked again
-  after a delay that doubles from ``backoff_secs`` up to ``max_backoff_secs``. After such a
-  gap, the principals are reloaded from a fresh snapshot (people and groups the new snapshot
-  no longer holds are removed, service accounts it no longer names unregistered, risk scores
-  replaced); the resource and work-item feeds carry on from their cursor, or, when the service
-  answers a version below it (a database restored from a backup), drop what they fetched and
-  start again from the head. A fetch that fails lets the check be decided without the
-  resource (the listener counts it, ``svc_pdp_resource_fetches_total``).
+  after the shared reconnect policy's delay (``svc.common.retry.Reconnect``: full jitter under a
+  ceiling that doubles from ``backoff_secs`` up to ``max_backoff_secs``, one log line per
+  failure). After such a gap, the principals are reloaded from a fresh snapshot (people and
+  groups the new snapshot no longer holds are removed, service accounts it no longer names
+  unregistered, risk scores replaced); the resource and work-item feeds carry on from their
+  cursor, or, when the service answers a version below it (a database restored from a
+  backup), drop what they fetched and start again from the head. A fetch that fails lets the
+  check be decided without the resource (the listener counts it,
+  ``svc_pdp_resource_fetches_total``).
 * **Entities the schema refuses.** A batch the engine refuses is applied one record at a time;
   a record still refused is left out of the store (a person then has no attributes and no
   groups, docs/architecture.md#entities-and-the-base-schema), counted in ``status.refused``
@@ -73,6 +75,7 @@ import httpx
 
 from svc._pdp_core import Engine, RequestError, Server
 from svc.common.auth import LocalIssuer
+from svc.common.retry import Reconnect
 
 __all__ = ["BearerToken", "ContextFollower", "ContextStatus", "follow_context"]
 
@@ -194,6 +197,10 @@ class _FeedError(Exception):
     """A feed request that failed (transport, status, shape); the message says which."""
 
 
+#: What a failed step of a follower thread raises: retried with the reconnect policy.
+_RETRIED = (_FeedError, KeyError, TypeError, ValueError)
+
+
 def _ref(kind: str, pid: str) -> dict[str, str]:
     return {"type": kind, "id": pid}
 
@@ -223,8 +230,10 @@ class ContextFollower:
             with auth off, loopback only: docs/auth.md).
         wait_secs: how long one long poll may wait for a change (the service caps it at its
             ``max_wait_secs``); also the longest ``stop`` waits for a thread to notice.
-        backoff_secs: first delay after a failed request; doubles per failure up to
-            ``max_backoff_secs``.
+        backoff_secs: the longest first delay after a failed request, seconds; the ceiling
+            doubles per failure up to ``max_backoff_secs`` (full jitter below it,
+            ``svc.common.retry.Reconnect``).
+        max_backoff_secs: the largest such ceiling, seconds.
         timeout_secs: connect and write timeout of a request; its read timeout is this plus
             ``wait_secs``.
         on_loaded: called (from a follower thread) once, when the first snapshot is in the
@@ -388,29 +397,41 @@ class ContextFollower:
             raise _FeedError(f"GET {path}: the answer is not an object")
         return body
 
-    def _failed(self, error: str, delay: float) -> float:
-        """Records a failure and waits ``delay``; returns the next delay."""
+    def _failed(self, e: Exception) -> None:
+        """Records a failed request (``status``); the reconnect policy logs it and waits."""
         with self._cond:
-            self.status.error = error
+            self.status.error = str(e) or type(e).__name__
             self.status.reconnects += 1
-        log.warning("context service: %s; retrying in %.1f s", error, delay)
         self._changed("failed")
-        self._stop.wait(delay)
-        return min(delay * 2, self.max_backoff_secs)
+
+    def _reconnect(self) -> Reconnect:
+        """The shared reconnect policy for one of the follower's threads."""
+        return Reconnect(
+            "context service",
+            log,
+            initial_secs=self.backoff_secs,
+            max_secs=self.max_backoff_secs,
+            retry_on=_RETRIED,
+        )
 
     # -- principals ------------------------------------------------------------------------
 
     def _follow_principals(self) -> None:
-        delay = self.backoff_secs
+        """Loads the snapshot, then long-polls the watch until ``stop`` (module docs).
+
+        Each step is one attempt of ``svc.common.retry.Reconnect``: a step that fails is
+        logged and waited for, and the next loads a fresh snapshot.
+        """
         need_snapshot = True
         with self._client() as client:
-            while not self._stop.is_set():
+
+            def step() -> None:
+                nonlocal need_snapshot
                 try:
                     if need_snapshot:
                         snap = self._get(client, "/v1/principals")
                         self._load_snapshot(snap)
                         need_snapshot = False
-                        delay = self.backoff_secs
                     answer = self._get(
                         client,
                         "/v1/principals/watch",
@@ -424,12 +445,13 @@ class ContextFollower:
                             f"{self.status.principals_version} applied"
                         )
                     self._apply_principals(answer["changes"], version)
-                    delay = self.backoff_secs
-                except (_FeedError, KeyError, TypeError, ValueError) as e:
-                    if self._stop.is_set():
-                        break
-                    need_snapshot = True
-                    delay = self._failed(str(e) or type(e).__name__, delay)
+                except _RETRIED as e:
+                    if not self._stop.is_set():
+                        need_snapshot = True
+                        self._failed(e)
+                    raise
+
+            self._reconnect().forever(step, self._stop)
 
     def _load_snapshot(self, snap: Mapping[str, Any]) -> None:
         """Loads a principals snapshot over what the store holds (module docs)."""
@@ -629,11 +651,17 @@ class ContextFollower:
             self.install(self._installed)  # what was absent may exist in the restored data
 
     def _follow_feed(self, feed: str, path: str) -> None:
+        """Follows one change feed from its head until ``stop`` (module docs).
+
+        Each step is one attempt of ``svc.common.retry.Reconnect``: a step that fails is
+        logged and waited for, and the feed carries on from its cursor.
+        """
         attr = f"{feed}_version"
-        delay = self.backoff_secs
         started = False
         with self._client() as client:
-            while not self._stop.is_set():
+
+            def step() -> None:
+                nonlocal started
                 try:
                     if not started:
                         head = self._head(client, feed)
@@ -659,7 +687,7 @@ class ContextFollower:
                         )
                         self._drop_fetched(feed)
                         started = False
-                        continue
+                        return
                     changes = answer["changes"]
                     with self._engine_lock:
                         if feed == "resources":
@@ -672,11 +700,12 @@ class ContextFollower:
                         self.status.error = ""
                     if changes:
                         self._changed(f"{feed} {version}")
-                    delay = self.backoff_secs
-                except (_FeedError, KeyError, TypeError, ValueError) as e:
-                    if self._stop.is_set():
-                        break
-                    delay = self._failed(str(e) or type(e).__name__, delay)
+                except _RETRIED as e:
+                    if not self._stop.is_set():
+                        self._failed(e)
+                    raise
+
+            self._reconnect().forever(step, self._stop)
 
     def _apply_resources(self, changes: Sequence[Mapping[str, Any]]) -> None:
         """Applies resource changes (the last state of each) to what is held.

@@ -14,8 +14,10 @@
   it: one thread of this client runs an asyncio loop holding a ``WatchChallenges`` stream per
   followed challenge (grpc.aio), and pushes every change into the listener
   (``Server.challenge_changed``), which wakes that challenge's waits. A stream ends when its
-  challenge is final or past ``expires_at``; a stream that breaks is opened again after a
-  delay doubling from ``backoff_secs`` up to ``max_backoff_secs``. The waits themselves are
+  challenge is final or past ``expires_at``; a stream that breaks is opened again: at once
+  when it had delivered the challenge, else after the shared reconnect policy's delay
+  (``svc.common.retry.Reconnect``: full jitter under a ceiling that doubles from
+  ``backoff_secs`` up to ``max_backoff_secs``, one log line per failure). The waits themselves are
   futures in the listener, never threads. (``WatchChallenges`` follows one challenge or one
   person's; a stream of every challenge would let one stream serve the whole decision point.)
 
@@ -41,6 +43,7 @@ import grpc.aio
 from svc._pdp_core import Server
 from svc.challenge.v1 import challenge_pb2 as pb
 from svc.challenge.v1 import challenge_pb2_grpc as pb_grpc
+from svc.common.retry import Reconnect
 
 __all__ = [
     "ChallengeClient",
@@ -58,6 +61,10 @@ ChallengeTuple = tuple[str, str, int | None, int | None, list[str]]
 
 #: An entity reference as the listener passes it: ``(type, id)``.
 Pair = tuple[str, str]
+
+
+class _WatchBroke(Exception):
+    """A challenge's stream that broke before it delivered the challenge; says how."""
 
 
 class ChallengeSource(Protocol):
@@ -127,8 +134,9 @@ class ChallengeClient:
             empty answer sends none.
         timeout_secs: deadline of one ``Resolve`` or ``GetChallenge`` (the listener has its
             own, ``Server.set_challenge_source(timeout_ms=...)``).
-        backoff_secs: first delay before a broken stream is opened again (doubling).
-        max_backoff_secs: longest such delay.
+        backoff_secs: the longest first delay before a stream that broke before delivering
+            the challenge is opened again, seconds; the ceiling doubles per failure.
+        max_backoff_secs: the largest such ceiling, seconds.
 
     ``start()`` starts the follow thread; ``stop()`` ends every stream and the thread.
 
@@ -238,15 +246,31 @@ class ChallengeClient:
         task.add_done_callback(lambda _: self._following.pop(qid, None))
 
     async def _follow(self, qid: str, principal: Pair, on_behalf_of: Pair | None) -> None:
-        """Pushes `qid`'s changes until it is final, past expiry, or unknown."""
+        """Pushes `qid`'s changes until it is final, past expiry, or unknown.
+
+        Each stream is one attempt of ``svc.common.retry.Reconnect`` (``forever_async``): a
+        stream that delivered the challenge and broke is opened again at once, one that broke
+        before is waited for; ``done`` ends the attempts, ``stop`` cancels this task.
+        """
         assert self._aio is not None
         stub = pb_grpc.ChallengeServiceStub(self._aio)  # type: ignore[no-untyped-call]
         req = pb.WatchChallengesRequest(
             qid=qid, principal=_ref(principal), on_behalf_of=_ref(on_behalf_of)
         )
-        delay = self.backoff_secs
         expires: int | None = None
-        while expires is None or time.time() * 1000 < expires:
+        done = asyncio.Event()
+
+        def over() -> bool:
+            """Past the challenge's expiry (then nothing more changes it): ``done`` is set."""
+            if expires is not None and time.time() * 1000 >= expires:
+                done.set()
+            return done.is_set()
+
+        async def watch() -> None:
+            nonlocal expires
+            if over():
+                raise _WatchBroke("expired")
+            delivered = False
             try:
                 async for msg in stub.WatchChallenges(req, metadata=self._metadata()):
                     if msg.HasField("challenge"):
@@ -254,20 +278,36 @@ class ChallengeClient:
                         self.server.challenge_changed(*c)
                         self.pushed += 1
                         expires = c[2]
-                        delay = self.backoff_secs
+                        delivered = True
                         if c[1] != "pending":
+                            done.set()
                             return
-                    if expires is not None and time.time() * 1000 >= expires:
+                    if over():
                         return
+                error = f"watch of challenge {qid} ended"
             except grpc.aio.AioRpcError as e:
                 if e.code() == grpc.StatusCode.NOT_FOUND:
+                    done.set()
                     return
-                log.warning("watch of challenge %s broke (%s); again in %.1fs", qid, e, delay)
+                error = f"watch of challenge {qid} broke ({e.code()}: {e.details()})"
             except ValueError as e:
                 log.error("challenge %s: %s", qid, e)
+                done.set()
                 return
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, self.max_backoff_secs)
+            if over():
+                return
+            if not delivered:
+                raise _WatchBroke(error)
+            log.warning("challenge service: %s; reconnecting", error)
+
+        reconnect = Reconnect(
+            "challenge service",
+            log,
+            initial_secs=self.backoff_secs,
+            max_secs=self.max_backoff_secs,
+            retry_on=_WatchBroke,
+        )
+        await reconnect.forever_async(watch, done)
 
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)

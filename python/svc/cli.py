@@ -73,6 +73,7 @@ from svc.pdp import BundleError, Engine, RequestError
 from svc.pdp.log_settings import DecisionLogSettings
 from svc.pdp.settings import PdpSettings
 from svc.policy.cli import app as policy_app
+from svc.portal.cli import app as portal_app
 from svc.topology import app as topology_app
 
 app = typer.Typer(
@@ -648,6 +649,7 @@ def _serve_http(app_: Any, host: str, port: int) -> Callable[[], None]:
 
 app.add_typer(context_app, name="context")
 app.add_typer(challenge_app, name="challenge")
+app.add_typer(portal_app, name="portal")
 app.add_typer(topology_app, name="topology")
 app.command("gateway")(gateway_command)
 

@@ -265,13 +265,28 @@ def create_app(
 
     @app.post("/v1/service-accounts", dependencies=guard, tags=["service accounts"])
     async def put_service_accounts(body: Annotated[dict[str, Any], Body()]) -> Any:
-        """Registers ``{"service_accounts": [...]}``, all or nothing."""
-        return await run(service.put_service_accounts, _member(body, "service_accounts"))
+        """Registers ``{"service_accounts": [...], "author"?}``, all or nothing."""
+        author = body.pop("author", "")
+        if not isinstance(author, str):
+            raise Problem(400, "invalid-request", "Invalid request", "`author` is not a string")
+        items = _member(body, "service_accounts")
+        return await run(service.put_service_accounts, items, author)
 
     @app.get("/v1/service-accounts", dependencies=guard, tags=["service accounts"])
-    async def list_service_accounts() -> Any:
-        """Every registered service account."""
-        return {"service_accounts": await run(service.service_accounts)}
+    async def list_service_accounts(
+        app_name: Annotated[
+            str | None, Query(alias="app", max_length=128, description="one app's agents")
+        ] = None,
+    ) -> Any:
+        """Every registered service account (of one app: ids starting with ``<app>.``)."""
+        return {"service_accounts": await run(service.service_accounts, app_name)}
+
+    @app.get("/v1/service-accounts/{sa_id}/changes", dependencies=guard, tags=["service accounts"])
+    async def service_account_changes(
+        sa_id: str, limit: Annotated[int, Query(ge=1, le=10_000)] = 100
+    ) -> Any:
+        """A service account's registrations, changes and retirements, newest first."""
+        return {"changes": await run(service.service_account_changes, sa_id, limit)}
 
     @app.get("/v1/service-accounts/{sa_id}", dependencies=guard, tags=["service accounts"])
     async def get_service_account(sa_id: str) -> Any:
@@ -284,9 +299,12 @@ def create_app(
         status_code=204,
         tags=["service accounts"],
     )
-    async def delete_service_account(sa_id: str) -> None:
-        """Unregisters a service account."""
-        await run(service.delete_service_account, sa_id)
+    async def delete_service_account(
+        sa_id: str,
+        author: Annotated[str, Query(max_length=512, description="who retires it")] = "",
+    ) -> None:
+        """Unregisters a service account (recorded as retired by ``author``)."""
+        await run(service.delete_service_account, sa_id, author)
 
     # -- risk --------------------------------------------------------------------------------
 

@@ -11,7 +11,8 @@
   in one order; ``seq`` comes from the ``counters`` row ``changes``, whose row lock makes
   writers commit in ``seq`` order (docs/context.md#versions-and-feeds).
 * ``service_accounts``, ``risk_scores``, ``trusted_apps``, ``investigations``: the records of
-  their routes.
+  their routes; ``service_account_changes`` every registration, change and retirement of a
+  service account with its author.
 
 The schema itself is made by the Alembic migrations in ``svc/context/migrations``
 (``svc.context.migrate``), never by ``create_all``. Times are stored in UTC.
@@ -35,6 +36,7 @@ __all__ = [
     "RiskScoreRow",
     "ScimGroupRow",
     "ScimUserRow",
+    "ServiceAccountChangeRow",
     "ServiceAccountRow",
     "TrustedAppRow",
     "WorkItemRow",
@@ -162,6 +164,24 @@ class ServiceAccountRow(SQLModel, table=True):
     id: str = Field(sa_column=Column(String(512), primary_key=True))
     record: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
     updated_at: datetime = Field(sa_column=Column(_TZ, nullable=False))
+
+
+class ServiceAccountChangeRow(SQLModel, table=True):
+    """One registration, change or retirement of a service account, with its author.
+
+    ``change`` is ``registered``, ``changed`` or ``retired``; ``record`` the record after it
+    (None once retired); ``author`` who made it (a trusted app through the portal's agents API,
+    or a caller's word; ``""`` when none was given).
+    """
+
+    __tablename__ = "service_account_changes"
+
+    id: str = Field(sa_column=Column(String(64), primary_key=True))
+    service_account: str = Field(sa_column=Column(String(512), nullable=False, index=True))
+    change: str = Field(sa_column=Column(String(16), nullable=False))
+    author: str = Field(default="", sa_column=Column(String(512), nullable=False))
+    at: datetime = Field(sa_column=Column(_TZ, nullable=False))
+    record: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
 
 
 class RiskScoreRow(SQLModel, table=True):

@@ -50,6 +50,7 @@ from svc.context.models import (
     RiskScoreRow,
     ScimGroupRow,
     ScimUserRow,
+    ServiceAccountChangeRow,
     ServiceAccountRow,
     TrustedAppRow,
     WorkItemRow,
@@ -684,17 +685,25 @@ class ContextService:
 
     # -- Service accounts ---------------------------------------------------
 
-    def put_service_accounts(self, raw: Any) -> dict[str, Any]:
+    def put_service_accounts(self, raw: Any, author: str = "") -> dict[str, Any]:
         """Registers (or updates) service accounts, all or nothing.
 
         Each record becomes a ``ServiceAccount`` principal record ``{id, owner, ai, groups,
-        description, app}`` (``app``: the id up to its first dot).
+        description, app}`` (``app``: the id up to its first dot). Each new or changed record
+        is recorded in ``service_account_changes`` (``registered`` or ``changed``) with
+        `author`; a record written again unchanged records nothing.
+
+        Args:
+            raw: a list of ``{id, owner, ai?, groups?, description?}``.
+            author: who registers them (the portal passes the trusted app's name), up to 512
+                characters; ``""`` when the caller names nobody.
 
         Returns:
             ``{"stored": n, "principals_version": seq}``.
 
         Raises:
-            Problem: 400 ``invalid-batch`` naming every bad record or repeated id.
+            Problem: 400 ``invalid-batch`` naming every bad record or repeated id, or a bad
+                `author`.
 
         """
         self._max_items(raw, "service_accounts")
@@ -713,6 +722,7 @@ class ContextService:
                 errors.append(FieldError(i, "id", f"repeats item {seen[item.id]}"))
             seen[item.id] = i
             items.append(item)
+        _check_author(author, errors)
         if errors:
             raise _bad_batch("service accounts", errors)
         now = _now()
@@ -720,34 +730,86 @@ class ContextService:
             for item in items:
                 record = {**item.model_dump(), "app": item.id.split(".", 1)[0]}
                 row = tx.session.get(ServiceAccountRow, item.id)
+                change = "registered" if row is None else "changed"
                 if row is None:
                     row = ServiceAccountRow(id=item.id, record=record, updated_at=now)
-                else:
+                elif row.record != record:
                     row.record = record
                     row.updated_at = now
+                else:
+                    continue
                 tx.session.add(row)
+                tx.session.add(_sa_change(item.id, change, author, now, record))
                 tx.set_principal("ServiceAccount", item.id, record)
         return {"stored": len(items), "principals_version": tx.last_principals_seq()}
 
-    def delete_service_account(self, sa_id: str) -> None:
+    def delete_service_account(self, sa_id: str, author: str = "") -> None:
         """Unregisters a service account; it is then denied everything (``svc:unregistered``).
 
+        The retirement is recorded in ``service_account_changes`` (``retired``) with `author`.
+
         Raises:
-            Problem: 404 ``not-found`` when no such service account is registered.
+            Problem: 404 ``not-found`` when no such service account is registered; 400
+                ``invalid-batch`` for a bad `author`.
 
         """
+        errors: list[FieldError] = []
+        _check_author(author, errors)
+        if errors:
+            raise _bad_batch("retirement", errors)
         with self.write() as tx:
             row = tx.session.get(ServiceAccountRow, sa_id)
             if row is None:
                 raise Problem(404, "not-found", "Not found", f"no service account `{sa_id}`")
             tx.session.delete(row)
+            tx.session.add(_sa_change(sa_id, "retired", author, _now(), None))
             tx.set_principal("ServiceAccount", sa_id, None)
 
-    def service_accounts(self) -> list[dict[str, Any]]:
-        """Every registered service account's record, by id."""
+    def service_accounts(self, app: str | None = None) -> list[dict[str, Any]]:
+        """Every registered service account's record, by id; of one app when `app` is given.
+
+        Args:
+            app: an app's name: only ids starting with ``<app>.`` (its agents).
+
+        """
+        q = select(ServiceAccountRow)
+        if app is not None:
+            q = q.where(col(ServiceAccountRow.id).startswith(f"{app}.", autoescape=True))
         with self.read() as s:
-            rows = s.exec(select(ServiceAccountRow).order_by(col(ServiceAccountRow.id))).all()
+            rows = s.exec(q.order_by(col(ServiceAccountRow.id))).all()
             return [r.record for r in rows]
+
+    def service_account_changes(self, sa_id: str, limit: int = 100) -> list[dict[str, Any]]:
+        """A service account's registrations, changes and retirements, newest first.
+
+        Args:
+            sa_id: the service account's id (it may be retired).
+            limit: most changes answered, 1 to 10,000.
+
+        Returns:
+            ``[{"service_account", "change", "author", "at", "record"}]``: ``change``
+            ``registered``, ``changed`` or ``retired``; ``at`` RFC 3339 UTC; ``record`` the
+            record after the change (None once retired).
+
+        """
+        limit = max(1, min(limit, 10_000))
+        with self.read() as s:
+            rows = s.exec(
+                select(ServiceAccountChangeRow)
+                .where(ServiceAccountChangeRow.service_account == sa_id)
+                .order_by(col(ServiceAccountChangeRow.at).desc(), col(ServiceAccountChangeRow.id))
+                .limit(limit)
+            ).all()
+            return [
+                {
+                    "service_account": r.service_account,
+                    "change": r.change,
+                    "author": r.author,
+                    "at": (utc(r.at) or _now()).isoformat(),
+                    "record": r.record,
+                }
+                for r in rows
+            ]
 
     def service_account(self, sa_id: str) -> dict[str, Any]:
         """One service account's record.
@@ -1026,6 +1088,28 @@ class ContextService:
     def close(self) -> None:
         """Closes the database connections."""
         self.engine.dispose()
+
+
+def _check_author(author: str, errors: list[FieldError]) -> None:
+    """An author is at most 512 characters without control characters (or empty)."""
+    if len(author) > 512:
+        errors.append(FieldError(None, "author", "longer than 512 characters"))
+    elif author:
+        _check_ident(author, None, "author", errors)
+
+
+def _sa_change(
+    sa_id: str, change: str, author: str, at: datetime, record: dict[str, Any] | None
+) -> ServiceAccountChangeRow:
+    """A ``service_account_changes`` row (a UUIDv7-ordered id would do as well: ``at`` orders)."""
+    return ServiceAccountChangeRow(
+        id=uuid.uuid4().hex,
+        service_account=sa_id,
+        change=change,
+        author=author,
+        at=at,
+        record=record,
+    )
 
 
 class _Tx:

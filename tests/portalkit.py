@@ -1,0 +1,214 @@
+"""Helpers of the portal's tests (tests/test_portal*.py): real parts on real sockets.
+
+``World`` starts what the portal calls and the portal itself:
+
+* a context service (``svc.context``) on a PostgreSQL schema of its own, served by uvicorn in a
+  thread, provisioned over SCIM with a few people and groups;
+* the trusted apps' JWK Sets over HTTPS (``gwkit.JwksServer``, a trustme CA) and their signing
+  keys (``gwkit.Issuer``), trusted through the context service's directory;
+* ``svc pdp --bundle DIR --context URL`` as a process, over a bundle with ``PortalArea`` and its
+  ``view``/``administer`` actions (``SCHEMA``, ``POLICIES``), following the context service;
+* the portal (``PortalServer``) on a free port.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+from sqlalchemy.engine import make_url
+
+from gwkit import Issuer, JwksServer
+from svc.portal.app import PortalServer, build_service
+from svc.portal.settings import PortalSettings
+from test_context import Live, create_group, create_user
+from test_pdp_standalone import Pdp
+
+SCHEMA = """
+entity Group in [Group];
+entity WorkItem;
+entity Human in [Group] = {
+  active: Bool,
+  department: String,
+  title: String,
+  manager?: Human,
+};
+entity ServiceAccount in [Group] = {
+  owner: Human,
+  ai: Bool,
+  registered: Bool,
+  app: String,
+  description?: String,
+};
+entity Document;
+entity PortalArea;
+type DecisionContext = {
+  risk_score?: Long,
+  human_present?: Bool,
+  agent?: ServiceAccount,
+  work_item?: WorkItem,
+  assigned?: Bool,
+};
+action read appliesTo {
+  principal: [Human, ServiceAccount], resource: [Document], context: DecisionContext,
+};
+action view, administer appliesTo {
+  principal: [Human], resource: [PortalArea], context: DecisionContext,
+};
+"""
+
+POLICIES = """
+@id("inactive-people-denied")
+forbid (principal is Human, action, resource) unless { principal.active };
+
+@id("agents-read-documents")
+permit (principal is ServiceAccount, action == Action::"read", resource is Document);
+
+@id("portal-security-team-administers")
+permit (principal in Group::"security-team", action in [Action::"view", Action::"administer"],
+        resource is PortalArea);
+
+@id("portal-auditors-view")
+permit (principal in Group::"auditors", action == Action::"view", resource is PortalArea);
+"""
+
+#: People provisioned over SCIM: user name -> groups.
+PEOPLE = {"ana": ["security-team"], "bo": ["auditors"], "cy": [], "dee": []}
+#: Tries of a poll, 50 ms apart: 60 s at most.
+TRIES = 1200
+
+
+def until(what: str, probe: Callable[[], Any]) -> Any:
+    """Asks `probe` until it answers something truthy; prints the time it took (never asserted)."""
+    start = time.monotonic()
+    for _ in range(TRIES):
+        got = probe()
+        if got:
+            print(f"{what}: {(time.monotonic() - start) * 1000:.0f} ms")
+            return got
+        time.sleep(0.05)
+    raise AssertionError(f"not after {TRIES} tries: {what}")
+
+
+@contextmanager
+def pg_schema(postgres_url: str) -> Iterator[str]:
+    """A fresh PostgreSQL schema as a database URL's search path; dropped afterwards."""
+    url = make_url(postgres_url)
+    name = f"portal_{uuid.uuid4().hex[:12]}"
+    admin = url.set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{name}"')
+    try:
+        yield url.update_query_dict({"options": f"-csearch_path={name}"}).render_as_string(
+            hide_password=False
+        )
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+
+
+class World:
+    """The context service, the JWKS server, the decision point and the portal (module docs).
+
+    Args:
+        database_url: the context service's database.
+        tmp: a directory for the bundle and the CA file.
+        portal: more portal settings.
+
+    """
+
+    def __init__(self, database_url: str, tmp: Path, **portal: Any) -> None:
+        self.tmp = tmp
+        self.context = Live(database_url)
+        self.scim_ids: dict[str, str] = {}
+        try:
+            self._start(tmp, portal)
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self, tmp: Path, portal: dict[str, Any]) -> None:
+        for name in PEOPLE:
+            self.scim_ids[name] = create_user(self.context, name, title="t")["id"]
+        groups = sorted({g for gs in PEOPLE.values() for g in gs})
+        for g in groups:
+            create_group(self.context, g, [self.scim_ids[p] for p, gs in PEOPLE.items() if g in gs])
+        self.jwks = JwksServer(tmp)
+        self.copilot = Issuer("https://copilot.example.com", "RS256")
+        self.billing = Issuer("https://billing.example.com", "ES256")
+        self.idp = Issuer("https://idp.example.com", "ES256")
+        self.jwks.publish("idp", self.idp)
+        for name, issuer in (("copilot", self.copilot), ("billing", self.billing)):
+            self.trust(name, issuer)
+        bundle = tmp / "bundle"
+        bundle.mkdir(exist_ok=True)
+        (bundle / "schema.cedarschema").write_text(SCHEMA)
+        (bundle / "policies.cedar").write_text(POLICIES)
+        self.pdp = Pdp(
+            "--bundle", str(bundle), "--port", "0", "--no-watch", "--context", self.context.url
+        )  # fmt: skip
+        self.pdp_url = f"http://127.0.0.1:{self.pdp.port()}"
+        self.pdp_http = httpx.Client(base_url=self.pdp_url, timeout=30)
+        until("decision point ready", lambda: self.pdp_http.get("/readyz").status_code == 200)
+        self.settings = PortalSettings(
+            port=0,
+            pdp_url=self.pdp_url,
+            context_url=self.context.url,
+            history_url=None,
+            policy_url=None,
+            challenge_url=None,
+            jwks_ca_file=str(self.jwks.ca_file),
+            trust_refresh_secs=0.2,
+            **portal,
+        )
+        self.service = build_service(self.settings)
+        self.portal = PortalServer(self.settings, self.service).start()
+        self.http = httpx.Client(base_url=self.portal.url, timeout=30)
+
+    def trust(self, name: str, issuer: Issuer) -> None:
+        """Trusts `issuer` as the app `name` through the context service's directory."""
+        r = self.context.http.post(
+            "/v1/directory/trusted-apps",
+            json={
+                "name": name,
+                "iss": issuer.iss,
+                "jwks_url": self.jwks.publish(name, issuer),
+                "aud": "svc-portal",
+            },
+        )
+        assert r.status_code == 200, r.text
+
+    def check(self, principal: dict[str, str], action: str, resource: dict[str, str]) -> Any:
+        """A check at the decision point: its answer's JSON."""
+        r = self.pdp_http.post(
+            "/v1/access/evaluation",
+            json={"principal": principal, "action": action, "resource": resource},
+        )
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    def close(self) -> None:
+        """Stops everything that was started."""
+        for name in ("http", "pdp_http"):
+            c = getattr(self, name, None)
+            if c is not None:
+                c.close()
+        portal = getattr(self, "portal", None)
+        if portal is not None:
+            portal.stop()
+        service = getattr(self, "service", None)
+        if service is not None:
+            service.close()
+        pdp = getattr(self, "pdp", None)
+        if pdp is not None:
+            pdp.stop()
+        jwks = getattr(self, "jwks", None)
+        if jwks is not None:
+            jwks.close()
+        self.context.stop()

@@ -183,7 +183,7 @@ def dsn(chdb_dir: Path) -> str:
 @pytest.fixture
 def db(dsn: str) -> Client:
     client = history.connect(dsn, create_database=True)
-    assert history.migrate(client) == [1, 2, 3]
+    assert history.migrate(client) == [1, 2, 3, 4]
     return client
 
 
@@ -310,14 +310,14 @@ def spread(n: int, start: datetime = NOW - timedelta(hours=6)) -> Iterator[datet
 
 def test_migrate_twice_is_a_noop(dsn: str) -> None:
     client = history.connect(dsn, create_database=True)
-    assert history.migrate(client) == [1, 2, 3]
+    assert history.migrate(client) == [1, 2, 3, 4]
     tables = {r[0] for r in client.query("SHOW TABLES").result_rows}
     assert history.migrate(client) == []
     assert {r[0] for r in client.query("SHOW TABLES").result_rows} == tables
     assert set(history.RETAINED_TABLES) | {"schema_migrations", "decisions_intake"} <= tables
     versions = client.query("SELECT version FROM schema_migrations FINAL ORDER BY version")
-    assert versions.result_rows == [(1,), (2,), (3,)]
-    assert history.applied_versions(client) == {1, 2, 3}
+    assert versions.result_rows == [(1,), (2,), (3,), (4,)]
+    assert history.applied_versions(client) == {1, 2, 3, 4}
 
 
 def test_migrate_finishes_a_run_that_failed_midway(dsn: str) -> None:
@@ -325,7 +325,7 @@ def test_migrate_finishes_a_run_that_failed_midway(dsn: str) -> None:
     # The first statements ran, then the job died before recording the version.
     for stmt in history.MIGRATIONS[0].statements[:4]:
         client.command(stmt)
-    assert history.migrate(client) == [1, 2, 3]
+    assert history.migrate(client) == [1, 2, 3, 4]
     assert history.migrate(client) == []
 
 
@@ -436,7 +436,7 @@ def test_cli_migrate_is_idempotent(chdb_dir: Path) -> None:
     runner = CliRunner()
     first = runner.invoke(app, ["history", "migrate", "--dsn", dsn])
     assert first.exit_code == 0, first.output
-    assert "applied versions [1, 2, 3]" in first.output
+    assert "applied versions [1, 2, 3, 4]" in first.output
     again = runner.invoke(app, ["history", "migrate"], env={"SVC_HISTORY_DSN": dsn})
     assert again.exit_code == 0, again.output
     assert "up to date" in again.output
@@ -800,7 +800,8 @@ def test_retention_setting_changed_at_runtime_takes_effect(
         loader.stop()
         thread.join(30)
     assert loader.stats.retention_runs >= 5
-    assert loader.stats.dropped_partitions == 5 * 2  # decisions and decisions_by_resource
+    # decisions, decisions_by_resource and the daily rollup (principal_daily)
+    assert loader.stats.dropped_partitions == 5 * 3
 
 
 # -- the loader against Kafka

@@ -24,6 +24,8 @@ from typing import Any
 
 from clickhouse_connect.driver.client import Client
 
+from svc.history.schema import MOVING_OUT_ACTIONS
+
 __all__ = [
     "MOVING_OUT_ACTIONS",
     "DailyCounts",
@@ -43,8 +45,6 @@ __all__ = [
 #: A principal or resource: ``"Type::id"``, ``(type, id)`` or ``{"type": ..., "id": ...}``.
 Ref = str | tuple[str, str] | Mapping[str, Any]
 
-#: Event actions treated as moving data out (docs/architecture.md#components).
-MOVING_OUT_ACTIONS: tuple[str, ...] = ("download", "export", "send_external", "share_external")
 
 _DEFAULT_LIMIT = 10_000
 

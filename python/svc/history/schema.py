@@ -56,14 +56,22 @@ from dataclasses import dataclass
 from clickhouse_connect.driver.client import Client
 
 __all__ = [
+    "ACCESS_WEIGHTS",
     "DECISION_COLUMNS",
     "EVENT_COLUMNS",
     "INTAKE_COLUMNS",
     "MIGRATIONS",
+    "MOVING_OUT_ACTIONS",
     "RETAINED_TABLES",
+    "ROLLUP_COLUMNS",
+    "ROLLUP_SELECTS",
+    "ROLLUP_STAGING",
+    "ROLLUP_TABLE",
+    "SENSITIVE_ACTIONS",
     "Migration",
     "applied_versions",
     "migrate",
+    "rollup_rebuild_statements",
 ]
 
 log = logging.getLogger("svc.history.schema")
@@ -436,6 +444,219 @@ _V2_DECISION_FIELDS = _remake_decision_views()
 #: verdict, and ``count`` (the page's results) as ``result_count``.
 _V3_SEARCH_RECORDS = _remake_decision_views()
 
+#: The reasoner's per-principal daily rollups (docs/history.md#daily-rollups).
+ROLLUP_TABLE = "principal_daily"
+
+#: Where a day's rollup is rebuilt before it replaces the day's partition
+#: (``svc.history.rollups.settle``).
+ROLLUP_STAGING = "principal_daily_rebuild"
+
+#: Event actions that move data out (docs/architecture.md#components); an event with
+#: ``access: exported`` moves data out too.
+MOVING_OUT_ACTIONS: tuple[str, ...] = ("download", "export", "send_external", "share_external")
+
+#: Cloud audit actions counted as sensitive (the reasoner's family (f), docs/reasoner.md): the
+#: CloudTrail ``eventName`` values that turn off auditing, widen access, mint credentials, or
+#: destroy keys and logs. A new list is a new schema version.
+SENSITIVE_ACTIONS: tuple[str, ...] = (
+    "StopLogging",
+    "DeleteTrail",
+    "UpdateTrail",
+    "PutEventSelectors",
+    "DeleteFlowLogs",
+    "DisableKey",
+    "ScheduleKeyDeletion",
+    "CreateAccessKey",
+    "CreateLoginProfile",
+    "UpdateLoginProfile",
+    "CreateUser",
+    "AttachUserPolicy",
+    "AttachRolePolicy",
+    "PutUserPolicy",
+    "PutRolePolicy",
+    "UpdateAssumeRolePolicy",
+    "AddUserToGroup",
+    "PutBucketPolicy",
+    "PutBucketAcl",
+    "DeleteBucketPolicy",
+    "PutBucketPublicAccessBlock",
+    "DeletePublicAccessBlock",
+    "ModifySnapshotAttribute",
+    "ModifyImageAttribute",
+    "AuthorizeSecurityGroupIngress",
+    "GetSecretValue",
+    "DisableGuardDuty",
+    "DeleteDetector",
+)
+
+#: Weight of a row per kind of access in the weighted volume (docs/reasoner.md): a listed row
+#: counts a quarter of a read, an exported row four times (docs/architecture.md#components), and
+#: a written row as much as a read.
+ACCESS_WEIGHTS: dict[str, float] = {"listed": 0.25, "read": 1.0, "written": 1.0, "exported": 4.0}
+
+_SUM = "SimpleAggregateFunction(sum, UInt64)"
+
+#: ``principal_daily`` columns: (name, type). Counters are summed, ``hours`` maps the UTC hour
+#: (0..23) to decisions plus events in it, ``first_at``/``last_at`` bound the day's activity,
+#: ``resources`` is an exact distinct-count state of (type, id), the other states hold the
+#: distinct values (at most 256; 1,024 people acted for).
+ROLLUP_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("day", "Date"),
+    ("principal_type", "LowCardinality(String)"),
+    ("principal_id", "String"),
+    ("decisions", _SUM),
+    ("denies", _SUM),
+    ("challenges", _SUM),
+    ("events", _SUM),
+    ("failures", _SUM),
+    ("moved_out", _SUM),
+    ("moved_out_rows", _SUM),
+    ("rows_listed", _SUM),
+    ("rows_read", _SUM),
+    ("rows_written", _SUM),
+    ("rows_exported", _SUM),
+    ("cloud_failures", _SUM),
+    ("sensitive", _SUM),
+    ("hours", "SimpleAggregateFunction(sumMap, Map(UInt8, UInt64))"),
+    ("first_at", "SimpleAggregateFunction(min, DateTime64(3, 'UTC'))"),
+    ("last_at", "SimpleAggregateFunction(max, DateTime64(3, 'UTC'))"),
+    ("resources", "AggregateFunction(uniqExact, String, String)"),
+    ("resource_types", "AggregateFunction(groupUniqArray(256), String)"),
+    ("actions", "AggregateFunction(groupUniqArray(256), String)"),
+    ("tools", "AggregateFunction(groupUniqArray(256), String)"),
+    ("source_ips", "AggregateFunction(groupUniqArray(256), String)"),
+    ("acted_for", "AggregateFunction(groupUniqArray(1024), String)"),
+)
+
+_ROLLUP = f"""
+CREATE TABLE IF NOT EXISTS {ROLLUP_TABLE} (
+    {_columns_ddl(ROLLUP_COLUMNS)}
+)
+ENGINE = AggregatingMergeTree
+PARTITION BY day
+ORDER BY (principal_type, principal_id, day)
+"""
+
+
+def _sql_list(values: tuple[str, ...]) -> str:
+    return ", ".join(f"'{v}'" for v in values)
+
+
+_MOVING = f"(action IN ({_sql_list(MOVING_OUT_ACTIONS)}) OR access = 'exported')"
+
+#: What the decisions give a principal's day. A deny of the built-in ``svc:contained`` is the
+#: containment itself, not new evidence, so it is not counted.
+_ROLLUP_FROM_DECISIONS = """
+SELECT
+    toDate(at) AS day,
+    principal_type,
+    principal_id,
+    count() AS decisions,
+    countIf(verdict = 'deny' AND NOT has(policies, 'svc:contained')) AS denies,
+    countIf(verdict = 'challenge') AS challenges,
+    sumMap(map(toUInt8(toHour(at)), toUInt64(1))) AS hours,
+    min(at) AS first_at,
+    max(at) AS last_at,
+    uniqExactStateIf(resource_type, resource_id, resource_id != '') AS resources,
+    groupUniqArrayState(256)(resource_type) AS resource_types,
+    groupUniqArrayStateIf(256)(action, action != '') AS actions,
+    groupUniqArrayStateIf(1024)(on_behalf_of_id, on_behalf_of_id != '') AS acted_for
+FROM {source}
+WHERE principal_id != ''
+GROUP BY day, principal_type, principal_id
+"""
+
+#: What the events give a principal's day. An access event without ``count`` is one row.
+_ROLLUP_FROM_EVENTS = f"""
+SELECT
+    toDate(at) AS day,
+    principal_type,
+    principal_id,
+    count() AS events,
+    countIf(outcome = 'failure') AS failures,
+    countIf({_MOVING}) AS moved_out,
+    sumIf(ifNull(row_count, 1), {_MOVING}) AS moved_out_rows,
+    sumIf(ifNull(row_count, 1), access = 'listed') AS rows_listed,
+    sumIf(ifNull(row_count, 1), access = 'read') AS rows_read,
+    sumIf(ifNull(row_count, 1), access = 'written') AS rows_written,
+    sumIf(ifNull(row_count, 1), access = 'exported') AS rows_exported,
+    countIf(endsWith(system, '.amazonaws.com') AND outcome = 'failure') AS cloud_failures,
+    countIf(action IN ({_sql_list(SENSITIVE_ACTIONS)})) AS sensitive,
+    sumMap(map(toUInt8(toHour(at)), toUInt64(1))) AS hours,
+    min(at) AS first_at,
+    max(at) AS last_at,
+    uniqExactStateIf(resource_type, resource_id, resource_id != '') AS resources,
+    groupUniqArrayState(256)(resource_type) AS resource_types,
+    groupUniqArrayState(256)(action) AS actions,
+    groupUniqArrayStateIf(256)(tool, tool != '') AS tools,
+    groupUniqArrayStateIf(256)(source_ip, source_ip != '') AS source_ips,
+    groupUniqArrayStateIf(1024)(on_behalf_of_id, on_behalf_of_id != '') AS acted_for
+FROM {{source}}
+GROUP BY day, principal_type, principal_id
+"""
+
+#: The rollup's SELECT from each raw table, with ``{source}`` the table (``decisions``, or
+#: ``decisions FINAL`` to rebuild from deduplicated rows).
+ROLLUP_SELECTS: dict[str, str] = {
+    "decisions": _ROLLUP_FROM_DECISIONS,
+    "events": _ROLLUP_FROM_EVENTS,
+}
+
+
+def _rollup_views() -> tuple[str, ...]:
+    """The views that feed ``principal_daily`` from every insert into ``decisions``/``events``."""
+    return tuple(
+        f"CREATE MATERIALIZED VIEW IF NOT EXISTS {ROLLUP_TABLE}_{kind}_mv TO {ROLLUP_TABLE} AS "
+        + select.format(source=kind)
+        for kind, select in ROLLUP_SELECTS.items()
+    )
+
+
+def rollup_rebuild_statements(where: str = "", into: str = ROLLUP_TABLE) -> tuple[str, ...]:
+    """Statements that fill ``principal_daily`` from the raw tables read with ``FINAL``.
+
+    Args:
+        where: an extra condition on the raw rows (for example ``toDate(at) = '2026-11-20'``);
+            empty for every row.
+        into: the table to fill (``ROLLUP_STAGING`` to rebuild a day apart).
+
+    Returns:
+        Two ``INSERT ... SELECT`` statements (decisions, events). They add to what the table
+        holds: clear the days they cover first.
+
+    """
+    out = []
+    for kind, select in ROLLUP_SELECTS.items():
+        source = f"{kind} FINAL" + (f" WHERE {where}" if where else "")
+        body = select.format(source=source)
+        if where and "WHERE principal_id" in body:
+            body = body.replace("WHERE principal_id", "AND principal_id")
+        names = ", ".join(f"`{n}`" for n in _select_names(select))
+        out.append(f"INSERT INTO {into} ({names}) " + body)
+    return tuple(out)
+
+
+def _select_names(select: str) -> list[str]:
+    """The column names a rollup SELECT gives (its ``AS`` aliases and bare columns)."""
+    head = select.split("FROM", 1)[0].removeprefix("\nSELECT")
+    names = []
+    for line in head.strip().splitlines():
+        item = line.strip().rstrip(",")
+        names.append(item.rsplit(" AS ", 1)[1] if " AS " in item else item)
+    return names
+
+
+#: Schema version 4: the reasoner's daily rollups, fed by views on the raw tables, and filled
+#: once from what the raw tables already hold (``TRUNCATE`` first, so a run that died midway and
+#: runs again does not count a row twice).
+_V4_ROLLUPS: tuple[str, ...] = (
+    _ROLLUP,
+    f"CREATE TABLE IF NOT EXISTS {ROLLUP_STAGING} AS {ROLLUP_TABLE}",
+    *_rollup_views(),
+    f"TRUNCATE TABLE IF EXISTS {ROLLUP_TABLE}",
+    *rollup_rebuild_statements(),
+)
+
 #: Every schema version, oldest first. Add new versions at the end; never edit an applied one.
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(
@@ -463,6 +684,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     ),
     Migration(2, "decisions: not_in_directory, inline_ignored", _V2_DECISION_FIELDS),
     Migration(3, "decisions: search records (search, result_count)", _V3_SEARCH_RECORDS),
+    Migration(4, "principal_daily: the reasoner's per-principal daily rollups", _V4_ROLLUPS),
 )
 
 #: Tables holding day partitions that retention drops (docs/history.md#retention).
@@ -472,6 +694,7 @@ RETAINED_TABLES: tuple[str, ...] = (
     "events",
     "events_by_resource",
     "rejected",
+    ROLLUP_TABLE,
 )
 
 

@@ -1,0 +1,335 @@
+"""The reasoner's per-principal daily rollups: settling and reading them (docs/history.md).
+
+``principal_daily`` (``svc.history.schema``, version 4) holds one aggregate row per principal
+and UTC day, fed by materialized views on every insert into ``decisions`` and ``events``: a
+late (backfilled) record lands in its own day's row, and retention drops the rollup's day
+partitions with the raw tables' (``RETAINED_TABLES``). The reasoner reads 30 rows per principal
+instead of every decision and event.
+
+The views count what is inserted. A record delivered twice (the delivery is at least once:
+docs/history.md#dedup) is one row in the raw tables once merges or ``FINAL`` collapse it, but two
+in the rollup. ``settle`` repairs that: for each day it compares the rollup's totals with the raw
+tables read with ``FINAL`` and, where they differ, rebuilds the day's partition from the raw rows
+(``REPLACE PARTITION`` from a staging table, so readers never see the day half written).
+
+* ``changed_days(client, since)``: the days whose raw partitions changed since a time.
+* ``settle(client, days)``: makes those days' rollups exact; returns the days rebuilt.
+* ``read_days(client, first, last)``: per principal and day, the counters (numpy arrays).
+* ``read_sets(client, first, last, recent)``: per principal, the distinct values of the
+  baseline days and of the recent days, the hours of activity, distinct resources.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, date, datetime
+from typing import Any
+
+import numpy as np
+from clickhouse_connect.driver.client import Client
+
+from svc.history.schema import ROLLUP_STAGING, ROLLUP_TABLE, rollup_rebuild_statements
+
+__all__ = [
+    "DAY_COUNTERS",
+    "SET_DIMENSIONS",
+    "DayRows",
+    "PrincipalSets",
+    "changed_days",
+    "day_totals",
+    "read_days",
+    "read_sets",
+    "settle",
+]
+
+log = logging.getLogger("svc.history.rollups")
+
+#: The counters of a principal's day, in the order ``read_days`` returns them.
+DAY_COUNTERS: tuple[str, ...] = (
+    "decisions",
+    "denies",
+    "challenges",
+    "events",
+    "failures",
+    "moved_out",
+    "moved_out_rows",
+    "rows_listed",
+    "rows_read",
+    "rows_written",
+    "rows_exported",
+    "cloud_failures",
+    "sensitive",
+    "resources",
+)
+
+#: The distinct-value states ``read_sets`` returns (baseline and recent).
+SET_DIMENSIONS: tuple[tuple[str, int], ...] = (
+    ("source_ips", 256),
+    ("actions", 256),
+    ("resource_types", 256),
+    ("tools", 256),
+    ("acted_for", 1024),
+)
+
+
+def _day(d: date) -> str:
+    return d.isoformat()
+
+
+def changed_days(client: Client, since: datetime | None) -> list[date]:
+    """The UTC days whose ``decisions`` or ``events`` partitions got a new part since `since`.
+
+    Reads ``system.parts`` (cheap: one row per part). A merge also makes a new part, so a day
+    may be named without new rows; settling it again costs a comparison, nothing more.
+
+    Args:
+        client: a client from ``svc.history.connect`` on a migrated database.
+        since: aware or naive-UTC time; None names every day present.
+
+    Returns:
+        The days, oldest first.
+
+    Raises:
+        clickhouse_connect.driver.exceptions.ClickHouseError: the query failed.
+
+    """
+    cond = ""
+    params: dict[str, Any] = {}
+    if since is not None:
+        t = since.astimezone(UTC) if since.tzinfo else since.replace(tzinfo=UTC)
+        cond = " AND modification_time >= {t:DateTime('UTC')}"
+        params["t"] = t.replace(tzinfo=None)
+    rows = client.query(
+        "SELECT DISTINCT partition_id FROM system.parts WHERE database = currentDatabase() "
+        f"AND active AND table IN ('decisions', 'events'){cond}",
+        parameters=params,
+    ).result_rows
+    out = []
+    for (pid,) in rows:
+        try:
+            out.append(datetime.strptime(str(pid), "%Y%m%d").date())
+        except ValueError:
+            continue
+    return sorted(out)
+
+
+def day_totals(client: Client, days: Iterable[date]) -> dict[date, tuple[tuple[int, int], ...]]:
+    """For each day: ((raw decisions, rollup decisions), (raw events, rollup events)).
+
+    Raw counts read with ``FINAL`` (each record once; decisions without a principal id, the
+    subject searches, are not in the rollup and not counted).
+
+    Raises:
+        clickhouse_connect.driver.exceptions.ClickHouseError: a query failed.
+
+    """
+    ds = sorted(set(days))
+    if not ds:
+        return {}
+    params = {"a": ds[0], "b": ds[-1]}
+    raw_d: dict[date, int] = {
+        d: int(n)
+        for d, n in client.query(
+            "SELECT toDate(at) AS d, count() FROM decisions FINAL "
+            "WHERE toDate(at) BETWEEN {a:Date} AND {b:Date} AND principal_id != '' GROUP BY d",
+            parameters=params,
+        ).result_rows
+    }
+    raw_e: dict[date, int] = {
+        d: int(n)
+        for d, n in client.query(
+            "SELECT toDate(at) AS d, count() FROM events FINAL "
+            "WHERE toDate(at) BETWEEN {a:Date} AND {b:Date} GROUP BY d",
+            parameters=params,
+        ).result_rows
+    }
+    rolled = {
+        d: (int(n_d), int(n_e))
+        for d, n_d, n_e in client.query(
+            f"SELECT day, sum(decisions), sum(events) FROM {ROLLUP_TABLE} "
+            "WHERE day BETWEEN {a:Date} AND {b:Date} GROUP BY day",
+            parameters=params,
+        ).result_rows
+    }
+    return {
+        d: (
+            (int(raw_d.get(d, 0)), rolled.get(d, (0, 0))[0]),
+            (int(raw_e.get(d, 0)), rolled.get(d, (0, 0))[1]),
+        )
+        for d in ds
+    }
+
+
+def _rebuild(client: Client, day: date) -> None:
+    """Rebuilds one day's rollup partition from the raw rows read with ``FINAL``."""
+    client.command(f"TRUNCATE TABLE {ROLLUP_STAGING}")
+    for stmt in rollup_rebuild_statements(f"toDate(at) = '{_day(day)}'", into=ROLLUP_STAGING):
+        client.command(stmt)
+    pid = day.strftime("%Y%m%d")
+    client.command(f"ALTER TABLE {ROLLUP_TABLE} REPLACE PARTITION ID '{pid}' FROM {ROLLUP_STAGING}")
+
+
+def settle(client: Client, days: Iterable[date], *, attempts: int = 3) -> list[date]:
+    """Makes the rollups of `days` exact: rebuilds each day whose totals differ from the raw rows.
+
+    A record stored twice (at least once delivery) is counted twice by the views; the rebuild
+    counts it once. A record inserted into a day while it is being rebuilt may be left out of
+    the staging copy, so each rebuilt day is compared again and rebuilt again (up to
+    `attempts` times) until the totals agree.
+
+    Args:
+        client: a client from ``svc.history.connect`` on a migrated database. One settler at a
+            time (the reasoner is one replica): the staging table is shared.
+        days: the days to check (``changed_days``).
+        attempts: rebuilds per day at most.
+
+    Returns:
+        The days rebuilt, oldest first.
+
+    Raises:
+        clickhouse_connect.driver.exceptions.ClickHouseError: a query or rebuild failed; the
+            days rebuilt before it stay rebuilt, the others are as they were.
+
+    """
+    todo = sorted(set(days))
+    rebuilt: list[date] = []
+    for _ in range(max(1, attempts)):
+        if not todo:
+            break
+        totals = day_totals(client, todo)
+        off = [d for d, pairs in totals.items() if any(raw != rolled for raw, rolled in pairs)]
+        for d in off:
+            log.info("history rollups: rebuilding %s (%s)", d, totals[d])
+            _rebuild(client, d)
+            if d not in rebuilt:
+                rebuilt.append(d)
+        todo = off
+    return sorted(rebuilt)
+
+
+@dataclass(frozen=True)
+class DayRows:
+    """Per principal and day, the rollup counters of a window (``read_days``).
+
+    Attributes:
+        principals: the principals, ``(type, id)``, index ``i`` of the arrays.
+        days: the window's days, oldest first, index ``d`` of the arrays.
+        counters: name (``DAY_COUNTERS``) -> float array of shape (principals, days); a day
+            without activity is 0.
+        active: bool array (principals, days): the principal made a decision or an event.
+
+    """
+
+    principals: list[tuple[str, str]]
+    days: list[date]
+    counters: dict[str, np.ndarray]
+    active: np.ndarray
+
+
+def read_days(client: Client, first: date, last: date) -> DayRows:
+    """The counters of every principal active in ``[first, last]`` (days), one row per day.
+
+    One aggregate query over ``principal_daily``; the rows come back as columns and are laid
+    into dense (principals x days) arrays.
+
+    Raises:
+        ValueError: `last` is before `first`.
+        clickhouse_connect.driver.exceptions.ClickHouseError: the query failed.
+
+    """
+    if last < first:
+        raise ValueError(f"window {first}..{last}: the last day is before the first")
+    sums = ", ".join(f"sum({c})" for c in DAY_COUNTERS if c != "resources")
+    result = client.query(
+        f"SELECT principal_type, principal_id, day, {sums}, uniqExactMerge(resources) "
+        f"FROM {ROLLUP_TABLE} WHERE day BETWEEN {{a:Date}} AND {{b:Date}} "
+        "GROUP BY principal_type, principal_id, day",
+        parameters={"a": first, "b": last},
+    )
+    cols = result.result_columns
+    n_days = (last - first).days + 1
+    days = [date.fromordinal(first.toordinal() + k) for k in range(n_days)]
+    if not cols or not cols[0]:
+        empty = np.zeros((0, n_days))
+        return DayRows([], days, {c: empty.copy() for c in DAY_COUNTERS}, empty.astype(bool))
+    index: dict[tuple[str, str], int] = {}
+    rows = np.empty(len(cols[0]), dtype=np.int64)
+    for k, key in enumerate(zip(cols[0], cols[1], strict=True)):
+        rows[k] = index.setdefault(key, len(index))
+    day_idx = np.fromiter((d.toordinal() - first.toordinal() for d in cols[2]), dtype=np.int64)
+    shape = (len(index), n_days)
+    counters: dict[str, np.ndarray] = {}
+    for j, name in enumerate(DAY_COUNTERS):
+        arr = np.zeros(shape)
+        arr[rows, day_idx] = np.asarray(cols[3 + j], dtype=float)
+        counters[name] = arr
+    active = (counters["decisions"] + counters["events"]) > 0
+    return DayRows(list(index), days, counters, active)
+
+
+@dataclass(frozen=True)
+class PrincipalSets:
+    """One principal's distinct values over a window, baseline days apart from recent ones.
+
+    Attributes:
+        base: dimension (``SET_DIMENSIONS``) -> values seen on the baseline days.
+        recent: dimension -> values seen on the recent days.
+        base_hours: UTC hour -> decisions plus events on the baseline days.
+        recent_hours: the same on the recent days.
+        base_resources: distinct resources on the baseline days.
+        new_resources: distinct resources of the recent days not seen on the baseline days.
+
+    """
+
+    base: dict[str, frozenset[str]]
+    recent: dict[str, frozenset[str]]
+    base_hours: dict[int, int]
+    recent_hours: dict[int, int]
+    base_resources: int
+    new_resources: int
+
+
+def read_sets(
+    client: Client, first: date, last: date, recent: date
+) -> dict[tuple[str, str], PrincipalSets]:
+    """Each principal's distinct values and hours over ``[first, last]``, split at `recent`.
+
+    Days before `recent` are the baseline; `recent` and later the recent days. One aggregate
+    query over ``principal_daily``.
+
+    Raises:
+        ValueError: `recent` is outside the window.
+        clickhouse_connect.driver.exceptions.ClickHouseError: the query failed.
+
+    """
+    if not first <= recent <= last:
+        raise ValueError(f"recent day {recent} outside the window {first}..{last}")
+    parts = []
+    for name, cap in SET_DIMENSIONS:
+        parts.append(f"groupUniqArrayMergeIf({cap})({name}, day < {{r:Date}})")
+        parts.append(f"groupUniqArrayMergeIf({cap})({name}, day >= {{r:Date}})")
+    result = client.query(
+        "SELECT principal_type, principal_id, "
+        "sumMapIf(hours, day < {r:Date}), sumMapIf(hours, day >= {r:Date}), "
+        "uniqExactMergeIf(resources, day < {r:Date}), uniqExactMerge(resources), "
+        + ", ".join(parts)
+        + f" FROM {ROLLUP_TABLE} WHERE day BETWEEN {{a:Date}} AND {{b:Date}} "
+        "GROUP BY principal_type, principal_id",
+        parameters={"a": first, "b": last, "r": recent},
+    )
+    out: dict[tuple[str, str], PrincipalSets] = {}
+    for row in result.result_rows:
+        t, i, bh, rh, base_res, all_res, *sets = row
+        base = {n: frozenset(sets[2 * k]) for k, (n, _) in enumerate(SET_DIMENSIONS)}
+        rec = {n: frozenset(sets[2 * k + 1]) for k, (n, _) in enumerate(SET_DIMENSIONS)}
+        out[(t, i)] = PrincipalSets(
+            base=base,
+            recent=rec,
+            base_hours={int(h): int(n) for h, n in (bh or {}).items()},
+            recent_hours={int(h): int(n) for h, n in (rh or {}).items()},
+            base_resources=int(base_res),
+            new_resources=int(all_res) - int(base_res),
+        )
+    return out

@@ -3,34 +3,21 @@
 Where ``svc up`` runs every component in one process on the embedded defaults
 (docs/architecture.md#embedded-defaults-and-production-parts), this runs each component as its
 own process on 127.0.0.1 with the production parts, the way a cluster runs them
-(docs/dev.md#the-production-topology-on-one-machine):
-
-* PostgreSQL (``scripts/dev-postgres.sh``, a cluster in ``<state>/postgres``, or
-  ``--postgres-url``) with one database per relational store: ``svc_policy``, ``svc_context``,
-  ``svc_challenge``;
-* Kafka in KRaft mode (``scripts/dev-kafka.sh``, a broker in ``<state>/kafka``, or
-  ``--kafka``) with both topics, ``svc.decisions.v1`` and ``svc.events.v1``;
-* the policy service (``svc policy``), the context service (``svc context serve``) and the
-  challenge service (``svc challenge serve``), each on its own database;
-* two decision-point replicas (``svc pdp --policy --context --challenge --kafka``), following
-  the three services, their decision logs durable (a check is answered once its record is on
-  disk: docs/history.md, "Durability of the decision log");
-* the intake (``svc intake``) and the history loader with its query routes
-  (``svc topology history``: ``svc.history.Loader`` and ``svc.history.service``) in its own
-  process;
-* a development issuer of agent tokens (``python -m svc.demo.token_issuer``: the demo apps'
-  keys, their JWK Sets over HTTPS with a CA of its own; an install trusts the apps that run its
-  agents instead), whose apps ``start`` trusts on the context service;
-* the demo company's tools server (``python -m svc.demo.tools_server --http``) and the MCP
-  gateway (``svc gateway``, docs/gateway.md) in front of it over Streamable HTTP, checking at
-  ``pdp-1``, following the challenge service's containments and the policy
-  service's outage fallback, reading the trusted apps from the context service, and posting
-  its events to the intake.
+(docs/dev.md#the-production-topology-on-one-machine): PostgreSQL (``scripts/dev-postgres.sh``,
+a cluster in ``<state>/postgres``, or ``--postgres-url``) with one database per relational
+store, Kafka in KRaft mode (``scripts/dev-kafka.sh``, a broker in ``<state>/kafka``, or
+``--kafka``) with both topics, then every process of the component registry (``svc.registry``;
+each registration's ``processes``) in its start order: the policy, context and challenge
+services, the demo's agent-token issuer (its apps trusted on the context service), two
+decision-point replicas ``pdp-1`` and ``pdp-2`` (durable decision logs), the intake, the
+history loader with its routes (``svc topology history``), the demo company's tools server
+and the MCP gateway in front of it.
 
 Ports, from the base port ``B`` (default 18080): decision points ``B`` and ``B + 6``, intake
 ``B + 1``, history ``B + 2``, policy ``B + 3``, context ``B + 4``, challenge ``B + 5``,
 PostgreSQL ``B + 7``, Kafka ``B + 8`` (its controller ``B + 9``), the MCP gateway ``B + 10``,
-the agent-token issuer ``B + 11`` (HTTPS), the tools server ``B + 12``.
+the agent-token issuer ``B + 11`` (HTTPS), the tools server ``B + 12`` (each registration's
+``topology_ports``).
 
 The history store: a ClickHouse server over ``http://`` when ``--history-dsn`` names one; by
 default chDB on a file path (``chdb://<state>/history``), which only the history process opens
@@ -39,20 +26,20 @@ default chDB on a file path (``chdb://<state>/history``), which only the history
 server binary, so this machine runs the chDB path.
 
 Callers (docs/auth.md): every component checks bearer tokens of a local issuer
-(``svc.common.auth.LocalIssuer``, its key in ``<state>/secrets/issuer``). ``start`` writes each
-caller's token, the intake's shared token and the SCIM token to ``<state>/secrets`` (a 0700
-directory, files mode 0600): ``operator.token`` (``sub`` ``svc-topology``, for every
-component: what a person or a test calls with), ``pdp.token`` (the decision points' calls to
-the policy, context and challenge services), ``challenge.token`` (the challenge service's
-calls to the context service and the decision point), ``gateway.token`` (the gateway's calls to
-the decision point and the policy, context and challenge services), ``intake.token``,
-``scim.token``.
+(``svc.common.auth.LocalIssuer``, its key in ``<state>/secrets/issuer``). ``start`` writes to
+``<state>/secrets`` (a 0700 directory, files mode 0600) a token per role of
+``svc.common.component.Role`` that some component admits: ``operator.token`` (``sub``
+``svc-topology``, for every component that admits the operator: what a person or a test calls
+with), and ``<role>.token`` (``sub`` ``svc-topology-<role>``) for the others, each with the
+audience of every component admitting that role; besides, the intake's shared token and the
+SCIM token.
 
-``start`` is idempotent: it starts, in order, each part that is not running and waits for its
-``/readyz``; on the first start it publishes a bundle through the policy service (``--bundle``,
-else the demo company's). After a ``kill -9`` of any process, ``start`` again brings back just
-that one. ``stop`` stops every process (SIGTERM, then SIGKILL after a grace period), newest
-first; ``status`` lists each with its pid, port and readiness.
+``start`` is idempotent: it starts, in order, each process that is not running and waits for
+its ``/readyz``, then runs its registration's ``after_ready`` (the policy service publishes the
+first bundle: ``--bundle``, else the demo company's, written to ``<state>/bundle``). After a
+``kill -9`` of any process, ``start`` again brings back just that one. ``stop`` stops every
+process (SIGTERM, then SIGKILL after a grace period), newest first; ``status`` lists each with
+its pid, port and readiness.
 
 Each process's output goes to ``<state>/logs/<name>.log``; its pid and start time to
 ``<state>/run/<name>.pid`` (checked against ``/proc`` before any signal, so a reused pid is
@@ -68,18 +55,19 @@ import os
 import signal
 import ssl
 import subprocess
-import sys
-import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
 import httpx
 import typer
 
+from svc import registry
 from svc.common.auth import LocalIssuer, write_secret
+from svc.common.component import Process, Registration, Role
+from svc.common.install import default_data_dir
 from svc.common.topics import DECISIONS_TOPIC, EVENTS_TOPIC
 
 __all__ = [
@@ -88,7 +76,6 @@ __all__ = [
     "Config",
     "Topology",
     "TopologyError",
-    "serve_history",
 ]
 
 log = logging.getLogger("svc.topology")
@@ -98,20 +85,22 @@ SCRIPTS = REPO / "scripts"
 
 #: ``sub`` of the operator token (``<state>/secrets/operator.token``).
 OPERATOR = "svc-topology"
-#: ``sub`` of the decision points' token.
-PDP_CALLER = "svc-topology-pdp"
-#: ``sub`` of the challenge service's token.
-CHALLENGE_CALLER = "svc-topology-challenge"
-#: ``sub`` of the MCP gateway's token.
-GATEWAY_CALLER = "svc-topology-gateway"
 
-#: Who may call each component (the callers table of docs/auth.md, for this topology).
+#: One process of the topology (``svc.common.component.Process``).
+Component = Process
+
+
+def subject(role: str) -> str:
+    """The token subject of `role` under ``svc topology`` (module docs)."""
+    return OPERATOR if role == Role.OPERATOR else f"svc-topology-{role}"
+
+
+#: Who may call each component that checks callers (docs/auth.md's callers table, for this
+#: topology): component name -> token subjects.
 CALLERS: dict[str, list[str]] = {
-    "policy": [OPERATOR, PDP_CALLER, GATEWAY_CALLER],
-    "context": [OPERATOR, PDP_CALLER, CHALLENGE_CALLER, GATEWAY_CALLER],
-    "challenge": [OPERATOR, PDP_CALLER, GATEWAY_CALLER],
-    "pdp": [OPERATOR, CHALLENGE_CALLER, GATEWAY_CALLER],
-    "history": [OPERATOR],
+    r.name: [subject(role) for role in r.callers if role != Role.DEMO]
+    for r in registry.components(demo=False)
+    if r.audience
 }
 
 #: Lifetime of the tokens ``start`` writes, in seconds (a week; ``start`` writes new ones).
@@ -179,29 +168,6 @@ class Config:
         return cls(**data)
 
 
-@dataclass
-class Component:
-    """One process of the topology.
-
-    Attributes:
-        name: its name (``pdp-1``, ``intake``, ...), also its log and pid file's.
-        argv: the command line.
-        port: the port its ``/readyz`` answers on.
-        env: environment variables added to this process's.
-
-    """
-
-    name: str
-    argv: list[str]
-    port: int
-    env: dict[str, str] = field(default_factory=dict)
-
-
-def _py(*args: str) -> list[str]:
-    """``python -m svc ARGS`` with this interpreter."""
-    return [sys.executable, "-m", "svc", *args]
-
-
 def _alive(pid: int) -> bool:
     """Whether `pid` exists and is not a zombie."""
     try:
@@ -224,6 +190,9 @@ def _start_time(pid: int) -> str:
 class Topology:
     """The topology in one state directory: ``start``, ``stop``, ``status``, ``pid``.
 
+    It is the ``svc.common.component.TopologyRuntime`` the registrations' processes are
+    made with.
+
     Args:
         config: the settings (``Config.load`` for one already started).
 
@@ -238,28 +207,54 @@ class Topology:
         self.run_dir = s / "run"
         b = config.base_port
         self.ports = {
-            "pdp-1": b,
-            "intake": b + 1,
-            "history": b + 2,
-            "policy": b + 3,
-            "context": b + 4,
-            "challenge": b + 5,
-            "pdp-2": b + 6,
-            "postgres": b + 7,
-            "kafka": b + 8,
-            "gateway": b + 10,
-            "agent-issuer": b + 11,
-            "tools": b + 12,
+            name: b + offset
+            for r in registry.components()
+            for name, offset in r.topology_ports.items()
+        }
+        self.ports["postgres"] = b + registry.TOPOLOGY_INFRA_PORTS["postgres"]
+        self.ports["kafka"] = b + registry.TOPOLOGY_INFRA_PORTS["kafka"]
+        self._tls = {
+            name: r.ready_tls_ca
+            for r in registry.components()
+            for name in r.topology_ports
+            if r.ready_tls_ca is not None
         }
         self.urls = {
-            n: f"http://127.0.0.1:{p}" for n, p in self.ports.items() if n not in ("postgres",)
+            n: f"{'https' if n in self._tls else 'http'}://127.0.0.1:{p}"
+            for n, p in self.ports.items()
+            if n != "postgres"
         }
-        self.urls["agent-issuer"] = f"https://127.0.0.1:{self.ports['agent-issuer']}"
         #: The development agent-token issuer's directory: its app keys, ``ca.pem`` (what the
         #: gateway trusts for the apps' JWKS) and ``apps.json`` (the trusted-app records).
         self.agent_issuer_dir = s / "agent-issuer"
+        self.jwks_ca_file = self.agent_issuer_dir / "ca.pem"
+        self.gateway_upstreams_file = s / "gateway-upstreams.json"
         self.kafka = config.kafka or f"127.0.0.1:{self.ports['kafka']}"
+        self.kafka_url = f"kafka://{self.kafka}"
         self.history_dsn = config.history_dsn or f"chdb://{s / 'history'}"
+
+    # -- the runtime the registrations read (svc.common.component.TopologyRuntime)
+
+    @property
+    def bundle(self) -> Path:
+        """The bundle published first: ``--bundle``, else ``<state>/bundle`` (the demo's)."""
+        return self.config.bundle or self.state / "bundle"
+
+    def port(self, name: str) -> int:
+        """The port of process `name`."""
+        return self.ports[name]
+
+    def url(self, name: str) -> str:
+        """The base URL of process `name`."""
+        return self.urls[name]
+
+    def subject(self, role: str) -> str:
+        """The token subject of `role` (``svc-topology``, ``svc-topology-<role>``)."""
+        return subject(role)
+
+    def token_file(self, role: str) -> Path:
+        """``<state>/secrets/<role>.token``."""
+        return self.secrets / f"{role}.token"
 
     # -- the parts run by scripts
 
@@ -382,29 +377,12 @@ class Topology:
         self.secrets.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(self.secrets, 0o700)
         issuer = self._issuer()
-        all_audiences = [f"svc-{c}" for c in CALLERS]
-        write_secret(
-            self.secrets / "operator.token",
-            issuer.mint(OPERATOR, all_audiences, TOKEN_LIFETIME_SECS),
-        )
-        write_secret(
-            self.secrets / "pdp.token",
-            issuer.mint(
-                PDP_CALLER, ["svc-policy", "svc-context", "svc-challenge"], TOKEN_LIFETIME_SECS
-            ),
-        )
-        write_secret(
-            self.secrets / "challenge.token",
-            issuer.mint(CHALLENGE_CALLER, ["svc-context", "svc-pdp"], TOKEN_LIFETIME_SECS),
-        )
-        write_secret(
-            self.secrets / "gateway.token",
-            issuer.mint(
-                GATEWAY_CALLER,
-                ["svc-pdp", "svc-policy", "svc-context", "svc-challenge"],
-                TOKEN_LIFETIME_SECS,
-            ),
-        )
+        roles = {role for r in registry.components(demo=False) for role in r.callers}
+        for role in sorted(roles - {Role.DEMO}):
+            audience = registry.audiences_of(role)
+            write_secret(
+                self.token_file(role), issuer.mint(subject(role), audience, TOKEN_LIFETIME_SECS)
+            )
         for name in ("intake.token", "scim.token"):
             if not (self.secrets / name).exists():
                 write_secret(self.secrets / name, pysecrets.token_urlsafe(32))
@@ -420,7 +398,7 @@ class Topology:
 
     # -- the processes
 
-    def _auth_env(self, component: str) -> dict[str, str]:
+    def auth_env(self, component: str) -> dict[str, str]:
         """``SVC_<COMPONENT>_AUTH_*``: the local issuer's tokens, the callers of ``CALLERS``."""
         p = f"SVC_{component.upper()}_AUTH"
         return {
@@ -430,211 +408,13 @@ class Topology:
             f"{p}_CALLERS": ",".join(CALLERS[component]),
         }
 
-    def _scim_env(self) -> dict[str, str]:
-        """``SVC_CONTEXT_SCIM_TOKEN`` from ``scim.token`` (empty before the first start)."""
-        try:
-            return {"SVC_CONTEXT_SCIM_TOKEN": self.secret("scim.token")}
-        except FileNotFoundError:
-            return {}
+    def _parts(self) -> list[tuple[Registration, list[Process]]]:
+        """Each registration run as processes, with its processes, in start order."""
+        return [(r, r.processes(self)) for r in registry.components() if r.processes is not None]
 
-    def _policy_history(self) -> list[str]:
-        """``--history-dsn`` for the policy service's dry runs: only a ClickHouse server.
-
-        chDB's directory belongs to the history process alone (docs/history.md#engines-and-dsns),
-        so with chDB the policy service runs without dry runs.
-        """
-        if self.history_dsn.startswith(("http://", "https://")):
-            return ["--history-dsn", self.history_dsn]
-        return []
-
-    def components(self) -> list[Component]:
+    def components(self) -> list[Process]:
         """Every process ``start`` runs (after PostgreSQL and Kafka), in start order."""
-        s, sec, u, p = self.state, self.secrets, self.urls, self.ports
-        kafka = f"kafka://{self.kafka}"
-        parts = [
-            Component(
-                "policy",
-                _py(
-                    "policy",
-                    "--port",
-                    str(p["policy"]),
-                    "--database-url",
-                    self.database_url("policy"),
-                    "--data-dir",
-                    str(s),
-                    "--signing-key-file",
-                    str(sec / "policy-signing.key"),
-                    *self._policy_history(),
-                ),
-                p["policy"],
-                self._auth_env("policy"),
-            ),
-            Component(
-                "context",
-                _py(
-                    "context",
-                    "serve",
-                    "--port",
-                    str(p["context"]),
-                    "--database-url",
-                    self.database_url("context"),
-                ),
-                p["context"],
-                {**self._auth_env("context"), **self._scim_env()},
-            ),
-            Component(
-                "challenge",
-                _py(
-                    "challenge",
-                    "serve",
-                    "--port",
-                    str(p["challenge"]),
-                    "--database-url",
-                    self.database_url("challenge"),
-                    "--context-url",
-                    u["context"],
-                    "--context-token-file",
-                    str(sec / "challenge.token"),
-                    "--pdp-url",
-                    u["pdp-1"],
-                    "--pdp-token-file",
-                    str(sec / "challenge.token"),
-                ),
-                p["challenge"],
-                self._auth_env("challenge"),
-            ),
-        ]
-        for name in ("pdp-1", "pdp-2"):
-            parts.append(
-                Component(
-                    name,
-                    _py(
-                        "pdp",
-                        "--port",
-                        str(p[name]),
-                        "--public-url",
-                        u[name],
-                        "--policy",
-                        u["policy"],
-                        "--public-key",
-                        str(sec / "policy-signing.key.pub"),
-                        "--policy-token-file",
-                        str(sec / "pdp.token"),
-                        "--context",
-                        u["context"],
-                        "--context-token-file",
-                        str(sec / "pdp.token"),
-                        "--challenge",
-                        u["challenge"],
-                        "--challenge-token-file",
-                        str(sec / "pdp.token"),
-                        "--kafka",
-                        kafka,
-                        "--spool-dir",
-                        str(s / name / "spool"),
-                        "--log-durability",
-                        "durable",
-                    ),
-                    p[name],
-                    self._auth_env("pdp"),
-                )
-            )
-        parts.append(
-            Component(
-                "intake",
-                _py("intake", "--port", str(p["intake"])),
-                p["intake"],
-                {
-                    "SVC_KAFKA_URL": kafka,
-                    "SVC_INTAKE_TOKEN_FILE": str(sec / "intake.token"),
-                    "SVC_INTAKE_TRANSACTIONAL_ID": "svc-topology-intake",
-                },
-            )
-        )
-        parts.append(
-            Component(
-                "history",
-                _py(
-                    "topology",
-                    "history",
-                    "--dsn",
-                    self.history_dsn,
-                    "--kafka",
-                    kafka,
-                    "--port",
-                    str(p["history"]),
-                ),
-                p["history"],
-                self._auth_env("history"),
-            )
-        )
-        parts.append(
-            Component(
-                "agent-issuer",
-                [
-                    sys.executable,
-                    "-m",
-                    "svc.demo.token_issuer",
-                    "--directory",
-                    str(self.agent_issuer_dir),
-                    "--port",
-                    str(p["agent-issuer"]),
-                ],
-                p["agent-issuer"],
-            )
-        )
-        parts.append(
-            Component(
-                "tools",
-                [
-                    sys.executable,
-                    "-m",
-                    "svc.demo.tools_server",
-                    "--http",
-                    "--port",
-                    str(p["tools"]),
-                ],
-                p["tools"],
-            )
-        )
-        parts.append(
-            Component(
-                "gateway",
-                _py(
-                    "gateway",
-                    "--port",
-                    str(p["gateway"]),
-                    "--public-url",
-                    u["gateway"],
-                    "--upstreams-file",
-                    str(s / "gateway-upstreams.json"),
-                    "--pdp-url",
-                    u["pdp-1"],
-                    "--pdp-token-file",
-                    str(sec / "gateway.token"),
-                    "--challenge-url",
-                    u["challenge"],
-                    "--challenge-token-file",
-                    str(sec / "gateway.token"),
-                    "--policy-url",
-                    u["policy"],
-                    "--policy-token-file",
-                    str(sec / "gateway.token"),
-                    "--context-url",
-                    u["context"],
-                    "--context-token-file",
-                    str(sec / "gateway.token"),
-                    "--jwks-ca-file",
-                    str(self.agent_issuer_dir / "ca.pem"),
-                    "--intake-url",
-                    u["intake"],
-                    "--intake-token-file",
-                    str(sec / "intake.token"),
-                ),
-                p["gateway"],
-            )
-        )
-        return parts
+        return [p for _, processes in self._parts() for p in processes]
 
     def _pidfile(self, name: str) -> Path:
         return self.run_dir / f"{name}.pid"
@@ -655,7 +435,7 @@ class Topology:
             return None
         return pid if _alive(pid) and _start_time(pid) == started else None
 
-    def _spawn(self, c: Component) -> int:
+    def _spawn(self, c: Process) -> int:
         """Starts `c` in a session of its own, output to its log; writes its pid file."""
         self.logs.mkdir(parents=True, exist_ok=True)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -676,17 +456,18 @@ class Topology:
     def ready(self, name: str) -> bool:
         """Whether `name`'s ``/readyz`` answers 200 now.
 
-        The agent-token issuer's is over HTTPS, trusting its own CA.
+        Over HTTPS with its own CA where its registration says so (``ready_tls_ca``).
         """
         try:
-            if name == "agent-issuer":
-                ca = ssl.create_default_context(cafile=str(self.agent_issuer_dir / "ca.pem"))
-                return httpx.get(f"{self.urls[name]}/readyz", timeout=5, verify=ca).is_success
+            ca = self._tls.get(name)
+            if ca is not None:
+                context = ssl.create_default_context(cafile=str(ca(self)))
+                return httpx.get(f"{self.urls[name]}/readyz", timeout=5, verify=context).is_success
             return httpx.get(f"http://127.0.0.1:{self.ports[name]}/readyz", timeout=5).is_success
         except (httpx.HTTPError, OSError):
             return False
 
-    def _wait_ready(self, c: Component, timeout: float = READY_TIMEOUT) -> None:
+    def _wait_ready(self, c: Process, timeout: float = READY_TIMEOUT) -> None:
         """Waits for `c`'s ``/readyz``.
 
         Raises:
@@ -721,7 +502,8 @@ class Topology:
             The names of the processes started (empty when all ran).
 
         Raises:
-            TopologyError: a part did not start (its log's tail in the message).
+            TopologyError: a part did not start (its log's tail in the message), or a
+                registration's ``after_ready`` failed.
 
         """
         self.state.mkdir(parents=True, exist_ok=True)
@@ -736,96 +518,25 @@ class Topology:
             started.append("kafka")
         self._start_kafka()
         self._write_secrets()
-        for c in self.components():
-            if self.pid(c.name) is None:
-                progress(f"starting {c.name}")
-                self._spawn(c)
-                started.append(c.name)
-            if c.name == "policy":
+        if self.config.bundle is None and not self.bundle.exists():
+            from svc.demo.company import generate, write_bundle
+
+            write_bundle(generate(), self.bundle, entities=False)
+        for r, processes in self._parts():
+            for c in processes:
+                if self.pid(c.name) is None:
+                    progress(f"starting {c.name}")
+                    self._spawn(c)
+                    started.append(c.name)
                 self._wait_ready(c)
-                self._publish_first_bundle()
-            else:
-                self._wait_ready(c)
-            if c.name == "agent-issuer":
-                self._trust_agent_apps()
-        return started
-
-    def _trust_agent_apps(self) -> None:
-        """Trusts the agent-token issuer's apps and writes the gateway's upstreams.
-
-        Run before the gateway starts: the apps go to the context service, and the upstreams
-        (the demo company's tools server, its own process over Streamable HTTP) to
-        ``<state>/gateway-upstreams.json``.
-
-        The trusted-app records are upserts (``POST /v1/directory/trusted-apps``,
-        docs/context.md), so a restart writes the same ones again.
-
-        Raises:
-            TopologyError: the context service refused a record.
-
-        """
-        from svc.demo.token_issuer import DevTokenIssuer
-        from svc.up import demo_upstreams
-
-        apps = DevTokenIssuer.from_directory(self.agent_issuer_dir).trusted_apps()
-        headers = {"authorization": f"Bearer {self.secret('operator.token')}"}
-        for app in apps:
-            r = httpx.post(
-                f"{self.urls['context']}/v1/directory/trusted-apps",
-                json=app,
-                headers=headers,
-                timeout=30,
-            )
-            if not r.is_success:
-                raise TopologyError(f"the context service refused trusted app {app}: {r.text}")
-        upstreams = {
-            name: {
-                **u.model_dump(mode="json", exclude_none=True, exclude={"command", "env"}),
-                "url": f"{self.urls['tools']}/mcp",
-            }
-            for name, u in demo_upstreams().items()
-        }
-        (self.state / "gateway-upstreams.json").write_text(json.dumps(upstreams, indent=2))
-
-    def _publish_first_bundle(self) -> None:
-        """Publishes ``--bundle`` (or the demo company's bundle) when nothing is active."""
-        import grpc
-
-        from svc.policy.v1 import policy_pb2 as pb
-        from svc.policy.v1 import policy_pb2_grpc as pb_grpc
-
-        meta = [("authorization", f"Bearer {self.secret('operator.token')}")]
-        with grpc.insecure_channel(f"127.0.0.1:{self.ports['policy']}") as channel:
-            stub = pb_grpc.PolicyServiceStub(channel)  # type: ignore[no-untyped-call]
-            try:
-                active = stub.GetActive(pb.GetActiveRequest(), timeout=30, metadata=meta)
-                if active.bundle.version:
-                    return
-            except grpc.RpcError as e:
-                if not isinstance(e, grpc.Call) or e.code() != grpc.StatusCode.NOT_FOUND:
+            if r.after_ready is not None:
+                try:
+                    r.after_ready(self)
+                except TopologyError:
                     raise
-            bundle = self.config.bundle
-            if bundle is None:
-                from svc.demo.company import generate, write_bundle
-
-                bundle = self.state / "bundle"
-                if not bundle.exists():
-                    write_bundle(generate(), bundle, entities=False)
-            files = [
-                pb.BundleFile(name=f.name, content=f.read_text(encoding="utf-8"))
-                for f in sorted(bundle.iterdir())
-                if f.is_file()
-            ]
-            draft = stub.CreateDraft(
-                pb.CreateDraftRequest(files=files, author=OPERATOR, comment=f"first: {bundle}"),
-                timeout=60,
-                metadata=meta,
-            )
-            stub.Publish(
-                pb.PublishRequest(version=draft.bundle.version, author=OPERATOR),
-                timeout=60,
-                metadata=meta,
-            )
+                except Exception as e:
+                    raise TopologyError(f"{r.name}: {e}") from e
+        return started
 
     def stop(self, names: Sequence[str] = ()) -> list[str]:
         """Stops the named processes (default: all, newest first, then Kafka and PostgreSQL).
@@ -872,57 +583,6 @@ class Topology:
         return rows
 
 
-def serve_history(dsn: str, kafka_url: str, host: str, port: int) -> None:
-    """The history process: the loader and the history routes (``svc topology history``).
-
-    Applies the schema (idempotent; creating the DSN's database), runs ``svc.history.Loader``
-    in a thread and serves ``svc.history.service.create_app`` (``/readyz`` is the loader's
-    health, docs/history.md) under uvicorn until SIGTERM or SIGINT; then the loader stores and
-    commits what it read and stops. Bearer-token settings: ``SVC_HISTORY_AUTH_*``.
-
-    Args:
-        dsn: the history store (docs/history.md#engines-and-dsns).
-        kafka_url: the broker (``kafka://host:port``).
-        host: the address to bind.
-        port: the port.
-
-    Raises:
-        clickhouse_connect.driver.exceptions.ClickHouseError: the store or its schema failed.
-        svc.common.auth.AuthConfigError: the auth settings are incomplete.
-
-    """
-    import uvicorn
-
-    from svc import history
-    from svc.common.auth import HistoryAuthSettings
-    from svc.common.topics import bootstrap_servers
-    from svc.history.service import create_app
-
-    client = history.connect(dsn, create_database=True)
-    history.migrate(client)
-    # The loader's own batch bounds (docs/history.md#loader), as `svc history load` and the chart
-    # use them: one INSERT a second per kind, not five, is what the store is built for.
-    loader = history.Loader(client, bootstrap_servers(kafka_url))
-    failed: list[BaseException] = []
-
-    def load() -> None:
-        try:
-            loader.run()
-        except BaseException as e:
-            failed.append(e)
-            log.exception("the history loader stopped on an error")
-
-    thread = threading.Thread(target=load, name="svc-history-loader", daemon=True)
-    thread.start()
-    auth = HistoryAuthSettings()
-    app = create_app(client, loader, auth=auth, ready=thread.is_alive)
-    try:
-        uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
-    finally:
-        loader.stop()
-        thread.join(timeout=60)
-
-
 def iter_status_lines(rows: list[dict[str, Any]]) -> Iterator[str]:
     """``status`` as text lines: name, pid (``-`` when down), port, ready or not."""
     width = max((len(r["name"]) for r in rows), default=0)
@@ -947,8 +607,6 @@ def _default_state_dir() -> Path:
     env = os.environ.get("SVC_TOPOLOGY_DIR")
     if env:
         return Path(env).expanduser()
-    from svc.up import default_data_dir
-
     d = default_data_dir()
     return d.with_name(d.name + "-topology")
 
@@ -1043,8 +701,13 @@ def history_command(
     host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port of the history routes.")] = 8080,
 ) -> None:
-    """The history process (loader and routes) that ``start`` runs; see ``serve_history``."""
+    """The history process (loader and routes) that ``start`` runs.
+
+    See ``svc.history.component.serve_history``.
+    """
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    from svc.history.component import serve_history
+
     serve_history(dsn, kafka, host, port)

@@ -36,6 +36,8 @@ from grpc_status import rpc_status
 
 from svc.common.auth_settings import PolicyAuthSettings
 from svc.common.cli import Options, run_migration, settings_command
+from svc.common.install import caller_token
+from svc.common.install import grpc_target as target
 from svc.policy import signing
 from svc.policy.settings import PolicySettings
 from svc.policy.v1 import policy_pb2 as pb
@@ -69,11 +71,6 @@ AuthorOpt = Annotated[str, typer.Option("--author", help="Who does it (default: 
 _DURATION = re.compile(r"^(\d+)([smhd])$")
 
 
-def target(url: str) -> str:
-    """A gRPC target (``host:port``) from ``host:port`` or ``http://host:port[/]``."""
-    return re.sub(r"^https?://", "", url).rstrip("/")
-
-
 def parse_since(text: str, now: datetime | None = None) -> datetime:
     """``24h``/``30m``/``7d``/``90s`` before now, or an RFC 3339 time (an offset is required).
 
@@ -95,30 +92,6 @@ def parse_since(text: str, now: datetime | None = None) -> datetime:
     if t.tzinfo is None:
         raise typer.BadParameter(f"`{text}`: an RFC 3339 time needs an offset (Z, +02:00)")
     return t
-
-
-def caller_token(token: str | None) -> str | None:
-    """The bearer token a client command sends (docs/auth.md).
-
-    Args:
-        token: ``--token`` or ``SVC_POLICY_TOKEN`` when given.
-
-    Returns:
-        `token` when given; else the content of ``caller.token`` in ``svc up``'s data directory
-        (``svc.up.default_data_dir()``: ``$SVC_DATA_DIR``, ``$XDG_DATA_HOME/svc`` or
-        ``~/.local/share/svc``) when that file exists; else None (no token is sent, which a
-        service without auth accepts).
-
-    """
-    if token:
-        return token.strip()
-    from svc.up import default_data_dir
-
-    path = default_data_dir() / "caller.token"
-    try:
-        return path.read_text(encoding="utf-8").strip() or None
-    except OSError:
-        return None
 
 
 class _Client:

@@ -19,7 +19,8 @@
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use pdp_core::Engine;
-use pdp_server::bundle_dir;
+#[path = "../tests/bundle_dir/mod.rs"]
+mod bundle_dir;
 use serde_json::{json, Value};
 use std::hint::black_box;
 use std::path::{Path, PathBuf};

@@ -8,7 +8,7 @@
 )]
 
 use pdp_core::{Engine, Verdict};
-use pdp_server::bundle_dir;
+mod bundle_dir;
 use std::path::PathBuf;
 
 /// The example applications' directories under the repository's

@@ -8,7 +8,7 @@
 )]
 
 use pdp_core::{Engine, Mode};
-use pdp_server::bundle_dir;
+mod bundle_dir;
 use serde_json::Value;
 use std::path::PathBuf;
 

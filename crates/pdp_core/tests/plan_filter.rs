@@ -13,7 +13,7 @@ use cedar_policy::{
     Request, Schema, ValidationMode, Validator,
 };
 use pdp_core::residual_filter::{combine, residuals, AttrKinds, Cmp, Filter, PlanError, Residual};
-use pdp_server::bundle_dir;
+mod bundle_dir;
 use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::str::FromStr;

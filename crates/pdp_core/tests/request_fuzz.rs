@@ -15,7 +15,7 @@
 )]
 
 use pdp_core::{Bundle, BundleSources, CheckRequest, Engine};
-use pdp_server::bundle_dir;
+mod bundle_dir;
 use proptest::prelude::*;
 use serde_json::{json, Value};
 use std::path::PathBuf;

@@ -103,7 +103,12 @@ pub fn load(dir: &Path) -> Result<Bundle, BundleError> {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
+#[allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::panic
+)]
 mod tests {
     use super::*;
     use std::fs;
@@ -206,6 +211,26 @@ mod tests {
             ]
         );
         let _ = fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn every_cedar_example_app_loads_as_it_stands() {
+        // The decision core's tests read these apps with a reader of their own (pdp_core does
+        // not depend on this crate): this one must take them too.
+        let root =
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/testdata/cedar-examples");
+        let mut apps: Vec<PathBuf> = fs::read_dir(&root)
+            .unwrap_or_else(|e| panic!("{}: {e}", root.display()))
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.is_dir())
+            .collect();
+        apps.sort();
+        assert!(apps.len() >= 5, "{}: {apps:?}", root.display());
+        for app in &apps {
+            let bundle = load(app).unwrap_or_else(|e| panic!("{}: {e}", app.display()));
+            assert!(bundle.policy_meta().next().is_some(), "{}", app.display());
+        }
     }
 
     #[test]

@@ -8,6 +8,9 @@
   keys (``gwkit.Issuer``), trusted through the context service's directory;
 * ``svc pdp --bundle DIR --context URL`` as a process, over a bundle with ``PortalArea`` and its
   ``view``/``administer`` actions (``SCHEMA``, ``POLICIES``), following the context service;
+* the demo OpenID Connect provider (``svc.challenge.dev_idp``, oidc-provider-mock) people sign
+  in with, and ``sign_in``, which signs a person in the way a browser would (the provider's form
+  posted with httpx);
 * the portal (``PortalServer``) on a free port.
 """
 
@@ -25,6 +28,8 @@ import psycopg
 from sqlalchemy.engine import make_url
 
 from gwkit import Issuer, JwksServer
+from svc.challenge.dev_idp import DevIdentityProvider
+from svc.common.net import tcp_listener
 from svc.portal.app import PortalServer, build_service
 from svc.portal.settings import PortalSettings
 from test_context import Live, create_group, create_user
@@ -156,8 +161,18 @@ class World:
         self.pdp_url = f"http://127.0.0.1:{self.pdp.port()}"
         self.pdp_http = httpx.Client(base_url=self.pdp_url, timeout=30)
         until("decision point ready", lambda: self.pdp_http.get("/readyz").status_code == 200)
+        self.oidc = DevIdentityProvider(users=list(PEOPLE)).start()
+        secret = tmp / "oidc-secret"
+        secret.write_text("portal-client-secret\n")
+        sock = tcp_listener("127.0.0.1", 0)  # the port is known before the portal starts:
+        port = int(sock.getsockname()[1])  # its public URL is the OIDC redirect URI's base
+        sock.close()
         self.settings = PortalSettings(
-            port=0,
+            port=port,
+            public_url=f"http://127.0.0.1:{port}",
+            oidc_issuer=self.oidc.issuer,
+            oidc_client_secret_file=str(secret),
+            session_key_file=str(tmp / "session.key"),
             pdp_url=self.pdp_url,
             context_url=self.context.url,
             history_url=None,
@@ -170,6 +185,23 @@ class World:
         self.service = build_service(self.settings)
         self.portal = PortalServer(self.settings, self.service).start()
         self.http = httpx.Client(base_url=self.portal.url, timeout=30)
+
+    def sign_in(self, user: str) -> httpx.Client:
+        """A client signed in as `user` at the provider, as a browser would be.
+
+        Its ``headers`` carry ``X-CSRF-Token`` (from ``GET /api/v1/me``).
+        """
+        c = httpx.Client(base_url=self.portal.url, timeout=30)
+        r = c.get("/auth/login")
+        assert r.status_code in (302, 303), r.text
+        r = httpx.post(r.headers["location"], data={"sub": user}, timeout=30)
+        assert r.status_code in (302, 303), r.text
+        r = c.get(r.headers["location"])
+        assert r.status_code == 303, r.text
+        me = c.get("/api/v1/me")
+        assert me.status_code == 200 and me.json()["user"] == user, me.text
+        c.headers["x-csrf-token"] = me.json()["csrf"]
+        return c
 
     def trust(self, name: str, issuer: Issuer) -> None:
         """Trusts `issuer` as the app `name` through the context service's directory."""
@@ -208,6 +240,9 @@ class World:
         pdp = getattr(self, "pdp", None)
         if pdp is not None:
             pdp.stop()
+        oidc = getattr(self, "oidc", None)
+        if oidc is not None:
+            oidc.stop()
         jwks = getattr(self, "jwks", None)
         if jwks is not None:
             jwks.close()

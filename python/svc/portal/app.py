@@ -2,6 +2,9 @@
 
 * ``PUT``/``GET``/``DELETE /api/v1/agents/{agent_id}`` and ``GET /api/v1/agents``: the agents
   API for trusted apps, under the app's own token (``svc.portal.apptokens``);
+* ``GET /auth/login``, ``GET /auth/callback``, ``POST /auth/logout`` and ``GET /api/v1/me``:
+  people's OpenID Connect sign-in, session and CSRF token (``svc.portal.sessions``), when an
+  ``oidc_issuer`` is set;
 * ``/healthz``, ``/readyz``, ``/version``, ``/metrics`` (``svc.common.health``), no token.
 
 Errors are RFC 9457 problem documents (``svc.common.problems``). A body larger than
@@ -16,14 +19,18 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import urlsplit
 
 import anyio.to_thread
+from authlib.integrations.starlette_client import OAuth, OAuthError
 from fastapi import Body, Depends, FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, RedirectResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CollectorRegistry, Counter
+from starlette.middleware.sessions import SessionMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from svc import __version__, web
@@ -34,7 +41,8 @@ from svc.common.problems import FieldError, Problem, install_problem_handlers, p
 from svc.portal.apptokens import AppTokenError, AppTokenVerifier, TrustedAppsUnavailable
 from svc.portal.clients import ContextClient, PdpClient, token_reader
 from svc.portal.service import PortalService
-from svc.portal.settings import PortalSettings
+from svc.portal.sessions import COOKIE, LOGIN_COOKIE, Session, SessionStore, load_session_key
+from svc.portal.settings import PortalSettings, read_token_file
 
 __all__ = ["PortalServer", "build_service", "create_app", "serve"]
 
@@ -176,6 +184,14 @@ def create_app(settings: PortalSettings, service: PortalService) -> FastAPI:
             reasons.append("the decision point is not ready")
         return Readiness(reasons, {"trusted_apps": verifier.apps.names()})
 
+    sessions = SessionStore(
+        load_session_key(settings.session_key_file), settings.session_secs, settings.max_sessions
+    )
+    app.state.sessions = sessions
+    app.state.public_origin = _origin(settings.public_url)
+    if settings.oidc_issuer:
+        install_sign_in(app, settings, sessions)
+
     app.include_router(
         probe_router(
             COMPONENT,
@@ -261,6 +277,187 @@ def create_app(settings: PortalSettings, service: PortalService) -> FastAPI:
         return Response(status_code=204)
 
     return app
+
+
+def _origin(url: str) -> str:
+    """``scheme://host[:port]`` of a URL (RFC 6454), lowercased."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}".lower()
+
+
+def signed_in(request: Request) -> Session:
+    """The request's live session (the ``svc_portal_session`` cookie).
+
+    Raises:
+        Problem: 401 ``unauthenticated`` without a live session (none, tampered, expired,
+            signed out).
+
+    """
+    store: SessionStore = request.app.state.sessions
+    session = store.get(request.cookies.get(COOKIE))
+    if session is None:
+        raise Problem(401, "unauthenticated", "Sign-in required", "sign in first: GET /auth/login")
+    return session
+
+
+def changing(request: Request) -> Session:
+    """The session of a state-changing request, its CSRF token and origin checked.
+
+    Raises:
+        Problem: 401 as ``signed_in``; 403 ``csrf-refused`` when ``X-CSRF-Token`` is missing
+            or wrong, or an ``Origin`` header names another origin than the portal's.
+
+    """
+    session = signed_in(request)
+    public: str = request.app.state.public_origin
+    origin = request.headers.get("origin")
+    if origin is not None and origin.lower() != public:
+        raise Problem(
+            403,
+            "csrf-refused",
+            "Cross-site request refused",
+            f"origin `{origin[:200]}` is not the portal's",
+        )
+    if not session.csrf_ok(request.headers.get("x-csrf-token")):
+        raise Problem(
+            403,
+            "csrf-refused",
+            "Cross-site request refused",
+            "missing or wrong X-CSRF-Token header (GET /api/v1/me gives the token)",
+        )
+    return session
+
+
+def install_sign_in(app: FastAPI, settings: PortalSettings, sessions: SessionStore) -> None:
+    """Adds OpenID Connect sign-in and sign-out to `app` (``svc.portal.sessions``).
+
+    Args:
+        app: the portal's app, before it serves.
+        settings: ``oidc_*`` (the provider), ``public_url`` (the redirect URI
+            ``<public_url>/auth/callback``; ``https://`` makes the cookies ``Secure``),
+            ``session_secs``.
+        sessions: where sessions are opened and revoked.
+
+    Raises:
+        ValueError: ``oidc_issuer`` is unset.
+        OSError: the client secret file cannot be read.
+
+    """
+    if not settings.oidc_issuer:
+        raise ValueError("sign-in needs oidc_issuer")
+    secret: str | None = None
+    if settings.oidc_client_secret_file:
+        secret = read_token_file(settings.oidc_client_secret_file)
+    oauth = OAuth()
+    oauth.register(
+        name="idp",
+        client_id=settings.oidc_client_id,
+        client_secret=secret,
+        server_metadata_url=settings.oidc_issuer.rstrip("/") + "/.well-known/openid-configuration",
+        client_kwargs={
+            "scope": "openid profile email",
+            "code_challenge_method": "S256",
+            "token_endpoint_auth_method": "client_secret_basic" if secret else "none",
+        },
+    )
+    secure = settings.public_url.startswith("https://")
+    # The flow's state, nonce and code verifier only, for ten minutes.
+    app.add_middleware(
+        SessionMiddleware,
+        secret_key=sessions.derived_key("svc-portal-login"),
+        session_cookie=LOGIN_COOKIE,
+        max_age=600,
+        same_site="lax",
+        https_only=secure,
+    )
+    callback = settings.public_url.rstrip("/") + "/auth/callback"
+    claim = settings.oidc_username_claim
+
+    @app.get("/auth/login", include_in_schema=False)
+    async def login(request: Request, next: str = "/") -> Response:
+        """Sends the person to the provider; ``next`` is where to come back to (local)."""
+        request.session.clear()
+        request.session["next"] = next if _local(next) else "/"
+        try:
+            out: Response = await oauth.idp.authorize_redirect(request, callback)
+        except Exception as e:
+            log.error("sign-in: the identity provider does not answer: %s", e)
+            raise Problem(
+                503,
+                "service-unavailable",
+                "Service unavailable",
+                "the identity provider does not answer",
+            ) from None
+        return out
+
+    @app.get("/auth/callback", include_in_schema=False)
+    async def auth_callback(request: Request) -> Response:
+        """The provider's redirect: checks the code's exchange and opens a session."""
+        try:
+            token = await oauth.idp.authorize_access_token(request)
+        except OAuthError as e:
+            log.warning("sign-in refused: %s", e)
+            raise Problem(
+                403, "sign-in-refused", "Sign-in refused", f"sign-in failed: {e.error}"
+            ) from None
+        claims = token.get("userinfo") or {}
+        user = claims.get(claim)
+        if not isinstance(user, str) or not user or len(user) > 512:
+            raise Problem(
+                403,
+                "sign-in-refused",
+                "Sign-in refused",
+                f"the identity provider sent no `{claim}` claim",
+            )
+        target = request.session.get("next", "/")
+        request.session.clear()
+        old = sessions.get(request.cookies.get(COOKIE))
+        if old is not None:
+            sessions.revoke(old.sid)  # a new session for each sign-in (session fixation)
+        _, cookie = sessions.create(user)
+        log.info("%s signed in to the portal", user)
+        out = RedirectResponse(target if _local(target) else "/", status_code=303)
+        out.set_cookie(
+            COOKIE,
+            cookie,
+            max_age=settings.session_secs,
+            path="/",
+            secure=secure,
+            httponly=True,
+            samesite="lax",
+        )
+        return out
+
+    @app.post("/auth/logout", status_code=204, include_in_schema=False)
+    def logout(request: Request) -> Response:
+        """Signs out: the session is revoked server-side and the cookie dropped."""
+        session = changing(request)
+        sessions.revoke(session.sid)
+        log.info("%s signed out of the portal", session.user)
+        out = Response(status_code=204)
+        out.delete_cookie(COOKIE, path="/", secure=secure, httponly=True, samesite="lax")
+        return out
+
+    @app.get("/api/v1/me", tags=["session"])
+    def me(request: Request) -> dict[str, Any]:
+        """The signed-in person: ``{user, csrf, expires_at}`` (``csrf`` for ``X-CSRF-Token``)."""
+        session = signed_in(request)
+        return {
+            "user": session.user,
+            "csrf": session.csrf,
+            "expires_at": datetime.fromtimestamp(session.expires_at, UTC).isoformat(),
+        }
+
+
+def _local(target: object) -> bool:
+    """Whether a redirect target is a path of this site (no scheme, no host, no ``//``)."""
+    return (
+        isinstance(target, str)
+        and target.startswith("/")
+        and not target.startswith("//")
+        and "\\" not in target
+        and len(target) <= 2000
+    )
 
 
 def serve(

@@ -313,6 +313,19 @@ def create_app(
         """Records the reasoner's ``{"scores": [...]}``, all or nothing."""
         return await run(service.put_risk_scores, _member(body, "scores"))
 
+    @app.get("/v1/risk", dependencies=guard, tags=["risk"])
+    async def list_risk(
+        min_score: Annotated[int, Query(ge=0, le=100, description="only scores of at least")] = 0,
+        limit: Annotated[int | None, Query(ge=1, le=1_000_000, description="most scores")] = None,
+    ) -> Any:
+        """The scores with their factors, highest first: ``{"scores": [...]}``."""
+        return {"scores": await run(service.risk_scores, min_score, limit)}
+
+    @app.get("/v1/risk/{principal_type}/{principal_id:path}", dependencies=guard, tags=["risk"])
+    async def get_risk(principal_type: str, principal_id: str) -> Any:
+        """One principal's score with its factors (404 when it has none)."""
+        return await run(service.risk_score, Ref(type=principal_type, id=principal_id))
+
     # -- directory ---------------------------------------------------------------------------
 
     @app.get("/v1/directory/people", dependencies=guard, tags=["directory"])
@@ -361,7 +374,10 @@ def create_app(
 
     @app.post("/v1/investigations", dependencies=guard, status_code=201, tags=["investigations"])
     async def open_investigation(body: Annotated[dict[str, Any], Body()]) -> Any:
-        """Records an investigation ``{principal, reason, opened_by}``."""
+        """Records an investigation.
+
+        ``{principal, reason, opened_by, kind?, evidence?, summary?, summary_by?}``.
+        """
         return await run(service.open_investigation, body)
 
     @app.get("/v1/investigations", dependencies=guard, tags=["investigations"])
@@ -369,10 +385,11 @@ def create_app(
         status: Annotated[str | None, Query(pattern="^(open|closed)$")] = None,
         principal_type: str | None = None,
         principal_id: str | None = None,
+        kind: Annotated[str | None, Query(pattern="^(manual|contain|would_contain|score)$")] = None,
     ) -> Any:
-        """Investigations, newest first (of one status, of one principal)."""
+        """Investigations, newest first (of one status, of one principal, of one kind)."""
         ref = Ref(type=principal_type, id=principal_id) if principal_type and principal_id else None
-        return {"investigations": await run(service.investigations, status, ref)}
+        return {"investigations": await run(service.investigations, status, ref, kind)}
 
     @app.post("/v1/investigations/{inv_id}/close", dependencies=guard, tags=["investigations"])
     async def close_investigation(inv_id: str, body: Annotated[dict[str, Any], Body()]) -> Any:

@@ -193,6 +193,12 @@ class RiskScoreRow(SQLModel, table=True):
     score: int = Field(sa_column=Column(Integer, nullable=False))
     reason: str = Field(default="", sa_column=Column(Text, nullable=False))
     updated_at: datetime = Field(sa_column=Column(_TZ, nullable=False))
+    factors: list[dict[str, Any]] | None = Field(
+        default=None, sa_column=Column(JSON, nullable=True)
+    )
+    """The top contributing factors ``{name, observed, baseline, contribution, ...}``."""
+    details: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
+    """What else the reasoner says of the score (``learning``, ``peer_group``, ``window``)."""
 
 
 class TrustedAppRow(SQLModel, table=True):
@@ -208,7 +214,11 @@ class TrustedAppRow(SQLModel, table=True):
 
 
 class InvestigationRow(SQLModel, table=True):
-    """An investigation of a principal: ``status`` is ``open`` or ``closed``."""
+    """An investigation of a principal: ``status`` is ``open`` or ``closed``.
+
+    The reasoner's carry their ``kind``, ``evidence`` and ``summary``
+    (docs/reasoner.md#investigations).
+    """
 
     __tablename__ = "investigations"
 
@@ -221,3 +231,10 @@ class InvestigationRow(SQLModel, table=True):
     closed_by: str | None = Field(default=None, sa_column=Column(String(512), nullable=True))
     closed_at: datetime | None = Field(default=None, sa_column=Column(_TZ, nullable=True))
     resolution: str = Field(default="", sa_column=Column(Text, nullable=False))
+    kind: str = Field(default="manual", sa_column=Column(String(32), nullable=False))
+    """``manual``, or the reasoner's ``contain``, ``would_contain`` and ``score``."""
+    evidence: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
+    """The evidence behind it: factors, baselines, the window, sample record ids."""
+    summary: str = Field(default="", sa_column=Column(Text, nullable=False))
+    summary_by: str = Field(default="", sa_column=Column(String(256), nullable=False))
+    """Who wrote the summary: a model's name, or ``deterministic``."""

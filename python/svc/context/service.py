@@ -63,6 +63,7 @@ __all__ = [
     "FEEDS",
     "Change",
     "ContextService",
+    "FactorIn",
     "Feed",
     "Ref",
     "ResourceIn",
@@ -144,12 +145,36 @@ class ServiceAccountIn(_Strict):
     description: str = Field(default="", max_length=4096)
 
 
+class FactorIn(_Strict):
+    """One factor of a score (docs/reasoner.md#factors).
+
+    What was seen, what is usual, and the points it added; ``family``, ``peers`` and ``day``
+    as the reasoner gives them.
+    """
+
+    name: str = Field(min_length=1, max_length=128)
+    observed: Any = None
+    baseline: Any = None
+    contribution: float = Field(ge=0, le=100)
+    family: str | None = Field(default=None, max_length=16)
+    peers: Any = None
+    day: str | None = Field(default=None, max_length=32)
+
+
+#: The most factors one score keeps, and the largest JSON of a score's details or an
+#: investigation's evidence.
+MAX_FACTORS = 20
+MAX_EVIDENCE_BYTES = 256 * 1024
+
+
 class RiskScoreIn(_Strict):
-    """One score of the reasoner: a principal and 0 to 100."""
+    """One score of the reasoner: a principal, 0 to 100, and optionally its factors."""
 
     principal: Ref
     score: int = Field(ge=0, le=100)
     reason: str = Field(default="", max_length=4096)
+    factors: list[FactorIn] = Field(default_factory=list, max_length=MAX_FACTORS)
+    details: dict[str, Any] = Field(default_factory=dict)
 
 
 class TrustedAppIn(_Strict):
@@ -162,11 +187,15 @@ class TrustedAppIn(_Strict):
 
 
 class InvestigationIn(_Strict):
-    """A new investigation of a principal."""
+    """A new investigation of a principal; the reasoner's carry a kind, evidence and summary."""
 
     principal: Ref
     reason: str = Field(min_length=1, max_length=4096)
     opened_by: str = Field(min_length=1, max_length=512)
+    kind: Literal["manual", "contain", "would_contain", "score"] = "manual"
+    evidence: dict[str, Any] = Field(default_factory=dict)
+    summary: str = Field(default="", max_length=16384)
+    summary_by: str = Field(default="", max_length=256)
 
 
 class InvestigationClose(_Strict):
@@ -225,6 +254,12 @@ def _validate(model: type[_M], raw: Any, index: int | None, errors: list[FieldEr
             msg = str(err.get("msg", "invalid"))
             errors.append(FieldError(index, loc, msg[:1].lower() + msg[1:]))
         return None
+
+
+def _check_size(value: Any, index: int | None, field: str, errors: list[FieldError]) -> None:
+    n = len(_compact_json(value).encode())
+    if n > MAX_EVIDENCE_BYTES:
+        errors.append(FieldError(index, field, f"{n} bytes of JSON; at most {MAX_EVIDENCE_BYTES}"))
 
 
 def _check_ident(text_: str, index: int | None, field: str, errors: list[FieldError]) -> None:
@@ -829,18 +864,39 @@ class ContextService:
     def put_risk_scores(self, raw: Any) -> dict[str, Any]:
         """Records the reasoner's scores, all or nothing; each raises ``principals_version``.
 
+        The whole cycle's scores go in one request and one transaction
+        (docs/reasoner.md#publishing), so up to ``max_risk_scores`` of them, more than other
+        batches take. The factors and details are kept beside the score, for ``GET
+        /v1/risk``; the principals snapshot carries the score alone.
+
         Args:
-            raw: a list of ``{"principal": {"type", "id"}, "score": 0..100, "reason"?}``.
+            raw: a list of ``{"principal": {"type", "id"}, "score": 0..100, "reason"?,
+                "factors"?: [{name, observed, baseline, contribution, ...}], "details"?}``.
 
         Returns:
             ``{"stored": n, "principals_version": seq}``.
 
         Raises:
             Problem: 400 ``invalid-batch`` naming every bad score (outside 0..100, a bad
-                reference, a principal scored twice).
+                reference, a principal scored twice, more than 20 factors, details over
+                256 KiB).
 
         """
-        self._max_items(raw, "scores")
+        if not isinstance(raw, list) or not 1 <= len(raw) <= self.settings.max_risk_scores:
+            n = len(raw) if isinstance(raw, list) else None
+            raise _bad_batch(
+                "risk scores",
+                [
+                    FieldError(
+                        None,
+                        "scores",
+                        "must be a list"
+                        if n is None
+                        else f"holds {n} items; 1 to {self.settings.max_risk_scores} "
+                        "(SVC_CONTEXT_MAX_RISK_SCORES) are allowed",
+                    )
+                ],
+            )
         errors: list[FieldError] = []
         items: list[RiskScoreIn] = []
         seen: dict[str, int] = {}
@@ -848,6 +904,7 @@ class ContextService:
             item = _validate(RiskScoreIn, r, i, errors)
             if item is None:
                 continue
+            _check_size(item.details, i, "details", errors)
             _check_ident(item.principal.id, i, "principal.id", errors)
             key = principal_key(item.principal.type, item.principal.id)
             if key in seen:
@@ -866,10 +923,60 @@ class ContextService:
                 row.score = item.score
                 row.reason = item.reason
                 row.updated_at = now
+                row.factors = [f.model_dump() for f in item.factors]
+                row.details = item.details
                 tx.session.add(row)
                 value = {"principal": _entity_ref(item.principal), "score": item.score}
                 tx.set_principal("RiskScore", key, value, force=True)
         return {"stored": len(items), "principals_version": tx.last_principals_seq()}
+
+    @staticmethod
+    def _risk_json(row: RiskScoreRow) -> dict[str, Any]:
+        type_, _, rest = row.principal.partition("::")
+        return {
+            "principal": {"type": type_, "id": rest[1:-1]},
+            "score": row.score,
+            "reason": row.reason,
+            "factors": row.factors or [],
+            "details": row.details or {},
+            "updated_at": (utc(row.updated_at) or _now()).isoformat(),
+        }
+
+    def risk_scores(self, min_score: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
+        """The stored scores with their factors, highest first (docs/context.md#risk-scores).
+
+        Args:
+            min_score: only scores of at least this (0..100).
+            limit: at most this many (default: all).
+
+        Returns:
+            ``[{principal: {type, id}, score, reason, factors, details, updated_at}]``, by
+            score descending, then principal.
+
+        """
+        q = (
+            select(RiskScoreRow)
+            .where(col(RiskScoreRow.score) >= min_score)
+            .order_by(col(RiskScoreRow.score).desc(), col(RiskScoreRow.principal))
+        )
+        if limit is not None:
+            q = q.limit(limit)
+        with self.read() as s:
+            return [self._risk_json(r) for r in s.exec(q).all()]
+
+    def risk_score(self, principal: Ref) -> dict[str, Any]:
+        """One principal's score with its factors.
+
+        Raises:
+            Problem: 404 ``not-found`` when the principal has no score.
+
+        """
+        key = principal_key(principal.type, principal.id)
+        with self.read() as s:
+            row = s.get(RiskScoreRow, key)
+            if row is None:
+                raise Problem(404, "not-found", "Not found", f"no risk score of {key}")
+            return self._risk_json(row)
 
     # -- Trusted apps ---------------------------------------------------------
 
@@ -943,10 +1050,19 @@ class ContextService:
             "closed_by": row.closed_by,
             "closed_at": closed.isoformat() if closed else None,
             "resolution": row.resolution,
+            "kind": row.kind,
+            "evidence": row.evidence or {},
+            "summary": row.summary,
+            "summary_by": row.summary_by,
         }
 
     def open_investigation(self, raw: Any) -> dict[str, Any]:
-        """Records an investigation ``{principal, reason, opened_by}``; returns it (``open``).
+        """Records an investigation; returns it (``open``).
+
+        Args:
+            raw: ``{principal, reason, opened_by, kind?, evidence?, summary?, summary_by?}``;
+                ``kind`` is ``manual`` (default), ``contain``, ``would_contain`` or ``score``
+                (docs/reasoner.md#investigations); ``evidence`` at most 256 KiB of JSON.
 
         Raises:
             Problem: 400 ``invalid-batch`` naming every bad field.
@@ -954,7 +1070,9 @@ class ContextService:
         """
         errors: list[FieldError] = []
         item = _validate(InvestigationIn, raw, None, errors)
-        if item is None:
+        if item is not None:
+            _check_size(item.evidence, None, "evidence", errors)
+        if item is None or errors:
             raise _bad_batch("investigation", errors)
         row = InvestigationRow(
             id=uuid.uuid4().hex,
@@ -963,18 +1081,24 @@ class ContextService:
             opened_by=item.opened_by,
             opened_at=_now(),
             status="open",
+            kind=item.kind,
+            evidence=item.evidence,
+            summary=item.summary,
+            summary_by=item.summary_by,
         )
         with self.write() as tx:
             tx.session.add(row)
         return self._inv_json(row)
 
     def investigations(
-        self, status: str | None = None, principal: Ref | None = None
+        self, status: str | None = None, principal: Ref | None = None, kind: str | None = None
     ) -> list[dict[str, Any]]:
-        """Investigations, newest first, optionally of one status and one principal."""
+        """Investigations, newest first, optionally of one status, principal and kind."""
         q = select(InvestigationRow)
         if status is not None:
             q = q.where(InvestigationRow.status == status)
+        if kind is not None:
+            q = q.where(InvestigationRow.kind == kind)
         if principal is not None:
             q = q.where(InvestigationRow.principal == principal_key(principal.type, principal.id))
         with self.read() as s:

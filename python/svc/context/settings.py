@@ -37,6 +37,9 @@ class ContextSettings(ServiceSettings, component="context"):
     """Most resources in one SCIM list response (``filter.maxResults``, RFC 7643 section 5)."""
     max_batch_items: int = Field(default=1_000, ge=1, le=100_000)
     """Most items in one batch write or read of resources, work items or service accounts."""
+    max_risk_scores: int = Field(default=200_000, ge=1, le=10_000_000)
+    """Most scores in one ``POST /v1/risk``: the reasoner sends a whole cycle's in one request
+    (docs/reasoner.md#publishing)."""
     max_changes: int = Field(default=1_000, ge=1, le=100_000)
     """Most changes in one answer of a watch or change feed."""
     max_wait_secs: float = Field(default=25.0, ge=0, le=300)

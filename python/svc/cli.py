@@ -67,6 +67,7 @@ from svc.common.auth_settings import HistoryAuthSettings, PdpAuthSettings
 from svc.common.cli import Options, settings_command
 from svc.connectors.cli import app as connectors_app
 from svc.context.cli import app as context_app
+from svc.reporter.cli import app as reporter_app
 from svc.gateway.cli import gateway as gateway_command
 from svc.history.loader import HistoryStoreSettings, LoaderSettings
 from svc.intake.settings import IntakeSettings
@@ -651,6 +652,7 @@ def _serve_http(app_: Any, host: str, port: int) -> Callable[[], None]:
 app.add_typer(context_app, name="context")
 app.add_typer(challenge_app, name="challenge")
 app.add_typer(connectors_app, name="connectors")
+app.add_typer(reporter_app, name="reporter")
 app.add_typer(portal_app, name="portal")
 app.add_typer(topology_app, name="topology")
 app.command("gateway")(gateway_command)

@@ -61,6 +61,10 @@ test: lint ## Set up, lint, and run cargo test and pytest
 	cargo test --workspace
 	$(BIN)/pytest -q tests
 
+.PHONY: screenshots
+screenshots: build ## Refresh docs/images/ from the challenge page's tests in Chromium (tests only compare)
+	SVC_REFRESH_SCREENSHOTS=1 $(BIN)/pytest -q tests/test_challenge_page.py
+
 .PHONY: bench
 bench: build ## Criterion bench of decide, then the Python benches (evaluate, plan) against cedarpy
 	cargo bench -p pdp_core --bench decide

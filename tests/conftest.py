@@ -13,6 +13,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from cleantree import pytest_sessionfinish, pytest_sessionstart  # noqa: F401  (tree stays clean)
 from kafka_fixture import dev_kafka, kafka_bootstrap  # noqa: F401  (fixtures for all tests)
 
 REPO = Path(__file__).resolve().parent.parent

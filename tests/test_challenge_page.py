@@ -5,11 +5,18 @@ A real challenge service on PostgreSQL serving its page, a real local OpenID Con
 challenges (as tests/test_challenge_pdp.py starts it), and headless Chromium (Debian's
 `chromium`, driven by Playwright) with Chrome's virtual authenticator (CDP `WebAuthn` domain:
 ctap2, internal, user verification). The links come from the notifications the service wrote
-to its outbox. Each step's screenshot goes to docs/images/challenge-*.png.
+to its outbox.
+
+Each step's screenshot (docs/challenges.md shows them) is taken into a temporary directory and
+compared with the committed docs/images/challenge-*.png: the same size, and few pixels that
+differ past the tolerance of a font's anti-aliasing (Pillow). A page that changed fails, naming
+the image, this run's screenshot and a picture of the differences;
+`make screenshots` (``SVC_REFRESH_SCREENSHOTS=1``) refreshes docs/images/ instead.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import stat
 from collections.abc import Iterator
@@ -19,6 +26,7 @@ from typing import Any
 
 import httpx
 import pytest
+from PIL import Image, ImageChops
 from playwright.sync_api import Browser, BrowserContext, Page, Response, sync_playwright
 from sqlmodel import Session, col, select
 
@@ -37,6 +45,18 @@ __all__ = ["database_url"]  # the fixture, used by name
 
 IMAGES = Path(__file__).resolve().parent.parent / "docs" / "images"
 CHROMIUM = "/usr/bin/chromium"
+
+#: ``make screenshots`` sets it: the screenshots replace docs/images/ instead of being compared.
+REFRESH = os.environ.get("SVC_REFRESH_SCREENSHOTS") == "1"
+#: A pixel differs when one of its channels differs by more than this (0-255): text
+#: anti-aliasing and hinting move edges by a few levels between builds of Chromium.
+CHANNEL_TOLERANCE = 64
+#: The share of differing pixels allowed (0-1), for the values that change on every run: the
+#: key page's key id and registration time move its table's columns (about 0.7% of the
+#: pixels); the other pages differ by 0.1% at most from run to run.
+MAX_DIFFERING = 0.02
+#: Where this run's screenshots go (set per module by ``screenshots_dir``).
+SHOTS: Path | None = None
 
 SCHEMA = """
 entity Human;
@@ -166,9 +186,64 @@ class World:
         return context, page
 
 
+def compare(committed: Path, taken: Path) -> str | None:
+    """How the screenshot `taken` differs from the `committed` one, or None when it matches.
+
+    Matching: the same size, and at most ``MAX_DIFFERING`` of the pixels with a channel
+    differing by more than ``CHANNEL_TOLERANCE``. A picture of the differences is saved beside
+    `taken` (``*.diff.png``) when they are too many.
+    """
+    if not committed.is_file():
+        return "there is no committed image"
+    with Image.open(committed) as a, Image.open(taken) as b:
+        if a.size != b.size:
+            return f"the page changed shape: {b.size[0]}x{b.size[1]}, committed {a.size[0]}x{a.size[1]}"
+        diff = ImageChops.difference(a.convert("RGB"), b.convert("RGB"))
+    r, g, bl = diff.split()
+    largest = ImageChops.lighter(ImageChops.lighter(r, g), bl)
+    differing = sum(largest.histogram()[CHANNEL_TOLERANCE + 1 :])
+    share = differing / (largest.size[0] * largest.size[1])
+    if share <= MAX_DIFFERING:
+        return None
+    largest.point(lambda v: 255 if v > CHANNEL_TOLERANCE else 0).save(
+        taken.with_suffix(".diff.png")
+    )
+    return f"{share:.1%} of the pixels differ (at most {MAX_DIFFERING:.0%} may)"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def screenshots_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """This module's screenshots go to a temporary directory (``SHOTS``)."""
+    global SHOTS
+    SHOTS = tmp_path_factory.mktemp("screenshots")
+    yield
+    SHOTS = None
+
+
 def shot(page: Page, name: str) -> None:
-    IMAGES.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(IMAGES / f"challenge-{name}.png"))
+    """Takes the step's screenshot and compares it with docs/images/challenge-`name`.png.
+
+    Fails the test when they differ (``compare``); under ``make screenshots`` the committed
+    image is replaced instead.
+    """
+    file = f"challenge-{name}.png"
+    if REFRESH:
+        IMAGES.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(IMAGES / file))
+        return
+    assert SHOTS is not None
+    taken = SHOTS / file
+    page.screenshot(path=str(taken))
+    problem = compare(IMAGES / file, taken)
+    if problem:
+        diff = taken.with_suffix(".diff.png")
+        pytest.fail(
+            f"docs/images/{file}: {problem}; this run's screenshot is {taken}"
+            + (f" (the differing pixels in {diff})" if diff.exists() else "")
+            + ". If the page changed on purpose, run `make screenshots` to refresh "
+            "docs/images/, and commit the images.",
+            pytrace=False,
+        )
 
 
 def sign_in(page: Page, user: str, screenshot: str | None = None) -> Response:
@@ -362,3 +437,39 @@ def test_link_tokens_expire_and_bind_their_challenge(tmp_path: Path) -> None:
         LinkTokens.from_file(None, 60).verify(token, "q1")  # another key
     with pytest.raises(ValueError):
         LinkTokens(b"short", 60)
+
+
+def test_screenshots_are_compared_by_size_and_a_share_of_differing_pixels(
+    tmp_path: Path,
+) -> None:
+    """``compare``: what passes (anti-aliasing, a few changed values) and what fails."""
+    committed = IMAGES / "challenge-open.png"
+    with Image.open(committed) as img:
+        page = img.convert("RGB")
+    width, height = page.size
+
+    def taken(name: str, image: Image.Image) -> Path:
+        path = tmp_path / name
+        image.save(path)
+        return path
+
+    assert compare(committed, taken("same.png", page)) is None
+    # Every pixel a little off (another build's anti-aliasing): the same page.
+    lighter = page.point(lambda v: min(255, v + CHANNEL_TOLERANCE // 2))
+    assert compare(committed, taken("lighter.png", lighter)) is None
+    # A small box of changed values (a time, an id): within the share allowed.
+    small = page.copy()
+    small.paste((255, 0, 255), (0, 0, width // 20, height // 20))
+    assert compare(committed, taken("small.png", small)) is None
+    # A band of the page changed: fails, and the differences are saved.
+    band = page.copy()
+    band.paste((255, 0, 255), (0, height // 3, width, height // 3 + height // 10))
+    problem = compare(committed, taken("band.png", band))
+    assert problem is not None and "of the pixels differ" in problem
+    assert (tmp_path / "band.diff.png").is_file()
+    # Another size: the page changed shape.
+    taller = Image.new("RGB", (width, height + 40), "white")
+    taller.paste(page, (0, 0))
+    problem = compare(committed, taken("taller.png", taller))
+    assert problem is not None and "changed shape" in problem
+    assert compare(tmp_path / "missing.png", committed) == "there is no committed image"

@@ -255,3 +255,35 @@ def test_retrying_raises_stopped_from_the_last_failure() -> None:
     with pytest.raises(Stopped) as caught:
         r.retrying(stop, sleep=waits.append)(attempt)
     assert isinstance(caught.value.__cause__, Lost) and waits == []
+
+
+def test_the_iteration_forms_retry_a_block() -> None:
+    """``for attempt in r.retrying(...)`` and ``async for`` (a POST that must go through)."""
+    r = Reconnect("intake", log, initial_secs=0.5, max_secs=4.0, retry_on=Lost)
+    waits: list[float] = []
+    tries = 0
+    for attempt in r.retrying(threading.Event(), sleep=waits.append):
+        with attempt:
+            tries += 1
+            if tries < 4:
+                raise Lost("HTTP 503")
+    assert tries == 4 and len(waits) == 3
+
+    async def main() -> int:
+        stop = asyncio.Event()
+        count = 0
+
+        async def record(secs: float) -> None:
+            waits.append(secs)
+            if count == 3:
+                stop.set()  # stopped during the third wait: no fourth try
+
+        with pytest.raises(Stopped):
+            async for attempt in r.async_retrying(stop, sleep=record):
+                with attempt:
+                    count += 1
+                    raise Lost("HTTP 503")
+        return count
+
+    assert asyncio.run(main()) == 3
+    assert all(0.0 <= w <= r.ceiling(4) for w in waits)

@@ -11,7 +11,8 @@ subscriptions are accepted.
 ERA is ``both`` (the default: the handshake era and the 2026-07-28 revision, as the SDK serves
 them), ``legacy`` (the handshake era only) or ``modern`` (2026-07-28 only) (``one_era``);
 ``ask_round`` asks in the 2026-07-28 revision's input-required round;
-``python tests/gwupstream.py stdio`` speaks MCP over its standard input and output.
+``python tests/gwupstream.py stdio [legacy]`` speaks MCP over its standard input and output
+(both eras; with ``legacy`` the handshake era only).
 """
 
 from __future__ import annotations
@@ -154,14 +155,19 @@ def waits() -> str:
 
 @server.tool()
 async def ask_round(ctx: Context) -> Any:
-    """Asks the client for a completion in the 2026-07-28 revision's way (an input-required
-    round: ``InputRequiredResult`` with the request, then the retry with the answer); answers
-    the completion's text. On a handshake-era session it asks during the call instead."""
+    """Asks the client for a completion in the 2026-07-28 revision's way.
+
+    An input-required round: it logs at two levels and answers ``InputRequiredResult`` with
+    the request, then the retry carries the answer, whose text it answers. On a handshake-era
+    session it is ``ask_now``.
+    """
     if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
         return await ask_now(ctx)
     answers = ctx.input_responses or {}
     got = answers.get("q")
     if got is None:
+        await ctx.info("asking")
+        await ctx.warning("still asking")
         ask = CreateMessageRequest(
             params=CreateMessageRequestParams(
                 messages=[
@@ -245,10 +251,29 @@ def one_era(app: Any, era: str) -> Any:
     return guarded
 
 
+async def legacy_stdio() -> None:
+    """Serves stdio in the handshake era only, as a server older than 2026-07-28 does.
+
+    The ``mcp`` SDK's handshake-only loop (``serve_loop``): ``server/discover`` is not a method
+    there (``-32601``), so clients fall back to ``initialize``.
+    """
+    from mcp.server.runner import serve_loop
+    from mcp.server.stdio import stdio_server
+
+    low = server._lowlevel_server
+    async with stdio_server() as (r, w), low.lifespan(low) as state:
+        await serve_loop(
+            low, r, w, lifespan_state=state, init_options=low.create_initialization_options()
+        )
+
+
 def main() -> None:
     """Serves over the transport named by the first argument (module docs)."""
     if sys.argv[1:] == ["stdio"]:
         server.run("stdio")
+        return
+    if sys.argv[1:] == ["stdio", "legacy"]:
+        asyncio.run(legacy_stdio())
         return
     sock = tcp_listener("127.0.0.1", int(sys.argv[2]) if len(sys.argv) > 2 else 0)
     sock.listen(128)  # connections wait in the backlog from the moment the line is printed

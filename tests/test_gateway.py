@@ -1,7 +1,8 @@
 """The MCP gateway's agent tokens and proxy (docs/gateway.md), against real parts.
 
 A real `svc pdp` process over a bundle with `Tool` and `call` (tests/gwkit.py), a real upstream
-MCP server process (tests/gwupstream.py, Streamable HTTP; and the same server over stdio), the
+MCP server process of the handshake era (tests/gwupstream.py, Streamable HTTP; and the same server
+over stdio; both eras: tests/test_gateway_revisions.py), the
 issuers' JWK Sets served over HTTPS by a test server whose CA trustme makes, and the gateway
 itself on a real port (`GatewayServer`), reached with the `mcp` SDK's client and httpx.
 
@@ -132,7 +133,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     apps_file = tmp / "apps.json"
     apps_file.write_text(json.dumps(_apps(jwks, ("copilot", copilot), ("billing", billing))))
     pdp = Pdp("--bundle", str(write_bundle(tmp / "bundle")), "--port", "0", "--no-watch")
-    upstream = UpstreamProcess()
+    upstream = UpstreamProcess(era="legacy")
     s = Stack(
         tmp,
         jwks,
@@ -603,7 +604,7 @@ def test_what_an_upstream_sends_during_a_call_reaches_its_agent(stack: Stack) ->
         stack.settings(
             upstreams={
                 "local": Upstream(
-                    command=[PYTHON, str(TESTS / "gwupstream.py"), "stdio"],
+                    command=[PYTHON, str(TESTS / "gwupstream.py"), "stdio", "legacy"],
                     env={"PYTHONPATH": str(TESTS.parent / "python")},
                 )
             }
@@ -833,7 +834,7 @@ def test_a_stdio_upstream(stack: Stack) -> None:
     settings = stack.settings(
         upstreams={
             "local": Upstream(
-                command=[PYTHON, str(TESTS / "gwupstream.py"), "stdio"],
+                command=[PYTHON, str(TESTS / "gwupstream.py"), "stdio", "legacy"],
                 env={"PYTHONPATH": str(TESTS.parent / "python")},
                 tools=TOOLS,
             )
@@ -873,7 +874,7 @@ def test_an_upstream_that_is_down_then_comes_back(stack: Stack) -> None:
             await s.list_tools()
             assert upstream is not None
             upstream.stop()
-            upstream = UpstreamProcess(port)
+            upstream = UpstreamProcess(port, era="legacy")
             again = await s.call_tool("ping", {})
             await _until_seen(
                 seen,
@@ -892,7 +893,7 @@ def test_an_upstream_that_is_down_then_comes_back(stack: Stack) -> None:
         error = asyncio.run(ping())
         assert isinstance(error, MCPError)
         assert "upstream `late` cannot be reached" in error.message
-        upstream = UpstreamProcess(port)
+        upstream = UpstreamProcess(port, era="legacy")
         wait_until(lambda: ready(gw.url))
         assert asyncio.run(ping()).content[0].text == "pong"
         # Restarted, the upstream no longer knows the gateway's session: the call the fast

@@ -57,9 +57,13 @@ def _free_port() -> int:
 
 
 class World:
-    """Every part (module docs); ``agent`` and ``other`` mint the agents' tokens."""
+    """Every part (module docs); ``agent`` and ``other`` mint the agents' tokens.
 
-    def __init__(self, tmp: Path) -> None:
+    `era`: the protocol era(s) the upstream serves (``both``, ``legacy``, ``modern``:
+    tests/gwupstream.py).
+    """
+
+    def __init__(self, tmp: Path, era: str = "both") -> None:
         self.tmp = tmp
         self.jwks = JwksServer(tmp)
         self.app = Issuer("https://copilot.example.com", "ES256")
@@ -101,7 +105,7 @@ class World:
             stderr=subprocess.DEVNULL,
         )
         (tmp / "intake-token").write_text(INTAKE_TOKEN)
-        self.upstream = UpstreamProcess()
+        self.upstream = UpstreamProcess(era=era)
         self.gateway = GatewayServer(
             GatewaySettings(
                 port=0,

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import mcp_types as types
 import pytest
 
 from gwkit import agent_client
@@ -24,11 +25,20 @@ from test_gateway_flows import Agent, World
 MODERN = "2026-07-28"
 
 
-@pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
-    w = World(tmp_path_factory.mktemp("revisions"))
+@pytest.fixture(scope="module", params=["legacy", "modern"])
+def world(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[World]:
+    """Every part, the upstream serving the handshake era only (``legacy``) or the 2026-07-28
+    revision only (``modern``)."""
+    w = World(tmp_path_factory.mktemp("revisions"), era=request.param)
+    w.era = request.param  # type: ignore[attr-defined]
     yield w
     w.close()
+
+
+def _upstream_revision(world: World) -> str:
+    return "2025-11-25" if world.era == "legacy" else MODERN  # type: ignore[attr-defined]
 
 
 def _agent_flow(world: World, mode: str, person: str) -> tuple[str, Agent, dict[str, Any]]:
@@ -74,6 +84,54 @@ def test_each_client_mode_meets_allow_deny_challenge_pass_and_retry(
     # The operator sees which revision the agent speaks.
     label = f'agent="copilot.assistant",protocol_version="{version}",upstream="docs"'
     assert world.metric(f"svc_gateway_agent_requests_total{{{label}}}") >= 4
+
+
+def test_the_gateway_speaks_the_newest_revision_the_upstream_offers(world: World) -> None:
+    link = world.gateway.service.links["docs"]
+    assert link.initialized is not None
+    assert link.initialized.protocol_version == _upstream_revision(world)
+    assert link.modern == (world.era == "modern")  # type: ignore[attr-defined]
+
+
+async def _sampling(context: Any, params: Any) -> Any:
+    return types.CreateMessageResult(
+        role="assistant", content=types.TextContent(type="text", text="yes"), model="m"
+    )
+
+
+@pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning")
+@pytest.mark.parametrize("mode", ["legacy", MODERN])
+def test_logs_and_requests_for_input_reach_the_agent(world: World, mode: str) -> None:
+    """docs/gateway.md#relaying in both eras: the agent's log level filters the upstream's log
+    messages, and the upstream's sampling request (a request during the call from a
+    handshake-era upstream, an input-required round from a 2026-07-28 one) is answered by the
+    agent's sampling callback. A 2026-07-28 agent has no back channel: a handshake-era
+    upstream's request during the call reaches it as an input-required round of the held call
+    (svc.gateway.rounds), a 2026-07-28 upstream's round it answers itself."""
+    logs: list[Any] = []
+
+    async def logging(params: Any) -> None:
+        logs.append((params.level, params.data))
+
+    async def run() -> Any:
+        options: dict[str, Any] = {"sampling_callback": _sampling, "logging_callback": logging}
+        if mode == MODERN:
+            options["log_level"] = "warning"
+        async with agent_client(world.url, world.agent(), mode, **options) as client:
+            if mode == "legacy":
+                await client.set_logging_level("warning")
+            return await client.call_tool("ask_round", {})
+
+    before = world.metric('svc_gateway_tool_calls_total{outcome="forwarded",upstream="docs"}')
+    result = asyncio.run(run())
+    after = world.metric('svc_gateway_tool_calls_total{outcome="forwarded",upstream="docs"}')
+    assert not result.is_error, result
+    assert result.content[0].text == "yes"
+    assert logs == [("warning", "still asking")]
+    # A 2026-07-28 upstream's round is a new call of the agent's, checked again; a held call's
+    # round (a handshake-era upstream) is the same call going on.
+    rounds = 2 if mode == MODERN and world.era == "modern" else 1  # type: ignore[attr-defined]
+    assert after - before == rounds
 
 
 def _post(world: World, body: dict[str, Any], headers: dict[str, str]) -> httpx.Response:
@@ -157,3 +215,37 @@ def test_server_discover_names_the_revision_and_the_upstreams_capabilities(world
     # The revision's caching hints: the upstream gave none, so the gateway's (stale at once,
     # private to the caller).
     assert (tools["ttlMs"], tools["cacheScope"]) == (0, "private")
+
+
+def _fast(world: World) -> float:
+    return world.metric('svc_gateway_fast_path_calls_total{how="answered",upstream="docs"}')
+
+
+def test_a_plain_call_of_either_era_takes_the_fast_path(world: World) -> None:
+    """docs/gateway.md#fast-path: a 2026-07-28 ``tools/call`` (one POST, no session) is
+    checked and answered as one JSON body, as a handshake-era session's is, whatever the
+    upstream's era; a blocked one too; one whose headers disagree with its body is the SDK's
+    to refuse."""
+    good = {"mcp-protocol-version": MODERN, "mcp-method": "tools/call", "mcp-name": "read_doc"}
+    body = _call("read_doc")
+    body["params"]["arguments"] = {"doc_id": "plan"}
+    before = _fast(world)
+    r = _post(world, body, good)
+    assert r.status_code == 200 and r.headers["content-type"] == "application/json", r.text
+    result = r.json()["result"]
+    assert result["resultType"] == "complete" and not result["isError"]
+    assert "mcp-session-id" not in r.headers
+    assert _fast(world) - before == 1
+    body["params"]["arguments"] = {"doc_id": "secret"}
+    denied = _post(world, body, good).json()["result"]
+    assert denied["isError"] and denied["_meta"]["svc/verdict"] == "deny"
+    mismatch = _post(world, body, {**good, "mcp-name": "write_doc"})
+    assert mismatch.status_code == 400 and mismatch.json()["error"]["code"] == -32020
+
+    async def legacy() -> Any:
+        async with agent_client(world.url, world.agent(), "legacy") as client:
+            return await client.call_tool("read_doc", {"doc_id": "plan"})
+
+    before = _fast(world)
+    assert not asyncio.run(legacy()).is_error
+    assert _fast(world) - before == 1

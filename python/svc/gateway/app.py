@@ -50,6 +50,7 @@ from svc.common.health import Readiness, probe_router
 from svc.common.problems import Problem, install_problem_handlers, problem_response
 from svc.gateway.fastpath import FastPath
 from svc.gateway.relay import LEVELS
+from svc.gateway.rounds import HeldCalls
 from svc.gateway.service import GatewayService, UpstreamUnavailable
 from svc.gateway.settings import GatewaySettings
 from svc.gateway.tokens import AgentIdentity, AgentTokenVerifier, TokenError
@@ -238,7 +239,11 @@ class McpProxy:
         )
         service.links[name].on_connected = self._install
         self.manager = StreamableHTTPSessionManager(app=self.server)
+        self.held = HeldCalls(service.settings.upstream_timeout_secs)
         self.fast = FastPath(service, name, self.manager)
+        # The SDK's 2026-07-28 entry checks a call's Mcp-Param-* headers against the tool's
+        # schema: the schemas the upstream last listed, not a tools/list per call.
+        self.server.get_tool_input_schema = service.links[name].tool_schemas.get
 
     def _remember(self, ctx: Any) -> None:
         """Remembers (or marks as recent) the agent session of a handler's message."""
@@ -263,12 +268,22 @@ class McpProxy:
         """
         self._remember(ctx)
 
+    def _relay(self, ctx: Any, params: Any) -> AgentRelay:
+        """The agent's side of a forwarded request: its progress token and log level."""
+        token = (getattr(params, "meta", None) or {}).get("progress_token")
+        modern = _revision(ctx) in MODERN_PROTOCOL_VERSIONS
+        if modern:
+            level = _opted_level(getattr(params, "meta", None))
+        else:
+            level = self.service.links[self.name].relays.level(_session_key(ctx))
+        return AgentRelay(ctx, token, level, modern=modern)
+
     def _passthrough(self, request_type: Any, result_type: Any) -> Callable[..., Awaitable[Any]]:
         async def handle(ctx: Any, params: Any) -> Any:
             self._caller(ctx)
             try:
                 return await self.service.forward(
-                    self.name, request_type(params=params), result_type
+                    self.name, request_type(params=params), result_type, self._relay(ctx, params)
                 )
             except UpstreamUnavailable as e:
                 from mcp.shared.exceptions import MCPError
@@ -282,20 +297,38 @@ class McpProxy:
 
         Either era: a 2026-07-28 request's log level is the one its ``_meta`` opts in to, and an
         upstream's ``InputRequiredResult`` goes back to it as its answer (it retries with the
-        responses); a handshake-era agent's level is its session's.
+        responses); a handshake-era agent's level is its session's. A 2026-07-28 agent's call to
+        a handshake-era upstream is held (``svc.gateway.rounds``): the upstream's requests for
+        input become input-required rounds.
         """
-        token = (params.meta or {}).get("progress_token")
-        relays = self.service.links[self.name].relays
-        modern = _revision(ctx) in MODERN_PROTOCOL_VERSIONS
-        level = _opted_level(params.meta) if modern else relays.level(_session_key(ctx))
-        relay = AgentRelay(ctx, token, level, modern=modern)
+        relay = self._relay(ctx, params)
+        held_rounds = relay.modern and not self.service.links[self.name].modern
         try:
-            direct = self.fast.adopt(_session_key(ctx), ctx.request_id)
+            request = getattr(ctx, "request", None)
+            scope = request.scope if request is not None else None
+            direct = self.fast.adopt(_session_key(ctx), ctx.request_id, scope)
             if direct is not None:  # forwarded by the fast path, its stream to relay
+                if held_rounds:
+                    return await self.held.start(
+                        direct.ident.key(),
+                        direct.tool,
+                        relay,
+                        lambda held: self.service.finish_direct(direct, held),
+                    )
                 return await self.service.finish_direct(direct, relay)
-            return await self.service.call_tool(
-                self.name, params, self._caller(ctx), _base_url(ctx), relay
-            )
+            ident = self._caller(ctx)
+            if held_rounds:
+                # A handshake-era upstream asks during the call: rounds for this agent.
+                if self.held.resumes(params):
+                    return await self.held.resume(ident.key(), params, relay)
+                base = _base_url(ctx)
+                return await self.held.start(
+                    ident.key(),
+                    params.name,
+                    relay,
+                    lambda held: self.service.call_tool(self.name, params, ident, base, held),
+                )
+            return await self.service.call_tool(self.name, params, ident, _base_url(ctx), relay)
         except UpstreamUnavailable as e:
             from mcp.shared.exceptions import MCPError
 
@@ -308,10 +341,12 @@ class McpProxy:
         session asked for, and each agent gets the messages at or above its own.
         """
         self._caller(ctx)
-        upstream = self.service.links[self.name].relays.set_level(_session_key(ctx), params.level)
-        await self._forward(
-            types.SetLevelRequest(params=params.model_copy(update={"level": upstream}))
-        )
+        link = self.service.links[self.name]
+        upstream = link.relays.set_level(_session_key(ctx), params.level)
+        if not link.modern:  # a 2026-07-28 upstream gets the level with each request instead
+            await self._forward(
+                types.SetLevelRequest(params=params.model_copy(update={"level": upstream}))
+            )
         return types.EmptyResult()
 
     async def _subscribe(self, ctx: Any, params: types.SubscribeRequestParams) -> Any:
@@ -347,6 +382,11 @@ class McpProxy:
     def _install(self, init: types.InitializeResult | None) -> None:
         """Registers the handlers of the upstream's capabilities (all of them when None)."""
         caps = init.capabilities if init is not None else None
+        # A 2026-07-28 upstream has no resources/subscribe (the revision's subscriptions/listen
+        # is not relayed); logging/setLevel is the gateway's own for it (the level goes with
+        # each forwarded request).
+        modern = init is not None and init.protocol_version in MODERN_PROTOCOL_VERSIONS
+        subscribe = caps is None or bool(caps.resources and caps.resources.subscribe and not modern)
         t = types
         table: list[tuple[str, bool, Any, Any]] = [
             (
@@ -381,19 +421,19 @@ class McpProxy:
             ),
             (
                 "resources/subscribe",
-                caps is None or bool(caps.resources and caps.resources.subscribe),
+                subscribe,
                 t.SubscribeRequestParams,
                 self._subscribe,
             ),
             (
                 "resources/unsubscribe",
-                caps is None or bool(caps.resources and caps.resources.subscribe),
+                subscribe,
                 t.UnsubscribeRequestParams,
                 self._unsubscribe,
             ),
             (
                 "logging/setLevel",
-                caps is None or caps.logging is not None,
+                caps is None or caps.logging is not None or modern,
                 t.SetLevelRequestParams,
                 self._set_level,
             ),

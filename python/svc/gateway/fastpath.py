@@ -43,6 +43,7 @@ from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.types import Message, Receive, Scope, Send
 
+from svc.gateway.relay import LEVELS
 from svc.gateway.service import (
     DirectCall,
     GatewayService,
@@ -58,6 +59,8 @@ log = logging.getLogger("svc.gateway")
 
 #: The params a plain ``tools/call`` may carry (others, such as a task, go the SDK's way).
 PLAIN_PARAMS = frozenset({"name", "arguments", "_meta"})
+#: The ASGI scope key marking a 2026-07-28 request the fast path handed to the SDK's path.
+FAST_MARK = "svc.fast"
 
 
 def _id_key(request_id: Any) -> tuple[bool, Any]:
@@ -127,7 +130,7 @@ class FastPath:
 
     def __init__(self, service: GatewayService, name: str, manager: Any) -> None:
         from mcp.server.transport_security import DEFAULT_MAX_REQUEST_BODY_SIZE
-        from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
+        from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
 
         self.service = service
         self.name = name
@@ -135,22 +138,30 @@ class FastPath:
         self.manager = manager
         self.max_body = DEFAULT_MAX_REQUEST_BODY_SIZE
         self.versions = frozenset(HANDSHAKE_PROTOCOL_VERSIONS)
+        self.modern_versions = frozenset(MODERN_PROTOCOL_VERSIONS)
         self._ids = itertools.count(1)
         self._prefix = f"svc-{uuid.uuid4().hex[:8]}-"
         self._running: dict[tuple[str, tuple[bool, Any]], anyio.CancelScope] = {}
         self._handed: dict[tuple[str, tuple[bool, Any]], DirectCall] = {}
 
-    def adopt(self, session_id: str, request_id: Any) -> DirectCall | None:
+    def adopt(
+        self, session_id: str, request_id: Any, scope: Scope | None = None
+    ) -> DirectCall | None:
         """The call in flight that the fast path handed to the SDK's path, if this is it.
 
         Args:
             session_id: the agent's ``Mcp-Session-Id``.
             request_id: the agent's JSON-RPC id of the ``tools/call``.
+            scope: the agent request's ASGI scope (a 2026-07-28 request, which has no session,
+                is known by the mark the fast path put in it).
 
         Returns:
             The call (taken: a second ``adopt`` answers None), or None.
 
         """
+        mark = scope.get(FAST_MARK) if scope is not None else None
+        if mark is not None:
+            return self._handed.pop(("", (True, mark)), None)
         return self._handed.pop((session_id, _id_key(request_id)), None)
 
     def _session(self, scope: Scope, session_id: str | None) -> Any:
@@ -175,7 +186,7 @@ class FastPath:
             return None
         return transport
 
-    def _takes(self, scope: Scope, headers: Headers) -> bool:
+    def _takes(self, scope: Scope, headers: Headers, modern: bool = False) -> bool:
         """Whether the request's method and headers are ones the fast path serves."""
         if scope["method"] != "POST" or not self.link.direct_ready():
             return False
@@ -189,7 +200,75 @@ class FastPath:
             ctype == "application/json"
             and "application/json" in accept
             and "text/event-stream" in accept
-            and (version is None or version in self.versions)
+            and (modern or version is None or version in self.versions)
+        )
+
+    async def _serve_modern(
+        self,
+        ident: AgentIdentity,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        sdk: Callable[[Receive], Awaitable[None]],
+        headers: Headers,
+        version: str,
+    ) -> None:
+        """Serves a 2026-07-28 request: one POST, no session (docs/gateway.md#fast-path).
+
+        Taken when it is a plain ``tools/call`` whose headers agree with its body as the SDK's
+        entry checks them (the revision's envelope, ``MCP-Protocol-Version``, ``Mcp-Method``,
+        ``Mcp-Name``, no routing header twice, the tool's ``Mcp-Param-*`` headers); anything
+        else goes the SDK's way, which answers it (a mismatch with its ``-32020`` error).
+        """
+        from mcp.shared.inbound import (
+            InboundLadderRejection,
+            classify_inbound_request,
+            find_duplicated_routing_header,
+            validate_mcp_param_headers,
+        )
+
+        if not self._takes(scope, headers, modern=True) or "mcp-session-id" in headers:
+            await sdk(receive)
+            return
+        read, body = await _read_body(receive, self.max_body)
+        replay = _replay(read, receive)
+        try:
+            msg = json.loads(body) if body is not None else None
+        except ValueError:
+            msg = None
+        call = _plain_call(msg)
+        if call is None or find_duplicated_routing_header(headers.items()) is not None:
+            await sdk(replay)
+            return
+        verdict = classify_inbound_request(call_body(msg), headers=dict(headers.items()))
+        if isinstance(verdict, InboundLadderRejection):
+            await sdk(replay)
+            return
+        params = call[1]
+        schema = self.link.tool_schemas.get(params["name"])
+        declared = any(k.startswith("mcp-param-") for k in headers)
+        if (schema is None and declared) or (
+            schema is not None
+            and validate_mcp_param_headers(schema, params.get("arguments") or {}, headers)
+            is not None
+        ):
+            await sdk(replay)
+            return
+        self.service.count_request(self.name, ident, version)
+        mark = f"{self._prefix}m{next(self._ids)}"
+        scope[FAST_MARK] = mark
+        level = (params.get("_meta") or {}).get(types.LOG_LEVEL_META_KEY)
+        await self._call(
+            ident,
+            scope,
+            send,
+            "",
+            None,
+            call,
+            lambda: sdk(replay),
+            modern=True,
+            level=level if level in LEVELS else None,
+            key=("", (True, mark)),
         )
 
     async def serve(
@@ -212,6 +291,10 @@ class FastPath:
 
         """
         headers = Headers(scope=scope)
+        version = headers.get("mcp-protocol-version")
+        if version in self.modern_versions:
+            await self._serve_modern(ident, scope, receive, send, sdk, headers, version)
+            return
         session_id = headers.get("mcp-session-id")
         if not self._takes(scope, headers):
             await sdk(receive)
@@ -250,9 +333,29 @@ class FastPath:
         transport: Any,
         call: tuple[Any, dict[str, Any]],
         hand_over: Callable[[], Awaitable[None]],
+        *,
+        modern: bool = False,
+        level: types.LoggingLevel | None = None,
+        key: tuple[str, tuple[bool, Any]] | None = None,
     ) -> None:
+        """Checks and forwards one plain call; answers it or hands it to the SDK's path.
+
+        Args:
+            ident: the verified caller.
+            scope: the agent request's ASGI scope.
+            send: its ASGI send.
+            session_id: its ``Mcp-Session-Id`` (``""`` for a 2026-07-28 request).
+            transport: its session's SDK transport (None for a 2026-07-28 request).
+            call: ``(id, params)`` of the plain ``tools/call``.
+            hand_over: serves the request on the SDK's path (its body replayed).
+            modern: the agent's request is of the 2026-07-28 revision (no session: `session_id`
+                is ``""``, `transport` None, `key` its mark).
+            level: such a request's log opt-in.
+            key: the call's key among the calls in flight (default: session and request id).
+
+        """
         rid, params = call
-        key = (session_id, _id_key(rid))
+        key = key or (session_id, _id_key(rid))
         tool = params["name"]
         held = _hold(transport)
         try:
@@ -266,48 +369,50 @@ class FastPath:
                 return
             self.service.forwarding(self.name, outcome)
             upstream_id = f"{self._prefix}{next(self._ids)}"
-            forwarded = dict(params)
-            meta = params.get("_meta")
-            if isinstance(meta, dict) and "progressToken" in meta:
-                # The upstream session is shared: its progress tokens must be the gateway's.
-                forwarded["_meta"] = {**meta, "progressToken": upstream_id}
-            message = {
-                "jsonrpc": "2.0",
-                "id": upstream_id,
-                "method": "tools/call",
-                "params": forwarded,
-            }
+            if not modern:  # a handshake-era agent: its session's level, or every message
+                level = self.link.relays.level(session_id) or "debug"
+            # The upstream session is shared: its progress tokens must be the gateway's.
+            message, extra = self.link.tool_call(params, upstream_id, level)
             timeout = self.service.settings.upstream_timeout_secs
             with anyio.CancelScope() as cancel:
                 self._running[key] = cancel
                 try:
                     async with contextlib.AsyncExitStack() as stack:
-                        messages = await self._post(stack, message, timeout)
+                        messages = await self._post(stack, message, timeout, extra)
                         first = await anext(messages, None)
                         if first is None:
                             raise UpstreamUnavailable(
                                 f"upstream `{self.name}` answered the call with nothing"
                             )
-                        if "method" not in first and first.get("id") == upstream_id:
+                        if (
+                            "method" not in first
+                            and first.get("id") == upstream_id
+                            and (modern or not _asks(first))
+                        ):
                             # Answered: a cancellation from now on is too late to matter.
                             del self._running[key]
                             with anyio.CancelScope(shield=True):
                                 await self._result(send, session_id, rid, first, ident, tool,
-                                                   mapping, resource, outcome)  # fmt: skip
+                                                   mapping, resource, outcome, modern)  # fmt: skip
                             self.service.metrics.fast_path.labels(self.name, "answered").inc()
                             await _drain(messages)
                             return
                         # The upstream relates messages to the call: the SDK's path relays them.
                         self.service.metrics.fast_path.labels(self.name, "relayed").inc()
                         del self._running[key]
+                        # The call's stream goes with it: whoever adopts it closes it (a held
+                        # call's rounds outlive this request).
+                        stream = stack.pop_all()
                         self._handed[key] = DirectCall(
                             self.name, tool, ident, mapping, resource, outcome, upstream_id,
-                            _chain(first, messages),
+                            _chain(first, messages), params, stream,
                         )  # fmt: skip
                         try:
                             await hand_over()
                         finally:
-                            self._handed.pop(key, None)
+                            if self._handed.pop(key, None) is not None:  # never adopted
+                                with anyio.CancelScope(shield=True):
+                                    await stream.aclose()
                         return
                 finally:
                     self._running.pop(key, None)
@@ -326,7 +431,11 @@ class FastPath:
             _release(transport, held)
 
     async def _post(
-        self, stack: contextlib.AsyncExitStack, message: dict[str, Any], timeout: float
+        self,
+        stack: contextlib.AsyncExitStack,
+        message: dict[str, Any],
+        timeout: float,
+        headers: dict[str, str] | None = None,
     ) -> AsyncIterator[dict[str, Any]]:
         """``UpstreamLink.post`` in `stack`; sent once more on a new session after a 404.
 
@@ -334,12 +443,12 @@ class FastPath:
         restarted), so it is sent again once the link has opened a new session (up to 5 s).
         """
         try:
-            return await stack.enter_async_context(self.link.post(message, timeout))
+            return await stack.enter_async_context(self.link.post(message, timeout, headers))
         except UpstreamSessionLost:
             if not await self.link.reopened():
                 raise
             log.info("upstream %s: the session was lost; the call goes on a new one", self.name)
-            return await stack.enter_async_context(self.link.post(message, timeout))
+            return await stack.enter_async_context(self.link.post(message, timeout, headers))
 
     async def _result(
         self,
@@ -352,14 +461,22 @@ class FastPath:
         mapping: Any,
         resource: dict[str, str] | None,
         outcome: str,
+        modern: bool = False,
     ) -> None:
-        """Passes the upstream's response on under the agent's id; records a result's event."""
+        """Passes the upstream's response on under the agent's id; records a result's event.
+
+        A 2026-07-28 agent's result says its ``resultType`` (a handshake-era upstream's does
+        not); an ``InputRequiredResult`` (a round of the call) is not recorded.
+        """
         result = response.get("result")
         error = response.get("error")
         if isinstance(result, dict):
+            if modern and "resultType" not in result:
+                result = {**result, "resultType": "complete"}
             out: dict[str, Any] = {"jsonrpc": "2.0", "id": rid, "result": result}
-            failed = result.get("isError") is True
-            self.service.record(self.name, tool, ident, mapping, resource, failed, outcome)
+            if not _asks(response):
+                failed = result.get("isError") is True
+                self.service.record(self.name, tool, ident, mapping, resource, failed, outcome)
         elif isinstance(error, dict):
             out = {"jsonrpc": "2.0", "id": rid, "error": error}
         else:
@@ -367,6 +484,18 @@ class FastPath:
             out = {"jsonrpc": "2.0", "id": rid, "error": {"code": types.INTERNAL_ERROR,
                                                           "message": message}}  # fmt: skip
         await _answer(send, session_id, out)
+
+
+def call_body(msg: Any) -> dict[str, Any]:
+    """A plain call's decoded body (``_plain_call`` took it: a JSON object)."""
+    assert isinstance(msg, dict)
+    return msg
+
+
+def _asks(response: dict[str, Any]) -> bool:
+    """Whether a response is a 2026-07-28 ``InputRequiredResult`` (a round, not the end)."""
+    result = response.get("result")
+    return isinstance(result, dict) and result.get("resultType") == "input_required"
 
 
 async def _drain(messages: AsyncIterator[dict[str, Any]]) -> None:
@@ -384,13 +513,15 @@ async def _drain(messages: AsyncIterator[dict[str, Any]]) -> None:
             log.debug("an answered call's stream ended badly: %s", e)
 
 
-def _hold(transport: Any) -> bool:
+def _hold(transport: Any | None) -> bool:
     """Holds off the session's idle timeout while a call is in flight, as the SDK's requests do.
 
     Returns:
         Whether it was held (the SDK version keeps the count this relies on).
 
     """
+    if transport is None:
+        return False
     idle = getattr(transport, "idle_scope", None)
     if idle is None or not hasattr(transport, "_requests_in_flight"):
         return False
@@ -409,19 +540,15 @@ def _release(transport: Any, held: bool) -> None:
 
 
 async def _answer(send: Send, session_id: str, body: dict[str, Any]) -> None:
-    """A ``200 application/json`` response with one JSON-RPC message."""
+    """A ``200 application/json`` response with one JSON-RPC message (no session: ``""``)."""
     data = json.dumps(body, separators=(",", ":")).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 200,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(data)).encode()),
-                (b"mcp-session-id", session_id.encode()),
-            ],
-        }
-    )
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(data)).encode()),
+    ]
+    if session_id:
+        headers.append((b"mcp-session-id", session_id.encode()))
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
     await send({"type": "http.response.body", "body": data})
 
 

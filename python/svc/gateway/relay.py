@@ -80,7 +80,15 @@ class Relay(Protocol):
 
     Implemented by ``svc.gateway.app`` over the agent's MCP request context; each method sends
     on the agent request's own response stream (``related_request_id``).
+
+    Attributes:
+        min_level: the agent's log level (its session's, or a 2026-07-28 request's opt-in).
+        modern: the agent's request is of the 2026-07-28 revision (no requests to it).
+
     """
+
+    min_level: types.LoggingLevel | None
+    modern: bool
 
     async def progress(self, progress: float, total: float | None, message: str | None) -> None:
         """Sends a progress notification with the agent's own progress token (none: nothing)."""

@@ -41,8 +41,11 @@ from typing import Any, Literal
 import anyio
 import httpx
 import mcp_types as types
+from mcp_types.methods import INPUT_REQUIRED_METHODS
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from svc import __version__
 from svc.gateway.relay import Relay, RelayTagging, UpstreamRelays, event_data, event_lines
 from svc.gateway.settings import GatewaySettings, ToolMapping, Upstream, read_token_file
 from svc.gateway.tokens import AgentIdentity, TrustedApps, parse_trusted_apps
@@ -429,6 +432,8 @@ class UpstreamLink:
         self._tagging: RelayTagging | None = None
         self._direct: Any = None
         self._forgotten = asyncio.Event()
+        #: The tools' input schemas, by name, as the upstream last listed them (``note_tools``).
+        self.tool_schemas: dict[str, Any] = {}
 
     @contextlib.asynccontextmanager
     async def _streams(self) -> AsyncIterator[tuple[Any, Any]]:
@@ -480,13 +485,14 @@ class UpstreamLink:
                     ClientSession(
                         r,
                         w,
+                        client_info=types.Implementation.model_validate(GATEWAY_INFO),
                         sampling_callback=self.relays.sampling,
                         elicitation_callback=self.relays.elicitation,
                         logging_callback=self.relays.logging,
                         message_handler=self.relays.message,
                     ) as session,
                 ):
-                    init = await asyncio.wait_for(session.initialize(), INITIALIZE_SECS)
+                    init = await asyncio.wait_for(self._negotiate(session), INITIALIZE_SECS)
                     await self._resubscribe(session)
                     self.initialized = init
                     if self.on_connected is not None:
@@ -498,7 +504,7 @@ class UpstreamLink:
                     log.info("upstream %s: session open (%s)", self.name, init.server_info.name)
                     delay = 0.2
                     self._forgotten.clear()
-                    await _until_closed(session, self._forgotten)
+                    await _until_closed(session, self._forgotten, modern=self.modern)
                     self.error = "the session ended"
             except asyncio.CancelledError:
                 raise
@@ -512,11 +518,60 @@ class UpstreamLink:
             await asyncio.sleep(delay)
             delay = min(delay * 2, 10.0)
 
+    @property
+    def modern(self) -> bool:
+        """True while the open session speaks the 2026-07-28 revision (stateless requests)."""
+        session = self._session
+        return session is not None and session.protocol_version in MODERN_PROTOCOL_VERSIONS
+
+    async def _negotiate(self, session: Any) -> types.InitializeResult:
+        """Opens `session` in the newest revision the upstream offers.
+
+        As the ``mcp`` SDK's ``Client`` in mode ``auto`` does: ``server/discover`` proposing
+        2026-07-28 (on ``-32022`` the newest revision both name), and the ``initialize``
+        handshake when the upstream does not answer it with a revision the SDK speaks.
+
+        Returns:
+            The ``InitializeResult``, or for a 2026-07-28 upstream one made of its
+            ``DiscoverResult`` (its capabilities and instructions, its ``serverInfo`` stamp),
+            so the proxy reads either the same way.
+
+        Raises:
+            mcp.shared.exceptions.MCPError: the handshake failed too.
+
+        """
+        from mcp.shared.exceptions import MCPError
+
+        try:
+            found = await session.discover()
+        except (MCPError, RuntimeError) as e:  # not a 2026-07-28 server: the handshake
+            log.debug("upstream %s: server/discover refused (%s); initialize", self.name, e)
+            init: types.InitializeResult = await session.initialize()
+            if init.capabilities.tools is not None:
+                with contextlib.suppress(MCPError, ValueError):
+                    self.note_tools(await session.list_tools())
+            return init
+        info = session.server_info or types.Implementation(name=self.name, version="")
+        # The 2026-07-28 revision drops ``ping``, ``logging/setLevel`` and subscriptions; the
+        # tools' ``x-mcp-header`` arguments are known from a listing (the SDK's session keeps
+        # them, and sends their ``Mcp-Param-*`` headers on each call).
+        with contextlib.suppress(MCPError, ValueError):
+            self.note_tools(await session.list_tools())
+        return types.InitializeResult(
+            protocol_version=session.protocol_version,
+            capabilities=found.capabilities,
+            server_info=info,
+            instructions=found.instructions,
+        )
+
     async def _resubscribe(self, session: Any) -> None:
         """Gives a new session the agents' log level and resource subscriptions.
 
-        Each request waits up to ``INITIALIZE_SECS``; one that fails is logged and skipped.
+        Each request waits up to ``INITIALIZE_SECS``; one that fails is logged and skipped. A
+        2026-07-28 session has neither (the level goes in each forwarded request's ``_meta``).
         """
+        if session.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            return
         level = self.relays.upstream_level()
         if level is not None:
             try:
@@ -540,22 +595,79 @@ class UpstreamLink:
     def direct_ready(self) -> bool:
         """True when requests can be POSTed on the open session directly (``post``).
 
-        That is: a Streamable HTTP upstream whose session is open and whose protocol version the
-        SDK's client has sent (it does from ``notifications/initialized`` on).
+        That is: a Streamable HTTP upstream whose session is open, and for the handshake era
+        whose protocol version the SDK's client has sent (it does from
+        ``notifications/initialized`` on); a 2026-07-28 session has no state to join.
         """
-        return (
-            self._session is not None
-            and self._tagging is not None
-            and self._tagging.protocol_version is not None
-        )
+        if self._session is None or self._direct is None or self._tagging is None:
+            return False
+        return self.modern or self._tagging.protocol_version is not None
+
+    def note_tools(self, result: Any) -> None:
+        """Remembers the input schemas of a ``tools/list`` page the upstream answered.
+
+        They give the ``Mcp-Param-*`` headers of a 2026-07-28 call (a tool's arguments marked
+        ``x-mcp-header``), checked on the agent's requests and sent on the gateway's.
+        """
+        for tool in getattr(result, "tools", None) or []:
+            self.tool_schemas[tool.name] = tool.input_schema
+
+    def tool_call(
+        self, params: dict[str, Any], upstream_id: str, level: types.LoggingLevel | None
+    ) -> tuple[dict[str, Any], dict[str, str]]:
+        """An agent's ``tools/call`` as the gateway POSTs it to this upstream (``post``).
+
+        The agent's envelope is taken out of ``_meta`` and its progress token replaced by
+        `upstream_id` (the session is shared). To a 2026-07-28 upstream the call carries the
+        gateway's envelope, the log level `level` opts in to, and the revision's headers
+        (``Mcp-Method``, ``Mcp-Name``, the tool's ``Mcp-Param-*``).
+
+        Args:
+            params: the call's params as the agent sent them (``name``, ``arguments``,
+                ``_meta``).
+            upstream_id: the JSON-RPC id the gateway sends it under.
+            level: the agent's log level (2026-07-28 upstreams; None: no log messages).
+
+        Returns:
+            ``(message, headers)``: the JSON-RPC request and the headers to add.
+
+        """
+        from mcp.shared.inbound import encode_header_value, mcp_param_headers, x_mcp_header_map
+
+        meta = {k: v for k, v in (params.get("_meta") or {}).items() if k not in ENVELOPE_KEYS}
+        if "progressToken" in meta:
+            meta["progressToken"] = upstream_id
+        forwarded = dict(params)
+        headers: dict[str, str] = {}
+        session = self._session
+        if session is not None and session.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            meta[types.PROTOCOL_VERSION_META_KEY] = session.protocol_version
+            meta[types.CLIENT_INFO_META_KEY] = GATEWAY_INFO
+            meta[types.CLIENT_CAPABILITIES_META_KEY] = GATEWAY_CAPABILITIES
+            if level is not None:
+                meta[types.LOG_LEVEL_META_KEY] = level
+            name = str(params["name"])
+            headers = {"mcp-method": "tools/call", "mcp-name": encode_header_value(name)}
+            schema = self.tool_schemas.get(name)
+            if schema:
+                headers.update(
+                    mcp_param_headers(x_mcp_header_map(schema), params.get("arguments") or {})
+                )
+        if meta:
+            forwarded["_meta"] = meta
+        else:
+            forwarded.pop("_meta", None)
+        message = {"jsonrpc": "2.0", "id": upstream_id, "method": "tools/call", "params": forwarded}
+        return message, headers
 
     def _direct_headers(self) -> dict[str, str]:
-        assert self._tagging is not None and self._tagging.protocol_version is not None
+        assert self._tagging is not None and self._session is not None
+        version = self._session.protocol_version if self.modern else self._tagging.protocol_version
         headers = {
             "accept": "application/json, text/event-stream",
-            "mcp-protocol-version": self._tagging.protocol_version,
+            "mcp-protocol-version": str(version),
         }
-        if self._tagging.session_id is not None:
+        if self._tagging.session_id is not None and not self.modern:
             headers["mcp-session-id"] = self._tagging.session_id
         return headers
 
@@ -569,16 +681,17 @@ class UpstreamLink:
         direct, url = self._direct, self.config.url
         if direct is None or url is None or not self.direct_ready():
             raise UpstreamUnavailable(f"upstream `{self.name}` cannot be reached: {self.error}")
+        extra = options.pop("headers", None) or {}
         return direct.post(
             url,
             data=json.dumps(message, separators=(",", ":")).encode(),
-            headers={"content-type": "application/json", **self._direct_headers()},
+            headers={"content-type": "application/json", **self._direct_headers(), **extra},
             **options,
         )
 
     @contextlib.asynccontextmanager
     async def post(
-        self, message: dict[str, Any], timeout_secs: float
+        self, message: dict[str, Any], timeout_secs: float, headers: dict[str, str] | None = None
     ) -> AsyncIterator[AsyncIterator[dict[str, Any]]]:
         """POSTs one JSON-RPC request on the open session, outside the SDK's client.
 
@@ -592,6 +705,7 @@ class UpstreamLink:
             message: the JSON-RPC request (its id a string, so it never meets the SDK
                 client's integer ids on the shared session).
             timeout_secs: how long the upstream may take to answer (and between events).
+            headers: headers to add (a 2026-07-28 call's, ``tool_call``).
 
         Yields:
             The messages that come back, in order (dicts as sent; events without data, such
@@ -607,7 +721,9 @@ class UpstreamLink:
 
         try:
             async with self._post(
-                message, timeout=aiohttp.ClientTimeout(sock_connect=30, sock_read=timeout_secs)
+                message,
+                timeout=aiohttp.ClientTimeout(sock_connect=30, sock_read=timeout_secs),
+                headers=headers,
             ) as response:
                 if response.status != 200:
                     text = await response.text(errors="replace")
@@ -647,11 +763,17 @@ class UpstreamLink:
     async def send(self, message: dict[str, Any]) -> None:
         """POSTs a JSON-RPC response or notification on the open session (202 expected).
 
+        A 2026-07-28 upstream is sent no notification: the revision has none from the client
+        over HTTP (a call is cancelled by closing its stream, which the gateway does).
+
         Raises:
             UpstreamUnavailable: as ``post``.
 
         """
         import aiohttp
+
+        if self.modern and "id" not in message:
+            return
 
         try:
             async with self._post(message) as r:
@@ -707,8 +829,11 @@ def _json_rpc(msg: Any) -> dict[str, Any]:
     return msg
 
 
-async def _until_closed(session: Any, forgotten: asyncio.Event) -> None:
+async def _until_closed(session: Any, forgotten: asyncio.Event, *, modern: bool = False) -> None:
     """Returns when `session`'s connection ends: pings it every 15 s; a failed ping ends it.
+
+    A 2026-07-28 session has no ``ping`` (the revision drops it): it is sent
+    ``server/discover`` instead, which every server of the revision answers.
 
     Raises:
         ConnectionError: a ping failed, or `forgotten` was set (the upstream answered 404 for
@@ -721,7 +846,10 @@ async def _until_closed(session: Any, forgotten: asyncio.Event) -> None:
         if forgotten.is_set():
             raise ConnectionError("the upstream no longer knows the session (HTTP 404)")
         try:
-            await asyncio.wait_for(session.send_ping(), 10)
+            if modern:
+                await asyncio.wait_for(session.send_discover(session.protocol_version), 10)
+            else:
+                await asyncio.wait_for(session.send_ping(), 10)
         except Exception as e:
             raise ConnectionError(f"ping failed: {_first_error(e)}") from e
 
@@ -1013,6 +1141,10 @@ class DirectCall:
         mapping, resource, outcome: as ``GatewayService.check`` answered them.
         upstream_id: the JSON-RPC id the call was forwarded with.
         messages: the rest of its stream, from the first message not yet handled.
+        params: the call's params as the agent sent them (for the retry of an input-required
+            round of a 2026-07-28 upstream's).
+        stream: holds the upstream's response open; closed once the call is followed to its
+            end (``finish_direct``).
 
     """
 
@@ -1024,6 +1156,8 @@ class DirectCall:
     outcome: str
     upstream_id: str
     messages: AsyncIterator[dict[str, Any]]
+    params: dict[str, Any] | None = None
+    stream: contextlib.AsyncExitStack | None = None
 
 
 #: The 2026-07-28 revision's per-request envelope in ``_meta``: it describes the agent's hop
@@ -1050,6 +1184,62 @@ def without_envelope(params: Any) -> Any:
         return params
     kept = {k: v for k, v in meta.items() if k not in ENVELOPE_KEYS}
     return params.model_copy(update={"meta": kept or None})
+
+
+#: Who the gateway is to its upstreams (``clientInfo``), and the client capabilities it
+#: announces to them: sampling and elicitation, which it relays to the agents
+#: (docs/gateway.md#relaying).
+GATEWAY_INFO: dict[str, Any] = {"name": "svc-gateway", "version": __version__}
+GATEWAY_CAPABILITIES: dict[str, Any] = {"sampling": {}, "elicitation": {"form": {}, "url": {}}}
+
+#: The most input-required rounds the gateway drives for a handshake-era agent (as the SDK's
+#: client: ``DEFAULT_INPUT_REQUIRED_MAX_ROUNDS``).
+MAX_INPUT_ROUNDS = 10
+
+
+def _upstream_level(relay: Relay | None) -> types.LoggingLevel | None:
+    """The log level to opt a request to a 2026-07-28 upstream in to, for `relay`'s agent.
+
+    A 2026-07-28 agent's own opt-in (None: none); a handshake-era agent's session level, or
+    ``debug`` when it set none (it gets every message, as from a handshake-era upstream).
+    """
+    if relay is None:
+        return None
+    level: types.LoggingLevel | None = getattr(relay, "min_level", None)
+    if level is None and not getattr(relay, "modern", False):
+        return "debug"
+    return level
+
+
+async def _ask_agent(asked: types.InputRequiredResult, relay: Relay) -> dict[str, Any]:
+    """The agent's answers to an ``InputRequiredResult``'s requests, asked on its call's stream.
+
+    Each embedded request (``sampling/createMessage``, ``elicitation/create``, ``roots/list``)
+    goes to the agent as a request of its own, all at once.
+
+    Returns:
+        The answers by the upstream's keys (``inputResponses``).
+
+    Raises:
+        mcp.shared.exceptions.MCPError: the agent answered one with an error.
+
+    """
+    results: dict[str, Any] = {
+        "sampling/createMessage": types.CreateMessageResult,
+        "elicitation/create": types.ElicitResult,
+        "roots/list": types.ListRootsResult,
+    }
+    keys = list(asked.input_requests or {})
+
+    async def one(key: str) -> Any:
+        request = (asked.input_requests or {})[key]
+        result_type = results[request.method]
+        if request.method == "sampling/createMessage" and request.params.tools:
+            result_type = types.CreateMessageResultWithTools
+        return await relay.request(request, result_type)
+
+    answers = await asyncio.gather(*(one(k) for k in keys))
+    return dict(zip(keys, answers, strict=True))
 
 
 def cancel_message(upstream_id: str) -> dict[str, Any]:
@@ -1292,7 +1482,7 @@ class GatewayService:
         ident: AgentIdentity,
         base_url: str,
         relay: Relay | None = None,
-    ) -> types.CallToolResult:
+    ) -> types.CallToolResult | types.InputRequiredResult:
         """Checks one ``tools/call`` and forwards it when allowed (docs/gateway.md#checks).
 
         Args:
@@ -1305,7 +1495,8 @@ class GatewayService:
 
         Returns:
             The upstream's result, or a tool error (``isError``) with ``_meta`` ``svc/*`` when
-            the call is blocked.
+            the call is blocked; for a 2026-07-28 agent, a 2026-07-28 upstream's
+            ``InputRequiredResult`` (``forward``), whose retry is checked again.
 
         Raises:
             UpstreamUnavailable: the upstream's session is not open.
@@ -1321,6 +1512,8 @@ class GatewayService:
         result = await self.forward(
             upstream, types.CallToolRequest(params=params), types.CallToolResult, relay
         )
+        if isinstance(result, types.InputRequiredResult):
+            return result  # a round of the call: its event is the final result's
         self.record(upstream, params.name, ident, mapping, resource, result.is_error, outcome)
         return result  # type: ignore[no-any-return]
 
@@ -1357,7 +1550,9 @@ class GatewayService:
         """Counts a call about to be forwarded (`outcome` as ``check`` answers it)."""
         self.metrics.calls.labels(upstream, "forwarded" if outcome == "allowed" else outcome).inc()
 
-    async def finish_direct(self, call: DirectCall, relay: Relay) -> types.CallToolResult:
+    async def finish_direct(
+        self, call: DirectCall, relay: Relay
+    ) -> types.CallToolResult | types.InputRequiredResult:
         """Finishes a call the fast path forwarded, relaying its stream (``svc.gateway.fastpath``).
 
         Args:
@@ -1365,7 +1560,9 @@ class GatewayService:
             relay: the agent's side of the call.
 
         Returns:
-            The upstream's result.
+            The upstream's result; a 2026-07-28 upstream's ``InputRequiredResult`` goes to a
+            2026-07-28 agent as it is, and a handshake-era agent is asked on its stream and the
+            call goes on (``call_tool_forwarded``).
 
         Raises:
             UpstreamUnavailable: the stream ended or failed before the result.
@@ -1383,9 +1580,29 @@ class GatewayService:
             with anyio.CancelScope(shield=True), contextlib.suppress(UpstreamUnavailable):
                 await link.send(cancel_message(call.upstream_id))
             raise
+        finally:
+            if call.stream is not None:
+                with anyio.CancelScope(shield=True):
+                    await call.stream.aclose()
         if "error" in response:
             raise MCPError.from_error_data(types.ErrorData.model_validate(response["error"]))
-        result = types.CallToolResult.model_validate(response.get("result"))
+        raw = response.get("result")
+        if isinstance(raw, dict) and raw.get("resultType") == "input_required":
+            asked = types.InputRequiredResult.model_validate(raw, by_name=False)
+            if getattr(relay, "modern", False) or call.params is None:
+                return asked
+            # A handshake-era agent: asked on its call's stream, then the retry goes upstream.
+            params = types.CallToolRequestParams.model_validate(call.params, by_name=False)
+            params = params.model_copy(
+                update={
+                    "input_responses": await _ask_agent(asked, relay),
+                    "request_state": asked.request_state,
+                }
+            )
+            went_on: types.CallToolResult | types.InputRequiredResult
+            went_on = await self.call_tool_forwarded(call, params, relay)
+            return went_on
+        result = types.CallToolResult.model_validate(raw)
         self.record(
             call.upstream,
             call.tool,
@@ -1397,10 +1614,35 @@ class GatewayService:
         )
         return result
 
+    async def call_tool_forwarded(
+        self, call: DirectCall, params: types.CallToolRequestParams, relay: Relay
+    ) -> Any:
+        """Goes on with a call the fast path forwarded, through the SDK's session.
+
+        The retry of an input-required round (``finish_direct``): the call was checked when it
+        came, so it is forwarded as it goes on (``forward``) and recorded when it ends.
+        """
+        result = await self.forward(
+            call.upstream, types.CallToolRequest(params=params), types.CallToolResult, relay
+        )
+        if isinstance(result, types.CallToolResult):
+            self.record(call.upstream, call.tool, call.ident, call.mapping, call.resource,
+                        result.is_error, call.outcome)  # fmt: skip
+        return result
+
     async def forward(
         self, upstream: str, request: Any, result_type: Any, relay: Relay | None = None
     ) -> Any:
         """Sends `request` to the upstream's session and answers its result.
+
+        The agent's 2026-07-28 envelope is taken out of ``_meta`` (``without_envelope``). To a
+        2026-07-28 upstream the request goes with the gateway's envelope (its session stamps
+        it) and the agent's log opt-in (a handshake-era agent's session level, ``debug`` when it
+        set none); there a ``tools/call``, ``prompts/get`` or ``resources/read`` may be answered
+        with an ``InputRequiredResult`` (the revision's input-required rounds): a 2026-07-28
+        agent gets it as the answer (it retries with the responses), a handshake-era agent is
+        asked each embedded request on its call's stream (``Relay.request``) and the gateway
+        retries upstream with the answers and the ``requestState``, up to ``MAX_INPUT_ROUNDS``.
 
         Args:
             upstream: the upstream's name.
@@ -1410,16 +1652,58 @@ class GatewayService:
                 while it runs go (docs/gateway.md#relaying); None: nowhere (requests to the
                 client are answered with an error).
 
+        Returns:
+            The result (a `result_type`), or an ``InputRequiredResult`` for a 2026-07-28
+            agent.
+
         Raises:
             UpstreamUnavailable: the session is not open.
-            mcp.shared.exceptions.MCPError: the upstream's error answer.
+            mcp.shared.exceptions.MCPError: the upstream's error answer, the agent's refusal of
+                an input request, or too many input-required rounds.
 
         """
+        from mcp.shared.exceptions import MCPError
+        from pydantic import TypeAdapter
+
         link = self.links[upstream]
         session = await link.session()
-        timeout = self.settings.upstream_timeout_secs
+        modern = session.protocol_version in MODERN_PROTOCOL_VERSIONS
         if request.params is not None:
-            request = request.model_copy(update={"params": without_envelope(request.params)})
+            params = without_envelope(request.params)
+            level = _upstream_level(relay) if modern else None
+            if level is not None:
+                params = params.model_copy(
+                    update={"meta": {**(params.meta or {}), types.LOG_LEVEL_META_KEY: level}}
+                )
+            request = request.model_copy(update={"params": params})
+        rounds = modern and request.method in INPUT_REQUIRED_METHODS
+        wanted = TypeAdapter(result_type | types.InputRequiredResult) if rounds else result_type
+        for _ in range(MAX_INPUT_ROUNDS + 1):
+            result = await self._send(link, session, request, wanted, relay)
+            if request.method == "tools/list":
+                link.note_tools(result)
+            if not isinstance(result, types.InputRequiredResult):
+                return result
+            if relay is None or getattr(relay, "modern", False):
+                return result  # a 2026-07-28 agent answers and retries itself
+            answers = await _ask_agent(result, relay)
+            request = request.model_copy(
+                update={
+                    "params": request.params.model_copy(
+                        update={"input_responses": answers, "request_state": result.request_state}
+                    )
+                }
+            )
+        raise MCPError(
+            types.INTERNAL_ERROR,
+            f"upstream `{upstream}` asked for input more than {MAX_INPUT_ROUNDS} rounds in a row",
+        )
+
+    async def _send(
+        self, link: UpstreamLink, session: Any, request: Any, result_type: Any, relay: Relay | None
+    ) -> Any:
+        """One request on `link`'s `session`, relayed to `relay` (``forward``)."""
+        timeout = self.settings.upstream_timeout_secs
         if relay is None or request.params is None:
             return await session.send_request(
                 request, result_type, request_read_timeout_seconds=timeout

@@ -10,7 +10,7 @@
 use crate::error::{chain, RequestError};
 use crate::limits::{self, DepthCheck, TooDeep};
 use crate::maps::{FastHasher, FastMap, PMap, PSet};
-use crate::request::parse_uid;
+use crate::request::{check_identifier, parse_uid};
 use cedar_policy::{Entities, Entity, EntityUid, EvalResult, Schema};
 use cedar_policy_core::ast;
 use cedar_policy_core::entities::{Entities as CoreEntities, NoEntitiesSchema, TCComputation};
@@ -1089,6 +1089,21 @@ impl StoredEntity {
         let entity = Entity::from_json_value(value, schema)
             .map_err(|e| RequestError::new(field, chain(&e)))?;
         Ok(Self::from_entity(entity))
+    }
+
+    /// Refuses an entity whose id, or a parent's id, holds a control character
+    /// ([`check_identifier`](crate::request::check_identifier)): what a check's inline entities
+    /// and every entity write are held to.
+    ///
+    /// # Errors
+    /// [`RequestError`] on `<field>.uid.id` or `<field>.parents[j].id`.
+    pub(crate) fn check_ids(&self, field: &str) -> Result<(), RequestError> {
+        let id = self.entity.uid();
+        check_identifier(id.id().unescaped(), &format!("{field}.uid.id"))?;
+        for (j, p) in self.parents.iter().enumerate() {
+            check_identifier(p.id().unescaped(), &format!("{field}.parents[{j}].id"))?;
+        }
+        Ok(())
     }
 }
 

@@ -5,8 +5,8 @@
 //! with.
 
 use super::slice::{entities_of, gather, CheckCtx, Inline, Slice};
-use super::state::{Engine, Prefetcher, State};
-use super::writes::check_entity_ids;
+use super::snapshot::State;
+use super::state::{Engine, Prefetcher};
 use crate::bundle::{Bundle, Declared};
 use crate::decision::{Decision, Outcome, Verdict};
 use crate::error::{chain, RequestError};
@@ -17,7 +17,6 @@ use crate::scope::DEREFS_ALL;
 use crate::store::{Hierarchy, StoredEntity, WorkItem, Written};
 use cedar_policy::{Context, Effect, Entities, EntityUid, Request, RequestValidationError};
 use cedar_policy_core::ast::EntityUIDEntry;
-use cedar_policy_core::ast::{Literal, ValueKind};
 use cedar_policy_core::evaluator::Evaluator;
 use cedar_policy_core::extensions::Extensions;
 use serde_json::{Map, Value};
@@ -238,7 +237,7 @@ impl Engine {
         if st.store.is_contained(subject) {
             return Ok(Outcome::builtin(REASON_CONTAINED));
         }
-        if subject.type_name().basename() == "ServiceAccount" && !is_registered(st, subject) {
+        if subject.type_name().basename() == "ServiceAccount" && !st.is_registered(subject) {
             return Ok(Outcome::builtin(REASON_UNREGISTERED));
         }
 
@@ -524,7 +523,7 @@ pub(super) fn inline_entities(
         let se = StoredEntity::from_json(v.clone(), b.schema(), &b.entity_types, &f)?;
         let uid = se.entity.uid();
         b.check_type(uid.type_name(), &format!("{f}.uid.type"))?;
-        check_entity_ids(&se, &f)?;
+        se.check_ids(&f)?;
         if ignore(&uid) {
             ignored.push(uid);
             continue;
@@ -550,21 +549,6 @@ pub(super) fn inline_entities(
         }
     }
     Ok((inline, ignored))
-}
-
-#[inline]
-pub(super) fn is_registered(st: &State, uid: &EntityUid) -> bool {
-    let e = match st.store.entities.get(uid.as_ref()) {
-        Some(r) => Some(Written::Record(r)),
-        None => st.bundle.entities.get(uid).map(|e| Written::Stored(e)),
-    };
-    match e {
-        None => false,
-        Some(e) => !matches!(
-            e.attr("registered").map(|v| &v.value),
-            Some(ValueKind::Lit(Literal::Bool(false)))
-        ),
-    }
 }
 
 /// Applies the verdict rules (docs/decisions.md#one-principals-verdict) to the satisfied policies

@@ -1,8 +1,20 @@
 //! The decision engine: one bundle plus one entity store, swapped atomically, and `decide`.
 //!
-//! One file per job: `state` (the state, its caches and versions, [`Engine`] itself),
-//! `writes` (bundle and store writes), `check` (checks), `plan` (query plans) and `slice` (the
-//! entities a check or plan reads), `search` (the AuthZEN searches, docs/search.md).
+//! One file per job, each using only the ones listed before it (a test keeps this order,
+//! tests/test_crate_layout.py; docs/architecture.md#code-layout-and-conventions):
+//!
+//! 1. `snapshot`: one snapshot of what the engine decides with (bundle, its caches, store,
+//!    closed hierarchy, mode, versions) and the lookups made on it;
+//! 2. `slice`: the entities a check or plan reads;
+//! 3. `index`: a snapshot's search index (entities by type, columns, prepared plans);
+//! 4. `state`: [`Engine`] itself, the snapshot in force swapped atomically, its versions;
+//! 5. `writes`: bundle and store writes;
+//! 6. `check`: checks, and the contexts checks and plans take;
+//! 7. `plan`: query plans (docs/plans.md);
+//! 8. `search`: the AuthZEN searches (docs/search.md), on checks and plans.
+//!
+//! The engine's methods are spread over these files (`impl Engine` in each), and a method
+//! calls only the methods of its own file and of the files below it.
 //!
 //! Check semantics (docs/decisions.md, docs/architecture.md#verdicts-challenges-and-mode):
 //!
@@ -17,9 +29,11 @@
 //! 5. The mode is reported, never applied.
 
 mod check;
+mod index;
 mod plan;
 mod search;
 mod slice;
+mod snapshot;
 mod state;
 mod writes;
 

@@ -2,11 +2,11 @@
 //! acts for) may see, as a filter, from Cedar's type-aware partial evaluation over the
 //! principal's slice; memoised per side and cached per plan for paging (crate::plan_outcome).
 
-use super::check::{check_on_behalf_of, context_for, context_with_risk, elapsed_us, is_registered};
+use super::check::{check_on_behalf_of, context_for, context_with_risk, elapsed_us};
 use super::check::{REASON_CONTAINED, REASON_UNREGISTERED};
 use super::slice::{closed_list, entities_of};
+use super::snapshot::State;
 use super::state::Engine;
-use super::state::State;
 use crate::decision::QueryPlan;
 use crate::error::RequestError;
 use crate::plan_outcome::{finish, Finished, PlanKey, PrincipalState, Side};
@@ -210,7 +210,7 @@ impl Engine {
         if st.store.is_contained(subject) {
             return Ok(Side::denied(REASON_CONTAINED));
         }
-        if subject.type_name().basename() == "ServiceAccount" && !is_registered(st, subject) {
+        if subject.type_name().basename() == "ServiceAccount" && !st.is_registered(subject) {
             return Ok(Side::denied(REASON_UNREGISTERED));
         }
         // No resource, so no work-item assignment: `assigned` is false for every row (a plan

@@ -3,7 +3,7 @@
 //! as the policies that can apply look), borrowed from the snapshot's pre-closed hierarchy, or
 //! built by Cedar when the check brings inline entities (docs/decisions.md).
 
-use super::state::State;
+use super::snapshot::State;
 use crate::error::{chain, RequestError};
 use crate::maps::FastSet;
 use crate::request::CheckRequest;

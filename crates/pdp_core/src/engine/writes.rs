@@ -4,12 +4,12 @@
 //! on a copy of the state and published with one swap ([`Engine::update`]); each moves the
 //! version counter of what it changed.
 
+use super::snapshot::{cycle, Caches, State};
 use super::state::Engine;
-use super::state::{cycle, Caches, State};
 use crate::bundle::{Bundle, TemplateLink};
 use crate::decision::Mode;
 use crate::error::{chain, BundleError, RequestError, SourceError};
-use crate::request::{check_identifier, kind, parse_uid};
+use crate::request::{kind, parse_uid};
 use crate::store::{parse_uid_list, ClosedEntity, Interner, StoredEntity, WorkItem};
 use cedar_policy::{Entity, EntityTypeName, EntityUid};
 use cedar_policy_core::ast;
@@ -82,7 +82,7 @@ impl Engine {
             let se = StoredEntity::from_json(v, bundle.schema(), &bundle.entity_types, &f)?;
             let uid = se.entity.uid();
             bundle.check_type(uid.type_name(), &format!("{f}.uid.type"))?;
-            check_entity_ids(&se, &f)?;
+            se.check_ids(&f)?;
             if !seen.insert(uid.clone()) {
                 return Err(RequestError::new(f, format!("duplicate entity `{uid}`")));
             }
@@ -473,19 +473,6 @@ impl Engine {
             Ok(s.store.risk.len())
         })
     }
-}
-
-/// Refuses an entity whose id, or a parent's id, holds a control character
-/// ([`check_identifier`]).
-///
-/// # Errors
-/// [`RequestError`] on `<field>.uid.id` or `<field>.parents[j].id`.
-pub(super) fn check_entity_ids(se: &StoredEntity, field: &str) -> Result<(), RequestError> {
-    check_identifier(se.entity.uid().id().unescaped(), &format!("{field}.uid.id"))?;
-    for (j, p) in se.parents.iter().enumerate() {
-        check_identifier(p.id().unescaped(), &format!("{field}.parents[{j}].id"))?;
-    }
-    Ok(())
 }
 
 impl Engine {

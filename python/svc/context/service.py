@@ -506,13 +506,25 @@ class ContextService:
             raise _bad_batch("resources", errors)
         now = _now()
         with self.write() as tx:
+            # The rows held, read with one query per type (not one get, and an autoflush of
+            # the row added before it, per item).
+            held: dict[tuple[str, str], ResourceRow] = {}
+            for t in {item.type for item in items}:
+                ids = [item.id for item in items if item.type == t]
+                for part in _chunks(ids):
+                    for r in tx.session.exec(
+                        select(ResourceRow).where(
+                            col(ResourceRow.type) == t, col(ResourceRow.id).in_(part)
+                        )
+                    ):
+                        held[(r.type, r.id)] = r
             for item in items:
                 entity = {
                     "uid": {"type": item.type, "id": item.id},
                     "attrs": item.attrs,
                     "parents": [_entity_ref(p) for p in item.parents],
                 }
-                row = tx.session.get(ResourceRow, (item.type, item.id))
+                row = held.get((item.type, item.id))
                 if row is not None and row.entity == entity:
                     continue
                 if row is None:
@@ -650,6 +662,11 @@ class ContextService:
             raise _bad_batch("work items", errors)
         now = _now()
         with self.write() as tx:
+            held = {  # as in put_resources
+                r.id: r
+                for part in _chunks([item.id for item in items])
+                for r in tx.session.exec(select(WorkItemRow).where(col(WorkItemRow.id).in_(part)))
+            }
             for item in items:
                 record = {
                     "id": item.id,
@@ -657,7 +674,7 @@ class ContextService:
                     "links": [_entity_ref(li) for li in item.links],
                     "attrs": item.attrs,
                 }
-                row = tx.session.get(WorkItemRow, item.id)
+                row = held.get(item.id)
                 if row is not None and row.item == record:
                     continue
                 if row is None:

@@ -6,8 +6,11 @@
   thread, provisioned over SCIM with a few people and groups;
 * the trusted apps' JWK Sets over HTTPS (``gwkit.JwksServer``, a trustme CA) and their signing
   keys (``gwkit.Issuer``), trusted through the context service's directory;
-* ``svc pdp --bundle DIR --context URL`` as a process, over a bundle with ``PortalArea`` and its
-  ``view``/``administer`` actions (``SCHEMA``, ``POLICIES``), following the context service;
+* the challenge service (``ChallengeServer``, SQLite) and the policy service (``PolicyServer``,
+  SQLite), each in a thread;
+* ``svc pdp --bundle DIR --context URL --challenge URL`` as a process, over a bundle with
+  ``PortalArea`` and its ``view``/``administer`` actions (``SCHEMA``, ``POLICIES``), following
+  the context service and the containment list;
 * the demo OpenID Connect provider (``svc.challenge.dev_idp``, oidc-provider-mock) people sign
   in with, and ``sign_in``, which signs a person in the way a browser would (the provider's form
   posted with httpx);
@@ -28,8 +31,15 @@ import psycopg
 from sqlalchemy.engine import make_url
 
 from gwkit import Issuer, JwksServer
+from svc.challenge.app import ChallengeServer
 from svc.challenge.dev_idp import DevIdentityProvider
+from svc.challenge.pdp_client import ApproverCheck
+from svc.challenge.service import ChallengeService
+from svc.challenge.settings import ChallengeSettings
 from svc.common.net import tcp_listener
+from svc.policy.app import PolicyServer
+from svc.policy.service import PolicyService
+from svc.policy.settings import PolicySettings
 from svc.portal.app import PortalServer, build_service
 from svc.portal.settings import PortalSettings
 from test_context import Live, create_group, create_user
@@ -60,11 +70,22 @@ type DecisionContext = {
   work_item?: WorkItem,
   assigned?: Bool,
 };
-action read appliesTo {
+type PortalContext = {
+  risk_score?: Long,
+  human_present?: Bool,
+  agent?: ServiceAccount,
+  work_item?: WorkItem,
+  assigned?: Bool,
+  own?: Bool,
+};
+action read, write appliesTo {
   principal: [Human, ServiceAccount], resource: [Document], context: DecisionContext,
 };
+action approve appliesTo {
+  principal: [Human], resource: [Document], context: DecisionContext,
+};
 action view, administer appliesTo {
-  principal: [Human], resource: [PortalArea], context: DecisionContext,
+  principal: [Human], resource: [PortalArea], context: PortalContext,
 };
 """
 
@@ -81,6 +102,16 @@ permit (principal in Group::"security-team", action in [Action::"view", Action::
 
 @id("portal-auditors-view")
 permit (principal in Group::"auditors", action == Action::"view", resource is PortalArea);
+
+@id("portal-own-challenges-and-keys")
+permit (principal is Human, action in [Action::"view", Action::"administer"], resource is PortalArea)
+when {
+  (resource == PortalArea::"challenges" || resource == PortalArea::"keys") &&
+  context has own && context.own
+};
+
+@id("agent-writes-need-approval") @challenge("approval")
+permit (principal is ServiceAccount, action == Action::"write", resource is Document);
 """
 
 #: People provisioned over SCIM: user name -> groups.
@@ -155,12 +186,30 @@ class World:
         bundle.mkdir(exist_ok=True)
         (bundle / "schema.cedarschema").write_text(SCHEMA)
         (bundle / "policies.cedar").write_text(POLICIES)
+        self.challenge_service = ChallengeService(
+            ChallengeSettings(
+                database_url=f"sqlite:///{tmp / 'challenge.db'}",
+                port=0,
+                heartbeat_secs=0.2,
+                watch_poll_secs=0.1,
+                context_url=self.context.url,
+            )
+        )
+        self.challenge = ChallengeServer(
+            self.challenge_service.settings, self.challenge_service, outbox=False
+        ).start()
+        policy_settings = PolicySettings(
+            port=0, data_dir=tmp, database_url=f"sqlite:///{tmp / 'policy.db'}"
+        )
+        self.policy = PolicyServer(policy_settings, PolicyService(policy_settings)).start()
         self.pdp = Pdp(
-            "--bundle", str(bundle), "--port", "0", "--no-watch", "--context", self.context.url
+            "--bundle", str(bundle), "--port", "0", "--no-watch", "--context", self.context.url,
+            "--challenge", self.challenge.url, "--challenge-timeout-ms", "30000",
         )  # fmt: skip
         self.pdp_url = f"http://127.0.0.1:{self.pdp.port()}"
         self.pdp_http = httpx.Client(base_url=self.pdp_url, timeout=30)
         until("decision point ready", lambda: self.pdp_http.get("/readyz").status_code == 200)
+        self.challenge_service.approvers = ApproverCheck(self.pdp_url)
         self.oidc = DevIdentityProvider(users=list(PEOPLE)).start()
         secret = tmp / "oidc-secret"
         secret.write_text("portal-client-secret\n")
@@ -176,8 +225,8 @@ class World:
             pdp_url=self.pdp_url,
             context_url=self.context.url,
             history_url=None,
-            policy_url=None,
-            challenge_url=None,
+            policy_url=self.policy.url,
+            challenge_url=self.challenge.url,
             jwks_ca_file=str(self.jwks.ca_file),
             trust_refresh_secs=0.2,
             **portal,
@@ -240,6 +289,11 @@ class World:
         pdp = getattr(self, "pdp", None)
         if pdp is not None:
             pdp.stop()
+        for name in ("policy", "challenge"):
+            server = getattr(self, name, None)
+            if server is not None:
+                server.stop()
+                server.service.close()
         oidc = getattr(self, "oidc", None)
         if oidc is not None:
             oidc.stop()

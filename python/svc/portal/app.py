@@ -2,6 +2,9 @@
 
 * ``PUT``/``GET``/``DELETE /api/v1/agents/{agent_id}`` and ``GET /api/v1/agents``: the agents
   API for trusted apps, under the app's own token (``svc.portal.apptokens``);
+* ``POST /graphql``: the GraphQL API (``svc.portal.gql``) for a signed-in person, every
+  request carrying the session's CSRF token; ``GET /graphql`` serves the GraphiQL IDE in dev
+  only;
 * ``GET /auth/login``, ``GET /auth/callback``, ``POST /auth/logout`` and ``GET /api/v1/me``:
   people's OpenID Connect sign-in, session and CSRF token (``svc.portal.sessions``), when an
   ``oidc_issuer`` is set;
@@ -32,6 +35,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CollectorRegistry, Counter
 from starlette.middleware.sessions import SessionMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from strawberry.fastapi import GraphQLRouter
 
 from svc import __version__, web
 from svc.common.auth_settings import is_loopback
@@ -39,7 +43,15 @@ from svc.common.connect import ThreadedServer, serve_asgi
 from svc.common.health import Readiness, probe_router
 from svc.common.problems import FieldError, Problem, install_problem_handlers, problem_response
 from svc.portal.apptokens import AppTokenError, AppTokenVerifier, TrustedAppsUnavailable
-from svc.portal.clients import ContextClient, PdpClient, token_reader
+from svc.portal.clients import (
+    ChallengeClient,
+    ContextClient,
+    HistoryClient,
+    PdpClient,
+    PolicyClient,
+    token_reader,
+)
+from svc.portal.gql import Context, make_schema
 from svc.portal.service import PortalService
 from svc.portal.sessions import COOKIE, LOGIN_COOKIE, Session, SessionStore, load_session_key
 from svc.portal.settings import PortalSettings, read_token_file
@@ -123,6 +135,23 @@ def build_service(settings: PortalSettings) -> PortalService:
         ContextClient(
             settings.context_url, token_reader(settings.context_token_file, "context service"), t
         ),
+        challenge=ChallengeClient(
+            settings.challenge_url,
+            token_reader(settings.challenge_token_file, "challenge service"),
+            t,
+        )
+        if settings.challenge_url
+        else None,
+        policy=PolicyClient(
+            settings.policy_url, token_reader(settings.policy_token_file, "policy service"), t
+        )
+        if settings.policy_url
+        else None,
+        history=HistoryClient(
+            settings.history_url, token_reader(settings.history_token_file, "history"), t
+        )
+        if settings.history_url
+        else None,
     )
 
 
@@ -191,6 +220,35 @@ def create_app(settings: PortalSettings, service: PortalService) -> FastAPI:
     app.state.public_origin = _origin(settings.public_url)
     if settings.oidc_issuer:
         install_sign_in(app, settings, sessions)
+
+    schema = make_schema(settings)
+
+    def graphql_guard(request: Request) -> Session:
+        if request.method == "GET" and not settings.dev:
+            raise Problem(
+                405,
+                "method-not-allowed",
+                "Method not allowed",
+                "GraphQL takes POST (the IDE is served with SVC_PORTAL_DEV only)",
+                headers={"Allow": "POST"},
+            )
+        return changing(request) if request.method != "GET" else signed_in(request)
+
+    def graphql_context(request: Request) -> Context:
+        return Context(signed_in(request), service)
+
+    app.include_router(
+        GraphQLRouter(
+            schema,
+            path="/graphql",
+            graphql_ide="graphiql" if settings.dev else None,
+            allow_queries_via_get=False,
+            context_getter=graphql_context,
+            subscription_protocols=(),
+            dependencies=[Depends(graphql_guard)],
+            include_in_schema=False,
+        )
+    )
 
     app.include_router(
         probe_router(

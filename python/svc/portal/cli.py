@@ -3,6 +3,8 @@
 * ``svc portal serve [--host 127.0.0.1] [--port 8080] [--pdp-url URL] [--context-url URL] ...``:
   serve the portal (the agents API, sign-in, GraphQL) until Ctrl-C or SIGTERM. Settings from
   ``SVC_PORTAL_*`` (``PortalSettings``); options win over the environment.
+* ``svc portal schema``: print the GraphQL schema (SDL), as ``python/svc/portal/schema.graphql``
+  holds it.
 
 Exit codes: 0 done; 2 bad settings or an unsafe bind, with the problem on standard error.
 """
@@ -39,3 +41,11 @@ def serve(settings: PortalSettings) -> None:
     except ValueError as e:
         typer.echo(f"svc portal serve: {e}", err=True)
         raise typer.Exit(code=2) from e
+
+
+@app.command("schema")
+def schema() -> None:
+    """Print the GraphQL schema (SDL): what python/svc/portal/schema.graphql holds."""
+    from svc.portal.gql import schema_sdl
+
+    typer.echo(schema_sdl(), nl=False)

@@ -5,7 +5,10 @@ The portal holds no state: every answer comes from another service's API.
 * ``PdpClient``: the decision point's HTTP decision API (``POST /v1/access/evaluation``,
   docs/api.md#http-routes) and AuthZEN searches (``/access/v1/search/...``, docs/search.md);
 * ``ContextClient``: the context service's ``/v1`` routes (docs/context.md): service accounts,
-  the directory, trusted apps, investigations.
+  the directory, trusted apps, investigations;
+* ``ChallengeClient``, ``PolicyClient``: the challenge and policy services' gRPC APIs
+  (docs/challenges.md, docs/policy.md), through grpcio stubs;
+* ``HistoryClient``: the history's read-only routes (docs/history.md#http-routes).
 
 Each call carries ``Authorization: Bearer <token>`` when its token function returns one (a
 token file read at each call: docs/auth.md). A service that does not connect, times out or
@@ -16,13 +19,33 @@ body, which the service layer turns into the portal's own answer.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
+import grpc
 import httpx
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
 
-__all__ = ["ContextClient", "PdpClient", "Refused", "TokenFn", "Unavailable", "token_reader"]
+from svc.challenge.v1 import challenge_pb2 as cpb
+from svc.challenge.v1 import challenge_pb2_grpc as cpb_grpc
+from svc.policy.v1 import policy_pb2 as ppb
+from svc.policy.v1 import policy_pb2_grpc as ppb_grpc
+
+__all__ = [
+    "ChallengeClient",
+    "ContextClient",
+    "HistoryClient",
+    "PdpClient",
+    "PolicyClient",
+    "Refused",
+    "TokenFn",
+    "Unavailable",
+    "grpc_target",
+    "token_reader",
+]
 
 log = logging.getLogger("svc.portal.clients")
 
@@ -232,6 +255,28 @@ class ContextClient(_Http):
         ]
         return out
 
+    def principals(self) -> dict[str, Any]:
+        """``GET /v1/principals``: the snapshot ``{principals_version, principals}``."""
+        out: dict[str, Any] = self.request("GET", "/v1/principals")
+        return out
+
+    def investigations(self, status: str | None = None) -> list[dict[str, Any]]:
+        """``GET /v1/investigations[?status=]``: newest first."""
+        params = {"status": status} if status else None
+        out: list[dict[str, Any]] = self.request("GET", "/v1/investigations", params=params)[
+            "investigations"
+        ]
+        return out
+
+    def close_investigation(self, inv_id: str, closed_by: str, resolution: str) -> dict[str, Any]:
+        """``POST /v1/investigations/{id}/close``: the closed investigation."""
+        out: dict[str, Any] = self.request(
+            "POST",
+            f"/v1/investigations/{quote(inv_id, safe='')}/close",
+            json={"closed_by": closed_by, "resolution": resolution},
+        )
+        return out
+
     def service_accounts(self, app: str | None = None) -> list[dict[str, Any]]:
         """``GET /v1/service-accounts[?app=]``: the records, by id."""
         params = {"app": app} if app is not None else None
@@ -283,4 +328,145 @@ class ContextClient(_Http):
             f"/v1/service-accounts/{quote(sa_id, safe='')}/changes",
             params={"limit": limit},
         )["changes"]
+        return out
+
+
+def grpc_target(url: str) -> str:
+    """``host:port`` of ``http://host:port`` (or of ``host:port`` itself): a gRPC target."""
+    return re.sub(r"^https?://", "", url).rstrip("/")
+
+
+#: gRPC status codes that mean the service did not serve the call (``Unavailable``).
+_UNAVAILABLE_CODES = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.INTERNAL,
+        grpc.StatusCode.UNKNOWN,
+        grpc.StatusCode.CANCELLED,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.UNIMPLEMENTED,
+        grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.DATA_LOSS,
+    }
+)
+#: gRPC refusals of the request, as the HTTP status the portal answers them with.
+_REFUSED_STATUS = {
+    grpc.StatusCode.INVALID_ARGUMENT: 400,
+    grpc.StatusCode.OUT_OF_RANGE: 400,
+    grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.ALREADY_EXISTS: 409,
+    grpc.StatusCode.FAILED_PRECONDITION: 409,
+    grpc.StatusCode.ABORTED: 409,
+    grpc.StatusCode.PERMISSION_DENIED: 403,
+}
+
+
+class _Grpc:
+    """One gRPC service over a channel of its own (plain h2c, as svc's services serve it)."""
+
+    name = "service"
+    stub: Any
+
+    def __init__(self, url: str, token: TokenFn = lambda: None, timeout_secs: float = 10.0) -> None:
+        self.url = url
+        self._token = token
+        self.timeout_secs = timeout_secs
+        self._channel = grpc.insecure_channel(grpc_target(url))
+
+    def call(self, method: str, request: Any) -> Any:
+        """Calls `method` of the stub with `request`.
+
+        Raises:
+            Unavailable: the service did not serve the call (no connection, a timeout, an
+                internal error, the portal's token refused).
+            Refused: the service refused the request: ``status`` is the HTTP status the
+                portal answers (400, 403, 404, 409) and ``body`` ``{"detail", "errors"}`` with
+                each ``google.rpc.BadRequest`` field violation.
+
+        """
+        metadata = []
+        token = self._token()
+        if token:
+            metadata.append(("authorization", f"Bearer {token}"))
+        try:
+            return getattr(self.stub, method)(request, timeout=self.timeout_secs, metadata=metadata)
+        except grpc.RpcError as e:
+            code = e.code() if isinstance(e, grpc.Call) else grpc.StatusCode.UNKNOWN
+            details = (e.details() if isinstance(e, grpc.Call) else str(e)) or ""
+            if code in _UNAVAILABLE_CODES or code not in _REFUSED_STATUS:
+                raise Unavailable(self.name, f"{method}: {code.name}: {details}") from None
+            errors: list[dict[str, Any]] = []
+            status = rpc_status.from_call(e) if isinstance(e, grpc.Call) else None
+            for d in status.details if status else []:
+                bad = error_details_pb2.BadRequest()
+                if d.Unpack(bad):
+                    errors.extend(
+                        {"index": None, "field": v.field, "message": v.description}
+                        for v in bad.field_violations
+                    )
+            body = {
+                "type": f"urn:svc:problem:{code.name.lower().replace('_', '-')}",
+                "title": code.name.replace("_", " ").capitalize(),
+                "detail": details,
+                "errors": errors,
+            }
+            raise Refused(_REFUSED_STATUS[code], body) from None
+
+    def close(self) -> None:
+        """Closes the channel."""
+        self._channel.close()
+
+
+class ChallengeClient(_Grpc):
+    """The challenge service (gRPC ``svc.challenge.v1.ChallengeService``, docs/challenges.md)."""
+
+    name = "challenge service"
+
+    def __init__(self, url: str, token: TokenFn = lambda: None, timeout_secs: float = 10.0) -> None:
+        super().__init__(url, token, timeout_secs)
+        self.stub = cpb_grpc.ChallengeServiceStub(self._channel)  # type: ignore[no-untyped-call]
+        self.pb = cpb
+
+
+class PolicyClient(_Grpc):
+    """The policy service (gRPC ``svc.policy.v1.PolicyService``, docs/policy.md)."""
+
+    name = "policy service"
+
+    def __init__(self, url: str, token: TokenFn = lambda: None, timeout_secs: float = 10.0) -> None:
+        super().__init__(url, token, timeout_secs)
+        self.stub = ppb_grpc.PolicyServiceStub(self._channel)  # type: ignore[no-untyped-call]
+        self.pb = ppb
+
+
+class HistoryClient(_Http):
+    """The history's read-only routes (``/v1/history/...``, docs/history.md#http-routes)."""
+
+    name = "history"
+
+    def decisions(self, **params: Any) -> list[dict[str, Any]]:
+        """``GET /v1/history/decisions``: rows oldest first.
+
+        Args:
+            params: ``principal`` or ``resource`` (``Type::id``), ``since``, ``until`` (RFC
+                3339), ``monitor_only``, ``include_on_behalf_of``, ``limit`` (1 to 10,000).
+
+        """
+        out: list[dict[str, Any]] = self.request("GET", "/v1/history/decisions", params=params)
+        return out
+
+    def decision(self, qid: str) -> dict[str, Any] | None:
+        """``GET /v1/history/decisions?qid=``: one decision, or None when unknown."""
+        try:
+            out: dict[str, Any] = self.request("GET", "/v1/history/decisions", params={"qid": qid})
+        except Refused as e:
+            if e.status == 404:
+                return None
+            raise
+        return out
+
+    def events(self, **params: Any) -> list[dict[str, Any]]:
+        """``GET /v1/history/events``: rows oldest first."""
+        out: list[dict[str, Any]] = self.request("GET", "/v1/history/events", params=params)
         return out

@@ -32,7 +32,15 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from svc.common.problems import FieldError, Problem
-from svc.portal.clients import ContextClient, PdpClient, Refused, Unavailable
+from svc.portal.clients import (
+    ChallengeClient,
+    ContextClient,
+    HistoryClient,
+    PdpClient,
+    PolicyClient,
+    Refused,
+    Unavailable,
+)
 from svc.portal.settings import PortalSettings
 
 __all__ = [
@@ -176,14 +184,22 @@ def unavailable_problem(e: Unavailable) -> Problem:
 
 
 def _refused_problem(e: Refused, what: str) -> Problem:
-    """A 4xx of another service as the portal's own problem, keeping its named fields."""
+    """A 4xx of another service as the portal's own problem, keeping its named fields.
+
+    400, 403 (the service's own rule, such as "not the approver"), 404 and 409 pass through;
+    anything else, and a refusal of the portal itself as a caller, is a 502 ``bad-gateway``
+    (logged: the install's settings are wrong, not the request).
+    """
     body = e.body
     errors = [
         FieldError(x.get("index"), str(x.get("field", "")), str(x.get("message", "")))
         for x in body.get("errors", [])
         if isinstance(x, dict)
     ]
-    status = e.status if e.status in (400, 404, 409) else 502
+    caller_refused = "caller-not-allowed" in str(body.get("type", "")) or (
+        "is not allowed to call" in str(body.get("detail", ""))
+    )
+    status = e.status if e.status in (400, 403, 404, 409) and not caller_refused else 502
     if status == 502:
         log.error("the %s refused the portal's call: %s %s", what, e.status, body)
         return Problem(502, "bad-gateway", "Bad gateway", f"the {what} refused the portal's call")
@@ -209,20 +225,36 @@ class PortalService:
 
     """
 
-    def __init__(self, settings: PortalSettings, pdp: PdpClient, context: ContextClient) -> None:
+    def __init__(
+        self,
+        settings: PortalSettings,
+        pdp: PdpClient,
+        context: ContextClient,
+        *,
+        challenge: ChallengeClient | None = None,
+        policy: PolicyClient | None = None,
+        history: HistoryClient | None = None,
+    ) -> None:
         self.settings = settings
         self.pdp = pdp
         self.context = context
+        self.challenge = challenge
+        self.policy = policy
+        self.history = history
 
     # -- authorization ---------------------------------------------------------------
 
-    def authorize(self, person: str, action: Action, area: Area) -> Check:
+    def authorize(self, person: str, action: Action, area: Area, *, own: bool = False) -> Check:
         """Checks that `person` may `action` the portal's `area` (module docs).
 
         Args:
             person: the signed-in user name (``Human::"<person>"``).
             action: ``view`` (queries) or ``administer`` (changes).
             area: one of ``AREAS``.
+            own: the operation touches only the person's own records (their challenges, their
+                security keys): the check carries ``context.own`` true, so a policy can let
+                everyone see their own (docs/portal.md#authorization). The bundle's schema
+                must declare ``own`` in the context of ``view`` and ``administer``.
 
         Returns:
             The allowed check, with its decision's qid.
@@ -235,11 +267,13 @@ class PortalService:
         """
         if area not in AREAS:
             raise ValueError(f"unknown portal area `{area}`")
-        request = {
+        request: dict[str, Any] = {
             "principal": {"type": PERSON_TYPE, "id": person},
             "action": action,
             "resource": {"type": AREA_TYPE, "id": area},
         }
+        if own:
+            request["context"] = {"own": True}
         try:
             d = self.pdp.evaluate(request)
         except Refused as e:
@@ -416,7 +450,404 @@ class PortalService:
         base = record if record is not None else {"id": agent_id, "app": app}
         return {**base, "registered": record is not None, "changes": changes}
 
+    # -- people's operations -----------------------------------------------------------
+    #
+    # Each checks the person first (``authorize``), then calls the service that holds the
+    # records. ``Unavailable`` and ``Refused`` of the clients pass through as
+    # ``unavailable_problem`` / the service's own refusal (``_refused_problem``).
+
+    def _run(self, what: str, fn: Any, *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except Unavailable as e:
+            raise unavailable_problem(e) from None
+        except Refused as e:
+            raise _refused_problem(e, what) from None
+
+    def _need(self, client: Any, what: str) -> Any:
+        if client is None:
+            raise Problem(
+                503,
+                "service-unavailable",
+                "Service unavailable",
+                f"the portal is not connected to the {what} (its URL setting is unset)",
+            )
+        return client
+
+    def _page(self, first: int) -> int:
+        if not 1 <= first <= self.settings.max_page_size:
+            raise Problem(
+                400,
+                "invalid-argument",
+                "Invalid argument",
+                f"`first` must be 1 to {self.settings.max_page_size} (SVC_PORTAL_MAX_PAGE_SIZE)",
+                [FieldError(None, "first", "out of range")],
+            )
+        return first
+
+    # directory
+
+    def people(self, person: str, include_removed: bool = False) -> list[dict[str, Any]]:
+        """The directory's people (``view`` on ``directory``): the context service's records."""
+        self.authorize(person, "view", "directory")
+        out: list[dict[str, Any]] = self._run(
+            "context service", self.context.people, include_removed
+        )
+        return out
+
+    def service_accounts(self, person: str, app: str | None = None) -> list[dict[str, Any]]:
+        """Registered service accounts and agents, by id (``view`` on ``directory``)."""
+        self.authorize(person, "view", "directory")
+        out: list[dict[str, Any]] = self._run("context service", self.context.service_accounts, app)
+        return out
+
+    def trusted_apps(self, person: str) -> list[dict[str, Any]]:
+        """The apps trusted to sign agent tokens (``view`` on ``directory``)."""
+        self.authorize(person, "view", "directory")
+        out: list[dict[str, Any]] = self._run("context service", self.context.trusted_apps)
+        return out
+
+    def trust_app(self, person: str, app: dict[str, Any]) -> dict[str, Any]:
+        """Trusts (or changes) an app ``{name, iss, jwks_url, aud}`` (``administer`` directory).
+
+        Enforcement points pick it up within about ten seconds.
+
+        Raises:
+            Problem: 400 naming every bad field (the context service's checks: a name of
+                lowercase letters, digits and dashes; an ``https://`` JWKS URL).
+
+        """
+        self.authorize(person, "administer", "directory")
+        out: dict[str, Any] = self._run("context service", self.context.put_trusted_app, app)
+        log.info("%s trusted app %s", person, app.get("name"))
+        return out
+
+    def untrust_app(self, person: str, name: str) -> bool:
+        """Stops trusting an app (``administer`` on ``directory``); False when it was not."""
+        self.authorize(person, "administer", "directory")
+        try:
+            self._run("context service", self.context.delete_trusted_app, name)
+        except Problem as p:
+            if p.status == 404:
+                return False
+            raise
+        log.info("%s removed trusted app %s", person, name)
+        return True
+
+    def risk_scores(self, person: str) -> list[dict[str, Any]]:
+        """The reasoner's risk scores, highest first (``view`` on ``directory``).
+
+        Returns:
+            ``[{"principal": {type, id}, "score": 0..100}]`` from the context service's
+            principals snapshot.
+
+        """
+        self.authorize(person, "view", "directory")
+        snap = self._run("context service", self.context.principals)
+        scores = [
+            p["value"]
+            for p in snap.get("principals", [])
+            if p.get("kind") == "RiskScore" and p.get("value")
+        ]
+        return sorted(scores, key=lambda v: (-int(v["score"]), str(v["principal"])))
+
+    # investigations
+
+    def investigations(self, person: str, status: str | None = None) -> list[dict[str, Any]]:
+        """Investigations, newest first, of one status (``view`` on ``investigations``)."""
+        self.authorize(person, "view", "investigations")
+        out: list[dict[str, Any]] = self._run(
+            "context service", self.context.investigations, status
+        )
+        return out
+
+    def close_investigation(self, person: str, inv_id: str, resolution: str) -> dict[str, Any]:
+        """Closes an investigation as `person` (``administer`` on ``investigations``).
+
+        Raises:
+            Problem: 404 unknown; 409 already closed; 400 a resolution too long.
+
+        """
+        self.authorize(person, "administer", "investigations")
+        out: dict[str, Any] = self._run(
+            "context service", self.context.close_investigation, inv_id, person, resolution
+        )
+        return out
+
+    # who can
+
+    def who_can(
+        self, person: str, action: str, resource: dict[str, str], principal_type: str, first: int
+    ) -> dict[str, Any]:
+        """Which principals of a type may take `action` on `resource` (``view`` on policies).
+
+        The decision point's AuthZEN subject search (docs/search.md).
+
+        Returns:
+            ``{"results": [{type, id}], "next_token", "qid"}``.
+
+        """
+        self.authorize(person, "view", "policies")
+        out = self._run(
+            "decision point",
+            self.pdp.search,
+            "subject",
+            {
+                "subject": {"type": principal_type},
+                "action": {"name": action},
+                "resource": resource,
+                "page": {"limit": self._page(first)},
+            },
+        )
+        return {
+            "results": out.get("results", []),
+            "next_token": (out.get("page") or {}).get("next_token") or None,
+            "qid": (out.get("context") or {}).get("qid"),
+        }
+
+    def reachable(
+        self, person: str, principal: dict[str, str], action: str, resource_type: str, first: int
+    ) -> dict[str, Any]:
+        """Which resources of a type `principal` may take `action` on (``view`` on policies).
+
+        The decision point's AuthZEN resource search (docs/search.md); answers as ``who_can``.
+        """
+        self.authorize(person, "view", "policies")
+        out = self._run(
+            "decision point",
+            self.pdp.search,
+            "resource",
+            {
+                "subject": principal,
+                "action": {"name": action},
+                "resource": {"type": resource_type},
+                "page": {"limit": self._page(first)},
+            },
+        )
+        return {
+            "results": out.get("results", []),
+            "next_token": (out.get("page") or {}).get("next_token") or None,
+            "qid": (out.get("context") or {}).get("qid"),
+        }
+
+    # containments
+
+    def containments(self, person: str) -> list[Any]:
+        """Every contained principal (``view`` on ``containments``): ``Containment`` messages."""
+        self.authorize(person, "view", "containments")
+        c = self._need(self.challenge, "challenge service")
+        out = self._run(
+            "challenge service", c.call, "ListContainments", c.pb.ListContainmentsRequest()
+        )
+        return list(out.containments)
+
+    def contain(self, person: str, principal: dict[str, str], reason: str) -> tuple[Any, bool]:
+        """Contains a principal with `person` as author (``administer`` on containments).
+
+        Every decision point following the containment feed then denies it (``svc:contained``).
+
+        Returns:
+            ``(Containment message, changed)``: ``changed`` False when it was contained before.
+
+        """
+        self.authorize(person, "administer", "containments")
+        c = self._need(self.challenge, "challenge service")
+        req = c.pb.ContainRequest(
+            principal=c.pb.EntityRef(**principal), reason=reason, author=person
+        )
+        out = self._run("challenge service", c.call, "Contain", req)
+        log.info("%s contained %s: %s", person, principal, reason)
+        return out.containment, bool(out.changed)
+
+    def lift(self, person: str, principal: dict[str, str], reason: str) -> bool:
+        """Lifts a containment (``administer`` on ``containments``); False when there was none."""
+        self.authorize(person, "administer", "containments")
+        c = self._need(self.challenge, "challenge service")
+        req = c.pb.LiftRequest(principal=c.pb.EntityRef(**principal), reason=reason, author=person)
+        out = self._run("challenge service", c.call, "Lift", req)
+        log.info("%s lifted %s: %s", person, principal, reason)
+        return bool(out.changed)
+
+    # challenges
+
+    def challenges(self, person: str, *, mine: bool, state: int = 0, first: int = 50) -> list[Any]:
+        """Challenges, newest first: ``Challenge`` messages.
+
+        Args:
+            person: the signed-in user.
+            mine: only those `person` answers or approves (``view`` on ``challenges`` with
+                ``context.own``); else everyone's (``view`` on ``challenges``).
+            state: a ``ChallengeState`` value (0: any).
+            first: most challenges, 1 to ``max_page_size``.
+
+        """
+        self.authorize(person, "view", "challenges", own=mine)
+        c = self._need(self.challenge, "challenge service")
+        req = c.pb.ListChallengesRequest(
+            person=person if mine else "", state=state, limit=self._page(first)
+        )
+        out = self._run("challenge service", c.call, "ListChallenges", req)
+        return list(out.challenges)
+
+    def decide(self, person: str, qid: str, approve: bool, reason: str) -> Any:
+        """Approves or rejects a challenge as its approver.
+
+        Checked as ``administer`` on ``challenges`` with ``context.own``: only the challenge's
+        approver may, which the challenge service checks too (it also asks the decision point
+        whether the approver may ``approve``).
+
+        Raises:
+            Problem: 403 not the approver; 409 not pending or the justification missing; 404.
+
+        """
+        self.authorize(person, "administer", "challenges", own=True)
+        c = self._need(self.challenge, "challenge service")
+        req = c.pb.DecideRequest(qid=qid, approver=person, approve=approve, reason=reason)
+        out = self._run("challenge service", c.call, "Decide", req)
+        log.info("%s %s challenge %s", person, "approved" if approve else "rejected", qid)
+        return out.challenge
+
+    # security keys
+
+    def security_keys(self, person: str, of: str | None = None) -> list[Any]:
+        """A person's security keys, oldest first.
+
+        Their own: ``view`` on ``keys`` with ``context.own``; someone else's: ``view`` on
+        ``keys``.
+        """
+        whose = of or person
+        self.authorize(person, "view", "keys", own=whose == person)
+        c = self._need(self.challenge, "challenge service")
+        out = self._run(
+            "challenge service",
+            c.call,
+            "ListSecurityKeys",
+            c.pb.ListSecurityKeysRequest(person=whose),
+        )
+        return list(out.keys)
+
+    def remove_security_key(self, person: str, credential_id: str) -> None:
+        """Removes one of the person's own keys (``administer`` on ``keys`` with ``own``)."""
+        self.authorize(person, "administer", "keys", own=True)
+        c = self._need(self.challenge, "challenge service")
+        req = c.pb.RemoveSecurityKeyRequest(person=person, credential_id=credential_id)
+        self._run("challenge service", c.call, "RemoveSecurityKey", req)
+
+    def reset_security_keys(self, person: str, of: str, reason: str) -> int:
+        """Removes every key of `of` (a lost key; ``administer`` on ``keys``).
+
+        Recorded by the challenge service with `person` as author; returns how many went.
+        """
+        self.authorize(person, "administer", "keys", own=of == person)
+        c = self._need(self.challenge, "challenge service")
+        req = c.pb.ResetSecurityKeyRequest(person=of, reason=reason, author=person)
+        out = self._run("challenge service", c.call, "ResetSecurityKey", req)
+        log.info("%s reset the security keys of %s: %s", person, of, reason)
+        return int(getattr(out, "removed", 0))
+
+    # policies and enforcement
+
+    def bundles(self, person: str, first: int = 50) -> list[Any]:
+        """Bundle versions, newest first, without files (``view`` on ``policies``)."""
+        self.authorize(person, "view", "policies")
+        p = self._need(self.policy, "policy service")
+        out = self._run(
+            "policy service",
+            p.call,
+            "ListBundles",
+            p.pb.ListBundlesRequest(limit=self._page(first)),
+        )
+        return list(out.bundles)
+
+    def bundle(self, person: str, version: int | None) -> Any | None:
+        """One bundle with its files (the active one for None; ``view`` on ``policies``)."""
+        self.authorize(person, "view", "policies")
+        p = self._need(self.policy, "policy service")
+        try:
+            if version is None:
+                out = self._run("policy service", p.call, "GetActive", p.pb.GetActiveRequest())
+            else:
+                out = self._run(
+                    "policy service", p.call, "GetBundle", p.pb.GetBundleRequest(version=version)
+                )
+        except Problem as e:
+            if e.status == 404:
+                return None
+            raise
+        return out.bundle if out.HasField("bundle") else None
+
+    def create_draft(
+        self, person: str, files: list[tuple[str, str]], comment: str
+    ) -> tuple[Any | None, list[dict[str, Any]]]:
+        """Validates files, stored as a draft by `person` (``administer`` on ``policies``).
+
+        Returns:
+            ``(Bundle, [])`` for a stored draft, or ``(None, errors)``: every problem of the
+            validation as ``{"field": "file:line:column", "message"}`` (nothing is stored).
+
+        """
+        self.authorize(person, "administer", "policies")
+        p = self._need(self.policy, "policy service")
+        req = p.pb.CreateDraftRequest(
+            files=[p.pb.BundleFile(name=n, content=c) for n, c in files],
+            author=person,
+            comment=comment,
+        )
+        try:
+            out = self._run("policy service", p.call, "CreateDraft", req)
+        except Problem as e:
+            if e.status == 400 and e.errors:
+                return None, [{"field": x.field, "message": x.message} for x in e.errors]
+            raise
+        return out.bundle, []
+
+    def publish(self, person: str, version: int) -> Any:
+        """Signs and activates a bundle version (``administer`` on ``policies``)."""
+        self.authorize(person, "administer", "policies")
+        p = self._need(self.policy, "policy service")
+        out = self._run(
+            "policy service", p.call, "Publish", p.pb.PublishRequest(version=version, author=person)
+        )
+        log.info("%s published bundle version %s", person, version)
+        return out.bundle
+
+    def enforcement(self, person: str) -> Any:
+        """The install's mode and the containment mode (``view`` on ``enforcement``)."""
+        self.authorize(person, "view", "enforcement")
+        p = self._need(self.policy, "policy service")
+        return self._run(
+            "policy service", p.call, "GetEnforcement", p.pb.GetEnforcementRequest()
+        ).enforcement
+
+    def enforcement_changes(self, person: str, first: int = 50) -> list[Any]:
+        """The modes' change log, newest first (``view`` on ``enforcement``)."""
+        self.authorize(person, "view", "enforcement")
+        p = self._need(self.policy, "policy service")
+        out = self._run(
+            "policy service",
+            p.call,
+            "ListEnforcementChanges",
+            p.pb.ListEnforcementChangesRequest(limit=self._page(first)),
+        )
+        return list(out.changes)
+
+    def set_enforcement(self, person: str, containment: bool, mode: int, reason: str) -> Any:
+        """Sets the install's (or the containment) mode (``administer`` on ``enforcement``).
+
+        Recorded with `person` as author; answers both modes.
+        """
+        self.authorize(person, "administer", "enforcement")
+        p = self._need(self.policy, "policy service")
+        scope = p.pb.MODE_SCOPE_CONTAINMENT if containment else p.pb.MODE_SCOPE_INSTALL
+        req = p.pb.SetEnforcementRequest(scope=scope, mode=mode, author=person, reason=reason)
+        out = self._run("policy service", p.call, "SetEnforcement", req)
+        log.info(
+            "%s set the %s mode to %s", person, "containment" if containment else "install", mode
+        )
+        return out.enforcement
+
     def close(self) -> None:
         """Closes the clients' connections."""
-        self.pdp.close()
-        self.context.close()
+        for c in (self.pdp, self.context, self.challenge, self.policy, self.history):
+            if c is not None:
+                c.close()

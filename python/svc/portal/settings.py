@@ -103,8 +103,9 @@ class PortalSettings(ServiceSettings, component="portal"):
     max_body_bytes: int = Field(default=1 << 20, ge=1024, le=64 << 20)
     """Largest request body (agents API and GraphQL)."""
 
-    max_query_depth: int = Field(default=10, ge=2, le=100)
-    """GraphQL: the deepest selection a query may nest."""
+    max_query_depth: int = Field(default=10, ge=1, le=100)
+    """GraphQL: the deepest selection a query may nest (strawberry's ``QueryDepthLimiter``;
+    a top-level field is depth 0, so ``{ bundle { files { name } } }`` is depth 2)."""
     max_aliases: int = Field(default=15, ge=0, le=1000)
     """GraphQL: most aliases in one query."""
     max_tokens: int = Field(default=2000, ge=50, le=100_000)

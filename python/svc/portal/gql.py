@@ -1,0 +1,719 @@
+# strawberry's field decorators are untyped for mypy; the resolvers' own annotations are what
+# strawberry reads to build the schema.
+# mypy: disable-error-code="untyped-decorator"
+"""The portal's GraphQL API at ``/graphql`` (strawberry; docs/portal.md#graphql).
+
+One schema over the service layer (``svc.portal.service.PortalService``): each field calls one
+service operation as the signed-in person, and the operation checks the person with the
+decision point first (``view`` for queries, ``administer`` for mutations, on the field's
+``PortalArea``). The resolvers only translate: service records to GraphQL types, and errors to
+GraphQL errors whose ``extensions`` say what happened:
+
+* a refused check: ``code: FORBIDDEN`` with ``decision_qid`` (the decision in the decision
+  log), ``verdict``, ``action``, ``area``, ``policies`` and, for a challenge, ``challenge_qid``;
+* a refused request: ``code`` the problem's slug upper-cased (``INVALID_ARGUMENT``,
+  ``NOT_FOUND``, ...), ``status`` and ``errors`` (``[{field, message}]``);
+* a service that does not answer: ``code: SERVICE_UNAVAILABLE``;
+* anything else: masked as ``Unexpected error.`` (the log has it).
+
+Limits (``make_schema``): query depth (strawberry's ``QueryDepthLimiter``), aliases
+(``MaxAliasesLimiter``) and lexical tokens (``MaxTokensLimiter``, enforced by graphql-core's
+parser), every page's size (``first``, at most ``max_page_size``), and introspection off
+(``DisableIntrospection``) unless ``dev``. ``schema.graphql`` beside this file is the schema's
+SDL (``svc portal schema``); a test compares it with the code.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+import anyio.to_thread
+import strawberry
+from graphql import GraphQLError
+from strawberry.extensions import (
+    DisableIntrospection,
+    MaskErrors,
+    MaxAliasesLimiter,
+    MaxTokensLimiter,
+    QueryDepthLimiter,
+)
+from strawberry.fastapi import BaseContext
+from strawberry.types import Info
+
+from svc.common.problems import Problem
+from svc.portal.service import Denied, PortalService
+from svc.portal.sessions import Session
+from svc.portal.settings import PortalSettings
+
+__all__ = ["Context", "make_schema", "schema_sdl"]
+
+log = logging.getLogger("svc.portal.graphql")
+T = TypeVar("T")
+
+
+class Context(BaseContext):
+    """What every resolver gets: the signed-in session and the service layer."""
+
+    def __init__(self, session: Session, service: PortalService) -> None:
+        super().__init__()
+        self.session = session
+        self.service = service
+
+    @property
+    def person(self) -> str:
+        """The signed-in user name."""
+        return self.session.user
+
+
+async def _call(info: Info[Context, None], fn: Callable[..., T], *args: Any) -> T:
+    """Runs a service operation as the signed-in person in a worker thread (module docs).
+
+    Raises:
+        GraphQLError: the operation's refusal, with its ``extensions``.
+
+    """
+    ctx = info.context
+    try:
+        return await anyio.to_thread.run_sync(lambda: fn(ctx.person, *args))
+    except Denied as e:
+        raise GraphQLError(e.detail, extensions=e.extensions()) from None
+    except Problem as p:
+        code = p.slug.upper().replace("-", "_")
+        ext: dict[str, Any] = {"code": code, "status": p.status}
+        if p.errors:
+            ext["errors"] = [{"field": x.field, "message": x.message} for x in p.errors]
+        raise GraphQLError(p.detail, extensions=ext) from None
+
+
+def _ts(msg: Any, name: str) -> datetime | None:
+    """A protobuf ``Timestamp`` field as an aware UTC datetime, None when unset."""
+    if not msg.HasField(name):
+        return None
+    t = getattr(msg, name)
+    return datetime.fromtimestamp(t.seconds + t.nanos / 1e9, UTC)
+
+
+def _iso(value: Any) -> datetime | None:
+    return datetime.fromisoformat(value) if isinstance(value, str) and value else None
+
+
+# -- types -------------------------------------------------------------------------------
+
+
+@strawberry.type(
+    description="An entity reference (docs/architecture.md#entities-and-the-base-schema)."
+)
+class EntityRef:
+    type: str
+    id: str
+
+
+@strawberry.input(description="An entity reference: its Cedar type and id.")
+class EntityRefInput:
+    type: str
+    id: str
+
+    def as_dict(self) -> dict[str, str]:
+        """``{"type", "id"}``."""
+        return {"type": self.type, "id": self.id}
+
+
+def _ref(value: Any) -> EntityRef | None:
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        return EntityRef(type=str(value.get("type", "")), id=str(value.get("id", "")))
+    if not value.type and not value.id:
+        return None
+    return EntityRef(type=value.type, id=value.id)
+
+
+@strawberry.type(description="The signed-in person.")
+class Me:
+    user: str
+    expires_at: datetime
+
+
+@strawberry.type(description="A person of the directory, as the identity provider provisions them.")
+class Person:
+    user_name: str
+    display_name: str | None
+    active: bool
+    removed: bool
+    department: str | None
+    title: str | None
+    manager: str | None
+    groups: list[str]
+
+
+@strawberry.type(description="A registered service account (an agent among them).")
+class ServiceAccount:
+    id: str
+    owner: str
+    ai: bool
+    groups: list[str]
+    description: str
+    app: str
+
+
+@strawberry.type(description="An app trusted to sign agent tokens.")
+class TrustedApp:
+    name: str
+    iss: str
+    jwks_url: str
+    aud: str
+    created_at: datetime | None
+
+
+@strawberry.input(description="An app to trust: its name, `iss`, JWKS URL (https) and `aud`.")
+class TrustedAppInput:
+    name: str
+    iss: str
+    jwks_url: str
+    aud: str
+
+
+@strawberry.type(description="The reasoner's risk score of a principal, 0 to 100.")
+class RiskScore:
+    principal: EntityRef
+    score: int
+
+
+@strawberry.type(description="An investigation of a principal.")
+class Investigation:
+    id: str
+    principal: str
+    reason: str
+    opened_by: str
+    opened_at: datetime | None
+    status: str
+    closed_by: str | None
+    closed_at: datetime | None
+    resolution: str
+
+
+@strawberry.type(description="A page of an AuthZEN search, with the search's decision id.")
+class SearchPage:
+    results: list[EntityRef]
+    next_token: str | None
+    decision_qid: str | None
+
+
+@strawberry.type(description="A contained principal: denied everything until lifted.")
+class Containment:
+    principal: EntityRef
+    reason: str
+    author: str
+    contained_at: datetime | None
+
+
+@strawberry.type(description="The answer of a contain: the containment and whether it is new.")
+class ContainResult:
+    containment: Containment
+    changed: bool
+
+
+@strawberry.enum(description="A challenge's state (docs/challenges.md#states).")
+class ChallengeState(enum.Enum):
+    ANY = 0
+    PENDING = 1
+    PASSED = 2
+    REJECTED = 3
+    EXPIRED = 4
+
+
+@strawberry.type(description="A step-up challenge (docs/challenges.md).")
+class Challenge:
+    qid: str
+    state: ChallengeState
+    principal: EntityRef | None
+    on_behalf_of: EntityRef | None
+    action: str
+    resource: EntityRef | None
+    kinds: list[str]
+    satisfied: list[str]
+    person: str
+    approver: str
+    decision_qid: str
+    created_at: datetime | None
+    expires_at: datetime | None
+    grant_expires_at: datetime | None
+    decided_by: str
+    justification: str
+    reason: str
+
+
+@strawberry.type(description="A security key (WebAuthn credential) of a person.")
+class SecurityKey:
+    credential_id: str
+    person: str
+    name: str
+    sign_count: int
+    created_at: datetime | None
+    last_used_at: datetime | None
+
+
+@strawberry.enum(description="A bundle version's state (docs/policy.md#operations).")
+class BundleState(enum.Enum):
+    UNSPECIFIED = 0
+    DRAFT = 1
+    ACTIVE = 2
+    SUPERSEDED = 3
+
+
+@strawberry.type(description="One file of a bundle.")
+class BundleFile:
+    name: str
+    content: str
+
+
+@strawberry.input(description="One file of a draft: a flat name and its text.")
+class BundleFileInput:
+    name: str
+    content: str
+
+
+@strawberry.type(description="A policy bundle version (docs/policy.md).")
+class Bundle:
+    version: int
+    state: BundleState
+    author: str
+    comment: str
+    created_at: datetime | None
+    published_at: datetime | None
+    digest: str
+    policies: list[str]
+    warnings: list[str]
+    files: list[BundleFile]
+
+
+@strawberry.type(description="A problem of a draft's validation, at `file:line:column`.")
+class DraftProblem:
+    field: str
+    message: str
+
+
+@strawberry.type(description="A draft: stored (`bundle`) or refused with every problem.")
+class DraftResult:
+    bundle: Bundle | None
+    problems: list[DraftProblem]
+
+
+@strawberry.enum(description="An enforcement mode (docs/architecture.md#monitor-and-enforce).")
+class Mode(enum.Enum):
+    UNSPECIFIED = 0
+    ENFORCE = 1
+    MONITOR = 2
+
+
+@strawberry.type(description="The install's mode and the mode of automated containments.")
+class Enforcement:
+    mode: Mode
+    containment_mode: Mode
+
+
+@strawberry.type(description="A recorded change of a mode.")
+class EnforcementChange:
+    id: int
+    at: datetime | None
+    author: str
+    containment: bool
+    from_mode: Mode
+    to_mode: Mode
+    reason: str
+
+
+# -- conversions -------------------------------------------------------------------------
+
+
+def _person(d: dict[str, Any]) -> Person:
+    return Person(
+        user_name=d["user_name"],
+        display_name=d.get("display_name"),
+        active=bool(d.get("active")),
+        removed=bool(d.get("removed")),
+        department=d.get("department"),
+        title=d.get("title"),
+        manager=d.get("manager"),
+        groups=list(d.get("groups", [])),
+    )
+
+
+def _sa(d: dict[str, Any]) -> ServiceAccount:
+    return ServiceAccount(
+        id=d["id"],
+        owner=d["owner"],
+        ai=bool(d.get("ai")),
+        groups=list(d.get("groups", [])),
+        description=d.get("description", ""),
+        app=d.get("app", ""),
+    )
+
+
+def _app(d: dict[str, Any]) -> TrustedApp:
+    return TrustedApp(
+        name=d["name"],
+        iss=d["iss"],
+        jwks_url=d["jwks_url"],
+        aud=d["aud"],
+        created_at=_iso(d.get("created_at")),
+    )
+
+
+def _investigation(d: dict[str, Any]) -> Investigation:
+    return Investigation(
+        id=d["id"],
+        principal=d["principal"],
+        reason=d["reason"],
+        opened_by=d["opened_by"],
+        opened_at=_iso(d.get("opened_at")),
+        status=d["status"],
+        closed_by=d.get("closed_by"),
+        closed_at=_iso(d.get("closed_at")),
+        resolution=d.get("resolution", ""),
+    )
+
+
+def _search(d: dict[str, Any]) -> SearchPage:
+    return SearchPage(
+        results=[r for r in (_ref(x) for x in d.get("results", [])) if r is not None],
+        next_token=d.get("next_token"),
+        decision_qid=d.get("qid"),
+    )
+
+
+def _containment(m: Any) -> Containment:
+    return Containment(
+        principal=_ref(m.principal) or EntityRef(type="", id=""),
+        reason=m.reason,
+        author=m.author,
+        contained_at=_ts(m, "contained_at"),
+    )
+
+
+def _challenge(m: Any) -> Challenge:
+    return Challenge(
+        qid=m.qid,
+        state=ChallengeState(int(m.state)),
+        principal=_ref(m.principal),
+        on_behalf_of=_ref(m.on_behalf_of) if m.HasField("on_behalf_of") else None,
+        action=m.action,
+        resource=_ref(m.resource),
+        kinds=list(m.kinds),
+        satisfied=list(m.satisfied),
+        person=m.person,
+        approver=m.approver,
+        decision_qid=m.decision_qid,
+        created_at=_ts(m, "created_at"),
+        expires_at=_ts(m, "expires_at"),
+        grant_expires_at=_ts(m, "grant_expires_at"),
+        decided_by=m.decided_by,
+        justification=m.justification,
+        reason=m.reason,
+    )
+
+
+def _key(m: Any) -> SecurityKey:
+    return SecurityKey(
+        credential_id=m.credential_id,
+        person=m.person,
+        name=m.name,
+        sign_count=int(m.sign_count),
+        created_at=_ts(m, "created_at"),
+        last_used_at=_ts(m, "last_used_at"),
+    )
+
+
+def _bundle(m: Any) -> Bundle:
+    return Bundle(
+        version=int(m.version),
+        state=BundleState(int(m.state)),
+        author=m.author,
+        comment=m.comment,
+        created_at=_ts(m, "created_at"),
+        published_at=_ts(m, "published_at"),
+        digest=m.digest,
+        policies=list(m.policies),
+        warnings=list(m.warnings),
+        files=[BundleFile(name=f.name, content=f.content) for f in m.files],
+    )
+
+
+def _enforcement(m: Any) -> Enforcement:
+    return Enforcement(mode=Mode(int(m.mode)), containment_mode=Mode(int(m.containment_mode)))
+
+
+def _change(m: Any) -> EnforcementChange:
+    return EnforcementChange(
+        id=int(m.id),
+        at=_ts(m, "at"),
+        author=m.author,
+        containment=int(m.scope) == 2,
+        from_mode=Mode(int(m.from_mode)),
+        to_mode=Mode(int(m.to_mode)),
+        reason=m.reason,
+    )
+
+
+# -- the schema ---------------------------------------------------------------------------
+
+
+@strawberry.type(description="Queries; each is checked as `view` on its portal area.")
+class Query:
+    @strawberry.field(description="The signed-in person (no check).")
+    def me(self, info: Info[Context, None]) -> Me:
+        s = info.context.session
+        return Me(user=s.user, expires_at=datetime.fromtimestamp(s.expires_at, UTC))
+
+    @strawberry.field(description="The directory's people. Area `directory`.")
+    async def people(
+        self, info: Info[Context, None], include_removed: bool = False
+    ) -> list[Person]:
+        rows = await _call(info, info.context.service.people, include_removed)
+        return [_person(r) for r in rows]
+
+    @strawberry.field(description="Registered service accounts (of one app). Area `directory`.")
+    async def service_accounts(
+        self, info: Info[Context, None], app: str | None = None
+    ) -> list[ServiceAccount]:
+        rows = await _call(info, info.context.service.service_accounts, app)
+        return [_sa(r) for r in rows]
+
+    @strawberry.field(description="Apps trusted to sign agent tokens. Area `directory`.")
+    async def trusted_apps(self, info: Info[Context, None]) -> list[TrustedApp]:
+        rows = await _call(info, info.context.service.trusted_apps)
+        return [_app(r) for r in rows]
+
+    @strawberry.field(description="Risk scores, highest first. Area `directory`.")
+    async def risk_scores(self, info: Info[Context, None]) -> list[RiskScore]:
+        rows = await _call(info, info.context.service.risk_scores)
+        return [
+            RiskScore(principal=_ref(r["principal"]) or EntityRef(type="", id=""), score=r["score"])
+            for r in rows
+        ]
+
+    @strawberry.field(description="Investigations, newest first. Area `investigations`.")
+    async def investigations(
+        self, info: Info[Context, None], status: str | None = None
+    ) -> list[Investigation]:
+        rows = await _call(info, info.context.service.investigations, status)
+        return [_investigation(r) for r in rows]
+
+    @strawberry.field(
+        description="Which principals of a type may take an action on a resource (AuthZEN "
+        "subject search). Area `policies`."
+    )
+    async def who_can(
+        self,
+        info: Info[Context, None],
+        action: str,
+        resource: EntityRefInput,
+        principal_type: str = "Human",
+        first: int = 50,
+    ) -> SearchPage:
+        out = await _call(
+            info, info.context.service.who_can, action, resource.as_dict(), principal_type, first
+        )
+        return _search(out)
+
+    @strawberry.field(
+        description="Which resources of a type a principal may take an action on (AuthZEN "
+        "resource search). Area `policies`."
+    )
+    async def reachable(
+        self,
+        info: Info[Context, None],
+        principal: EntityRefInput,
+        action: str,
+        resource_type: str,
+        first: int = 50,
+    ) -> SearchPage:
+        out = await _call(
+            info, info.context.service.reachable, principal.as_dict(), action, resource_type, first
+        )
+        return _search(out)
+
+    @strawberry.field(description="Every contained principal. Area `containments`.")
+    async def containments(self, info: Info[Context, None]) -> list[Containment]:
+        rows = await _call(info, info.context.service.containments)
+        return [_containment(m) for m in rows]
+
+    @strawberry.field(
+        description="Challenges, newest first: with `mine`, those the signed-in person answers "
+        "or approves (checked with `context.own`). Area `challenges`."
+    )
+    async def challenges(
+        self,
+        info: Info[Context, None],
+        mine: bool = True,
+        state: ChallengeState = ChallengeState.ANY,
+        first: int = 50,
+    ) -> list[Challenge]:
+        svc = info.context.service
+
+        def run(person: str) -> list[Any]:
+            return svc.challenges(person, mine=mine, state=state.value, first=first)
+
+        rows = await _call(info, run)
+        return [_challenge(m) for m in rows]
+
+    @strawberry.field(
+        description="A person's security keys (default the signed-in person's own, checked "
+        "with `context.own`). Area `keys`."
+    )
+    async def security_keys(
+        self, info: Info[Context, None], person: str | None = None
+    ) -> list[SecurityKey]:
+        rows = await _call(info, info.context.service.security_keys, person)
+        return [_key(m) for m in rows]
+
+    @strawberry.field(description="Bundle versions, newest first, without files. Area `policies`.")
+    async def bundles(self, info: Info[Context, None], first: int = 50) -> list[Bundle]:
+        rows = await _call(info, info.context.service.bundles, first)
+        return [_bundle(m) for m in rows]
+
+    @strawberry.field(
+        description="One bundle with its files; the active one without `version`. Area `policies`."
+    )
+    async def bundle(self, info: Info[Context, None], version: int | None = None) -> Bundle | None:
+        m = await _call(info, info.context.service.bundle, version)
+        return _bundle(m) if m is not None else None
+
+    @strawberry.field(description="The enforcement modes. Area `enforcement`.")
+    async def enforcement(self, info: Info[Context, None]) -> Enforcement:
+        return _enforcement(await _call(info, info.context.service.enforcement))
+
+    @strawberry.field(description="The modes' change log, newest first. Area `enforcement`.")
+    async def enforcement_changes(
+        self, info: Info[Context, None], first: int = 50
+    ) -> list[EnforcementChange]:
+        rows = await _call(info, info.context.service.enforcement_changes, first)
+        return [_change(m) for m in rows]
+
+
+@strawberry.type(description="Mutations; each is checked as `administer` on its portal area.")
+class Mutation:
+    @strawberry.mutation(description="Trusts (or changes) an app. Area `directory`.")
+    async def trust_app(self, info: Info[Context, None], app: TrustedAppInput) -> TrustedApp:
+        body = {"name": app.name, "iss": app.iss, "jwks_url": app.jwks_url, "aud": app.aud}
+        return _app(await _call(info, info.context.service.trust_app, body))
+
+    @strawberry.mutation(
+        description="Stops trusting an app; false when it was not. Area `directory`."
+    )
+    async def untrust_app(self, info: Info[Context, None], name: str) -> bool:
+        return bool(await _call(info, info.context.service.untrust_app, name))
+
+    @strawberry.mutation(description="Closes an investigation. Area `investigations`.")
+    async def close_investigation(
+        self, info: Info[Context, None], id: str, resolution: str = ""
+    ) -> Investigation:
+        out = await _call(info, info.context.service.close_investigation, id, resolution)
+        return _investigation(out)
+
+    @strawberry.mutation(
+        description="Contains a principal: every decision point denies it (`svc:contained`). "
+        "Area `containments`."
+    )
+    async def contain(
+        self, info: Info[Context, None], principal: EntityRefInput, reason: str
+    ) -> ContainResult:
+        m, changed = await _call(info, info.context.service.contain, principal.as_dict(), reason)
+        return ContainResult(containment=_containment(m), changed=changed)
+
+    @strawberry.mutation(
+        description="Lifts a containment; false when there was none. Area `containments`."
+    )
+    async def lift(
+        self, info: Info[Context, None], principal: EntityRefInput, reason: str = ""
+    ) -> bool:
+        return bool(await _call(info, info.context.service.lift, principal.as_dict(), reason))
+
+    @strawberry.mutation(
+        description="Approves or rejects a challenge as its approver (the signed-in person; "
+        "checked with `context.own`). Area `challenges`."
+    )
+    async def decide_challenge(
+        self, info: Info[Context, None], qid: str, approve: bool, reason: str = ""
+    ) -> Challenge:
+        return _challenge(await _call(info, info.context.service.decide, qid, approve, reason))
+
+    @strawberry.mutation(
+        description="Removes one of the signed-in person's security keys. Area `keys`."
+    )
+    async def remove_security_key(self, info: Info[Context, None], credential_id: str) -> bool:
+        await _call(info, info.context.service.remove_security_key, credential_id)
+        return True
+
+    @strawberry.mutation(
+        description="Removes every security key of a person (a lost key); answers how many. "
+        "Area `keys`."
+    )
+    async def reset_security_keys(self, info: Info[Context, None], person: str, reason: str) -> int:
+        return int(await _call(info, info.context.service.reset_security_keys, person, reason))
+
+    @strawberry.mutation(
+        description="Validates files and stores them as a draft; a refused draft answers every "
+        "problem by file, line and column. Area `policies`."
+    )
+    async def create_draft(
+        self, info: Info[Context, None], files: list[BundleFileInput], comment: str = ""
+    ) -> DraftResult:
+        pairs = [(f.name, f.content) for f in files]
+        bundle, problems = await _call(info, info.context.service.create_draft, pairs, comment)
+        return DraftResult(
+            bundle=_bundle(bundle) if bundle is not None else None,
+            problems=[DraftProblem(field=p["field"], message=p["message"]) for p in problems],
+        )
+
+    @strawberry.mutation(description="Signs and activates a bundle version. Area `policies`.")
+    async def publish_bundle(self, info: Info[Context, None], version: int) -> Bundle:
+        return _bundle(await _call(info, info.context.service.publish, version))
+
+    @strawberry.mutation(
+        description="Sets the install's mode, or with `containment` the mode of automated "
+        "containments. Area `enforcement`."
+    )
+    async def set_enforcement(
+        self, info: Info[Context, None], mode: Mode, reason: str = "", containment: bool = False
+    ) -> Enforcement:
+        out = await _call(
+            info, info.context.service.set_enforcement, containment, mode.value, reason
+        )
+        return _enforcement(out)
+
+
+def _mask(error: GraphQLError) -> bool:
+    """Masks errors that are not the portal's own (an exception a resolver did not expect)."""
+    return error.original_error is not None and not isinstance(error.original_error, GraphQLError)
+
+
+def make_schema(settings: PortalSettings) -> strawberry.Schema:
+    """The schema with the limits of `settings` (module docs).
+
+    Args:
+        settings: ``max_query_depth``, ``max_aliases``, ``max_tokens``, ``dev``.
+
+    Returns:
+        The strawberry schema.
+
+    """
+    # Factories: strawberry makes a fresh extension for each request.
+    extensions: list[Any] = [
+        lambda: QueryDepthLimiter(max_depth=settings.max_query_depth),
+        lambda: MaxAliasesLimiter(max_alias_count=settings.max_aliases),
+        lambda: MaxTokensLimiter(max_token_count=settings.max_tokens),
+        lambda: MaskErrors(should_mask_error=_mask),
+    ]
+    if not settings.dev:
+        extensions.append(DisableIntrospection)
+    return strawberry.Schema(query=Query, mutation=Mutation, extensions=extensions)
+
+
+def schema_sdl() -> str:
+    """The schema's SDL, as ``schema.graphql`` holds it (limits do not change it)."""
+    return strawberry.Schema(query=Query, mutation=Mutation).as_str() + "\n"

@@ -76,6 +76,7 @@ from svc.pdp.log_settings import DecisionLogSettings
 from svc.pdp.settings import PdpSettings
 from svc.policy.cli import app as policy_app
 from svc.portal.cli import app as portal_app
+from svc.reasoner.cli import app as reasoner_app
 from svc.topology import app as topology_app
 
 app = typer.Typer(
@@ -654,6 +655,7 @@ app.add_typer(challenge_app, name="challenge")
 app.add_typer(connectors_app, name="connectors")
 app.add_typer(reporter_app, name="reporter")
 app.add_typer(portal_app, name="portal")
+app.add_typer(reasoner_app, name="reasoner")
 app.add_typer(topology_app, name="topology")
 app.command("gateway")(gateway_command)
 

@@ -1,0 +1,576 @@
+"""The reasoner against the real parts (docs/reasoner.md): a labelled month in chDB, the context
+service and the challenge service on PostgreSQL, the policy service for the containment mode, a
+real decision point following the containment list, and a stub chat-completions server.
+
+chDB hosts one engine per process on one directory: these tests reuse the directory an earlier
+module of the run opened (tests/test_history.py), else open their own; each test gets a
+database of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx
+import psycopg
+import pytest
+import uvicorn
+from clickhouse_connect.driver.client import Client
+from fastapi import FastAPI, Request
+from fastapi.testclient import TestClient
+from sqlalchemy.engine import make_url
+from typer.testing import CliRunner
+
+from svc import history
+from svc.challenge.app import ChallengeServer
+from svc.challenge.service import ChallengeService
+from svc.challenge.settings import ChallengeSettings
+from svc.challenge.v1 import challenge_pb2 as cpb
+from svc.challenge.v1 import challenge_pb2_grpc as cpb_grpc
+from svc.cli import app as cli_app
+from svc.common.net import tcp_listener
+from svc.demo import month as months
+from svc.history import rollups
+from svc.history.store import _clients
+from svc.pdp import Engine, Server
+from svc.pdp.containment_follower import follow_containments
+from svc.policy.app import PolicyServer
+from svc.policy.service import PolicyService
+from svc.policy.settings import PolicySettings
+from svc.reasoner.app import create_app
+from svc.reasoner.clients import ChallengeClient, ContextClient, PolicyClient, Unavailable
+from svc.reasoner.lease import PostgresLease
+from svc.reasoner.scoring import peers_from_snapshot, score_window
+from svc.reasoner.service import ReasonerService
+from svc.reasoner.settings import ReasonerSettings
+from svc.reasoner.summary import EVIDENCE_FIELDS
+from test_context import Live
+
+TODAY = datetime.now(UTC).date()
+END = TODAY - timedelta(days=1)  # the month ends yesterday; cycles run now
+CONTAINED_STORIES = {"after_hours_leaver", "exporter", "agent_misuse", "sa_exporter"}
+ENTERPRISE = "urn:ietf:params:scim:schemas:extension:enterprise:2.0:User"
+
+
+# -- the parts -------------------------------------------------------------------------------
+
+
+def schema_url(postgres_url: str, prefix: str) -> Iterator[str]:
+    url = make_url(postgres_url)
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    admin = url.set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{name}"')
+    yield url.update_query_dict({"options": f"-csearch_path={name}"}).render_as_string(
+        hide_password=False
+    )
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+
+
+@pytest.fixture(scope="module")
+def chdb_root(tmp_path_factory: pytest.TempPathFactory) -> str:
+    for dsn in list(_clients):
+        if dsn.startswith("chdb:///"):
+            return dsn.split("?", 1)[0]
+    return f"chdb://{tmp_path_factory.mktemp('chdb')}"
+
+
+def new_history(chdb_root: str) -> tuple[str, Client]:
+    dsn = f"{chdb_root}?database=rs_{uuid.uuid4().hex[:12]}"
+    client = history.connect(dsn, create_database=True)
+    history.migrate(client)
+    return dsn, client
+
+
+@pytest.fixture(scope="module")
+def the_month() -> months.Month:
+    return months.month(people=48, departments=4, agents=6, end=END, seed=11)
+
+
+@pytest.fixture(scope="module")
+def shared_history(chdb_root: str, the_month: months.Month) -> tuple[str, Client]:
+    """One month stored once, read by the tests that add nothing to it."""
+    dsn, client = new_history(chdb_root)
+    months.fill(client, the_month)
+    return dsn, client
+
+
+@pytest.fixture
+def context(postgres_url: str, the_month: months.Month) -> Iterator[Live]:
+    """A live context service holding the month's people (with departments) and agents."""
+    for url in schema_url(postgres_url, "rctx"):
+        live = Live(url)
+        try:
+            for a in the_month.people():
+                doc = {
+                    "schemas": ["urn:ietf:params:scim:schemas:core:2.0:User", ENTERPRISE],
+                    "userName": a.id,
+                    "active": True,
+                    ENTERPRISE: {"department": a.group},
+                }
+                r = live.scim.post("/Users", json=doc)
+                assert r.status_code == 201, r.text
+            accounts = [
+                {"id": a.id, "owner": the_month.people()[0].id, "ai": a.group != "etl"}
+                for a in the_month.accounts()
+            ]
+            live.http.post("/v1/service-accounts", json={"service_accounts": accounts})
+            yield live
+        finally:
+            live.stop()
+
+
+@pytest.fixture
+def challenge(postgres_url: str) -> Iterator[ChallengeServer]:
+    for url in schema_url(postgres_url, "rchal"):
+        service = ChallengeService(ChallengeSettings(database_url=url, port=0, heartbeat_secs=0.2))
+        srv = ChallengeServer(service.settings, service, outbox=False).start()
+        try:
+            yield srv
+        finally:
+            srv.stop()
+            service.close()
+
+
+@pytest.fixture
+def policy(postgres_url: str, tmp_path: Path) -> Iterator[PolicyServer]:
+    for url in schema_url(postgres_url, "rpol"):
+        settings = PolicySettings(port=0, data_dir=tmp_path, database_url=url)
+        srv = PolicyServer(settings, PolicyService(settings)).start()
+        try:
+            yield srv
+        finally:
+            srv.stop()
+            srv.service.close()
+
+
+def set_containment_mode(policy: PolicyServer, mode: str) -> None:
+    from svc.policy.v1 import policy_pb2 as pb
+    from svc.policy.v1 import policy_pb2_grpc as pb_grpc
+
+    with grpc.insecure_channel(policy.target) as ch:
+        pb_grpc.PolicyServiceStub(ch).SetEnforcement(
+            pb.SetEnforcementRequest(
+                scope=pb.MODE_SCOPE_CONTAINMENT,
+                mode=pb.MODE_MONITOR if mode == "monitor" else pb.MODE_ENFORCE,
+                author="ana",
+                reason="test",
+            ),
+            timeout=30,
+        )
+
+
+def reasoner(
+    client: Client,
+    context: Live,
+    challenge: ChallengeServer,
+    policy: PolicyServer,
+    **settings: Any,
+) -> ReasonerService:
+    s = ReasonerSettings(
+        context_url=context.url, challenge_url=challenge.url, policy_url=policy.url, **settings
+    )
+    return ReasonerService(
+        s,
+        client,
+        ContextClient(s.context_url),
+        ChallengeClient(s.challenge_url),
+        PolicyClient(s.policy_url),
+    )
+
+
+def stories(m: months.Month, label: str | None = None) -> dict[tuple[str, str], str]:
+    return {s.principal: s.name for s in m.stories if label is None or s.label == label}
+
+
+def contained_now(challenge: ChallengeServer) -> dict[tuple[str, str], str]:
+    return {k: c.author for k, c in ChallengeClient(challenge.url).containments().items()}
+
+
+def investigations(context: Live, **params: str) -> list[dict[str, Any]]:
+    return list(context.http.get("/v1/investigations", params=params).json()["investigations"])
+
+
+# -- containment in enforce and monitor mode -----------------------------------------------------
+
+
+SCHEMA = """
+entity Human; entity ServiceAccount; entity Document;
+action view appliesTo { principal: [Human, ServiceAccount], resource: [Document] };
+"""
+
+
+def test_enforce_contains_the_stories_and_the_decision_point_denies_them(
+    shared_history: tuple[str, Client],
+    the_month: months.Month,
+    context: Live,
+    challenge: ChallengeServer,
+    policy: PolicyServer,
+) -> None:
+    dsn, client = shared_history
+    engine = Engine('@id("all") permit (principal, action, resource);', SCHEMA)
+    pdp = Server(engine, port=0, workers=1)
+    pdp.start()
+    pdp.set_ready(bundle=True)
+    follower = follow_containments(engine, pdp, challenge.url)
+    try:
+        # One cycle through the command line, as an operator runs it.
+        run = CliRunner().invoke(
+            cli_app,
+            [
+                "reasoner",
+                "cycle",
+                "--history-dsn",
+                dsn,
+                "--context-url",
+                context.url,
+                "--challenge-url",
+                challenge.url,
+                "--policy-url",
+                policy.url,
+            ],
+        )
+        assert run.exit_code == 0, run.output
+        out = json.loads(run.output.strip().splitlines()[-1])
+        assert {"scores", "contained", "would_contain", "investigations"} <= set(out)
+        assert out["mode"] == "enforce" and out["would_contain"] == []
+        got = {(c["principal"]["type"], c["principal"]["id"]) for c in out["contained"]}
+        want = stories(the_month, months.CONTAIN)
+        assert got == set(want), (got, want)
+        # Every decision point denies them now; the others still pass.
+        follower.wait_for(lambda st: set(want) <= st.contained)
+        http = httpx.Client(base_url=f"http://127.0.0.1:{pdp.port}", timeout=30)
+        for (t, i), name in want.items():
+            r = http.post(
+                "/v1/access/evaluation",
+                json={
+                    "principal": {"type": t, "id": i},
+                    "action": "view",
+                    "resource": {"type": "Document", "id": "d"},
+                },
+            ).json()
+            assert r["verdict"] == "deny" and "svc:contained" in r["policies"], name
+        normal = the_month.people()[20].id
+        r = http.post(
+            "/v1/access/evaluation",
+            json={
+                "principal": {"type": "Human", "id": normal},
+                "action": "view",
+                "resource": {"type": "Document", "id": "d"},
+            },
+        ).json()
+        assert r["verdict"] == "allow"
+        http.close()
+        assert set(contained_now(challenge).values()) == {"svc-reasoner"}
+        # Scores and factors are in the context service.
+        risk = {
+            (s["principal"]["type"], s["principal"]["id"]): s
+            for s in context.http.get("/v1/risk").json()["scores"]
+        }
+        for p in want:
+            assert risk[p]["score"] >= 50 and risk[p]["factors"][0]["name"] == "moved_out"
+            f = risk[p]["factors"][0]
+            assert {"observed", "baseline", "contribution"} <= set(f)
+        decoys = stories(the_month, months.DECOY)
+        assert all(risk[p]["score"] < 70 for p in decoys if p in risk)
+        # Investigations hold the evidence and a deterministic summary.
+        invs = investigations(context, kind="contain")
+        assert {tuple(i["evidence"]["principal"].values()) for i in invs} == set(want)
+        for inv in invs:
+            ev = inv["evidence"]
+            assert ev["samples"]["events"] and ev["gate"]["passed"] and ev["window"]
+            assert inv["summary_by"] == "deterministic" and "contained" in inv["summary"]
+        flagged = {
+            tuple(i["evidence"]["principal"].values()) for i in investigations(context, kind="score")
+        }
+        assert set(stories(the_month, months.FLAG)) <= flagged
+
+        # Again: nothing new, nothing twice.
+        again = reasoner(client, context, challenge, policy).run_cycle()
+        assert again.contained == [] and again.investigations == [] and again.published == 0
+    finally:
+        follower.stop()
+        pdp.stop()
+
+
+def test_monitor_records_would_contain_and_contains_nobody(
+    shared_history: tuple[str, Client],
+    the_month: months.Month,
+    context: Live,
+    challenge: ChallengeServer,
+    policy: PolicyServer,
+) -> None:
+    set_containment_mode(policy, "monitor")
+    r = reasoner(shared_history[1], context, challenge, policy)
+    first = r.run_cycle()
+    assert first.mode == "monitor" and first.contained == []
+    want = stories(the_month, months.CONTAIN)
+    assert {(w["principal"]["type"], w["principal"]["id"]) for w in first.would_contain} == set(
+        want
+    )
+    assert contained_now(challenge) == {}
+    invs = investigations(context, kind="would_contain")
+    assert len(invs) == len(want)
+    assert all("would have been contained" in i["summary"] for i in invs)
+    assert r.run_cycle().would_contain == []  # recorded once while open
+
+
+def test_the_daily_cap_holds_the_rest_as_would_contain(
+    shared_history: tuple[str, Client],
+    context: Live,
+    challenge: ChallengeServer,
+    policy: PolicyServer,
+) -> None:
+    r = reasoner(shared_history[1], context, challenge, policy, max_containments_per_day=2)
+    out = r.run_cycle()
+    assert len(out.contained) == 2 and len(out.would_contain) == 2
+    assert all(w["capped"] for w in out.would_contain)
+    assert len(contained_now(challenge)) == 2
+    again = r.run_cycle()  # the cap is spent for today; the rest is recorded once
+    assert again.contained == [] and again.would_contain == [] and again.investigations == []
+    assert len(investigations(context, kind="would_contain")) == 2
+    # Tomorrow the cap is free again, but their evidence is then older than the gate's days:
+    # they stay with their would-contain investigations, for a person to act on.
+    tomorrow = r.run_cycle(datetime.now(UTC) + timedelta(days=1))
+    assert tomorrow.contained == [] and len(contained_now(challenge)) == 2
+
+
+def test_a_lifted_person_is_contained_again_only_on_new_evidence(
+    chdb_root: str,
+    the_month: months.Month,
+    context: Live,
+    challenge: ChallengeServer,
+    policy: PolicyServer,
+) -> None:
+    _, client = new_history(chdb_root)
+    months.fill(client, the_month)
+    r = reasoner(client, context, challenge, policy)
+    first = r.run_cycle()
+    leaver = next(s.principal for s in the_month.stories if s.name == "exporter")
+    assert leaver in {(c["principal"]["type"], c["principal"]["id"]) for c in first.contained}
+    with grpc.insecure_channel(challenge.target) as ch:
+        cpb_grpc.ChallengeServiceStub(ch).Lift(
+            cpb.LiftRequest(
+                principal=cpb.EntityRef(type=leaver[0], id=leaver[1]), reason="ok", author="ana"
+            ),
+            timeout=30,
+        )
+    second = r.run_cycle()
+    assert second.lifted == [{"type": leaver[0], "id": leaver[1]}]
+    assert second.contained == [] and leaver not in contained_now(challenge)
+    third = r.run_cycle()
+    assert third.contained == [] and third.lifted == []
+    # New evidence after the lift: the same person exports again, today.
+    later = datetime.now(UTC) + timedelta(seconds=5)
+    evs = [
+        {
+            "ingest_id": str(uuid.uuid4()),
+            "at": later.isoformat().replace("+00:00", "Z"),
+            "system": "drive",
+            "principal": {"type": leaver[0], "id": leaver[1]},
+            "action": "export",
+            "resource": {"type": "Report", "id": f"after-{k}"},
+            "access": "exported",
+            "count": 400,
+        }
+        for k in range(6)
+    ]
+    history.store(client, "events", list(months.records(evs, "e")))
+    fourth = r.run_cycle()
+    assert [c["principal"]["id"] for c in fourth.contained] == [leaver[1]]
+    assert leaver in contained_now(challenge)
+
+
+# -- one replica, failures -----------------------------------------------------------------------
+
+
+def test_two_reasoners_never_run_a_cycle_at_once(
+    postgres_url: str,
+    shared_history: tuple[str, Client],
+    context: Live,
+    challenge: ChallengeServer,
+    policy: PolicyServer,
+) -> None:
+    key = uuid.uuid4().int & 0x7FFFFFFFFFFFFFFF
+    apps = []
+    for _ in range(2):
+        r = reasoner(shared_history[1], context, challenge, policy)
+        r.lease = PostgresLease(postgres_url, key)
+        apps.append(create_app(r.settings, r))
+    first, second = (a.state.loop for a in apps)
+    assert first.once() == "ok"
+    assert second.once() == "no-lease"
+    probe = TestClient(apps[1])  # no lifespan: the loops are driven by hand
+    r = probe.get("/readyz")
+    assert r.status_code == 503 and "waiting for the lease" in r.json()["detail"]
+    assert "svc_reasoner_lease_held 0.0" in probe.get("/metrics").text
+    assert TestClient(apps[0]).get("/readyz").status_code == 200
+    first.service.lease.release()
+    assert second.once() == "ok"
+    assert TestClient(apps[1]).get("/readyz").status_code == 200
+    second.service.lease.release()
+
+
+def test_a_cycle_with_a_dependency_down_writes_nothing_and_the_next_one_works(
+    chdb_root: str,
+    shared_history: tuple[str, Client],
+    the_month: months.Month,
+    context: Live,
+    challenge: ChallengeServer,
+    policy: PolicyServer,
+) -> None:
+    closed = tcp_listener("127.0.0.1", 0)
+    down = f"http://127.0.0.1:{closed.getsockname()[1]}"
+    closed.close()
+    client = shared_history[1]
+    # The context service unreachable.
+    r = reasoner(client, context, challenge, policy)
+    r.context = ContextClient(down, timeout=2)
+    with pytest.raises(Unavailable) as e:
+        r.run_cycle()
+    assert e.value.service == "context"
+    # The model unreachable: everything was read and decided, nothing written.
+    r = reasoner(client, context, challenge, policy, model_url=f"{down}/v1", call_timeout_secs=2)
+    with pytest.raises(Unavailable) as e:
+        r.run_cycle()
+    assert e.value.service == "model"
+    # The history unusable (a database without the rollups).
+    bare = history.connect(f"{chdb_root}?database=bare_{uuid.uuid4().hex[:8]}", create_database=True)
+    r = reasoner(bare, context, challenge, policy)
+    app = create_app(r.settings, r)
+    assert app.state.loop.once() == "failed"
+    ready = TestClient(app).get("/readyz")
+    assert ready.status_code == 503 and "history" in ready.json()["detail"]
+    assert context.http.get("/v1/risk").json()["scores"] == []
+    assert investigations(context) == [] and contained_now(challenge) == {}
+    # Retried next cycle, with the history back.
+    r.history = client
+    assert app.state.loop.once() == "ok"
+    assert TestClient(app).get("/readyz").status_code == 200
+    assert len(contained_now(challenge)) == len(stories(the_month, months.CONTAIN))
+
+
+# -- the model ---------------------------------------------------------------------------------
+
+
+class ChatStub:
+    """A local server speaking the chat-completions API (``POST /v1/chat/completions``)."""
+
+    def __init__(self) -> None:
+        self.requests: list[dict[str, Any]] = []
+        app = FastAPI()
+
+        @app.post("/v1/chat/completions")
+        async def complete(request: Request) -> dict[str, Any]:
+            body = await request.json()
+            self.requests.append({"body": body, "auth": request.headers.get("authorization")})
+            return {
+                "id": "chatcmpl-1",
+                "object": "chat.completion",
+                "created": 0,
+                "model": body["model"],
+                "choices": [
+                    {
+                        "index": 0,
+                        "finish_reason": "stop",
+                        "message": {"role": "assistant", "content": "Model summary: exported."},
+                    }
+                ],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+            }
+
+        self.sock = tcp_listener("127.0.0.1", 0)
+        self.sock.listen(16)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/v1"
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+        self.thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True
+        )
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+        self.sock.close()
+
+
+def test_a_model_writes_summaries_from_the_evidence_fields_only(
+    shared_history: tuple[str, Client],
+    context: Live,
+    challenge: ChallengeServer,
+    policy: PolicyServer,
+    tmp_path: Path,
+) -> None:
+    stub = ChatStub()
+    key = tmp_path / "model.key"
+    key.write_text("sk-test\n")
+    try:
+        r = reasoner(
+            shared_history[1],
+            context,
+            challenge,
+            policy,
+            model_url=stub.url,
+            model_name="local-model",
+            model_api_key_file=key,
+        )
+        out = r.run_cycle()
+    finally:
+        stub.stop()
+    assert out.investigations and all(
+        i["summary"] == "Model summary: exported." for i in out.investigations
+    )
+    assert {i["summary_by"] for i in investigations(context)} == {"local-model"}
+    assert len(stub.requests) == len(out.investigations)
+    for req in stub.requests:
+        assert req["auth"] == "Bearer sk-test"
+        assert req["body"]["model"] == "local-model"
+        sent = json.loads(req["body"]["messages"][-1]["content"])
+        assert set(sent) <= set(EVIDENCE_FIELDS) and "samples" not in sent
+
+
+# -- decay and late records -----------------------------------------------------------------------
+
+
+def test_scores_come_down_as_evidence_ages_and_late_records_count(
+    chdb_root: str, the_month: months.Month
+) -> None:
+    _, client = new_history(chdb_root)
+    months.fill(client, the_month)
+    peers = peers_from_snapshot(the_month.snapshot())
+    leaver = next(s.principal for s in the_month.stories if s.name == "after_hours_leaver")
+
+    def score_on(day: Any, who: tuple[str, str]) -> int:
+        first = day - timedelta(days=29)
+        rows = rollups.read_days(client, first, day)
+        sets = rollups.read_sets(client, first, day, day - timedelta(days=6))
+        return next(s.score for s in score_window(rows, sets, peers) if s.principal == who)
+
+    at_end = score_on(END, leaver)
+    later = [score_on(END + timedelta(days=n), leaver) for n in (2, 4, 8)]
+    assert at_end >= 70 and at_end >= later[0] >= later[1] >= later[2]
+    assert later[0] < at_end and later[2] == 0
+    # A late, backfilled export of a quiet person, three days ago, counts on its day.
+    quiet = the_month.people()[30]
+    before = score_on(END, ("Human", quiet.id))
+    when = datetime.combine(END - timedelta(days=2), datetime.min.time(), tzinfo=UTC)
+    late = {
+        "ingest_id": str(uuid.uuid4()),
+        "at": (when + timedelta(hours=11)).isoformat().replace("+00:00", "Z"),
+        "system": "drive",
+        "principal": {"type": "Human", "id": quiet.id},
+        "action": "export",
+        "resource": {"type": "Report", "id": "all"},
+        "access": "exported",
+        "count": 5000,
+    }
+    history.store(client, "events", list(months.records([late], "late")))
+    assert score_on(END, ("Human", quiet.id)) > before

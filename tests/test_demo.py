@@ -149,6 +149,7 @@ def test_generation_is_deterministic(company: Company, tmp_path: Path) -> None:
         "50-people.cedar",
         "60-approvals.cedar",
         "70-tools.cedar",
+        "80-portal.cedar",
         "company.cedarschema",
         "entities.json",
         "linked",
@@ -212,7 +213,7 @@ def test_bundle_loads_strictly_without_warnings(
     names = set(fresh.policy_names)
     text = "".join((bundle / f).read_text() for f in sorted(p.name for p in bundle.glob("*.cedar")))
     declared = {line[5:-2] for line in text.splitlines() if line.startswith('@id("')}
-    assert len(declared) == 36  # 35 policies and the `document-reader` template
+    assert len(declared) == 39  # 38 policies and the `document-reader` template
     links = {f"reader-{u}-{d}" for u, d in company.grants}
     assert names == (declared - {"document-reader"}) | links
     # provision() loaded what the bundle cannot carry

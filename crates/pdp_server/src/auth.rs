@@ -24,7 +24,7 @@
 //! TTL, whichever comes first, and every entry is dropped when the JWKS changes. A repeat caller
 //! pays one hash lookup.
 
-use super::http::{bounded, has_h1_body, Problem};
+use crate::problem::{bounded, has_h1_body, Problem};
 use axum::extract::{Request, State};
 use axum::http::header::{AUTHORIZATION, CONNECTION, CONTENT_TYPE, WWW_AUTHENTICATE};
 use axum::http::{HeaderValue, StatusCode};

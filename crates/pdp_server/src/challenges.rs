@@ -17,7 +17,7 @@
 //!   [`REASON_CHALLENGE_PASSED`] to `policies`; `REJECTED` (before `expires_at`) turns it
 //!   into `deny` with [`REASON_CHALLENGE_REJECTED`]; `PENDING` leaves `challenge`. A source
 //!   that fails or does not answer in time leaves the verdict `challenge` without a qid,
-//!   counted in `svc_pdp_challenge_resolves_total{outcome}`. In monitor mode nothing is
+//!   counted in `svc_pdp_challenge_calls_total{outcome}`. In monitor mode nothing is
 //!   resolved (nobody is asked to answer for a request that goes through anyway).
 //! * **Wait** ([`Challenges::wait`]): a qid this listener holds is answered from its channel;
 //!   one it does not hold yet is asked for once ([`ChallengeSource::get`], the service's
@@ -38,7 +38,8 @@
 //!   a wait on a dropped one ends with the state it last saw); at most
 //!   [`MAX_CONCURRENT_CALLS`] source calls run at once.
 
-use crate::metrics::Metrics;
+use crate::clock::now_ms;
+use crate::metrics::{CallOutcome, Metrics};
 use pdp_core::{Decision, Engine, EntityUid, Mode, Verdict};
 use std::future::Future;
 use std::num::NonZeroUsize;
@@ -200,28 +201,6 @@ pub enum WaitError {
     Unavailable(String),
 }
 
-/// Outcomes of source calls, the `outcome` label of `svc_pdp_challenge_resolves_total`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CallOutcome {
-    /// The source answered in time.
-    Ok,
-    /// The source answered an error.
-    Failed,
-    /// The source did not answer within the timeout.
-    Timeout,
-}
-
-impl CallOutcome {
-    /// The label value: `ok`, `failed` or `timeout`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Ok => "ok",
-            Self::Failed => "failed",
-            Self::Timeout => "timeout",
-        }
-    }
-}
-
 /// A [`ChallengeSource`] with the challenges this listener knows, their waits, a deadline on
 /// calls and a bound on calls at once (module docs).
 pub struct Challenges {
@@ -233,11 +212,6 @@ pub struct Challenges {
     engine: Option<Arc<Engine>>,
     /// Moves on every [`Challenges::containments_changed`]: wakes every held wait.
     containments: watch::Sender<u64>,
-}
-
-/// Current time in epoch milliseconds.
-fn now_ms() -> u64 {
-    crate::now_ms()
 }
 
 impl Challenges {

@@ -9,9 +9,15 @@
 //! `INVALID_ARGUMENT` with the same text as the HTTP problem's `detail`, plus a
 //! `google.rpc.BadRequest` detail naming the field (tonic-types' rich error model).
 
-use super::http::{bounded, challenge_wait, wait_for_challenge};
-use super::metrics::Transport;
-use super::Shared;
+use crate::challenges::Status as ChallengeStatus;
+use crate::clock::now_ms;
+use crate::metrics::Transport;
+use crate::pb;
+use crate::pb::authorizer_server::{Authorizer, AuthorizerServer};
+use crate::pb::noop_authorizer_server::{NoopAuthorizer, NoopAuthorizerServer};
+use crate::problem::bounded;
+use crate::shared::Shared;
+use crate::waits::{challenge_wait, wait_for_challenge};
 use futures_util::future::join_all;
 use pdp_core::request::{action_text, check_identifier, resource_type_text, uid_from_parts};
 use pdp_core::{
@@ -23,25 +29,14 @@ use std::sync::Arc;
 use tonic::{Code, Request, Response, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
-/// Code generated from proto/svc/authz/v1/authz.proto by build.rs.
-#[allow(clippy::all, clippy::pedantic, missing_docs)]
-pub mod pb {
-    tonic::include_proto!("svc.authz.v1");
-    /// The encoded file descriptor set served by reflection.
-    pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("authz_descriptor");
-}
-
-use pb::authorizer_server::{Authorizer, AuthorizerServer};
-use pb::noop_authorizer_server::{NoopAuthorizer, NoopAuthorizerServer};
-
 /// The service name gRPC health reports on.
-pub const SERVICE_NAME: &str = "svc.authz.v1.Authorizer";
+pub const SERVICE_NAME: &str = pb::authorizer_server::SERVICE_NAME;
 
 /// The benchmark ceiling's service, served only with `noop_routes`.
-pub const NOOP_SERVICE_NAME: &str = "svc.authz.v1.NoopAuthorizer";
+pub const NOOP_SERVICE_NAME: &str = pb::noop_authorizer_server::SERVICE_NAME;
 
 /// `INVALID_ARGUMENT` with the error's text and a `BadRequest` field violation (each cut to
-/// [`super::http::MAX_ERROR_TEXT`], as the HTTP problem's `detail` is).
+/// [`crate::problem::MAX_ERROR_TEXT`], as the HTTP problem's `detail` is).
 pub fn invalid(e: &RequestError) -> Status {
     invalid_batch(std::slice::from_ref(e))
 }
@@ -445,8 +440,8 @@ fn timestamp(ms: u64) -> prost_types::Timestamp {
     }
 }
 
-/// The gRPC answer of a challenge wait: the fields of [`super::http::wait_answer`].
-pub fn wait_response(st: &crate::challenges::Status) -> pb::WaitForChallengeResponse {
+/// The gRPC answer of a challenge wait: the fields of the HTTP answer (`crate::http::wait_answer`).
+pub fn wait_response(st: &ChallengeStatus) -> pb::WaitForChallengeResponse {
     use crate::challenges::State;
     let outcome = match st.state {
         State::Pending => pb::ChallengeOutcome::Pending,
@@ -463,7 +458,7 @@ pub fn wait_response(st: &crate::challenges::Status) -> pb::WaitForChallengeResp
         } else {
             Vec::new()
         },
-        retry: st.retry(crate::now_ms()),
+        retry: st.retry(now_ms()),
     }
 }
 

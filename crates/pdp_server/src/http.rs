@@ -5,12 +5,16 @@
 //! nothing a client sends gets a 5xx.
 //! The routes and their shapes are documented in docs/api.md.
 
-use super::metrics::Transport;
-use super::Shared;
+use crate::challenges::{State as ChallengeState, Status, WaitError};
+use crate::clock::now_ms;
+use crate::metrics::Transport;
+use crate::problem::{has_h1_body, Problem};
+use crate::shared::Shared;
+use crate::waits::{challenge_wait, wait_for_challenge, WaitRefused};
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
-use axum::http::header::{CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, HOST, TRANSFER_ENCODING};
-use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, Version};
+use axum::http::header::{CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, HOST};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -40,99 +44,6 @@ pub fn valid_request_id(v: &[u8]) -> bool {
         && v.len() <= MAX_REQUEST_ID
         && v.iter()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
-}
-
-/// An RFC 9457 problem: `type`, `title`, `status`, `detail`, plus `field` (the request field at
-/// fault) and `errors` (one entry per bad item of a batch) when they apply.
-#[derive(Debug)]
-pub struct Problem {
-    /// HTTP status.
-    pub status: StatusCode,
-    /// Slug of the problem type; the `type` member is `urn:svc:problem:<slug>`.
-    pub slug: &'static str,
-    /// Short, fixed summary of the problem type.
-    pub title: &'static str,
-    /// What exactly was wrong with this request.
-    pub detail: String,
-    /// The request field at fault, dotted (`context.risk_score`, `evaluations[2].subject.type`).
-    pub field: Option<String>,
-}
-
-impl Problem {
-    /// A problem without a field.
-    pub fn new(
-        status: StatusCode,
-        slug: &'static str,
-        title: &'static str,
-        detail: impl Into<String>,
-    ) -> Self {
-        Self {
-            status,
-            slug,
-            title,
-            detail: detail.into(),
-            field: None,
-        }
-    }
-
-    /// `400 invalid-request` for a request the engine refused (names the field).
-    pub fn request(e: &RequestError) -> Self {
-        Self {
-            status: StatusCode::BAD_REQUEST,
-            slug: "invalid-request",
-            title: "The request is not valid",
-            detail: bounded(e.to_string()),
-            field: Some(bounded(e.field.clone())),
-        }
-    }
-
-    /// The problem document as JSON.
-    pub fn to_json(&self) -> Value {
-        let mut m = Map::new();
-        m.insert(
-            "type".into(),
-            format!("urn:svc:problem:{}", self.slug).into(),
-        );
-        m.insert("title".into(), self.title.into());
-        m.insert("status".into(), self.status.as_u16().into());
-        m.insert("detail".into(), self.detail.clone().into());
-        if let Some(f) = &self.field {
-            m.insert("field".into(), f.clone().into());
-        }
-        Value::Object(m)
-    }
-}
-
-impl IntoResponse for Problem {
-    fn into_response(self) -> Response {
-        let body = serde_json::to_vec(&self.to_json()).unwrap_or_default();
-        (
-            self.status,
-            [(
-                CONTENT_TYPE,
-                HeaderValue::from_static("application/problem+json"),
-            )],
-            body,
-        )
-            .into_response()
-    }
-}
-
-/// Longest error text (bytes) echoed back: a request error may quote the request (a context,
-/// an unknown type name), and on gRPC the text travels in `grpc-message` and the details
-/// trailer, which clients cap (8 KiB of metadata in grpc-java, 16 KiB in grpc-core).
-pub const MAX_ERROR_TEXT: usize = 1024;
-
-/// `text` cut to [`MAX_ERROR_TEXT`] bytes (at a character boundary), saying how long it was.
-pub fn bounded(text: String) -> String {
-    if text.len() <= MAX_ERROR_TEXT {
-        return text;
-    }
-    let mut end = MAX_ERROR_TEXT;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}... ({} bytes in all)", &text[..end], text.len())
 }
 
 /// A `200` JSON response of `v` (a JSON value or one of the decision model's views, whose
@@ -176,7 +87,7 @@ pub fn router(shared: Arc<Shared>, grpc: Router) -> Router {
         .with_state(shared.clone());
     let app = grpc.merge(http).fallback(not_found);
     // Bearer tokens (docs/auth.md) inside `around`, so refusals are counted and echo the id.
-    super::auth::guard(app, shared.config.auth.clone())
+    crate::auth::guard(app, shared.config.auth.clone())
         .layer(middleware::from_fn_with_state(shared, around))
 }
 
@@ -206,19 +117,6 @@ async fn around(State(s): St, req: Request, next: Next) -> Response {
         resp.headers_mut().insert(REQUEST_ID.clone(), v);
     }
     resp
-}
-
-/// Whether `req` is an HTTP/1 request with a body (chunked, or a non-zero `Content-Length`).
-/// An answer that does not read the body (a refusal, 404, 405, 413, 415) closes such a
-/// connection (`Connection: close`), since what is left of the body would be read as the next
-/// request.
-pub fn has_h1_body(req: &Request) -> bool {
-    req.version() < Version::HTTP_2
-        && (req.headers().contains_key(TRANSFER_ENCODING)
-            || req
-                .headers()
-                .get(CONTENT_LENGTH)
-                .is_some_and(|v| v.as_bytes() != b"0"))
 }
 
 async fn not_found(req: Request) -> Response {
@@ -403,174 +301,12 @@ async fn plan(State(s): St, headers: HeaderMap, body: Body) -> Result<Response, 
     Ok(json_ok(&p.response()))
 }
 
-/// Validates a challenge wait (docs/architecture.md#challenge-resolution) as far as it can be
-/// without the challenge service.
-///
-/// # Errors
-/// [`RequestError`] naming the field: missing/empty `challenge_qid`, a malformed principal, a
-/// `wait_secs` outside 0 to 25, an unknown field.
-pub fn check_challenge_wait(v: &Value) -> Result<(), RequestError> {
-    let obj = v
-        .as_object()
-        .ok_or_else(|| RequestError::new("request", "expected a JSON object"))?;
-    for k in obj.keys() {
-        if !["challenge_qid", "principal", "on_behalf_of", "wait_secs"].contains(&k.as_str()) {
-            return Err(RequestError::new(
-                k.clone(),
-                "unknown field; expected challenge_qid, principal, on_behalf_of, wait_secs",
-            ));
-        }
-    }
-    match obj.get("challenge_qid") {
-        Some(Value::String(q)) if !q.is_empty() => {}
-        _ => {
-            return Err(RequestError::new(
-                "challenge_qid",
-                "is required: the `challenge_qid` of the check's response",
-            ))
-        }
-    }
-    pdp_core::request::parse_uid(obj.get("principal").unwrap_or(&Value::Null), "principal")?;
-    if let Some(o) = obj.get("on_behalf_of").filter(|o| !o.is_null()) {
-        pdp_core::request::parse_uid(o, "on_behalf_of")?;
-    }
-    if let Some(w) = obj.get("wait_secs") {
-        match w.as_u64() {
-            Some(n) if n <= 25 => {}
-            _ => {
-                return Err(RequestError::new(
-                    "wait_secs",
-                    "expected an integer from 0 to 25",
-                ))
-            }
-        }
-    }
-    Ok(())
-}
-
-/// The problem (and gRPC status text) for a challenge wait while no challenge service is
-/// connected (standalone mode).
-pub const NO_CHALLENGE_SERVICE: &str = "no challenge service (svc-challenge) is connected to this decision point, so no challenge can be waited for; in standalone mode challenge verdicts carry no challenge_qid";
-
-/// A challenge wait's fields, read from a request [`check_challenge_wait`] accepted.
-#[derive(Debug, Clone)]
-pub struct ChallengeWait {
-    /// The challenge's qid.
-    pub challenge_qid: String,
-    /// Who waits: the principal of the check.
-    pub principal: EntityUid,
-    /// The person it acts for, if any.
-    pub on_behalf_of: Option<EntityUid>,
-    /// Seconds to wait, 0 to 25 (absent: 0, only look).
-    pub wait_secs: u64,
-}
-
-/// Reads a challenge wait (the JSON of `POST /v1/access/challenge`).
-///
-/// # Errors
-/// As [`check_challenge_wait`].
-pub fn challenge_wait(v: &Value) -> Result<ChallengeWait, RequestError> {
-    check_challenge_wait(v)?;
-    let principal =
-        pdp_core::request::parse_uid(v.get("principal").unwrap_or(&Value::Null), "principal")?;
-    let on_behalf_of = match v.get("on_behalf_of").filter(|o| !o.is_null()) {
-        Some(o) => Some(pdp_core::request::parse_uid(o, "on_behalf_of")?),
-        None => None,
-    };
-    Ok(ChallengeWait {
-        challenge_qid: v
-            .get("challenge_qid")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_owned(),
-        principal,
-        on_behalf_of,
-        wait_secs: v.get("wait_secs").and_then(Value::as_u64).unwrap_or(0),
-    })
-}
-
-/// The text of a wait on a challenge this decision point cannot find for the caller.
-pub const CHALLENGE_NOT_FOUND: &str = "no such challenge for this principal and on_behalf_of: the challenge_qid must be one a check of this principal (acting for this on_behalf_of) was answered with";
-
-/// How a wait ended without a status: no challenge service, not found, or the service
-/// did not answer.
-#[derive(Debug)]
-pub enum WaitRefused {
-    /// No challenge service is connected (standalone mode).
-    NoService,
-    /// [`crate::challenges::WaitError`].
-    Wait(crate::challenges::WaitError),
-}
-
-/// Waits as the request says (docs/architecture.md#challenge-resolution), through the
-/// installed challenge source.
-///
-/// # Errors
-/// [`WaitRefused`]: no source installed, or the wait's error.
-pub async fn wait_for_challenge(
-    s: &Shared,
-    w: &ChallengeWait,
-) -> Result<crate::challenges::Status, WaitRefused> {
-    let Some(c) = s.challenge_source() else {
-        s.metrics.challenge_unavailable();
-        return Err(WaitRefused::NoService);
-    };
-    c.wait(
-        &w.challenge_qid,
-        &w.principal,
-        w.on_behalf_of.as_ref(),
-        std::time::Duration::from_secs(w.wait_secs.min(25)),
-        &s.metrics,
-    )
-    .await
-    .map_err(WaitRefused::Wait)
-}
-
-impl From<WaitRefused> for Problem {
-    fn from(e: WaitRefused) -> Self {
-        use crate::challenges::WaitError;
-        match e {
-            WaitRefused::NoService => Problem::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "challenge-service-unavailable",
-                "The challenge service is not available",
-                NO_CHALLENGE_SERVICE,
-            ),
-            WaitRefused::Wait(WaitError::NotFound) => Problem::new(
-                StatusCode::NOT_FOUND,
-                "challenge-not-found",
-                "No such challenge",
-                CHALLENGE_NOT_FOUND,
-            ),
-            WaitRefused::Wait(WaitError::Unavailable(detail)) => Problem::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "challenge-service-unavailable",
-                "The challenge service is not available",
-                format!("the challenge could not be read: {detail}"),
-            ),
-        }
-    }
-}
-
-impl From<WaitRefused> for tonic::Status {
-    fn from(e: WaitRefused) -> Self {
-        use crate::challenges::WaitError;
-        match e {
-            WaitRefused::NoService => Self::unavailable(NO_CHALLENGE_SERVICE),
-            WaitRefused::Wait(WaitError::NotFound) => Self::not_found(CHALLENGE_NOT_FOUND),
-            WaitRefused::Wait(WaitError::Unavailable(detail)) => {
-                Self::unavailable(format!("the challenge could not be read: {detail}"))
-            }
-        }
-    }
-}
-
 /// The answer of a challenge wait (docs/api.md#challenge-waits): `outcome` (`pending`,
 /// `passed`, `rejected`, `expired`), `expires_at` and `grant_expires_at` (RFC 3339 or
 /// `null`), `retry` (whether retrying the check now gets another answer) and `pending` (the
 /// kinds not answered yet, when known).
-pub fn wait_answer(qid: &str, st: &crate::challenges::Status) -> Value {
-    let now = super::now_ms();
+pub fn wait_answer(qid: &str, st: &Status) -> Value {
+    let now = now_ms();
     let t = |ms: Option<u64>| ms.map(pdp_core::decision::rfc3339_ms);
     json!({
         "challenge_qid": qid,
@@ -578,7 +314,7 @@ pub fn wait_answer(qid: &str, st: &crate::challenges::Status) -> Value {
         "expires_at": t(st.expires_at_ms),
         "grant_expires_at": t(st.grant_expires_at_ms),
         "retry": st.retry(now),
-        "pending": if st.state == crate::challenges::State::Pending { st.pending.clone() } else { Vec::new() },
+        "pending": if st.state == ChallengeState::Pending { st.pending.clone() } else { Vec::new() },
     })
 }
 
@@ -590,7 +326,7 @@ async fn challenge(State(s): St, headers: HeaderMap, body: Body) -> Result<Respo
         Err(e) => {
             let retry_after = match &e {
                 WaitRefused::NoService => Some("30"),
-                WaitRefused::Wait(crate::challenges::WaitError::Unavailable(_)) => Some("1"),
+                WaitRefused::Wait(WaitError::Unavailable(_)) => Some("1"),
                 WaitRefused::Wait(_) => None,
             };
             let mut resp = Problem::from(e).into_response();

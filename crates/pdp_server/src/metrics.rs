@@ -3,9 +3,7 @@
 //! every series used on the request path is resolved
 //! once at start and then only incremented (one atomic add; no label lookup per request).
 
-use crate::challenges::CallOutcome;
 use crate::decision_log::LogStats;
-use crate::resources::Outcome as FetchOutcome;
 use pdp_core::{Mode, Verdict};
 use prometheus::{
     Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
@@ -45,11 +43,31 @@ impl Transport {
     }
 }
 
-const FETCH_OUTCOMES: [FetchOutcome; 3] = [
-    FetchOutcome::Ok,
-    FetchOutcome::Failed,
-    FetchOutcome::Timeout,
-];
+/// How a call to a source the control plane installs ended: the `outcome` label of
+/// `svc_pdp_challenge_calls_total` (the challenge service, `crate::challenges`) and of
+/// `svc_pdp_resource_fetches_total` (resource fetches, `crate::resources`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallOutcome {
+    /// The source answered in time.
+    Ok,
+    /// The source answered an error.
+    Failed,
+    /// The source did not answer within the timeout.
+    Timeout,
+}
+
+impl CallOutcome {
+    const ALL: [CallOutcome; 3] = [Self::Ok, Self::Failed, Self::Timeout];
+
+    /// The label value: `ok`, `failed` or `timeout`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Ok => "ok",
+            Self::Failed => "failed",
+            Self::Timeout => "timeout",
+        }
+    }
+}
 
 const VERDICTS: [Verdict; 3] = [Verdict::Allow, Verdict::Challenge, Verdict::Deny];
 const MODES: [Mode; 2] = [Mode::Enforce, Mode::Monitor];
@@ -120,7 +138,7 @@ pub struct Metrics {
     /// `svc_pdp_challenge_waits`: challenge waits in progress.
     challenge_waits: IntGauge,
     /// `svc_pdp_resource_fetches_total{outcome}`: fetches of missing resources
-    /// (`crate::resources`), indexed as [`crate::resources::Outcome`].
+    /// (`crate::resources`), indexed as [`CallOutcome`].
     resource_fetches: Vec<IntCounter>,
     /// `svc_pdp_record_errors_total`: decision records that did not serialise (not written).
     record_errors: IntCounter,
@@ -231,7 +249,7 @@ impl Metrics {
             "Fetches of resources and work items a check named and the engine lacked, by outcome (ok, failed, timeout: the check was decided without them).",
             &["outcome"],
         );
-        let resource_fetches = FETCH_OUTCOMES
+        let resource_fetches = CallOutcome::ALL
             .iter()
             .map(|o| fetches_vec.with_label_values(&[o.as_str()]))
             .collect();
@@ -241,7 +259,7 @@ impl Metrics {
             "Calls of the challenge service (Resolve on a challenge verdict, GetChallenge on a wait for a challenge not held yet), by outcome (ok, failed, timeout: the verdict stays challenge without a challenge_qid, or the wait answers 503).",
             &["outcome"],
         );
-        let challenge_calls = [CallOutcome::Ok, CallOutcome::Failed, CallOutcome::Timeout]
+        let challenge_calls = CallOutcome::ALL
             .iter()
             .map(|o| calls_vec.with_label_values(&[o.as_str()]))
             .collect();
@@ -477,11 +495,11 @@ impl Metrics {
     }
 
     /// Counts one fetch of missing resources by its outcome.
-    pub fn resource_fetch(&self, outcome: FetchOutcome) {
+    pub fn resource_fetch(&self, outcome: CallOutcome) {
         let i = match outcome {
-            FetchOutcome::Ok => 0,
-            FetchOutcome::Failed => 1,
-            FetchOutcome::Timeout => 2,
+            CallOutcome::Ok => 0,
+            CallOutcome::Failed => 1,
+            CallOutcome::Timeout => 2,
         };
         if let Some(c) = self.resource_fetches.get(i) {
             c.inc();

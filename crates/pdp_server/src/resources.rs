@@ -22,10 +22,10 @@
 //!   flood of distinct unknown ids cannot pile up blocked tasks behind a slow source.
 //!
 //! The listener holds no fetcher unless the control plane installs one
-//! ([`crate::Shared::set_resource_source`]); without one, a check reads one atomic flag more
+//! ([`crate::shared::Shared::set_resource_source`]); without one, a check reads one atomic flag more
 //! and nothing else changes.
 
-use crate::metrics::Metrics;
+use crate::metrics::{CallOutcome, Metrics};
 use pdp_core::{Engine, EntityUid};
 use std::collections::HashMap;
 use std::future::Future;
@@ -105,28 +105,6 @@ struct Book {
     generation: u64,
     /// Ids being fetched, with the channel their fetch closes when done.
     in_flight: HashMap<Key, watch::Receiver<()>, foldhash::fast::RandomState>,
-}
-
-/// Fetch outcomes, the `outcome` label of `svc_pdp_resource_fetches_total`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
-    /// The source answered in time.
-    Ok,
-    /// The source answered an error.
-    Failed,
-    /// The source did not answer within the timeout.
-    Timeout,
-}
-
-impl Outcome {
-    /// The label value: `ok`, `failed` or `timeout`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Ok => "ok",
-            Self::Failed => "failed",
-            Self::Timeout => "timeout",
-        }
-    }
 }
 
 /// Most fetches one [`Fetcher`] runs at once (each holds one of the source's tasks, for
@@ -299,10 +277,10 @@ impl Fetcher {
                 Some(source.fetch(ask).await)
             });
             let outcome = match tokio::time::timeout_at(deadline, task).await {
-                Ok(Ok(None)) | Err(_) => Outcome::Timeout,
+                Ok(Ok(None)) | Err(_) => CallOutcome::Timeout,
                 Ok(Err(e)) => {
                     eprintln!("svc pdp: fetching missing resources failed: {e}");
-                    Outcome::Failed
+                    CallOutcome::Failed
                 }
                 Ok(Ok(Some(Ok(absent)))) => {
                     let mut book = self.book();
@@ -316,11 +294,11 @@ impl Fetcher {
                             book.absent.put(Key::WorkItem(w), ());
                         }
                     }
-                    Outcome::Ok
+                    CallOutcome::Ok
                 }
                 Ok(Ok(Some(Err(e)))) => {
                     eprintln!("svc pdp: fetching missing resources failed: {e}");
-                    Outcome::Failed
+                    CallOutcome::Failed
                 }
             };
             metrics.resource_fetch(outcome);

@@ -37,14 +37,8 @@ import typer
 import yaml
 from pydantic_settings import BaseSettings
 
-from svc.challenge.settings import ChallengeAuthSettings, ChallengeSettings
+from svc import registry
 from svc.cli import app as svc_app
-from svc.common.auth_settings import HistoryAuthSettings, PdpAuthSettings, PolicyAuthSettings
-from svc.context.settings import ContextAuthSettings, ContextSettings
-from svc.history.loader import LoaderSettings
-from svc.intake.settings import IntakeSettings
-from svc.pdp.settings import PdpSettings
-from svc.policy.settings import PolicySettings
 
 REPO = Path(__file__).resolve().parent.parent
 CHART = REPO / "helm" / "svc"
@@ -52,17 +46,16 @@ PRODUCTION = CHART / "ci" / "production-values.yaml"
 RELEASE = "prod"
 NAMESPACE = "security"
 
-#: The components on main and the settings classes that read each one's environment.
+#: The components the chart runs (the component registry, svc.registry: those with a
+#: Deployment of their own) and the settings classes that read each one's environment.
 SETTINGS: dict[str, tuple[type[BaseSettings], ...]] = {
-    "pdp": (PdpSettings, PdpAuthSettings),
-    "intake": (IntakeSettings,),
-    "history": (LoaderSettings, HistoryAuthSettings),
-    "policy": (PolicySettings, PolicyAuthSettings),
-    "context": (ContextSettings, ContextAuthSettings),
-    "challenge": (ChallengeSettings, ChallengeAuthSettings),
+    r.name: r.settings for r in registry.components(demo=False) if r.chart
 }
-#: Components whose Deployment is gated by `<name>.enabled` until they land on main.
+#: Components whose Deployment is gated by `<name>.enabled`, off by default.
 GATED = ("gateway", "reasoner")
+#: Components with a slot in the chart that are not registered yet (their Deployment is off
+#: and runs no command until they land).
+PLANNED = {"reasoner"}
 
 
 # --- helm --------------------------------------------------------------------------------------
@@ -149,7 +142,22 @@ def _component(doc: dict[str, Any]) -> str:
 
 
 def _enabled(values: dict[str, Any]) -> list[str]:
-    return [*SETTINGS, *(c for c in GATED if values[c]["enabled"])]
+    return [
+        *(c for c in SETTINGS if c not in GATED),
+        *(c for c in GATED if values[c]["enabled"]),
+    ]
+
+
+def test_the_chart_runs_the_registered_components() -> None:
+    """The chart's component templates (`{{- $c := "<name>" -}}`) are the registry's
+    components that have a Deployment, and the slots of planned ones, nothing else."""
+    declared = {
+        m.group(1)
+        for path in (CHART / "templates").glob("*.yaml")
+        for m in re.finditer(r'\$c := "([a-z-]+)"', path.read_text(encoding="utf-8"))
+    }
+    assert not PLANNED & set(SETTINGS), "a registered component is no longer planned"
+    assert declared == set(SETTINGS) | PLANNED
 
 
 # --- lint and schema ---------------------------------------------------------------------------

@@ -392,7 +392,8 @@ def up(
 
     Prints each URL once everything is up; Ctrl-C stops cleanly and keeps the data directory.
     """
-    from svc.up import UpOptions, default_data_dir, run
+    from svc.common.install import default_data_dir
+    from svc.up import UpOptions, run
 
     if demo and bundle is not None:
         raise _fail("svc up: --demo drives the demo company's bundle; leave out --bundle")
@@ -427,7 +428,8 @@ def demo_command(
     """Provision the demo company, drive traffic through svc up, print what history holds."""
     if ctx.invoked_subcommand is not None:
         return
-    from svc.up import UpOptions, default_data_dir, run
+    from svc.common.install import default_data_dir
+    from svc.up import UpOptions, run
 
     opts = UpOptions(data_dir=data_dir or default_data_dir(), host=host, port=port)
     raise typer.Exit(run(opts, demo_checks=checks, keep_serving=serve))
@@ -466,7 +468,7 @@ def demo_token(
     (docs/demo.md#agent-tokens).
     """
     from svc.demo.token_issuer import DevTokenIssuer
-    from svc.up import default_data_dir
+    from svc.common.install import default_data_dir
 
     directory = (data_dir or default_data_dir()) / "token-issuer"
     try:

@@ -5,20 +5,25 @@ Processes, each its own: the upstream (the demo company's tools server,
 ``python -m svc.demo.tools_server --http``), a decision point (``svc pdp --bundle DIR`` on the
 demo company's bundle) and the gateway (``svc gateway``, the upstream by URL, the demo apps
 trusted from a file, their JWK Sets served over HTTPS by ``svc.demo.token_issuer`` in this
-process). The client is the ``mcp`` SDK's ``ClientSession`` over Streamable HTTP, one session
-per path, opened before timing.
+process). The client is the ``mcp`` SDK's ``ClientSession`` over Streamable HTTP, one per
+path, opened before timing, in each protocol era (docs/gateway.md#protocol-revisions): the
+handshake era (``initialize``, an MCP session, ``2025-11-25``) and the 2026-07-28 revision
+(``server/discover``, then one stateless POST per call with the ``_meta`` envelope and the
+``Mcp-Method``/``Mcp-Name`` headers). The gateway speaks 2026-07-28 to the upstream, the newest
+revision it offers, whichever era the agent speaks.
 
-1. **Latency at a steady rate**: ``--calls`` calls of ``read_document`` (``copilot.assistant``
-   for ``alan.hughes`` on ``doc-0317``: the gateway checks ``call`` on the tool and ``read`` on
-   the document, both allowed, then forwards), alternating direct and through the gateway, one
-   at a time, started every ``1/--rate`` s. Printed: p50, p90, p99 of each path and the added
-   time (through minus direct) at each.
-2. **Calls per second**: ``--concurrency`` sessions call through the gateway as fast as it
-   answers for ``--seconds``; printed: calls/s, the gateway process's CPU seconds over that
-   time (``/proc/<pid>/stat``), and calls per CPU-second of the gateway (what one core does;
-   the gateway is one asyncio process).
+1. **Latency at a steady rate**: ``--calls`` calls per path of ``read_document``
+   (``copilot.assistant`` for ``alan.hughes`` on ``doc-0317``: the gateway checks ``call`` on
+   the tool and ``read`` on the document, both allowed, then forwards), the four paths (each
+   era direct and through the gateway) taking turns, one call at a time, started every
+   ``1/--rate`` s. Printed per era: p50, p90, p99 of each path and the added time (through
+   minus direct) at each.
+2. **Calls per second**: per era, ``--concurrency`` clients call directly, then through the
+   gateway, as fast as answered for ``--seconds``; printed: calls/s, the gateway process's CPU
+   seconds over that time (``/proc/<pid>/stat``), and calls per CPU-second of the gateway
+   (what one core does; the gateway is one asyncio process).
 
-    .venv/bin/python benches/bench_gateway.py                    # about 70 s
+    .venv/bin/python benches/bench_gateway.py                    # about 130 s
     .venv/bin/python benches/bench_gateway.py --calls 200 --seconds 3   # a smoke run
 """
 
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import socket
@@ -36,7 +42,6 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
 
 import httpx2
 from mcp.client import ClientSession
@@ -50,16 +55,29 @@ from svc.demo.tools_server import TOOLS
 AGENT, PERSON, TOOL, ARGS = "copilot.assistant", "alan.hughes", "read_document", "doc-0317"
 
 
+#: The protocol eras an agent may speak: the handshake era and the 2026-07-28 revision.
+ERAS = ("2025-11-25", "2026-07-28")
+
+
 @asynccontextmanager
-async def session(url: str, token: str | None) -> AsyncIterator[ClientSession]:
-    """An initialized MCP client session to `url`, with a bearer token when given."""
+async def session(url: str, token: str | None, era: str) -> AsyncIterator[ClientSession]:
+    """An MCP client session to `url` in `era`, with a bearer token when given.
+
+    The handshake era: ``initialize``; 2026-07-28: ``server/discover`` (the SDK's ``Client`` in
+    mode ``auto`` does the same against a server of the revision).
+    """
     headers = {"authorization": f"Bearer {token}"} if token else {}
     async with (
         httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(60)) as http,
         streamable_http_client(url, http_client=http) as (r, w),
         ClientSession(r, w) as s,
     ):
-        await s.initialize()
+        if era == ERAS[0]:
+            await s.initialize()
+        else:
+            await s.discover()
+        if s.protocol_version != era:
+            raise RuntimeError(f"{url} speaks {s.protocol_version}, not {era}")
         yield s
 
 
@@ -79,30 +97,38 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def steady(direct: str, through: str, token: str, calls: int, rate: float) -> dict[str, Any]:
-    """Part 1 (module docs): the latencies in ms of each path."""
-    out: dict[str, list[float]] = {"direct": [], "gateway": []}
-    async with session(direct, None) as d, session(through, token) as g:
-        for s in (d, g):  # warm both paths: connections, the gateway's JWKS and check pool
+async def steady(
+    direct: str, through: str, token: str, calls: int, rate: float
+) -> dict[tuple[str, str], list[float]]:
+    """Part 1 (module docs): the latencies in ms of each path, by ``(era, path)``."""
+    out: dict[tuple[str, str], list[float]] = {}
+    async with contextlib.AsyncExitStack() as stack:
+        sessions: list[tuple[tuple[str, str], ClientSession]] = []
+        for era in ERAS:
+            for path, url, tok in (("direct", direct, None), ("gateway", through, token)):
+                s = await stack.enter_async_context(session(url, tok, era))
+                sessions.append(((era, path), s))
+                out[(era, path)] = []
+        for _, s in sessions:  # warm every path: connections, the gateway's JWKS and checks
             for _ in range(50):
                 await one_call(s)
         start = time.perf_counter()
-        for i in range(2 * calls):
+        for i in range(len(sessions) * calls):
             due = start + i / rate
             await asyncio.sleep(max(0.0, due - time.perf_counter()))
-            path, s = ("direct", d) if i % 2 == 0 else ("gateway", g)
-            out[path].append(await one_call(s))
+            key, s = sessions[i % len(sessions)]
+            out[key].append(await one_call(s))
     return out
 
 
-async def saturate(url: str, token: str | None, concurrency: int, seconds: float) -> int:
-    """Part 2 (module docs): calls to `url` completed in `seconds`."""
+async def saturate(url: str, token: str | None, era: str, concurrency: int, seconds: float) -> int:
+    """Part 2 (module docs): calls to `url` in `era` completed in `seconds`."""
     done = 0
     stop = time.perf_counter() + seconds
 
     async def worker() -> None:
         nonlocal done
-        async with session(url, token) as s:
+        async with session(url, token, era) as s:
             await one_call(s)
             while time.perf_counter() < stop:
                 await one_call(s)
@@ -176,30 +202,45 @@ def main() -> None:
         through = f"http://127.0.0.1:{gw_port}/mcp/demo"
 
         lat = asyncio.run(steady(upstream_url, through, token, a.calls, a.rate))
-        print(f"steady rate: {a.calls} calls per path at {a.rate:g} calls/s, alternating")
-        print(f"{'':10} {'p50':>9} {'p90':>9} {'p99':>9}  (ms)")
-        for path in ("direct", "gateway"):
-            qs = [pct(lat[path], q) for q in (0.5, 0.9, 0.99)]
-            print(f"{path:10} " + " ".join(f"{v:9.3f}" for v in qs))
-        added = [pct(lat["gateway"], q) - pct(lat["direct"], q) for q in (0.5, 0.9, 0.99)]
-        print(f"{'added':10} " + " ".join(f"{v:9.3f}" for v in added))
+        print(
+            f"steady rate: {a.calls} calls per path at {a.rate:g} calls/s in all, "
+            "the four paths taking turns"
+        )
+        print(f"{'':22} {'p50':>9} {'p90':>9} {'p99':>9}  (ms)")
+        for era in ERAS:
+            for path in ("direct", "gateway"):
+                qs = [pct(lat[(era, path)], q) for q in (0.5, 0.9, 0.99)]
+                print(f"{era} {path:11} " + " ".join(f"{v:9.3f}" for v in qs))
+            added = [
+                pct(lat[(era, "gateway")], q) - pct(lat[(era, "direct")], q)
+                for q in (0.5, 0.9, 0.99)
+            ]
+            print(f"{era} {'added':11} " + " ".join(f"{v:9.3f}" for v in added))
 
-        t0 = time.perf_counter()
-        done = asyncio.run(saturate(upstream_url, None, a.concurrency, a.seconds))
-        wall = time.perf_counter() - t0
-        print(
-            f"saturated, direct: {a.concurrency} sessions, {done} calls in {wall:.1f} s = "
-            f"{done / wall:,.0f} calls/s"
-        )
-        cpu0, t0 = cpu_seconds(gateway.pid), time.perf_counter()
-        done = asyncio.run(saturate(through, token, a.concurrency, a.seconds))
-        cpu, wall = cpu_seconds(gateway.pid) - cpu0, time.perf_counter() - t0
-        print(
-            f"saturated, through the gateway: {a.concurrency} sessions, {done} calls in "
-            f"{wall:.1f} s = {done / wall:,.0f} calls/s; gateway CPU {cpu:.1f} s "
-            f"({100 * cpu / wall:.0f} % of a core) = {done / cpu:,.0f} calls per gateway "
-            "CPU-second"
-        )
+        for era in ERAS:
+            t0 = time.perf_counter()
+            done = asyncio.run(saturate(upstream_url, None, era, a.concurrency, a.seconds))
+            wall = time.perf_counter() - t0
+            print(
+                f"{era} saturated, direct: {a.concurrency} clients, {done} calls in "
+                f"{wall:.1f} s = {done / wall:,.0f} calls/s"
+            )
+            cpu0, t0 = cpu_seconds(gateway.pid), time.perf_counter()
+            done = asyncio.run(saturate(through, token, era, a.concurrency, a.seconds))
+            cpu, wall = cpu_seconds(gateway.pid) - cpu0, time.perf_counter() - t0
+            print(
+                f"{era} saturated, through the gateway: {a.concurrency} clients, {done} calls "
+                f"in {wall:.1f} s = {done / wall:,.0f} calls/s; gateway CPU {cpu:.1f} s "
+                f"({100 * cpu / wall:.0f} % of a core) = {done / cpu:,.0f} calls per gateway "
+                "CPU-second"
+            )
+        # Which path the calls took, and the revision each agent spoke, as an operator sees it.
+        metrics = httpx2.get(f"http://127.0.0.1:{gw_port}/metrics", timeout=10).text
+        for line in metrics.splitlines():
+            if line.startswith(
+                ("svc_gateway_fast_path_calls_total", "svc_gateway_agent_requests_total")
+            ):
+                print(line)
     finally:
         for proc in reversed(procs):
             proc.stop()

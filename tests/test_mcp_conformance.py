@@ -41,25 +41,49 @@ GATEWAY_GAPS: dict[str, str] = {}
 MIN_SCENARIOS = 30
 
 
-def suite() -> tuple[str, str]:
-    """(node, the suite's entry point), installed by scripts/dev-node.sh when missing."""
+#: The 2026-07-28 revision's scenarios: the suite's prerelease (scripts/dev-node.sh
+#: ``conformance-next``, 0.2.0-alpha.12), run as ``--requirements 2026-07-28`` (exactly the
+#: scenarios the revision requires, and the extensions' and pending ones it runs beside them).
+#: Directly, the upstream passes those whose tools, resources and prompts it has (the
+#: input-required rounds' scenarios call tools it lacks, and the tasks extension it does not
+#: serve); every one it passes passes through the gateway, but for ``GATEWAY_GAPS_2026``.
+NEXT_ARGS = ("--requirements", "2026-07-28")
+#: Scenarios of the 2026-07-28 run that pass directly but fail through the gateway, with why.
+GATEWAY_GAPS_2026: dict[str, str] = {}
+#: The fewest scenarios a 2026-07-28 run has (0.2.0-alpha.12: 49).
+MIN_SCENARIOS_2026 = 40
+
+
+def suite(which: str = "conformance") -> tuple[str, str]:
+    """(node, the suite's entry point), installed by scripts/dev-node.sh when missing.
+
+    `which`: ``conformance`` (the release) or ``conformance-next`` (the prerelease with the
+    2026-07-28 scenarios).
+    """
     script = str(ROOT / "scripts" / "dev-node.sh")
     subprocess.run([script, "install"], check=True, capture_output=True, text=True)
     node = subprocess.run([script, "node"], check=True, capture_output=True, text=True)
-    entry = subprocess.run([script, "conformance"], check=True, capture_output=True, text=True)
+    entry = subprocess.run([script, which], check=True, capture_output=True, text=True)
     return node.stdout.strip(), entry.stdout.strip()
 
 
-def run_suite(url: str, out: Path) -> dict[str, list[str]]:
-    """Runs every active server scenario against `url`.
+def run_suite(
+    url: str,
+    out: Path,
+    which: str = "conformance",
+    args: tuple[str, ...] = (),
+    least: int = MIN_SCENARIOS,
+) -> dict[str, list[str]]:
+    """Runs the server scenarios against `url` (every active one, or as `args` select).
 
     Returns scenario -> the messages of its failed checks (empty when it passed). The suite
-    writes one ``server-<scenario>-<time>/checks.json`` per scenario under `out`.
+    writes one ``server-<scenario>-<time>/checks.json`` per scenario under `out`; fewer than
+    `least` scenarios fail the test.
     """
-    node, entry = suite()
+    node, entry = suite(which)
     out.mkdir(parents=True, exist_ok=True)
     done = subprocess.run(
-        [node, entry, "server", "--url", url, "-o", str(out)],
+        [node, entry, "server", "--url", url, "-o", str(out), *args],
         cwd=out,
         capture_output=True,
         text=True,
@@ -73,13 +97,13 @@ def run_suite(url: str, out: Path) -> dict[str, list[str]]:
             if c["status"] == "FAILURE"
         ]
         results[scenario] = failed
-    assert len(results) >= MIN_SCENARIOS, (done.returncode, done.stdout[-3000:], done.stderr)
+    assert len(results) >= least, (done.returncode, done.stdout[-3000:], done.stderr)
     return results
 
 
 def test_upstream_directly(tmp_path: Path) -> None:
     port = free_port()
-    with serving(python(str(SERVER), str(port)), port) as base:
+    with serving(python(str(SERVER), str(port), "legacy"), port) as base:
         results = run_suite(f"{base}/mcp", tmp_path / "direct")
     failed = {s: why for s, why in results.items() if why}
     assert set(failed) == set(DIRECT_FAILURES), failed
@@ -109,10 +133,20 @@ action call appliesTo {
 PERMISSIVE_POLICY = '@id("everything")\npermit (principal, action, resource);\n'
 
 
-def test_through_the_gateway_passes_what_the_upstream_passes(tmp_path: Path) -> None:
-    """The suite through ``svc gateway`` (a permissive policy, a real decision point, agent
-    tokens of a trusted app over HTTPS) passes every scenario it passes directly, but for the
-    gateway's known gaps (``GATEWAY_GAPS``)."""
+def _direct_and_through(
+    tmp_path: Path, which: str, args: tuple[str, ...], least: int, era: str
+) -> tuple[dict[str, list[str]], dict[str, list[str]], str]:
+    """The suite run directly against the upstream and through ``svc gateway`` (a permissive
+    policy, a real decision point, agent tokens of a trusted app over HTTPS).
+
+    `era`: what the upstream serves (``both``, or ``legacy``: the handshake era only, so the
+    gateway speaks that era to it too).
+
+    Returns:
+        ``(direct, through, metrics)``: each run's results (``run_suite``) and the gateway's
+        ``/metrics`` after it.
+
+    """
     from svc.demo.token_issuer import DevTokenIssuer
     from svc.gateway.app import GatewayServer
     from svc.gateway.settings import GatewaySettings, Upstream
@@ -140,8 +174,9 @@ def test_through_the_gateway_passes_what_the_upstream_passes(tmp_path: Path) -> 
     token.write_text(issuer.mint(AGENT, PERSON, human_present=True))
     upstream_port, proxy_port = free_port(), free_port()
     try:
-        with serving(python(str(SERVER), str(upstream_port)), upstream_port) as upstream:
-            direct = run_suite(f"{upstream}/mcp", tmp_path / "direct")
+        upstream_argv = python(str(SERVER), str(upstream_port), era)
+        with serving(upstream_argv, upstream_port) as upstream:
+            direct = run_suite(f"{upstream}/mcp", tmp_path / "direct", which, args, least)
             gateway = GatewayServer(
                 GatewaySettings(
                     port=0,
@@ -162,13 +197,26 @@ def test_through_the_gateway_passes_what_the_upstream_passes(tmp_path: Path) -> 
                     str(SERVER), "proxy", str(proxy_port), gateway.url, str(token)
                 )  # fmt: skip
                 with serving(proxy, proxy_port) as base:
-                    through = run_suite(f"{base}/mcp/conformance", tmp_path / "gateway")
+                    through = run_suite(
+                        f"{base}/mcp/conformance", tmp_path / "gateway", which, args, least
+                    )
                 metrics = httpx.get(f"{gateway.url}/metrics", timeout=10).text
             finally:
                 gateway.stop()
     finally:
         issuer.stop()
         pdp.stop(grace_secs=2)
+    return direct, through, metrics
+
+
+def _compare(
+    direct: dict[str, list[str]],
+    through: dict[str, list[str]],
+    metrics: str,
+    gaps: dict[str, str],
+) -> None:
+    """Every scenario that passes directly passes through the gateway, but for `gaps` (which
+    must still fail), and every tool call through it was checked and forwarded."""
     # Every tool call was checked and forwarded: none blocked.
     calls = {
         line.split("{")[1].split("}")[0]: float(line.rsplit(" ", 1)[1])
@@ -181,8 +229,34 @@ def test_through_the_gateway_passes_what_the_upstream_passes(tmp_path: Path) -> 
     failed_through = {
         s: through.get(s, ["not run"]) for s in passed_directly if through.get(s) != []
     }
-    unexpected = {s: why for s, why in failed_through.items() if s not in GATEWAY_GAPS}
+    unexpected = {s: why for s, why in failed_through.items() if s not in gaps}
     assert unexpected == {}, "\n".join(f"{s}: {why}" for s, why in unexpected.items())
-    fixed = set(GATEWAY_GAPS) - set(failed_through)
-    assert fixed == set(), f"passing through the gateway now, remove from GATEWAY_GAPS: {fixed}"
+    fixed = set(gaps) - set(failed_through)
+    assert fixed == set(), f"passing through the gateway now, remove from the gaps: {fixed}"
     assert set(through) == set(direct)
+
+
+def test_through_the_gateway_passes_what_the_upstream_passes(tmp_path: Path) -> None:
+    """The suite's release (the handshake era's scenarios) through ``svc gateway`` passes
+    every scenario it passes directly, but for the gateway's known gaps (``GATEWAY_GAPS``).
+
+    The upstream serves the handshake era only, so the gateway speaks it end to end: an
+    upstream that offers 2026-07-28 is spoken to in that revision (docs/gateway.md#protocol-
+    revisions), where a tool cannot ask the client during the call nor a client subscribe, as
+    the revision has it.
+    """
+    direct, through, metrics = _direct_and_through(
+        tmp_path, "conformance", (), MIN_SCENARIOS, "legacy"
+    )
+    _compare(direct, through, metrics, GATEWAY_GAPS)
+
+
+def test_the_2026_07_28_scenarios_through_the_gateway(tmp_path: Path) -> None:
+    """The suite's 2026-07-28 scenarios (``NEXT_ARGS``) through ``svc gateway`` pass wherever
+    they pass directly, but for ``GATEWAY_GAPS_2026`` (docs/gateway.md#protocol-revisions)."""
+    direct, through, metrics = _direct_and_through(
+        tmp_path, "conformance-next", NEXT_ARGS, MIN_SCENARIOS_2026, "both"
+    )
+    passed = {s for s, why in direct.items() if not why}
+    assert {"server-stateless", "caching", "tools-call-simple-text"} & passed, direct
+    _compare(direct, through, metrics, GATEWAY_GAPS_2026)

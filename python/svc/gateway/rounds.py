@@ -5,8 +5,9 @@ docs/gateway.md#protocol-revisions. A handshake-era upstream asks the client for
 call, on the call's stream, and waits for the answer. A 2026-07-28 agent has no back channel: the
 revision asks for input with an ``InputRequiredResult`` instead (the input requests and an opaque
 ``requestState``), and the client retries the same call with ``inputResponses`` and that state
-(https://modelcontextprotocol.io/specification/draft/basic/utilities/input-required; the ``mcp``
-SDK's ``Client`` drives these rounds itself).
+(multi-round-trip requests,
+https://modelcontextprotocol.io/specification/2026-07-28/changelog; the ``mcp`` SDK's
+``Client`` drives these rounds itself).
 
 So for such an agent the gateway holds the forwarded call (``HeldCalls``): while it runs, a
 request of the upstream's becomes the answer to the agent's request (``InputRequiredResult``,

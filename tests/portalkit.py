@@ -149,6 +149,61 @@ def pg_schema(postgres_url: str) -> Iterator[str]:
             conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
 
 
+class HistoryLoader:
+    """``svc history load`` as a process: both topics into chDB in `tmp`, its routes on a port.
+
+    Args:
+        tmp: where the chDB directory goes.
+        bootstrap: the Kafka bootstrap servers.
+        decisions_topic: the decision log's topic.
+        events_topic: the events' topic.
+
+    """
+
+    def __init__(self, tmp: Path, bootstrap: str, decisions_topic: str, events_topic: str) -> None:
+        import subprocess
+        import sys
+
+        sock = tcp_listener("127.0.0.1", 0)
+        self.port = int(sock.getsockname()[1])
+        sock.close()
+        self.url = f"http://127.0.0.1:{self.port}"
+        svc = Path(sys.executable).parent / "svc"
+        self.log = tmp / "history.log"
+        self._out = self.log.open("w")
+        args = [
+            str(svc), "history", "load", "--dsn", f"chdb://{tmp / 'history'}",
+            "--kafka", f"kafka://{bootstrap}", "--decisions-topic", decisions_topic,
+            "--events-topic", events_topic, "--group", f"portal-{uuid.uuid4().hex[:8]}",
+            "--migrate", "--port", str(self.port), "--batch-ms", "100",
+        ]  # fmt: skip
+        self.proc = subprocess.Popen(
+            args,
+            stdout=self._out,
+            stderr=subprocess.STDOUT,
+        )
+        until("history routes up", self._up)
+
+    def _up(self) -> bool:
+        assert self.proc.poll() is None, self.log.read_text()
+        try:
+            return httpx.get(f"{self.url}/healthz", timeout=5).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def stop(self) -> None:
+        """Stops the loader (SIGTERM, then SIGKILL after 20 s)."""
+        import subprocess
+
+        self.proc.terminate()
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._out.close()
+
+
 class World:
     """The context service, the JWKS server, the decision point and the portal (module docs).
 
@@ -159,8 +214,16 @@ class World:
 
     """
 
-    def __init__(self, database_url: str, tmp: Path, **portal: Any) -> None:
+    def __init__(
+        self,
+        database_url: str,
+        tmp: Path,
+        *,
+        pdp_args: tuple[str, ...] = (),
+        **portal: Any,
+    ) -> None:
         self.tmp = tmp
+        self.pdp_args = pdp_args
         self.context = Live(database_url)
         self.scim_ids: dict[str, str] = {}
         try:
@@ -205,6 +268,7 @@ class World:
         self.pdp = Pdp(
             "--bundle", str(bundle), "--port", "0", "--no-watch", "--context", self.context.url,
             "--challenge", self.challenge.url, "--challenge-timeout-ms", "30000",
+            *self.pdp_args,
         )  # fmt: skip
         self.pdp_url = f"http://127.0.0.1:{self.pdp.port()}"
         self.pdp_http = httpx.Client(base_url=self.pdp_url, timeout=30)
@@ -222,9 +286,9 @@ class World:
             oidc_issuer=self.oidc.issuer,
             oidc_client_secret_file=str(secret),
             session_key_file=str(tmp / "session.key"),
+            history_url=portal.pop("history_url", None),
             pdp_url=self.pdp_url,
             context_url=self.context.url,
-            history_url=None,
             policy_url=self.policy.url,
             challenge_url=self.challenge.url,
             jwks_ca_file=str(self.jwks.ca_file),

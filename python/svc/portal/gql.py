@@ -42,6 +42,7 @@ from strawberry.extensions import (
     QueryDepthLimiter,
 )
 from strawberry.fastapi import BaseContext
+from strawberry.scalars import JSON
 from strawberry.types import Info
 
 from svc.common.problems import Problem
@@ -95,6 +96,11 @@ def _ts(msg: Any, name: str) -> datetime | None:
         return None
     t = getattr(msg, name)
     return datetime.fromtimestamp(t.seconds + t.nanos / 1e9, UTC)
+
+
+def _aware(t: datetime | None) -> datetime | None:
+    """A time without an offset is taken as UTC."""
+    return t.replace(tzinfo=UTC) if t is not None and t.tzinfo is None else t
 
 
 def _iso(value: Any) -> datetime | None:
@@ -327,7 +333,83 @@ class EnforcementChange:
     reason: str
 
 
+@strawberry.type(description="A recorded decision (docs/history.md#queries).")
+class Decision:
+    qid: str
+    at: datetime
+    call: str
+    principal: EntityRef | None
+    on_behalf_of: EntityRef | None
+    action: str | None
+    resource: EntityRef | None
+    verdict: str | None
+    outcome: str | None
+    challenges: list[str]
+    policies: list[str]
+    mode: str
+    would: str | None
+    challenge_qid: str | None
+    work_item: str | None
+    assigned: bool
+    risk_score: int | None
+    policy_version: int | None
+    principals_version: int | None
+    pdp: str | None
+    on_behalf_of_outcome: JSON | None = strawberry.field(
+        description="The person's own part of a check an agent made for them."
+    )
+
+
+@strawberry.type(description="A page of decisions, oldest first, and where the next one starts.")
+class DecisionPage:
+    decisions: list[Decision]
+    end_cursor: str | None
+    has_next_page: bool
+    scanned: int = strawberry.field(description="History rows this page read.")
+
+
+@strawberry.type(description="A policy that decided, with its text in the active bundle.")
+class DecidingPolicy:
+    name: str
+    file: str | None
+    text: str | None
+
+
+@strawberry.type(description="A decision and why: its policies' text and its challenge now.")
+class Explanation:
+    decision: Decision
+    policies: list[DecidingPolicy]
+    challenge: Challenge | None
+
+
 # -- conversions -------------------------------------------------------------------------
+
+
+def _decision(d: dict[str, Any]) -> Decision:
+    at = d["at"]
+    return Decision(
+        qid=d["qid"],
+        at=datetime.fromisoformat(at) if isinstance(at, str) else at,
+        call=d.get("call", "check"),
+        principal=_ref(d.get("principal")),
+        on_behalf_of=_ref(d.get("on_behalf_of")),
+        action=d.get("action"),
+        resource=_ref(d.get("resource")),
+        verdict=d.get("verdict"),
+        outcome=d.get("outcome"),
+        challenges=list(d.get("challenges") or []),
+        policies=list(d.get("policies") or []),
+        mode=d.get("mode", ""),
+        would=d.get("would"),
+        challenge_qid=d.get("challenge_qid"),
+        work_item=d.get("work_item"),
+        assigned=bool(d.get("assigned")),
+        risk_score=d.get("risk_score"),
+        policy_version=d.get("policy_version"),
+        principals_version=d.get("principals_version"),
+        pdp=d.get("pdp"),
+        on_behalf_of_outcome=d.get("on_behalf_of_outcome"),
+    )
 
 
 def _person(d: dict[str, Any]) -> Person:
@@ -468,6 +550,64 @@ class Query:
     def me(self, info: Info[Context, None]) -> Me:
         s = info.context.session
         return Me(user=s.user, expires_at=datetime.fromtimestamp(s.expires_at, UTC))
+
+    @strawberry.field(
+        description="Searches the decision history of one principal or one resource, oldest "
+        "first, with filters and cursor paging (`after`: the previous page's `endCursor`). "
+        "Area `decisions`."
+    )
+    async def decisions(
+        self,
+        info: Info[Context, None],
+        principal: EntityRefInput | None = None,
+        resource: EntityRefInput | None = None,
+        action: str | None = None,
+        verdict: str | None = None,
+        policy: str | None = None,
+        mode: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        first: int = 50,
+        after: str | None = None,
+    ) -> DecisionPage:
+        svc = info.context.service
+
+        def run(person: str) -> dict[str, Any]:
+            return svc.decisions(
+                person,
+                principal=principal.as_dict() if principal else None,
+                resource=resource.as_dict() if resource else None,
+                action=action,
+                verdict=verdict,
+                policy=policy,
+                mode=mode,
+                since=_aware(since),
+                until=_aware(until),
+                first=first,
+                after=after,
+            )
+
+        out = await _call(info, run)
+        return DecisionPage(
+            decisions=[_decision(d) for d in out["decisions"]],
+            end_cursor=out["end_cursor"],
+            has_next_page=out["has_next_page"],
+            scanned=out["scanned"],
+        )
+
+    @strawberry.field(
+        description="A decision and why: the policies that decided with their text, and the "
+        "challenge it opened. Area `decisions`."
+    )
+    async def explain_decision(self, info: Info[Context, None], qid: str) -> Explanation | None:
+        out = await _call(info, info.context.service.explain, qid)
+        if out is None:
+            return None
+        return Explanation(
+            decision=_decision(out["decision"]),
+            policies=[DecidingPolicy(**p) for p in out["policies"]],
+            challenge=_challenge(out["challenge"]) if out["challenge"] is not None else None,
+        )
 
     @strawberry.field(description="The directory's people. Area `directory`.")
     async def people(

@@ -24,9 +24,14 @@ refused check, which GraphQL answers as an error carrying the qid.
 
 from __future__ import annotations
 
+import base64
+import binascii
+import json
 import logging
 import re
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -169,6 +174,114 @@ class AgentIn(BaseModel):
     ai: bool = Field(description="whether the agent is an AI system")
     groups: list[str] = Field(default_factory=list, max_length=256)
     description: str = Field(default="", max_length=4096)
+
+
+#: Most history rows one page of a decision search reads before it ends early (``decisions``).
+SCAN_BUDGET = 50_000
+
+
+def _rfc3339(t: datetime) -> str:
+    """An aware time as RFC 3339 in UTC with milliseconds."""
+    return t.astimezone(UTC).isoformat(timespec="milliseconds")
+
+
+def _ms(at: Any) -> int:
+    """A history row's ``at`` (RFC 3339 text or datetime) as Unix milliseconds."""
+    t = datetime.fromisoformat(at) if isinstance(at, str) else at
+    return int(t.timestamp() * 1000)
+
+
+def _encode_cursor(pos: tuple[int, str]) -> str:
+    """An opaque cursor (base64url JSON of ``[ms, qid]``)."""
+    raw = json.dumps([pos[0], pos[1]], separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str) -> tuple[int, str]:
+    """The position a cursor names.
+
+    Raises:
+        Problem: 400 ``invalid-argument`` for anything ``_encode_cursor`` did not write.
+
+    """
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        ms, qid = json.loads(raw)
+        if not isinstance(ms, int) or not isinstance(qid, str) or len(qid) > 64:
+            raise ValueError
+    except (ValueError, TypeError, binascii.Error):
+        raise Problem(
+            400,
+            "invalid-argument",
+            "Invalid argument",
+            "`after` is not a cursor this search gave",
+            [FieldError(None, "after", "not a cursor")],
+        ) from None
+    return ms, qid
+
+
+def _matches(
+    row: dict[str, Any],
+    action: str | None,
+    verdict: str | None,
+    policy: str | None,
+    mode: str | None,
+) -> bool:
+    """Whether a history row passes the search's filters."""
+    return (
+        (action is None or row.get("action") == action)
+        and (verdict is None or row.get("verdict") == verdict or row.get("outcome") == verdict)
+        and (policy is None or policy in (row.get("policies") or []))
+        and (mode is None or row.get("mode") == mode)
+    )
+
+
+def policy_texts(source: str) -> dict[str, str]:
+    """The policies of one Cedar file by name, each its source text from its first annotation.
+
+    Names are ``@id("...")`` annotations (docs/bundles.md#policy-names); a policy without one is
+    left out (its name, Cedar's ``policyN``, depends on the whole bundle). A policy ends at the
+    first ``;`` outside strings, comments and brackets.
+
+    Args:
+        source: a ``.cedar`` file's text.
+
+    Returns:
+        ``{name: text}``.
+
+    """
+    out: dict[str, str] = {}
+    i, n = 0, len(source)
+    start = 0
+    depth = 0
+    while i < n:
+        ch = source[i]
+        if ch == "/" and source.startswith("//", i):
+            j = source.find("\n", i)
+            i = n if j < 0 else j
+            continue
+        if ch == '"':
+            i += 1
+            while i < n and source[i] != '"':
+                i += 2 if source[i] == "\\" else 1
+        elif ch in "({[":
+            depth += 1
+        elif ch in ")}]":
+            depth = max(0, depth - 1)
+        elif ch == ";" and depth == 0:
+            lines = source[start : i + 1].strip().splitlines()
+            while lines and (not lines[0].strip() or lines[0].lstrip().startswith("//")):
+                lines.pop(0)  # the comments before a policy are not its text
+            text = "\n".join(lines)
+            m = _POLICY_ID.search(text)
+            if m is not None:
+                out.setdefault(m.group(1), text)
+            start = i + 1
+        i += 1
+    return out
+
+
+_POLICY_ID = re.compile(r'@id\(\s*"((?:[^"\\]|\\.)*)"\s*\)')
 
 
 def unavailable_problem(e: Unavailable) -> Problem:
@@ -484,6 +597,174 @@ class PortalService:
                 [FieldError(None, "first", "out of range")],
             )
         return first
+
+    # decisions
+
+    def decisions(
+        self,
+        person: str,
+        *,
+        principal: dict[str, str] | None = None,
+        resource: dict[str, str] | None = None,
+        action: str | None = None,
+        verdict: str | None = None,
+        policy: str | None = None,
+        mode: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        first: int = 50,
+        after: str | None = None,
+    ) -> dict[str, Any]:
+        """Searches the decision history, oldest first, a page at a time (``view`` decisions).
+
+        The history's routes read one principal's or one resource's decisions over a time
+        range (docs/history.md#http-routes); the other filters are applied here, reading the
+        range in chunks from the cursor on. A page holds at most `first` decisions; when a
+        page's scan reaches ``SCAN_BUDGET`` rows without filling it, it ends early with
+        ``has_next_page`` and a cursor past what was read, so no page costs more than that.
+
+        Args:
+            person: the signed-in user.
+            principal: ``{type, id}``: its decisions (also those it made on behalf of no one).
+            resource: ``{type, id}``: the decisions on it; exactly one of the two.
+            action: keep only decisions of that action.
+            verdict: keep only that verdict (``allow``, ``deny``, ``challenge``; a plan's
+                ``outcome``).
+            policy: keep only decisions naming that policy among ``policies``.
+            mode: ``monitor`` or ``enforce``: decisions reported in that mode.
+            since: the range's first instant (aware); default a day before ``until``.
+            until: the first instant past the range; default now.
+            first: the page size, 1 to ``max_page_size``.
+            after: the previous page's ``end_cursor``.
+
+        Returns:
+            ``{"decisions": [row], "end_cursor", "has_next_page", "scanned"}``: rows as the
+            history answers them (docs/history.md#queries).
+
+        Raises:
+            Problem: 400 for a missing or doubled subject, a bad cursor or range; 503 without
+                a history.
+
+        """
+        self.authorize(person, "view", "decisions")
+        h = self._need(self.history, "history")
+        first = self._page(first)
+        if (principal is None) == (resource is None):
+            raise Problem(
+                400,
+                "invalid-argument",
+                "Invalid argument",
+                "give exactly one of `principal` and `resource`",
+                [FieldError(None, "principal", "exactly one of principal and resource")],
+            )
+        now = datetime.now(UTC)
+        end = until or now
+        start = since or end - timedelta(days=1)
+        cursor = _decode_cursor(after) if after else None
+        if cursor is not None:
+            start = max(start, datetime.fromtimestamp(cursor[0] / 1000, UTC))
+        if start >= end:
+            return {"decisions": [], "end_cursor": after, "has_next_page": False, "scanned": 0}
+        subject = principal or resource
+        assert subject is not None
+        key = "principal" if principal is not None else "resource"
+        base = {key: f"{subject['type']}::{subject['id']}", "until": _rfc3339(end)}
+        chunk = min(10_000, max(4 * first, 500))
+        found: list[dict[str, Any]] = []
+        scanned, exhausted, last = 0, False, cursor
+        while len(found) <= first and scanned < SCAN_BUDGET:
+            since_at = _rfc3339(start)
+            rows = self._run("history", partial(h.decisions, **base, since=since_at, limit=chunk))
+            moved = False
+            for row in rows:
+                pos = (_ms(row["at"]), str(row["qid"]))
+                if last is not None and pos <= last:
+                    continue
+                moved, last = True, pos
+                scanned += 1
+                if _matches(row, action, verdict, policy, mode):
+                    found.append(row)
+                    if len(found) > first:
+                        break
+            if len(rows) < chunk:
+                exhausted = True
+                break
+            if not moved:  # more than a chunk of rows in one millisecond: step past it
+                assert last is not None
+                last = (last[0], "\uffff")
+            assert last is not None
+            start = datetime.fromtimestamp(last[0] / 1000, UTC)
+        page = found[:first]
+        if len(found) > first:
+            end_pos: tuple[int, str] | None = (_ms(page[-1]["at"]), str(page[-1]["qid"]))
+            more = True
+        else:
+            end_pos, more = last, not exhausted
+        return {
+            "decisions": page,
+            "end_cursor": _encode_cursor(end_pos) if end_pos is not None else None,
+            "has_next_page": more,
+            "scanned": scanned,
+        }
+
+    def explain(self, person: str, qid: str) -> dict[str, Any] | None:
+        """A decision and why (``view`` on ``decisions``).
+
+        Returns:
+            None for an unknown qid, else ``{"decision": row, "policies": [{name, file,
+            text}], "challenge": Challenge message or None}``: the policies that decided with
+            their source text as the active bundle has them (a policy the active bundle no
+            longer holds has ``file`` and ``text`` None; a built-in denial such as
+            ``svc:contained`` is named only), and the challenge the decision opened with its
+            state now.
+
+        Raises:
+            Problem: 503 without a history.
+
+        """
+        self.authorize(person, "view", "decisions")
+        h = self._need(self.history, "history")
+        row = self._run("history", h.decision, qid)
+        if row is None:
+            return None
+        texts: dict[str, tuple[str, str]] = {}
+        if self.policy is not None:
+            p = self.policy
+            try:
+                active = self._run("policy service", p.call, "GetActive", p.pb.GetActiveRequest())
+            except Problem as e:
+                if e.status != 404:
+                    raise
+            else:
+                if active.HasField("bundle"):
+                    for f in active.bundle.files:
+                        if f.name.endswith(".cedar"):
+                            for name, text in policy_texts(f.content).items():
+                                texts.setdefault(name, (f.name, text))
+        policies = [
+            {
+                "name": n,
+                "file": texts.get(n, (None, None))[0],
+                "text": texts.get(n, (None, None))[1],
+            }
+            for n in row.get("policies", [])
+        ]
+        challenge = None
+        if row.get("challenge_qid") and self.challenge is not None:
+            c = self.challenge
+            req = c.pb.GetChallengeRequest(
+                qid=row["challenge_qid"],
+                principal=c.pb.EntityRef(**row["principal"]),
+                on_behalf_of=c.pb.EntityRef(**row["on_behalf_of"])
+                if row.get("on_behalf_of")
+                else None,
+            )
+            try:
+                challenge = self._run("challenge service", c.call, "GetChallenge", req).challenge
+            except Problem as e:
+                if e.status != 404:
+                    raise
+        return {"decision": row, "policies": policies, "challenge": challenge}
 
     # directory
 

@@ -46,6 +46,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from svc import __version__
+from svc.common.retry import Reconnect
 from svc.gateway.relay import Relay, RelayTagging, UpstreamRelays, event_data, event_lines
 from svc.gateway.settings import GatewaySettings, ToolMapping, Upstream, read_token_file
 from svc.gateway.tokens import AgentIdentity, TrustedApps, parse_trusted_apps
@@ -401,8 +402,8 @@ class UpstreamSessionLost(UpstreamUnavailable):
 class UpstreamLink:
     """One upstream MCP server, reached through one shared ``ClientSession`` (module docs).
 
-    ``run`` keeps the session open (opening it again after 0.2 s, doubling up to 10 s, when it
-    is lost); ``session`` waits up to ``wait_secs`` for it.
+    ``run`` keeps the session open (opening it again when it is lost, under the shared reconnect
+    policy, ``svc.common.retry``); ``session`` waits up to ``wait_secs`` for it.
 
     Args:
         name: the upstream's name (``/mcp/{name}``).
@@ -474,49 +475,72 @@ class UpstreamLink:
                 yield r, w
 
     async def run(self) -> None:
-        """Keeps the session open until cancelled."""
+        """Keeps the session open until cancelled.
+
+        The shared reconnect policy (``svc.common.retry.Reconnect``: full-jitter exponential
+        backoff from 0.2 s up to 10 s): a session that could not be opened is tried again after
+        the backoff; one that was open and was lost is opened again at once, the backoff
+        starting over.
+        """
+        reconnect = Reconnect(f"upstream {self.name}", log, initial_secs=0.2, max_secs=10.0)
+        await reconnect.forever_async(self._connect)
+
+    async def _connect(self) -> None:
+        """One session: opened, then served until it is lost (one attempt of ``run``).
+
+        Returns:
+            When the session was open and has been lost (``self.error`` says how).
+
+        Raises:
+            UpstreamUnavailable: the session could not be opened.
+
+        """
         from mcp.client import ClientSession
 
-        delay = 0.2
-        while True:
-            try:
-                async with (
-                    self._streams() as (r, w),
-                    ClientSession(
-                        r,
-                        w,
-                        client_info=types.Implementation.model_validate(GATEWAY_INFO),
-                        sampling_callback=self.relays.sampling,
-                        elicitation_callback=self.relays.elicitation,
-                        logging_callback=self.relays.logging,
-                        message_handler=self.relays.message,
-                    ) as session,
-                ):
-                    init = await asyncio.wait_for(self._negotiate(session), INITIALIZE_SECS)
-                    await self._resubscribe(session)
-                    self.initialized = init
-                    if self.on_connected is not None:
-                        self.on_connected(init)
-                    self._session = session
-                    self.error = ""
-                    self._ready.set()
-                    self.metrics.upstream_up.labels(self.name).set(1)
-                    log.info("upstream %s: session open (%s)", self.name, init.server_info.name)
-                    delay = 0.2
-                    self._forgotten.clear()
-                    await _until_closed(session, self._forgotten, modern=self.modern)
-                    self.error = "the session ended"
-            except asyncio.CancelledError:
-                raise
-            except BaseException as e:
-                self.error = f"{e.__class__.__name__}: {_first_error(e)}"
-            finally:
-                self._session = None
-                self._ready.clear()
-                self.metrics.upstream_up.labels(self.name).set(0)
-            log.warning("upstream %s: %s; connecting again in %.1f s", self.name, self.error, delay)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 10.0)
+        opened = False
+        try:
+            async with (
+                self._streams() as (r, w),
+                ClientSession(
+                    r,
+                    w,
+                    client_info=types.Implementation.model_validate(GATEWAY_INFO),
+                    sampling_callback=self.relays.sampling,
+                    elicitation_callback=self.relays.elicitation,
+                    logging_callback=self.relays.logging,
+                    message_handler=self.relays.message,
+                ) as session,
+            ):
+                init = await asyncio.wait_for(self._negotiate(session), INITIALIZE_SECS)
+                await self._resubscribe(session)
+                self.initialized = init
+                if self.on_connected is not None:
+                    self.on_connected(init)
+                self._session = session
+                self.error = ""
+                self._ready.set()
+                self.metrics.upstream_up.labels(self.name).set(1)
+                opened = True
+                log.info(
+                    "upstream %s: session open (%s, %s)",
+                    self.name,
+                    init.server_info.name,
+                    init.protocol_version,
+                )
+                self._forgotten.clear()
+                await _until_closed(session, self._forgotten, modern=self.modern)
+                self.error = "the session ended"
+        except asyncio.CancelledError:
+            raise
+        except BaseException as e:
+            self.error = f"{e.__class__.__name__}: {_first_error(e)}"
+            if not opened:
+                raise UpstreamUnavailable(self.error) from e
+        finally:
+            self._session = None
+            self._ready.clear()
+            self.metrics.upstream_up.labels(self.name).set(0)
+        log.warning("upstream %s: %s; connecting again", self.name, self.error)
 
     @property
     def modern(self) -> bool:
@@ -1049,42 +1073,52 @@ class EventSink:
         return batch
 
     async def run(self) -> None:
-        """Sends batches until cancelled."""
+        """Sends batches until cancelled.
+
+        A batch the intake does not take is sent again under the shared reconnect policy
+        (``svc.common.retry.Reconnect``: full-jitter exponential backoff from 0.5 s up to 30 s).
+        """
+        reconnect = Reconnect(
+            "intake", log, initial_secs=0.5, max_secs=30.0, retry_on=_IntakeUnavailable
+        )
         async with httpx.AsyncClient(base_url=self.url, timeout=10) as client:
             while True:
                 batch = await self._batch()
-                delay = 0.5
-                while True:
-                    bearer = self.token()
-                    headers = {"authorization": f"Bearer {bearer}"} if bearer else {}
-                    try:
-                        r = await client.post("/v1/events", json={"events": batch}, headers=headers)
-                    except httpx.HTTPError as e:
-                        error = f"{e.__class__.__name__}: {e}"
-                    else:
-                        if r.status_code == 202:
-                            self.sent += len(batch)
-                            self.metrics.events_sent.inc(len(batch))
-                            break
-                        if 400 <= r.status_code < 500 and r.status_code not in (408, 429):
-                            self.dropped += len(batch)
-                            self.metrics.events_dropped.inc(len(batch))
-                            log.error(
-                                "intake refused %d events (%d): %s",
-                                len(batch),
-                                r.status_code,
-                                r.text[:1024],
-                            )
-                            break
-                        error = f"HTTP {r.status_code}"
-                    log.warning(
-                        "intake: %s; %d events wait (%d queued)",
-                        error,
-                        len(batch),
-                        self.queue.qsize(),
-                    )
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, 30.0)
+                async for attempt in reconnect.async_retrying():
+                    with attempt:
+                        await self._send(client, batch)
+
+    async def _send(self, client: httpx.AsyncClient, batch: list[dict[str, Any]]) -> None:
+        """Posts `batch`: sent (202), or refused (4xx: dropped, counted and logged).
+
+        Raises:
+            _IntakeUnavailable: the intake did not take it (no connection, a 5xx, 408, 429).
+
+        """
+        bearer = self.token()
+        headers = {"authorization": f"Bearer {bearer}"} if bearer else {}
+        try:
+            r = await client.post("/v1/events", json={"events": batch}, headers=headers)
+        except httpx.HTTPError as e:
+            error = f"{e.__class__.__name__}: {e}"
+        else:
+            if r.status_code == 202:
+                self.sent += len(batch)
+                self.metrics.events_sent.inc(len(batch))
+                return
+            if 400 <= r.status_code < 500 and r.status_code not in (408, 429):
+                self.dropped += len(batch)
+                self.metrics.events_dropped.inc(len(batch))
+                log.error(
+                    "intake refused %d events (%d): %s", len(batch), r.status_code, r.text[:1024]
+                )
+                return
+            error = f"HTTP {r.status_code}"
+        raise _IntakeUnavailable(f"{error}; {len(batch)} events wait ({self.queue.qsize()} queued)")
+
+
+class _IntakeUnavailable(Exception):
+    """The intake did not take a batch (it is sent again)."""
 
 
 # ------------------------------------------------------------------------------ the logic
@@ -1845,50 +1879,75 @@ class GatewayService:
             self._follower = None
 
     async def _poll_trust(self) -> None:
+        """Reads the trusted apps every ``trust_refresh_secs`` (the context service or a file).
+
+        A read that fails keeps the last list and is tried again under the shared reconnect
+        policy (``svc.common.retry.Reconnect``: from 0.2 s up to ``trust_refresh_secs``).
+        """
         s = self.settings
         token = _token_reader(s.context_token_file, "context service")
-        async with httpx.AsyncClient(timeout=5) as client:
-            last_mtime: float | None = None
-            while True:
-                try:
-                    if s.context_url is not None:
-                        bearer = token()
-                        r = await client.get(
-                            s.context_url.rstrip("/") + "/v1/directory/trusted-apps",
-                            headers={"authorization": f"Bearer {bearer}"} if bearer else {},
-                        )
-                        r.raise_for_status()
-                        self.apps.replace(parse_trusted_apps(r.json()))
-                    elif s.trusted_apps_file is not None:
-                        mtime = os.stat(s.trusted_apps_file).st_mtime_ns
-                        if mtime != last_mtime:
-                            text = Path(s.trusted_apps_file).read_text(encoding="utf-8")
-                            self.apps.replace(parse_trusted_apps(json.loads(text)))
-                            last_mtime = mtime
-                    else:
-                        self.apps.replace([])
-                except (httpx.HTTPError, OSError, ValueError) as e:
-                    log.warning("trusted apps not read (the last list stays): %s", e)
-                await asyncio.sleep(s.trust_refresh_secs)
-
-    async def _poll_tiers(self) -> None:
-        s = self.settings
+        reconnect = Reconnect(
+            "trusted apps (the last list stays)",
+            log,
+            initial_secs=min(0.2, s.trust_refresh_secs),
+            max_secs=s.trust_refresh_secs,
+            retry_on=(httpx.HTTPError, OSError, ValueError),
+        )
         last_mtime: float | None = None
-        while True:
-            try:
-                if s.policy_url is not None:
-                    self.tiers.replace(await asyncio.to_thread(self._fetch_tiers))
-                elif s.fallback_file is not None:
-                    mtime = os.stat(s.fallback_file).st_mtime_ns
+        async with httpx.AsyncClient(timeout=5) as client:
+
+            async def read() -> None:
+                nonlocal last_mtime
+                if s.context_url is not None:
+                    bearer = token()
+                    r = await client.get(
+                        s.context_url.rstrip("/") + "/v1/directory/trusted-apps",
+                        headers={"authorization": f"Bearer {bearer}"} if bearer else {},
+                    )
+                    r.raise_for_status()
+                    self.apps.replace(parse_trusted_apps(r.json()))
+                elif s.trusted_apps_file is not None:
+                    mtime = os.stat(s.trusted_apps_file).st_mtime_ns
                     if mtime != last_mtime:
-                        text = Path(s.fallback_file).read_text(encoding="utf-8")
-                        self.tiers.replace(OutageTiers.parse(json.loads(text)))
+                        text = Path(s.trusted_apps_file).read_text(encoding="utf-8")
+                        self.apps.replace(parse_trusted_apps(json.loads(text)))
                         last_mtime = mtime
                 else:
-                    self.tiers.replace({})
-            except Exception as e:  # grpc.RpcError, OSError, ValueError: the last tiers stay
-                log.warning("outage tiers not read (the last ones stay): %s", e)
+                    self.apps.replace([])
+                await asyncio.sleep(s.trust_refresh_secs)
+
+            await reconnect.forever_async(read)
+
+    async def _poll_tiers(self) -> None:
+        """Reads the outage tiers every ``fallback_refresh_secs`` (the policy service or a file).
+
+        A read that fails keeps the last tiers and is tried again under the shared reconnect
+        policy (``svc.common.retry.Reconnect``: from 0.2 s up to ``fallback_refresh_secs``).
+        """
+        s = self.settings
+        reconnect = Reconnect(
+            "outage tiers (the last ones stay)",
+            log,
+            initial_secs=min(0.2, s.fallback_refresh_secs),
+            max_secs=s.fallback_refresh_secs,
+        )
+        last_mtime: float | None = None
+
+        async def read() -> None:
+            nonlocal last_mtime
+            if s.policy_url is not None:
+                self.tiers.replace(await asyncio.to_thread(self._fetch_tiers))
+            elif s.fallback_file is not None:
+                mtime = os.stat(s.fallback_file).st_mtime_ns
+                if mtime != last_mtime:
+                    text = Path(s.fallback_file).read_text(encoding="utf-8")
+                    self.tiers.replace(OutageTiers.parse(json.loads(text)))
+                    last_mtime = mtime
+            else:
+                self.tiers.replace({})
             await asyncio.sleep(s.fallback_refresh_secs)
+
+        await reconnect.forever_async(read)
 
     def _fetch_tiers(self) -> dict[str, Tier]:
         """``GetOutageFallback`` with no tool: every entry (docs/policy.md)."""

@@ -213,7 +213,7 @@ def test_bundle_loads_strictly_without_warnings(
     names = set(fresh.policy_names)
     text = "".join((bundle / f).read_text() for f in sorted(p.name for p in bundle.glob("*.cedar")))
     declared = {line[5:-2] for line in text.splitlines() if line.startswith('@id("')}
-    assert len(declared) == 39  # 38 policies and the `document-reader` template
+    assert len(declared) == 41  # 40 policies and the `document-reader` template
     links = {f"reader-{u}-{d}" for u, d in company.grants}
     assert names == (declared - {"document-reader"}) | links
     # provision() loaded what the bundle cannot carry

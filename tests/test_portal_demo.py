@@ -97,3 +97,29 @@ def test_leavers_contained_and_risky_people_are_refused(company: Company, engine
     assert elevated, "the demo company scores someone from 70 to 89"
     d = decide(engine, elevated[0], "view", "keys", own=True)
     assert d["verdict"] == "challenge" and d["challenges"] == ["verification"], d
+
+
+def test_an_ai_agent_sees_no_more_than_its_person(company: Company, engine: Engine) -> None:
+    ai = next(a.id for a in company.service_accounts if a.ai and a.registered)
+    plain = next(a.id for a in company.service_accounts if not a.ai and a.registered)
+    aud, other = ordinary(company, "auditors"), ordinary(company, None)
+
+    def through(agent: str, person: str, action: str, area: str) -> Any:
+        return dict(
+            engine.evaluate(
+                {
+                    "principal": {"type": "ServiceAccount", "id": agent},
+                    "on_behalf_of": {"type": "Human", "id": person},
+                    "action": action,
+                    "resource": {"type": "PortalArea", "id": area},
+                }
+            )
+        )
+
+    assert through(ai, aud, "view", "decisions")["verdict"] == "allow"
+    assert through(ai, other, "view", "decisions")["verdict"] == "deny"  # the person may not
+    assert through(plain, aud, "view", "decisions")["verdict"] == "deny"  # not an AI agent
+    assert through(ai, aud, "administer", "containments")["verdict"] == "deny"
+    sec = ordinary(company, "security")
+    assert through(ai, sec, "administer", "policies")["verdict"] == "allow"  # drafts
+    assert through(ai, sec, "administer", "containments")["verdict"] == "deny"

@@ -42,7 +42,12 @@ def run_seed(client: Any, seed: int, args: argparse.Namespace) -> dict[str, Any]
     end = date(2026, 11, 20)
     t0 = time.perf_counter()
     m = months.month(
-        people=args.people, departments=args.departments, agents=args.agents, end=end, seed=seed
+        people=args.people,
+        departments=args.departments,
+        agents=args.agents,
+        end=end,
+        seed=seed,
+        days=args.days,
     )
     gen = time.perf_counter() - t0
     sim_start = datetime.combine(end - timedelta(days=args.sim_days - 1), datetime.min.time(), UTC)
@@ -60,7 +65,7 @@ def run_seed(client: Any, seed: int, args: argparse.Namespace) -> dict[str, Any]
     store(None, sim_start)
     fill = time.perf_counter() - t0
     peers = peers_from_snapshot(m.snapshot())
-    model, gate = Model(), GateSettings()
+    model, gate = Model(), GateSettings(moved_out_floor=args.floor)
     contained: dict[tuple[str, str], datetime] = {}
     per_day: dict[date, int] = {}
     last_scores: dict[tuple[str, str], int] = {}
@@ -161,7 +166,12 @@ def run_seed(client: Any, seed: int, args: argparse.Namespace) -> dict[str, Any]
         "false_containments": len(fp),
         "precision": round(tp / len(contained), 3) if contained else None,
         "recall": round(tp / len(want), 3) if want else None,
+        "simulated_days": args.sim_days,
         "false_per_1000_normal": round(1000 * len(false_normal) / max(1, len(normal)), 2),
+        "false_per_1000_normal_per_30_days": round(
+            1000 * len(false_normal) / max(1, len(normal)) * 30 / args.sim_days, 2
+        ),
+        "false_principals": [f"{t}::{i}" for t, i in fp],
         "decoys_contained": len(decoys_contained),
         "stories": stories,
     }
@@ -173,8 +183,10 @@ def main() -> None:
     p.add_argument("--departments", type=int, default=8)
     p.add_argument("--agents", type=int, default=30)
     p.add_argument("--seeds", default="1,2,3")
-    p.add_argument("--sim-days", type=int, default=4, help="days run cycle by cycle")
-    p.add_argument("--every-hours", type=int, default=3, help="hours between two cycles")
+    p.add_argument("--days", type=int, default=40, help="days of history")
+    p.add_argument("--sim-days", type=int, default=14, help="last days run cycle by cycle")
+    p.add_argument("--every-hours", type=int, default=6, help="hours between two cycles")
+    p.add_argument("--floor", type=float, default=GateSettings.moved_out_floor)
     args = p.parse_args()
     results = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -207,7 +219,9 @@ def main() -> None:
                 "precision": round(tp / (tp + fp), 3) if tp + fp else None,
                 "recall": round(tp / want, 3) if want else None,
                 "false_containments": fp,
-                "false_per_1000_principals_per_month": round(1000 * fp / max(1, normal), 2),
+                "false_per_1000_principals_per_30_days": round(
+                    1000 * fp / max(1, normal) * 30 / args.sim_days, 2
+                ),
                 "hours_to_containment": {
                     "min": min(hours, default=None),
                     "max": max(hours, default=None),

@@ -289,7 +289,8 @@ def test_enforce_contains_the_stories_and_the_decision_point_denies_them(
             assert ev["samples"]["events"] and ev["gate"]["passed"] and ev["window"]
             assert inv["summary_by"] == "deterministic" and "contained" in inv["summary"]
         flagged = {
-            tuple(i["evidence"]["principal"].values()) for i in investigations(context, kind="score")
+            tuple(i["evidence"]["principal"].values())
+            for i in investigations(context, kind="score")
         }
         assert set(stories(the_month, months.FLAG)) <= flagged
 
@@ -443,7 +444,9 @@ def test_a_cycle_with_a_dependency_down_writes_nothing_and_the_next_one_works(
         r.run_cycle()
     assert e.value.service == "model"
     # The history unusable (a database without the rollups).
-    bare = history.connect(f"{chdb_root}?database=bare_{uuid.uuid4().hex[:8]}", create_database=True)
+    bare = history.connect(
+        f"{chdb_root}?database=bare_{uuid.uuid4().hex[:8]}", create_database=True
+    )
     r = reasoner(bare, context, challenge, policy)
     app = create_app(r.settings, r)
     assert app.state.loop.once() == "failed"
@@ -574,3 +577,21 @@ def test_scores_come_down_as_evidence_ages_and_late_records_count(
     }
     history.store(client, "events", list(months.records([late], "late")))
     assert score_on(END, ("Human", quiet.id)) > before
+
+
+def test_the_demo_company_s_month_has_its_two_stories_flagged(chdb_root: str) -> None:
+    from svc.demo.backfill import STORIES, backfill
+    from svc.demo.company import generate
+    from svc.reasoner.gate import evaluate
+
+    _, client = new_history(chdb_root)
+    m = backfill(client, generate(), end=END)
+    assert {s.name for s in m.stories} == set(STORIES)
+    first = TODAY - timedelta(days=29)
+    rows = rollups.read_days(client, first, TODAY)
+    sets = rollups.read_sets(client, first, TODAY, TODAY - timedelta(days=6))
+    scores = score_window(rows, sets, peers_from_snapshot(m.snapshot()))
+    passed = {s.principal for s in scores if evaluate(s, rows.days).passed}
+    assert passed == {s.principal for s in m.stories}
+    top = sorted(scores, key=lambda s: -s.score)[:2]
+    assert {s.principal for s in top} == passed

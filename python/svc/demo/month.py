@@ -8,9 +8,11 @@ that must not be contained; ``fill(client, m)`` stores it in a history store.
 
 Routine: each person works most weekdays in their own hours (8 to 18 give or take), from their
 own office address, on their department's documents (reading, listing, editing, sometimes
-downloading a few); a few decisions are denied. Agents act for a fixed handful of people of
-their app, listing and reading through tools; a nightly service account exports a steady
-batch.
+downloading a few); a few decisions are denied. The routine has irregularities too (``noise``):
+on 3% of a person's days they work from another address, on 3% late, on 2% they read three
+to six times their usual, on 1% they export a few hundred rows once. Agents act for a fixed
+handful of people of their app, listing and reading through tools; a nightly service account
+reads and exports a steady batch.
 
 Stories (label ``contain``: the gate should contain them; ``flag``: high score, no moving out):
 
@@ -152,8 +154,9 @@ def _rfc3339(t: datetime) -> str:
 
 
 class _Gen:
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, noise: bool = True) -> None:
         self.rng = random.Random(seed)
+        self.noise = noise
         self.decisions: list[dict[str, Any]] = []
         self.events: list[dict[str, Any]] = []
 
@@ -239,23 +242,39 @@ class _Gen:
         docs = [("Document", f"{a.group.lower()}/{k}") for k in range(40)]
         k = zlib.crc32(a.id.encode()) % 20
         mine = docs[k : k + 12]
+        # The routine's irregularities: a day away (another address), a late day, a deadline
+        # day reading several times the usual, a one-off export of a few hundred rows.
+        ip, shift, busy = a.ip, 0.0, 1.0
+        if self.noise:
+            if rng.random() < 0.03:
+                ip = f"100.64.{rng.randrange(256)}.{rng.randrange(1, 255)}"
+            if rng.random() < 0.03:
+                shift = 8.0
+            if rng.random() < 0.02:
+                busy = rng.uniform(3, 6)
+            if rng.random() < 0.01:
+                t = self.at(day, a.start_hour + shift + rng.uniform(0, 8))
+                doc = rng.choice(mine)
+                n = rng.randint(100, 800)
+                self.event(a, t, "export", doc, access="exported", count=n, ip=ip)
+        scale *= busy
         for _ in range(max(1, int(rng.gauss(a.rate, a.rate / 4)))):
-            t = self.at(day, rng.gauss(a.start_hour + 4, 2.2))
+            t = self.at(day, rng.gauss(a.start_hour + shift + 4, 2.2))
             doc = rng.choice(mine if rng.random() < 0.85 else docs)
             r = rng.random()
             if r < 0.45:
-                self.event(
-                    a, t, "view", doc, access="read", count=max(1, int(rng.gauss(12, 4) * scale))
-                )
+                n = max(1, int(rng.gauss(12, 4) * scale))
+                self.event(a, t, "view", doc, access="read", count=n, ip=ip)
                 self.decision(a, t, "view", doc, "deny" if rng.random() < 0.02 else "allow")
             elif r < 0.75:
                 n = max(1, int(rng.gauss(120, 30) * scale * list_scale))
-                self.event(a, t, "search", ("Document", ""), access="listed", count=n)
+                self.event(a, t, "search", ("Document", ""), access="listed", count=n, ip=ip)
             elif r < 0.95:
-                self.event(a, t, "edit", doc, access="written", count=max(1, int(rng.gauss(3, 1))))
+                n = max(1, int(rng.gauss(3, 1)))
+                self.event(a, t, "edit", doc, access="written", count=n, ip=ip)
                 self.decision(a, t, "edit", doc)
             else:
-                self.event(a, t, "download", doc, access="read", count=1)
+                self.event(a, t, "download", doc, access="read", count=1, ip=ip)
 
     def agent_day(
         self, a: Actor, day: date, *, people: list[str] | None = None, scale: float = 1.0
@@ -306,6 +325,7 @@ def month(
     end: date | None = None,
     seed: int = 7,
     stories: Iterable[str] | None = None,
+    noise: bool = True,
 ) -> Month:
     """A labelled month (module docs).
 
@@ -317,6 +337,7 @@ def month(
         end: the last day (default: today, UTC).
         seed: the random seed (the same seed gives the same month).
         stories: the story and decoy names to inject (default: all of them).
+        noise: give the routine its irregularities (module docs).
 
     Returns:
         The ``Month``.
@@ -332,8 +353,7 @@ def month(
     if unknown:
         raise ValueError(f"unknown stories: {sorted(unknown)}")
     end = end or datetime.now(UTC).date()
-    first = end - timedelta(days=days - 1)
-    g = _Gen(seed)
+    g = _Gen(seed, noise)
     rng = g.rng
     depts = ["Sales", "Finance", "Engineering", "Support", "Legal", "Marketing", "Ops", "HR"]
     depts = (depts * (departments // len(depts) + 1))[:departments]
@@ -374,21 +394,74 @@ def month(
         )
     etl = [Actor("ServiceAccount", f"etl.nightly{k}", "etl", f"10.201.0.{k + 1}") for k in range(3)]
     actors.extend(etl)
+    return simulate(actors, end=end, days=days, stories=chosen, gen=g)
 
+
+def simulate(
+    actors: list[Actor],
+    *,
+    end: date,
+    days: int = 30,
+    stories: Iterable[str] | None = None,
+    seed: int = 7,
+    gen: _Gen | None = None,
+) -> Month:
+    """A month of `actors`' routine traffic with the chosen stories injected (module docs).
+
+    The stories fall on the people at indexes 3, 5, 7, 9, 11 and 13 (after the story names'
+    order in the module docs), the first AI agent (``agent_misuse``) and the first ``etl``
+    service account (``sa_exporter``); a story whose actor is missing is left out.
+
+    Args:
+        actors: the population (people with a department and a manager, agents with the people
+            they act for, ``etl`` service accounts).
+        end: the last day.
+        days: days of history.
+        stories: the story and decoy names (default: all).
+        seed: the random seed when `gen` is not given.
+        gen: the generator to continue (``month`` hands its own in).
+
+    Returns:
+        The ``Month``.
+
+    Raises:
+        ValueError: an unknown story name.
+
+    """
+    chosen = set(_STORY_LABELS if stories is None else stories)
+    unknown = chosen - set(_STORY_LABELS)
+    if unknown:
+        raise ValueError(f"unknown stories: {sorted(unknown)}")
+    g = gen or _Gen(seed)
+    rng = g.rng
+    first = end - timedelta(days=days - 1)
+    by_dept: dict[str, list[Actor]] = {}
+    for a in actors:
+        if a.type == "Human":
+            by_dept.setdefault(a.group, []).append(a)
+    depts = list(by_dept)
+    etl = [a for a in actors if a.type == "ServiceAccount" and a.group == "etl"]
+    agents = [a for a in actors if a.type == "ServiceAccount" and a.group != "etl" and a.people]
     story_list: list[Story] = []
     special: dict[str, str] = {}
     humans_by_index = [a for a in actors if a.type == "Human"]
-    picks = {
-        "after_hours_leaver": humans_by_index[3],
-        "exporter": humans_by_index[5],
-        "compromised": humans_by_index[7],
-        "heavy_reader": humans_by_index[9],
-        "one_day_spike": humans_by_index[11],
-        "steady_exporter": humans_by_index[13],
-        "agent_misuse": next(a for a in actors if a.group == "copilot"),
-        "sa_exporter": etl[0],
+    slots = {
+        "after_hours_leaver": 3,
+        "exporter": 5,
+        "compromised": 7,
+        "heavy_reader": 9,
+        "one_day_spike": 11,
+        "steady_exporter": 13,
     }
-    taken = {a.group for a in (humans_by_index[k] for k in (3, 5, 7, 9, 11, 13))}
+    picks: dict[str, Actor] = {
+        name: humans_by_index[k] for name, k in slots.items() if k < len(humans_by_index)
+    }
+    if agents:
+        picks["agent_misuse"] = agents[0]
+    if etl:
+        picks["sa_exporter"] = etl[0]
+    picks = {name: a for name, a in picks.items() if name in chosen}
+    taken = {a.group for a in picks.values()}
     free = [d for d in depts if d not in taken]
     team = by_dept[free[-1]] if "listing_team" in chosen and free else []
     for name, a in picks.items():
@@ -460,7 +533,7 @@ def month(
                     rows *= 20
                 g.nightly(a, day, rows)
             else:
-                if weekend:
+                if weekend or not a.people:
                     continue
                 g.agent_day(a, day)
         _inject(g, day, end, actors, picks, chosen, start_of, by_dept)
@@ -480,7 +553,7 @@ def _inject(
     """The stories' own records of `day`."""
     rng = g.rng
     home = "203.0.113.77"
-    if "after_hours_leaver" in chosen and day >= start_of["after_hours_leaver"]:
+    if "after_hours_leaver" in picks and day >= start_of["after_hours_leaver"]:
         a = picks["after_hours_leaver"]
         for _ in range(40):
             t = g.at(day, rng.choice([21, 22, 23, 0, 1]))
@@ -493,7 +566,7 @@ def _inject(
                 g.event(
                     a, t, "download", doc, access="exported", count=rng.randint(300, 500), ip=home
                 )
-    if "exporter" in chosen and day >= start_of["exporter"]:
+    if "exporter" in picks and day >= start_of["exporter"]:
         a = picks["exporter"]
         other = next(d for d in by_dept if d != a.group)
         for k in range(30):
@@ -511,7 +584,7 @@ def _inject(
                 access="exported",
                 count=rng.randint(200, 300),
             )
-    if "compromised" in chosen and day == start_of["compromised"]:
+    if "compromised" in picks and day == start_of["compromised"]:
         a = picks["compromised"]
         other = next(d for d in by_dept if d != a.group)
         ip = "198.51.100.23"
@@ -526,7 +599,7 @@ def _inject(
                 doc = ("Document", f"{a.manager}/private-{k}")
                 g.event(a, t, "view", doc, access="read", count=3, ip=ip)
                 g.decision(a, t, "view", doc, "deny")
-    if "agent_misuse" in chosen and day >= start_of["agent_misuse"]:
+    if "agent_misuse" in picks and day >= start_of["agent_misuse"]:
         a = picks["agent_misuse"]
         strangers = [p.id for p in actors if p.type == "Human" and p.id not in a.people][:12]
         for person in strangers:

@@ -35,7 +35,7 @@ class GateSettings:
 
     Attributes:
         gate_days: the last days whose evidence may contain (today and yesterday: 2).
-        moved_out_floor: rows moved out in a day below which nothing is contained (500).
+        moved_out_floor: rows moved out in a day below which nothing is contained (1,000).
         z_gate: z beyond the own and the peer baseline (3: e^1.5 = 4.5 times the median at
             the spread floor).
         z_alone: z beyond the own baseline when the principal has no peer group (4.5).
@@ -46,7 +46,7 @@ class GateSettings:
     """
 
     gate_days: int = 2
-    moved_out_floor: float = 500.0
+    moved_out_floor: float = 1000.0
     z_gate: float = 3.0
     z_alone: float = 4.5
     min_families: int = 2

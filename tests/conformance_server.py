@@ -27,12 +27,19 @@ from typing import Any
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.prompts.base import UserMessage
+from mcp.shared.exceptions import MCPError
 from mcp_types import (
     AudioContent,
     Completion,
+    CreateMessageRequest,
+    CreateMessageRequestParams,
+    ElicitRequest,
+    ElicitRequestFormParams,
     EmbeddedResource,
     EmptyResult,
     ImageContent,
+    InputRequiredResult,
+    ListRootsRequest,
     PromptReference,
     SamplingMessage,
     SetLevelRequestParams,
@@ -41,6 +48,7 @@ from mcp_types import (
     TextResourceContents,
     UnsubscribeRequestParams,
 )
+from mcp_types.jsonrpc import MISSING_REQUIRED_CLIENT_CAPABILITY
 from pydantic import BaseModel, Field
 
 # The smallest valid PNG (1x1, transparent) and WAV (no samples) the suite's checks decode.
@@ -246,6 +254,8 @@ def build() -> MCPServer[Any]:
             UserMessage(content="Please analyze the image above."),
         ]
 
+    _input_required(server)
+
     @server.completion()
     async def complete(ref: Any, argument: Any, context: Any) -> Completion | None:
         if isinstance(ref, PromptReference):
@@ -273,6 +283,149 @@ def build() -> MCPServer[Any]:
     lowlevel.add_request_handler("resources/subscribe", SubscribeRequestParams, subscribe)
     lowlevel.add_request_handler("resources/unsubscribe", UnsubscribeRequestParams, unsubscribe)
     return server
+
+
+def _elicit(message: str, field: str, kind: str = "string") -> ElicitRequest:
+    """An ``elicitation/create`` input request for one required field."""
+    return ElicitRequest(
+        params=ElicitRequestFormParams(
+            message=message,
+            requested_schema={
+                "type": "object",
+                "properties": {field: {"type": kind}},
+                "required": [field],
+            },
+        )
+    )
+
+
+def _sample(text: str, max_tokens: int) -> CreateMessageRequest:
+    """A ``sampling/createMessage`` input request with one user message."""
+    return CreateMessageRequest(
+        params=CreateMessageRequestParams(
+            messages=[SamplingMessage(role="user", content=TextContent(type="text", text=text))],
+            max_tokens=max_tokens,
+        )
+    )
+
+
+def _answered(ctx: Context, *keys: str) -> dict[str, Any] | None:
+    """The round's ``inputResponses`` as JSON when they answer every key of `keys`, else None."""
+    got = ctx.input_responses or {}
+    if not all(k in got for k in keys):
+        return None
+    return {k: got[k].model_dump(by_alias=True, mode="json", exclude_none=True) for k in keys}
+
+
+def _input_required(server: MCPServer[Any]) -> None:
+    """The tools and the prompt of the suite's 2026-07-28 input-required scenarios (SEP-2322).
+
+    Each asks in rounds (``InputRequiredResult``: the input requests and, where the scenario
+    says, a ``requestState``, which the SDK seals) and answers once the retry carries the
+    answers; a retry missing an answer is asked again. The rounds are the 2026-07-28
+    revision's: a handshake-era session has no such answer (the SDK refuses to send it).
+    """
+
+    def roots_text(answer: dict[str, Any]) -> str:
+        return ", ".join(str(r.get("uri")) for r in answer.get("roots", []))
+
+    @server.tool(description="Asks the user's name (elicitation), then greets them")
+    def test_input_required_result_elicitation(ctx: Context) -> Any:
+        got = _answered(ctx, "user_name")
+        if got is None:
+            return InputRequiredResult(
+                input_requests={"user_name": _elicit("What is your name?", "name")}
+            )
+        name = (got["user_name"].get("content") or {}).get("name", "")
+        return f"Hello, {name}!"
+
+    @server.tool(description="Asks the model a question (sampling), then answers its text")
+    def test_input_required_result_sampling(ctx: Context) -> Any:
+        got = _answered(ctx, "capital_question")
+        if got is None:
+            ask = _sample("What is the capital of France?", 100)
+            return InputRequiredResult(input_requests={"capital_question": ask})
+        content = got["capital_question"].get("content") or {}
+        return str(content.get("text", content))
+
+    @server.tool(description="Asks the client's roots (roots/list), then names them")
+    def test_input_required_result_list_roots(ctx: Context) -> Any:
+        got = _answered(ctx, "client_roots")
+        if got is None:
+            return InputRequiredResult(input_requests={"client_roots": ListRootsRequest()})
+        return f"roots: {roots_text(got['client_roots'])}"
+
+    @server.tool(description="Asks for a confirmation with a requestState it checks")
+    def test_input_required_result_request_state(ctx: Context) -> Any:
+        got = _answered(ctx, "confirm")
+        if got is None or ctx.request_state != "confirm-pending":
+            ask = {"confirm": _elicit("Please confirm", "ok", "boolean")}
+            return InputRequiredResult(input_requests=ask, request_state="confirm-pending")
+        return "state-ok: confirmed"
+
+    @server.tool(description="Asks three things at once (elicitation, sampling, roots)")
+    def test_input_required_result_multiple_inputs(ctx: Context) -> Any:
+        keys = ("user_name", "greeting", "client_roots")
+        got = _answered(ctx, *keys)
+        if got is None or ctx.request_state != "three-pending":
+            asks = {
+                "user_name": _elicit("What is your name?", "name"),
+                "greeting": _sample("Generate a greeting", 50),
+                "client_roots": ListRootsRequest(),
+            }
+            return InputRequiredResult(input_requests=asks, request_state="three-pending")
+        name = (got["user_name"].get("content") or {}).get("name", "")
+        greeting = (got["greeting"].get("content") or {}).get("text", "")
+        return f"{greeting} {name} ({roots_text(got['client_roots'])})"
+
+    @server.tool(description="Asks in two rounds, its requestState moving on")
+    def test_input_required_result_multi_round(ctx: Context) -> Any:
+        if ctx.request_state == "round-2" and (got := _answered(ctx, "step2")) is not None:
+            color = (got["step2"].get("content") or {}).get("color", "")
+            return f"done: favorite color {color}"
+        if ctx.request_state == "round-1" and _answered(ctx, "step1") is not None:
+            ask = {"step2": _elicit("Step 2: What is your favorite color?", "color")}
+            return InputRequiredResult(input_requests=ask, request_state="round-2")
+        ask = {"step1": _elicit("Step 1: What is your name?", "name")}
+        return InputRequiredResult(input_requests=ask, request_state="round-1")
+
+    @server.tool(description="Asks with an integrity-protected requestState")
+    def test_input_required_result_tampered_state(ctx: Context) -> Any:
+        if ctx.request_state == "sealed" and _answered(ctx, "ok") is not None:
+            return "state intact"
+        ask = {"ok": _elicit("Continue?", "ok", "boolean")}
+        return InputRequiredResult(input_requests=ask, request_state="sealed")
+
+    @server.tool(description="Asks only for what the client declared it can answer")
+    def test_input_required_result_capabilities(ctx: Context) -> Any:
+        declared = ctx.client_capabilities
+        asks: dict[str, Any] = {}
+        if declared is not None and declared.sampling is not None:
+            asks["question"] = _sample("What is 2 + 2?", 10)
+        if declared is not None and declared.elicitation is not None:
+            asks["name"] = _elicit("What is your name?", "name")
+        if not asks or _answered(ctx, *asks) is not None:
+            return "answered"
+        return InputRequiredResult(input_requests=asks)
+
+    @server.tool(description="Needs the client's sampling capability (-32021 without it)")
+    def test_missing_capability(ctx: Context) -> str:
+        declared = ctx.client_capabilities
+        if declared is None or declared.sampling is None:
+            raise MCPError(
+                MISSING_REQUIRED_CLIENT_CAPABILITY,
+                "this tool needs the client's sampling capability, which it did not declare",
+            )
+        return "sampling declared"
+
+    @server.prompt(description="A prompt that asks for its context first")
+    def test_input_required_result_prompt(ctx: Context) -> Any:
+        got = _answered(ctx, "user_context")
+        if got is None:
+            ask = {"user_context": _elicit("What context should the prompt use?", "context")}
+            return InputRequiredResult(input_requests=ask)
+        context = (got["user_context"].get("content") or {}).get("context", "")
+        return f"Use this context: {context}"
 
 
 def bearer_proxy(target: str, token: str) -> Any:

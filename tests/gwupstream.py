@@ -182,6 +182,14 @@ async def ask_round(ctx: Context) -> Any:
     return content.text if isinstance(content, TextContent) else str(got)
 
 
+@server.tool()
+def capabilities(ctx: Context) -> str:
+    """The client capabilities this request declared (its session's, or its 2026-07-28
+    envelope's), as JSON."""
+    declared = ctx.client_capabilities
+    return json.dumps(declared.model_dump(mode="json", exclude_none=True) if declared else None)
+
+
 #: The background tasks of ``ask_later`` (held so they are not collected while running).
 TASKS: set[asyncio.Task[None]] = set()
 

@@ -444,6 +444,7 @@ EXPECTED = {
         "ask_now",
         "ask_round",
         "asked",
+        "capabilities",
         "change_tools",
         "launch",
         "ping",

@@ -134,6 +134,26 @@ def test_logs_and_requests_for_input_reach_the_agent(world: World, mode: str) ->
     assert after - before == rounds
 
 
+@pytest.mark.parametrize("mode", ["legacy", MODERN])
+def test_a_2026_upstream_is_told_the_agents_capabilities(world: World, mode: str) -> None:
+    """A 2026-07-28 request carries its client's capabilities, and a server of the revision
+    must not rely on others: the gateway forwards the agent's (those it relays), not its own.
+    A handshake-era upstream knows the gateway's session's (sampling and elicitation)."""
+
+    async def run(**options: Any) -> Any:
+        async with agent_client(world.url, world.agent(), mode, **options) as client:
+            result = await client.call_tool("capabilities", {})
+            return json.loads(result.content[0].text)
+
+    bare = asyncio.run(run())
+    sampler = asyncio.run(run(sampling_callback=_sampling))
+    if world.era == "legacy":  # type: ignore[attr-defined]
+        assert set(bare) == set(sampler) == {"sampling", "elicitation"}
+        return
+    assert "sampling" not in (bare or {}) and "elicitation" not in (bare or {})
+    assert "sampling" in sampler and "elicitation" not in sampler
+
+
 def _post(world: World, body: dict[str, Any], headers: dict[str, str]) -> httpx.Response:
     token = world.agent()
     return world.http.post(

@@ -49,7 +49,7 @@ from svc.common.connect import METRICS_CONTENT_TYPE, ThreadedServer, serve_asgi
 from svc.common.health import Readiness, probe_router
 from svc.common.problems import Problem, install_problem_handlers, problem_response
 from svc.gateway.fastpath import FastPath
-from svc.gateway.relay import LEVELS
+from svc.gateway.relay import LEVELS, relayed_capabilities
 from svc.gateway.rounds import HeldCalls
 from svc.gateway.service import GatewayService, UpstreamUnavailable
 from svc.gateway.settings import GatewaySettings
@@ -119,6 +119,9 @@ class AgentRelay:
             message is sent (handshake era), none at all (2026-07-28: no opt-in, no logs).
         modern: the agent's request is of the 2026-07-28 revision (one request, no session):
             it has no back channel, so ``request`` raises ``NoBackChannelError``.
+        capabilities: the client capabilities the agent declared that the gateway relays
+            (sampling, elicitation, roots), sent upstream with its requests to a 2026-07-28
+            upstream; None: unknown (the gateway's own are sent).
 
     """
 
@@ -129,11 +132,13 @@ class AgentRelay:
         min_level: types.LoggingLevel | None,
         *,
         modern: bool = False,
+        capabilities: dict[str, Any] | None = None,
     ) -> None:
         self.ctx = ctx
         self.progress_token = progress_token
         self.min_level = min_level
         self.modern = modern
+        self.capabilities = capabilities
 
     async def progress(self, progress: float, total: float | None, message: str | None) -> None:
         """A ``notifications/progress`` with the agent's token; nothing without one."""
@@ -270,13 +275,21 @@ class McpProxy:
 
     def _relay(self, ctx: Any, params: Any) -> AgentRelay:
         """The agent's side of a forwarded request: its progress token and log level."""
-        token = (getattr(params, "meta", None) or {}).get("progress_token")
+        meta = getattr(params, "meta", None) or {}
+        token = meta.get("progress_token")
         modern = _revision(ctx) in MODERN_PROTOCOL_VERSIONS
+        caps: dict[str, Any] | None
         if modern:
-            level = _opted_level(getattr(params, "meta", None))
+            level = _opted_level(meta)
+            caps = relayed_capabilities(meta.get(types.CLIENT_CAPABILITIES_META_KEY))
         else:
             level = self.service.links[self.name].relays.level(_session_key(ctx))
-        return AgentRelay(ctx, token, level, modern=modern)
+            declared = getattr(getattr(ctx, "session", None), "client_capabilities", None)
+            caps = None
+            if declared is not None:
+                dumped = declared.model_dump(by_alias=True, mode="json", exclude_none=True)
+                caps = relayed_capabilities(dumped)
+        return AgentRelay(ctx, token, level, modern=modern, capabilities=caps)
 
     def _passthrough(self, request_type: Any, result_type: Any) -> Callable[..., Awaitable[Any]]:
         async def handle(ctx: Any, params: Any) -> Any:

@@ -43,7 +43,7 @@ from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.types import Message, Receive, Scope, Send
 
-from svc.gateway.relay import LEVELS
+from svc.gateway.relay import LEVELS, relayed_capabilities
 from svc.gateway.service import (
     DirectCall,
     GatewayService,
@@ -369,10 +369,14 @@ class FastPath:
                 return
             self.service.forwarding(self.name, outcome)
             upstream_id = f"{self._prefix}{next(self._ids)}"
-            if not modern:  # a handshake-era agent: its session's level, or every message
+            if modern:
+                caps = (params.get("_meta") or {}).get(types.CLIENT_CAPABILITIES_META_KEY)
+                declared: dict[str, Any] | None = relayed_capabilities(caps)
+            else:  # a handshake-era agent: its session's level (or every message) and caps
                 level = self.link.relays.level(session_id) or "debug"
+                declared = self.link.relays.capabilities(session_id)
             # The upstream session is shared: its progress tokens must be the gateway's.
-            message, extra = self.link.tool_call(params, upstream_id, level)
+            message, extra = self.link.tool_call(params, upstream_id, level, declared)
             timeout = self.service.settings.upstream_timeout_secs
             with anyio.CancelScope() as cancel:
                 self._running[key] = cancel
@@ -470,6 +474,7 @@ class FastPath:
         """
         result = response.get("result")
         error = response.get("error")
+        status = 200
         if isinstance(result, dict):
             if modern and "resultType" not in result:
                 result = {**result, "resultType": "complete"}
@@ -479,11 +484,15 @@ class FastPath:
                 self.service.record(self.name, tool, ident, mapping, resource, failed, outcome)
         elif isinstance(error, dict):
             out = {"jsonrpc": "2.0", "id": rid, "error": error}
+            if modern:  # the revision's HTTP status of an error (as the SDK's entry sends it)
+                from mcp.shared.inbound import ERROR_CODE_HTTP_STATUS
+
+                status = ERROR_CODE_HTTP_STATUS.get(error.get("code"), 200)  # type: ignore[arg-type]
         else:
             message = f"upstream `{self.name}` answered the call with a malformed response"
             out = {"jsonrpc": "2.0", "id": rid, "error": {"code": types.INTERNAL_ERROR,
                                                           "message": message}}  # fmt: skip
-        await _answer(send, session_id, out)
+        await _answer(send, session_id, out, status)
 
 
 def call_body(msg: Any) -> dict[str, Any]:
@@ -539,8 +548,8 @@ def _release(transport: Any, held: bool) -> None:
         transport.idle_scope.deadline = anyio.current_time() + timeout
 
 
-async def _answer(send: Send, session_id: str, body: dict[str, Any]) -> None:
-    """A ``200 application/json`` response with one JSON-RPC message (no session: ``""``)."""
+async def _answer(send: Send, session_id: str, body: dict[str, Any], status: int = 200) -> None:
+    """An ``application/json`` response with one JSON-RPC message (no session: ``""``)."""
     data = json.dumps(body, separators=(",", ":")).encode()
     headers = [
         (b"content-type", b"application/json"),
@@ -548,7 +557,7 @@ async def _answer(send: Send, session_id: str, body: dict[str, Any]) -> None:
     ]
     if session_id:
         headers.append((b"mcp-session-id", session_id.encode()))
-    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": data})
 
 

@@ -45,6 +45,7 @@ from mcp.client.session import ClientRequestContext
 
 __all__ = [
     "LEVELS",
+    "RELAYED_CAPABILITIES",
     "RELAY_META",
     "Relay",
     "RelayTagging",
@@ -52,6 +53,7 @@ __all__ = [
     "UpstreamRelays",
     "event_data",
     "event_lines",
+    "relayed_capabilities",
 ]
 
 log = logging.getLogger("svc.gateway")
@@ -75,6 +77,18 @@ LEVELS: tuple[types.LoggingLevel, ...] = (
 MAX_SESSION_LEVELS = 10_000
 
 
+#: The client capabilities whose requests the gateway relays to the agent (sampling,
+#: elicitation, roots): an agent's declared ones of these go upstream with its requests.
+RELAYED_CAPABILITIES = ("sampling", "elicitation", "roots")
+
+
+def relayed_capabilities(declared: Any) -> dict[str, Any]:
+    """The relayed part of an agent's declared client capabilities (a JSON object; else none)."""
+    if not isinstance(declared, dict):
+        return {}
+    return {k: declared[k] for k in RELAYED_CAPABILITIES if k in declared}
+
+
 class Relay(Protocol):
     """The agent's side of one forwarded request: where its upstream's messages go.
 
@@ -84,11 +98,14 @@ class Relay(Protocol):
     Attributes:
         min_level: the agent's log level (its session's, or a 2026-07-28 request's opt-in).
         modern: the agent's request is of the 2026-07-28 revision (no requests to it).
+        capabilities: the client capabilities the agent declared, of those the gateway relays
+            (``relayed_capabilities``; None: unknown, the gateway's own are sent).
 
     """
 
     min_level: types.LoggingLevel | None
     modern: bool
+    capabilities: dict[str, Any] | None
 
     async def progress(self, progress: float, total: float | None, message: str | None) -> None:
         """Sends a progress notification with the agent's own progress token (none: nothing)."""
@@ -348,6 +365,20 @@ class UpstreamRelays:
         self._sessions.move_to_end(key)
         while len(self._sessions) > MAX_SESSION_LEVELS:
             self._sessions.popitem(last=False)
+
+    def capabilities(self, key: str) -> dict[str, Any] | None:
+        """The client capabilities a remembered agent session declared at ``initialize``.
+
+        Returns:
+            Those the gateway relays (``RELAYED_CAPABILITIES``), as JSON; None when the session
+            is not remembered.
+
+        """
+        session = self._sessions.get(key) if key else None
+        caps = getattr(session, "client_capabilities", None)
+        if caps is None:
+            return None
+        return relayed_capabilities(caps.model_dump(by_alias=True, mode="json", exclude_none=True))
 
     async def lists_changed(self, notifications: list[Any]) -> None:
         """Sends `notifications` (``LIST_CHANGES``) to every remembered agent session.

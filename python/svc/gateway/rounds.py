@@ -53,6 +53,7 @@ class HeldRelay:
     def __init__(self, inner: Any) -> None:
         self.inner = inner
         self.min_level: types.LoggingLevel | None = inner.min_level
+        self.capabilities: dict[str, Any] | None = getattr(inner, "capabilities", None)
         #: Requests for input go through the gateway's rounds, not to the agent's stream.
         self.modern = False
         self.asks: asyncio.Queue[tuple[str, Any, Any, asyncio.Future[Any]]] = asyncio.Queue()

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import json
 import logging
 import os
@@ -495,13 +496,11 @@ class UpstreamLink:
             UpstreamUnavailable: the session could not be opened.
 
         """
-        from mcp.client import ClientSession
-
         opened = False
         try:
             async with (
                 self._streams() as (r, w),
-                ClientSession(
+                upstream_session_class()(
                     r,
                     w,
                     client_info=types.Implementation.model_validate(GATEWAY_INFO),
@@ -637,7 +636,11 @@ class UpstreamLink:
             self.tool_schemas[tool.name] = tool.input_schema
 
     def tool_call(
-        self, params: dict[str, Any], upstream_id: str, level: types.LoggingLevel | None
+        self,
+        params: dict[str, Any],
+        upstream_id: str,
+        level: types.LoggingLevel | None,
+        capabilities: dict[str, Any] | None = None,
     ) -> tuple[dict[str, Any], dict[str, str]]:
         """An agent's ``tools/call`` as the gateway POSTs it to this upstream (``post``).
 
@@ -651,6 +654,8 @@ class UpstreamLink:
                 ``_meta``).
             upstream_id: the JSON-RPC id the gateway sends it under.
             level: the agent's log level (2026-07-28 upstreams; None: no log messages).
+            capabilities: the agent's relayed client capabilities (2026-07-28 upstreams; None:
+                the gateway's own).
 
         Returns:
             ``(message, headers)``: the JSON-RPC request and the headers to add.
@@ -667,7 +672,9 @@ class UpstreamLink:
         if session is not None and session.protocol_version in MODERN_PROTOCOL_VERSIONS:
             meta[types.PROTOCOL_VERSION_META_KEY] = session.protocol_version
             meta[types.CLIENT_INFO_META_KEY] = GATEWAY_INFO
-            meta[types.CLIENT_CAPABILITIES_META_KEY] = GATEWAY_CAPABILITIES
+            meta[types.CLIENT_CAPABILITIES_META_KEY] = (
+                GATEWAY_CAPABILITIES if capabilities is None else capabilities
+            )
             if level is not None:
                 meta[types.LOG_LEVEL_META_KEY] = level
             name = str(params["name"])
@@ -1226,6 +1233,48 @@ def without_envelope(params: Any) -> Any:
 GATEWAY_INFO: dict[str, Any] = {"name": "svc-gateway", "version": __version__}
 GATEWAY_CAPABILITIES: dict[str, Any] = {"sampling": {}, "elicitation": {"form": {}, "url": {}}}
 
+#: The relayed client capabilities of the agent whose request is being forwarded (None: the
+#: gateway's own): a 2026-07-28 upstream gets them in the request's envelope
+#: (``UpstreamSession``), so it asks only for what the agent can answer.
+AGENT_CAPABILITIES: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
+    "svc_gateway_agent_capabilities", default=None
+)
+
+
+def upstream_session_class() -> Any:
+    """The ``mcp`` SDK's ``ClientSession``, its 2026-07-28 envelope naming the agent's capabilities.
+
+    The SDK stamps each request's envelope with the session's capabilities (its ``_stamp``);
+    this class wraps that stamp so that, while a request of an agent is forwarded, the
+    envelope's ``clientCapabilities`` are the agent's (``AGENT_CAPABILITIES``): a 2026-07-28
+    server must not rely on a capability the client did not declare, and must reject a request
+    that needs one with ``-32021`` (the revision's per-request capabilities). Were the SDK to
+    rename the stamp, the gateway's own capabilities would go, as before.
+    """
+    from mcp.client import ClientSession
+
+    class UpstreamSession(ClientSession):
+        @property
+        def _stamp(self) -> Any:
+            inner = self.__dict__["_svc_stamp"]
+
+            def stamp(data: dict[str, Any], opts: Any) -> None:
+                inner(data, opts)
+                caps = AGENT_CAPABILITIES.get()
+                meta = (data.get("params") or {}).get("_meta")
+                if caps is not None and isinstance(meta, dict):
+                    if types.CLIENT_CAPABILITIES_META_KEY in meta:
+                        meta[types.CLIENT_CAPABILITIES_META_KEY] = caps
+
+            return stamp
+
+        @_stamp.setter
+        def _stamp(self, value: Any) -> None:
+            self.__dict__["_svc_stamp"] = value
+
+    return UpstreamSession
+
+
 #: The most input-required rounds the gateway drives for a handshake-era agent (as the SDK's
 #: client: ``DEFAULT_INPUT_REQUIRED_MAX_ROUNDS``).
 MAX_INPUT_ROUNDS = 10
@@ -1736,7 +1785,19 @@ class GatewayService:
     async def _send(
         self, link: UpstreamLink, session: Any, request: Any, result_type: Any, relay: Relay | None
     ) -> Any:
-        """One request on `link`'s `session`, relayed to `relay` (``forward``)."""
+        """One request on `link`'s `session`, relayed to `relay` (``forward``).
+
+        The agent's capabilities go in a 2026-07-28 envelope (``AGENT_CAPABILITIES``).
+        """
+        caps = AGENT_CAPABILITIES.set(getattr(relay, "capabilities", None))
+        try:
+            return await self._send_relayed(link, session, request, result_type, relay)
+        finally:
+            AGENT_CAPABILITIES.reset(caps)
+
+    async def _send_relayed(
+        self, link: UpstreamLink, session: Any, request: Any, result_type: Any, relay: Relay | None
+    ) -> Any:
         timeout = self.settings.upstream_timeout_secs
         if relay is None or request.params is None:
             return await session.send_request(

@@ -85,7 +85,7 @@ action approve appliesTo {
   principal: [Human], resource: [Document], context: DecisionContext,
 };
 action view, administer appliesTo {
-  principal: [Human], resource: [PortalArea], context: PortalContext,
+  principal: [Human, ServiceAccount], resource: [PortalArea], context: PortalContext,
 };
 """
 
@@ -109,6 +109,15 @@ when {
   (resource == PortalArea::"challenges" || resource == PortalArea::"keys") &&
   context has own && context.own
 };
+
+@id("portal-ai-agents-view-for-their-person")
+permit (principal is ServiceAccount, action == Action::"view", resource is PortalArea)
+when { principal.ai };
+
+@id("portal-ai-agents-draft-policies")
+permit (principal is ServiceAccount, action == Action::"administer",
+        resource == PortalArea::"policies")
+when { principal.ai };
 
 @id("agent-writes-need-approval") @challenge("approval")
 permit (principal is ServiceAccount, action == Action::"write", resource is Document);
@@ -287,6 +296,8 @@ class World:
             oidc_client_secret_file=str(secret),
             session_key_file=str(tmp / "session.key"),
             history_url=portal.pop("history_url", None),
+            person_issuer=self.idp.iss,
+            person_jwks_url=self.jwks.url("idp"),
             pdp_url=self.pdp_url,
             context_url=self.context.url,
             policy_url=self.policy.url,

@@ -5,6 +5,8 @@
 * ``POST /graphql``: the GraphQL API (``svc.portal.gql``) for a signed-in person, every
   request carrying the session's CSRF token; ``GET /graphql`` serves the GraphiQL IDE in dev
   only;
+* ``/mcp``: the MCP endpoint (``svc.portal.mcp``) for a person's token or an agent acting for
+  a person;
 * ``GET /auth/login``, ``GET /auth/callback``, ``POST /auth/logout`` and ``GET /api/v1/me``:
   people's OpenID Connect sign-in, session and CSRF token (``svc.portal.sessions``), when an
   ``oidc_issuer`` is set;
@@ -21,7 +23,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
@@ -34,6 +37,7 @@ from fastapi.responses import JSONResponse, RedirectResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CollectorRegistry, Counter
 from starlette.middleware.sessions import SessionMiddleware
+from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from strawberry.fastapi import GraphQLRouter
 
@@ -52,6 +56,7 @@ from svc.portal.clients import (
     token_reader,
 )
 from svc.portal.gql import Context, make_schema
+from svc.portal.mcp import IntakeSink, McpEndpoint, make_mcp_server
 from svc.portal.service import PortalService
 from svc.portal.sessions import COOKIE, LOGIN_COOKIE, Session, SessionStore, load_session_key
 from svc.portal.settings import PortalSettings, read_token_file
@@ -173,7 +178,24 @@ def create_app(settings: PortalSettings, service: PortalService) -> FastAPI:
         jwks_refresh_secs=settings.jwks_refresh_secs,
         leeway_secs=settings.leeway_secs,
     )
+    sink = (
+        IntakeSink(settings.intake_url, token_reader(settings.intake_token_file, "intake"))
+        if settings.intake_url
+        else None
+    )
+    mcp = McpEndpoint(settings, verifier.apps, verifier.refresh, make_mcp_server(service, sink))
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        async with mcp.manager.run():
+            try:
+                yield
+            finally:
+                if sink is not None:
+                    await anyio.to_thread.run_sync(sink.close)
+
     app = FastAPI(
+        lifespan=lifespan,
         title=COMPONENT,
         version=__version__,
         description="The portal: the agents API for trusted apps (docs/portal.md).",
@@ -220,6 +242,8 @@ def create_app(settings: PortalSettings, service: PortalService) -> FastAPI:
     app.state.public_origin = _origin(settings.public_url)
     if settings.oidc_issuer:
         install_sign_in(app, settings, sessions)
+
+    app.router.routes.append(Route("/mcp", endpoint=mcp, methods=["GET", "POST", "DELETE"]))
 
     schema = make_schema(settings)
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextvars
 import json
 import logging
 import re
@@ -49,6 +50,7 @@ from svc.portal.clients import (
 from svc.portal.settings import PortalSettings
 
 __all__ = [
+    "ACTING_AGENT",
     "AREAS",
     "AgentIn",
     "Area",
@@ -84,6 +86,11 @@ AREAS: tuple[Area, ...] = (
     "assistant",
 )
 Action = Literal["view", "administer"]
+#: The agent a person's operation is made through (the MCP endpoint's token exchange callers):
+#: ``authorize`` then checks the agent with the person in ``on_behalf_of``. Set around one call.
+ACTING_AGENT: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "svc_portal_acting_agent", default=None
+)
 #: The entity type of the portal's areas and the type people are checked as.
 AREA_TYPE = "PortalArea"
 PERSON_TYPE = "Human"
@@ -385,6 +392,10 @@ class PortalService:
             "action": action,
             "resource": {"type": AREA_TYPE, "id": area},
         }
+        agent = ACTING_AGENT.get()
+        if agent is not None:
+            request["principal"] = {"type": "ServiceAccount", "id": agent}
+            request["on_behalf_of"] = {"type": PERSON_TYPE, "id": person}
         if own:
             request["context"] = {"own": True}
         try:

@@ -100,6 +100,19 @@ class PortalSettings(ServiceSettings, component="portal"):
     newly trusted or removed app applies within about ten seconds)."""
     leeway_secs: int = Field(default=30, ge=0, le=300)
     """Clock skew allowed on ``exp`` and ``nbf`` of an app's token, in seconds."""
+    person_issuer: str | None = None
+    """The ``iss`` of the install's identity provider's access tokens, which make an MCP caller
+    that person (``/mcp``); unset: only agents acting for a person (trusted apps' token
+    exchange results) call the MCP endpoint."""
+    person_jwks_url: str | None = None
+    """The identity provider's JWKS (``https://``), with ``person_issuer``."""
+    person_audience: str = "svc-portal"
+    """The ``aud`` the identity provider's and the trusted apps' tokens for ``/mcp`` name."""
+    intake_url: str | None = None
+    """The intake (``http://host:port``) each MCP tool call is sent to as an event
+    (docs/intake.md); unset: no events."""
+    intake_token_file: str | None = None
+    """File holding the intake token (read at each batch)."""
     max_body_bytes: int = Field(default=1 << 20, ge=1024, le=64 << 20)
     """Largest request body (agents API and GraphQL)."""
 

@@ -234,3 +234,35 @@ def test_without_a_portal_nothing_is_sent(tmp_path: Path) -> None:
         ReporterSettings(components={"Bad Name": "http://x"})
     with pytest.raises(ValueError):
         Reporter(ReporterSettings(install_id="not-a-uuid"))
+
+
+def test_the_demo_receiver_prints_what_would_leave(tmp_path: Path) -> None:
+    import asyncio
+
+    from svc.demo.heartbeat_receiver import create_app
+
+    printed: list[dict[str, Any]] = []
+    served = Served(create_app(printed.append))
+    try:
+        settings = ReporterSettings(
+            portal_url=served.url,
+            install_id_file=str(tmp_path / "id"),
+            components={"gone": nowhere()},
+        )
+
+        async def run() -> None:
+            reporter = Reporter(settings)
+            await reporter.tick()
+            await reporter.tick()
+            assert not reporter.backlog
+            await reporter.aclose()
+
+        asyncio.run(run())
+        assert [b["sequence"] for b in printed] == [1, 2]
+        # A body with a member the schema does not have is refused, and not passed on.
+        extra = {**printed[0], "people": ["dana@example.com"]}
+        r = httpx.post(f"{served.url}/v1/heartbeat", json=extra)
+        assert r.status_code == 400, r.text
+        assert len(printed) == 2
+    finally:
+        served.stop()

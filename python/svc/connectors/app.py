@@ -49,7 +49,7 @@ def create_app(settings: ConnectorsSettings, service: ConnectorsService) -> Fast
         finally:
             stop.set()
             try:
-                await asyncio.wait_for(task, 10)
+                await asyncio.wait_for(task, 2)
             except TimeoutError:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

@@ -32,7 +32,13 @@ from svc.connectors.client import Caller, ContextWriter, Directory, Metrics
 from svc.connectors.settings import ConnectorsSettings
 from svc.connectors.state import State
 
-__all__ = ["DriveLink", "JiraConnector", "issue_work_item", "parse_jira_time"]
+__all__ = [
+    "DriveLink",
+    "JiraConnector",
+    "format_jira_time",
+    "issue_work_item",
+    "parse_jira_time",
+]
 
 log = logging.getLogger("svc.connectors.jira")
 
@@ -46,6 +52,7 @@ _DRIVE_URL = re.compile(
     r"|open\?id=(?P<open>[A-Za-z0-9_-]+))"
 )
 _STATES = {"new": "open", "indeterminate": "in_progress", "done": "closed"}
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def parse_jira_time(text: str) -> datetime:
@@ -56,6 +63,12 @@ def parse_jira_time(text: str) -> datetime:
 
     """
     return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%f%z")
+
+
+def format_jira_time(d: datetime) -> str:
+    """An aware datetime as Jira writes ``updated`` (UTC): ``2026-11-28T08:00:00.123+0000``."""
+    u = d.astimezone(UTC)
+    return u.strftime("%Y-%m-%dT%H:%M:%S.") + f"{u.microsecond // 1000:03d}+0000"
 
 
 class DriveLink:
@@ -175,11 +188,14 @@ class JiraConnector:
         self.caught_up_at: float | None = None
 
     def _jql(self, since: datetime | None) -> str:
+        """The search's JQL: ``(<jira_jql>) AND updated >= "<since>"``.
+
+        Without ``since``, the epoch: the enhanced search refuses an unbounded query.
+        """
         clauses = []
         if self.settings.jira_jql.strip():
             clauses.append(f"({self.settings.jira_jql.strip()})")
-        if since is not None:
-            clauses.append(f'updated >= "{_jql_time(since)}"')
+        clauses.append(f'updated >= "{_jql_time(since or _EPOCH)}"')
         return " AND ".join(clauses)
 
     async def _search(self, jql: str, fields: str, token: str | None) -> Json:
@@ -194,6 +210,7 @@ class JiraConnector:
         return [x for x in body if isinstance(x, dict)] if isinstance(body, list) else []
 
     async def _changed(self) -> None:
+        started = datetime.now(UTC)
         cursor = self.state.get(self.name, "updated")
         since = None
         if cursor:
@@ -246,7 +263,13 @@ class JiraConnector:
             )
             token = body.get("nextPageToken")
             if not token or body.get("isLast") is True:
-                return
+                break
+        # Everything updated before this poll began, less the overlap, has been seen: the
+        # cursor moves there even when nothing newer came, so a quiet tracker's next searches
+        # stay short (this assumes Jira's clock and this one agree within the overlap).
+        floor = started - timedelta(seconds=self.settings.jira_overlap_secs)
+        if cursor is None or parse_jira_time(cursor) < floor:
+            self.state.commit(self.name, cursor={"updated": format_jira_time(floor)})
 
     async def reconcile(self) -> list[str]:
         """Deletes the work items of issues the JQL no longer finds (deleted, or moved out).

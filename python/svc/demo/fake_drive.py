@@ -317,7 +317,7 @@ def create_app(drive: FakeDrive) -> FastAPI:
         out: Json = {"kind": "drive#fileList", "incompleteSearch": False, "files": page}
         if start + size < len(ids):
             out["nextPageToken"] = _token(start + size)
-        return out
+        return JSONResponse(out)
 
     @app.get("/drive/v3/changes/startPageToken")
     def start_page_token() -> Any:
@@ -368,7 +368,7 @@ def create_app(drive: FakeDrive) -> FastAPI:
                 out["nextPageToken"] = str(nxt)
             else:
                 out["newStartPageToken"] = str(nxt)
-        return out
+        return JSONResponse(out)
 
     @app.get("/drive/v3/files/{file_id}/permissions")
     def permissions_list(file_id: str, request: Request) -> Any:
@@ -390,7 +390,7 @@ def create_app(drive: FakeDrive) -> FastAPI:
         out: Json = {"kind": "drive#permissionList", "permissions": perms[start : start + size]}
         if start + size < len(perms):
             out["nextPageToken"] = _token(start + size)
-        return out
+        return JSONResponse(out)
 
     @app.post("/token")
     async def token(request: Request) -> Any:

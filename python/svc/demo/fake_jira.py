@@ -333,7 +333,7 @@ def create_app(jira: FakeJira) -> FastAPI:
         out: Json = {"issues": [shown(i) for i in page], "isLast": not rest}
         if rest:
             out["nextPageToken"] = _page_token(page[-1]["_at"], page[-1]["key"])
-        return out
+        return JSONResponse(out)
 
     @app.get("/rest/api/3/issue/{id_or_key}/remotelink")
     def remote_links(id_or_key: str) -> Any:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import json
 import logging
 import random
 import time
@@ -111,7 +112,8 @@ class CallFailed(Exception):
     """A call answered with a status not worth retrying (the body is kept, credentials never)."""
 
     def __init__(self, method: str, url: str, status: int, body: Any) -> None:
-        super().__init__(f"{method} {url}: {status}")
+        detail = json.dumps(body)[:300] if not isinstance(body, str) else body[:300]
+        super().__init__(f"{method} {url}: {status} {detail}")
         self.status = status
         self.body = body
 
@@ -396,9 +398,7 @@ class Directory:
             people = (await self.caller.json("GET", "/v1/directory/people"))["people"]
             groups = (await self.caller.json("GET", "/v1/directory/groups"))["groups"]
             by_email: dict[str, Person] = {}
-            for p in people:
-                if not p.get("active", True):
-                    continue
+            for p in people:  # deactivated people too (their files keep their owner)
                 person = Person(str(p["user_name"]), str(p.get("department") or ""))
                 emails = [str(e).lower() for e in p.get("emails") or []]
                 if "@" in person.user_name:

@@ -423,7 +423,8 @@ def from_company(
 ) -> FakeDrive:
     """A drive holding the demo company's documents (``svc.demo.company``).
 
-    Each department is a folder (id ``folder-<department>``); each document a Google Doc of the
+    Each department is a folder (its id the department's name, as the demo's ``Folder``
+    entities); each document a Google Doc of the
     same id in its department's folder, owned by ``<owner>@<domain>``, shared with the
     department's group (``<department>@<domain>``, reader) and, when tagged with another
     department, with that one's group too; ``public`` documents are readable by anyone with
@@ -442,7 +443,7 @@ def from_company(
     drive = FakeDrive(token=token, domain=domain)
     for dept in company.departments():
         drive.put_file(
-            f"folder-{dept}",
+            dept,
             dept.title(),
             owner=None,
             mime_type=FOLDER_MIME,
@@ -464,7 +465,7 @@ def from_company(
             d.id,
             f"{d.id} ({', '.join(attrs['tags']) or 'untagged'})",
             owner=owner,
-            parents=[f"folder-{p}" for p in d.parents],
+            parents=list(d.parents),
             permissions=perms,
             labels=[
                 {

@@ -94,6 +94,10 @@ def _parse_jql(jql: str) -> _Query | str:
     since: float | None = None
     projects: set[str] | None = None
     for clause in [c.strip() for c in re.split(r"\s+AND\s+", text, flags=re.I)] if text else []:
+        while clause.startswith("(") and clause.endswith(")") and clause.count("(") > 1:
+            clause = clause[1:-1].strip()  # (project in (A, B))
+        if clause.startswith("(") and clause.endswith(")") and "(" not in clause[1:]:
+            clause = clause[1:-1].strip()  # (project = A)
         if mu := _CLAUSE_UPDATED.match(clause):
             y, mo, d, h, mi = mu.groups()
             at = datetime(int(y), int(mo), int(d), int(h or 0), int(mi or 0), tzinfo=UTC)

@@ -115,6 +115,7 @@ QUERIES: list[tuple[str, dict[str, Any], str]] = [
     ("{ bundle { version } }", {}, "policies"),
     ("{ enforcement { mode containmentMode } }", {}, "enforcement"),
     ("{ enforcementChanges { id } }", {}, "enforcement"),
+    ("{ outageFallbacks { tool tier } }", {}, "enforcement"),
 ]
 
 
@@ -325,12 +326,41 @@ def test_policies_drafts_publish_and_modes(people: dict[str, Gql]) -> None:
         "version": version,
         "state": "ACTIVE",
     }
+    # A second draft, changed in one file, against the active bundle.
+    changed = [good[0], {"name": "policies.cedar", "content": POLICIES + "\n// reviewed\n"}]
+    v2 = people["ana"].ok(draft, {"f": changed})["createDraft"]["bundle"]["version"]
+    diff = "query($v: Int!) { bundleDiff(version: $v) { file change diff } }"
+    forbidden(people["cy"].refused(diff, {"v": v2}), "policies", "view")
+    (only,) = people["bo"].ok(diff, {"v": v2})["bundleDiff"]
+    assert only["file"] == "policies.cedar" and only["change"] == "changed"
+    assert "+// reviewed" in only["diff"] and only["diff"].startswith(f"--- active (v{version})")
+    assert people["bo"].ok(diff, {"v": version})["bundleDiff"] == []
+    missing = people["bo"].refused("{ bundleDiff(version: 99999) { file } }")
+    assert missing["code"] == "NOT_FOUND", missing
     active = people["bo"].ok("{ bundle { version files { name } } }")["bundle"]
     assert active["version"] == version
     assert {f["name"] for f in active["files"]} == {"schema.cedarschema", "policies.cedar"}
     mode = 'mutation { setEnforcement(mode: MONITOR, reason: "rollout") { mode containmentMode } }'
     forbidden(people["bo"].refused(mode), "enforcement", "administer")
     assert people["ana"].ok(mode)["setEnforcement"]["mode"] == "MONITOR"
+    tier = (
+        'mutation { setOutageFallback(tool: "docs/*", tier: CACHED, reason: "drill") '
+        "{ tool tier author reason } }"
+    )
+    forbidden(people["bo"].refused(tier), "enforcement", "administer")
+    assert people["ana"].ok(tier)["setOutageFallback"] == {
+        "tool": "docs/*",
+        "tier": "CACHED",
+        "author": "ana",
+        "reason": "drill",
+    }
+    assert people["bo"].ok("{ outageFallbacks { tool tier } }")["outageFallbacks"] == [
+        {"tool": "docs/*", "tier": "CACHED"}
+    ]
+    bad = people["ana"].refused(
+        'mutation { setOutageFallback(tool: "", tier: FAIL_OPEN) { tool } }'
+    )
+    assert bad["code"] == "INVALID_ARGUMENT", bad
     changes = people["bo"].ok("{ enforcementChanges { author toMode containment reason } }")
     assert changes["enforcementChanges"][0] == {
         "author": "ana",

@@ -382,7 +382,41 @@ class Explanation:
     challenge: Challenge | None
 
 
+@strawberry.type(description="One file's difference between two bundles.")
+class FileDiff:
+    file: str
+    change: str = strawberry.field(description="`added`, `removed` or `changed`.")
+    diff: str = strawberry.field(description="A unified diff.")
+
+
+@strawberry.enum(description="The gateway's tier for a tool while no decision point answers.")
+class OutageTier(enum.Enum):
+    UNSPECIFIED = 0
+    FAIL_CLOSED = 1
+    CACHED = 2
+    FAIL_OPEN = 3
+
+
+@strawberry.type(description="An outage tier entry (docs/policy.md#outage-fallbacks).")
+class OutageFallback:
+    tool: str
+    tier: OutageTier
+    author: str
+    updated_at: datetime | None
+    reason: str
+
+
 # -- conversions -------------------------------------------------------------------------
+
+
+def _fallback(m: Any) -> OutageFallback:
+    return OutageFallback(
+        tool=m.tool,
+        tier=OutageTier(int(m.tier)),
+        author=m.author,
+        updated_at=_ts(m, "updated_at"),
+        reason=m.reason,
+    )
 
 
 def _decision(d: dict[str, Any]) -> Decision:
@@ -723,6 +757,21 @@ class Query:
         m = await _call(info, info.context.service.bundle, version)
         return _bundle(m) if m is not None else None
 
+    @strawberry.field(
+        description="A bundle's difference from another (default: the active one), file by "
+        "file. Area `policies`."
+    )
+    async def bundle_diff(
+        self, info: Info[Context, None], version: int, against: int | None = None
+    ) -> list[FileDiff]:
+        rows = await _call(info, info.context.service.bundle_diff, version, against)
+        return [FileDiff(**r) for r in rows]
+
+    @strawberry.field(description="The gateway's outage tiers. Area `enforcement`.")
+    async def outage_fallbacks(self, info: Info[Context, None]) -> list[OutageFallback]:
+        rows = await _call(info, info.context.service.outage_fallbacks)
+        return [_fallback(m) for m in rows]
+
     @strawberry.field(description="The enforcement modes. Area `enforcement`.")
     async def enforcement(self, info: Info[Context, None]) -> Enforcement:
         return _enforcement(await _call(info, info.context.service.enforcement))
@@ -813,6 +862,16 @@ class Mutation:
     @strawberry.mutation(description="Signs and activates a bundle version. Area `policies`.")
     async def publish_bundle(self, info: Info[Context, None], version: int) -> Bundle:
         return _bundle(await _call(info, info.context.service.publish, version))
+
+    @strawberry.mutation(
+        description="Sets a tool's outage tier (`<upstream>/<tool>`, `<upstream>/*` or `*`). "
+        "Area `enforcement`."
+    )
+    async def set_outage_fallback(
+        self, info: Info[Context, None], tool: str, tier: OutageTier, reason: str = ""
+    ) -> OutageFallback:
+        m = await _call(info, info.context.service.set_outage_fallback, tool, tier.value, reason)
+        return _fallback(m)
 
     @strawberry.mutation(
         description="Sets the install's mode, or with `containment` the mode of automated "

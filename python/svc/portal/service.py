@@ -27,6 +27,7 @@ from __future__ import annotations
 import base64
 import binascii
 import contextvars
+import difflib
 import json
 import logging
 import re
@@ -680,7 +681,10 @@ class PortalService:
         assert subject is not None
         key = "principal" if principal is not None else "resource"
         base = {key: f"{subject['type']}::{subject['id']}", "until": _rfc3339(end)}
-        chunk = min(10_000, max(4 * first, 500))
+        # An unfiltered page needs `first + 1` rows; a filtered one likely more. Each further
+        # read of the range doubles, up to the history's limit.
+        filtered = any(x is not None for x in (action, verdict, policy, mode))
+        chunk = min(10_000, 4 * (first + 1) if filtered else first + 1)
         found: list[dict[str, Any]] = []
         scanned, exhausted, last = 0, False, cursor
         while len(found) <= first and scanned < SCAN_BUDGET:
@@ -705,6 +709,7 @@ class PortalService:
                 last = (last[0], "\uffff")
             assert last is not None
             start = datetime.fromtimestamp(last[0] / 1000, UTC)
+            chunk = min(10_000, chunk * 2)
         page = found[:first]
         if len(found) > first:
             end_pos: tuple[int, str] | None = (_ms(page[-1]["at"]), str(page[-1]["qid"]))
@@ -1102,6 +1107,86 @@ class PortalService:
         )
         log.info("%s published bundle version %s", person, version)
         return out.bundle
+
+    def bundle_diff(
+        self, person: str, version: int, against: int | None = None
+    ) -> list[dict[str, str]]:
+        """A bundle's difference from another, file by file (``view`` on ``policies``).
+
+        Args:
+            person: the signed-in user.
+            version: the bundle (a draft, usually).
+            against: the bundle compared with (None: the active one; none active: empty).
+
+        Returns:
+            ``[{"file", "change", "diff"}]`` sorted by file: ``change`` ``added``, ``removed``
+            or ``changed``; ``diff`` a unified diff (``difflib``, 3 lines of context). Files
+            equal in both are left out.
+
+        Raises:
+            Problem: 404 when either bundle does not exist.
+
+        """
+        self.authorize(person, "view", "policies")
+        p = self._need(self.policy, "policy service")
+        new = self._run(
+            "policy service", p.call, "GetBundle", p.pb.GetBundleRequest(version=version)
+        ).bundle
+        if against is None:
+            try:
+                out = self._run("policy service", p.call, "GetActive", p.pb.GetActiveRequest())
+                old_files = {f.name: f.content for f in out.bundle.files}
+                old_name = f"active (v{out.bundle.version})"
+            except Problem as e:
+                if e.status != 404:
+                    raise
+                old_files, old_name = {}, "none active"
+        else:
+            old = self._run(
+                "policy service", p.call, "GetBundle", p.pb.GetBundleRequest(version=against)
+            ).bundle
+            old_files, old_name = {f.name: f.content for f in old.files}, f"v{against}"
+        new_files = {f.name: f.content for f in new.files}
+        diffs = []
+        for name in sorted(set(old_files) | set(new_files)):
+            a, b = old_files.get(name), new_files.get(name)
+            if a == b:
+                continue
+            change = "added" if a is None else "removed" if b is None else "changed"
+            text = "".join(
+                difflib.unified_diff(
+                    (a or "").splitlines(keepends=True),
+                    (b or "").splitlines(keepends=True),
+                    fromfile=f"{old_name}/{name}",
+                    tofile=f"v{version}/{name}",
+                )
+            )
+            diffs.append({"file": name, "change": change, "diff": text})
+        return diffs
+
+    def outage_fallbacks(self, person: str) -> list[Any]:
+        """Every outage tier entry of the gateway, sorted (``view`` on ``enforcement``)."""
+        self.authorize(person, "view", "enforcement")
+        p = self._need(self.policy, "policy service")
+        req = p.pb.GetOutageFallbackRequest(tool="")
+        return list(self._run("policy service", p.call, "GetOutageFallback", req).fallbacks)
+
+    def set_outage_fallback(self, person: str, tool: str, tier: int, reason: str) -> Any:
+        """Sets a tool's outage tier with `person` as author (``administer`` on enforcement).
+
+        Args:
+            person: the signed-in user.
+            tool: ``<upstream>/<tool>``, ``<upstream>/*`` or ``*``.
+            tier: an ``OutageTier`` value (1 fail closed, 2 cached, 3 fail open).
+            reason: why (recorded).
+
+        """
+        self.authorize(person, "administer", "enforcement")
+        p = self._need(self.policy, "policy service")
+        req = p.pb.SetOutageFallbackRequest(tool=tool, tier=tier, author=person, reason=reason)
+        out = self._run("policy service", p.call, "SetOutageFallback", req)
+        log.info("%s set the outage tier of %s to %s", person, tool, tier)
+        return out.fallback
 
     def enforcement(self, person: str) -> Any:
         """The install's mode and the containment mode (``view`` on ``enforcement``)."""

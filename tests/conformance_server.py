@@ -415,6 +415,7 @@ def _input_required(server: MCPServer[Any]) -> None:
             raise MCPError(
                 MISSING_REQUIRED_CLIENT_CAPABILITY,
                 "this tool needs the client's sampling capability, which it did not declare",
+                data={"requiredCapabilities": {"sampling": {}}},
             )
         return "sampling declared"
 

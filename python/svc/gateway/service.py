@@ -759,6 +759,10 @@ class UpstreamLink:
                 if response.status != 200:
                     text = await response.text(errors="replace")
                     status = response.status
+                    answer = _error_answer(text) if self.modern else None
+                    if answer is not None:  # the revision answers errors with an HTTP status
+                        yield _one(answer)
+                        return
                     problem = f"upstream `{self.name}` answered HTTP {status}: {text[:200]}"
                     if response.status == 404:  # the upstream forgot the session (restarted)
                         self._forgotten.set()
@@ -851,6 +855,25 @@ async def _messages(response: Any) -> AsyncIterator[dict[str, Any]]:
                 yield _json_rpc(json.loads(data))
     else:
         raise ValueError(f"the answer's content type is {ctype or 'missing'}")
+
+
+def _error_answer(text: str) -> dict[str, Any] | None:
+    """A JSON-RPC error response in a body, or None.
+
+    A 2026-07-28 server answers a request's error with the HTTP status of its code (400, 404).
+    """
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return None
+    if isinstance(body, dict) and isinstance(body.get("error"), dict) and "id" in body:
+        return body
+    return None
+
+
+async def _one(message: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    """One message as the stream of an answer."""
+    yield message
 
 
 def _json_rpc(msg: Any) -> dict[str, Any]:

@@ -207,10 +207,14 @@ def test_read_days_and_sets_give_a_window_per_principal(db: Client) -> None:
     assert got.active[a].sum() == 10 and got.active[b].sum() == 1
     sets = rollups.read_sets(db, first, TODAY, TODAY)
     alice = sets[("Human", "alice")]
-    assert alice.base["source_ips"] == {"10.0.0.7"}
-    assert alice.recent["source_ips"] == {"198.51.100.4"}
+    assert alice.base_count["source_ips"] == 1
+    assert alice.new["source_ips"] == {"198.51.100.4"}  # today's address, new to her
+    assert alice.new["actions"] == {"export"} and alice.base_count["actions"] == 1
     assert alice.base_resources == 1 and alice.new_resources == 0
-    assert sets[("Human", "bob")].recent["tools"] == {"crm.search"}
-    assert sum(alice.recent_hours.values()) == 1
+    assert sets[("Human", "bob")].new["tools"] == {"crm.search"}  # no baseline: all new
+    assert alice.recent_hours.sum() == 1 and alice.base_hours.sum() == 9
+    # who used each new value anywhere in the window (its rarity among peers)
+    assert sets.users["source_ips"]["198.51.100.4"] == [("Human", "alice")]
+    assert sets.users["tools"]["crm.search"] == [("Human", "bob")]
     with pytest.raises(ValueError):
         rollups.read_days(db, TODAY, first)

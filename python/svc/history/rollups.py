@@ -15,8 +15,8 @@ tables read with ``FINAL`` and, where they differ, rebuilds the day's partition 
 * ``changed_days(client, since)``: the days whose raw partitions changed since a time.
 * ``settle(client, days)``: makes those days' rollups exact; returns the days rebuilt.
 * ``read_days(client, first, last)``: per principal and day, the counters (numpy arrays).
-* ``read_sets(client, first, last, recent)``: per principal, the distinct values of the
-  baseline days and of the recent days, the hours of activity, distinct resources.
+* ``read_sets(client, first, last, recent)``: per principal, the values of the recent days its
+  baseline days lack, the hours of activity, distinct resources; and who used those values.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ __all__ = [
     "SET_DIMENSIONS",
     "DayRows",
     "PrincipalSets",
+    "WindowSets",
     "changed_days",
     "day_totals",
     "read_days",
@@ -274,62 +275,137 @@ class PrincipalSets:
     """One principal's distinct values over a window, baseline days apart from recent ones.
 
     Attributes:
-        base: dimension (``SET_DIMENSIONS``) -> values seen on the baseline days.
-        recent: dimension -> values seen on the recent days.
-        base_hours: UTC hour -> decisions plus events on the baseline days.
+        new: dimension (``SET_DIMENSIONS``) -> values of the recent days never seen on the
+            baseline days (empty for most principals on most days).
+        base_count: dimension -> how many distinct values the baseline days hold.
+        base_hours: float array (24,): decisions plus events per UTC hour on the baseline days.
         recent_hours: the same on the recent days.
         base_resources: distinct resources on the baseline days.
         new_resources: distinct resources of the recent days not seen on the baseline days.
 
     """
 
-    base: dict[str, frozenset[str]]
-    recent: dict[str, frozenset[str]]
-    base_hours: dict[int, int]
-    recent_hours: dict[int, int]
+    new: dict[str, frozenset[str]]
+    base_count: dict[str, int]
+    base_hours: np.ndarray
+    recent_hours: np.ndarray
     base_resources: int
     new_resources: int
 
 
-def read_sets(
-    client: Client, first: date, last: date, recent: date
-) -> dict[tuple[str, str], PrincipalSets]:
-    """Each principal's distinct values and hours over ``[first, last]``, split at `recent`.
+@dataclass(frozen=True)
+class WindowSets:
+    """The window's distinct values of every principal (``read_sets``).
 
-    Days before `recent` are the baseline; `recent` and later the recent days. One aggregate
-    query over ``principal_daily``.
+    Attributes:
+        by_principal: ``(type, id)`` -> its ``PrincipalSets``.
+        users: dimension -> each value new to some principal -> every principal that used it
+            anywhere in the window (its peers' use of it is how rare it is among them).
+
+    """
+
+    by_principal: dict[tuple[str, str], PrincipalSets]
+    users: dict[str, dict[str, list[tuple[str, str]]]]
+
+    def get(self, principal: tuple[str, str]) -> PrincipalSets | None:
+        """The principal's sets, or None when it was not active in the window."""
+        return self.by_principal.get(principal)
+
+    def __getitem__(self, principal: tuple[str, str]) -> PrincipalSets:
+        return self.by_principal[principal]
+
+
+def _hours(column: Any) -> np.ndarray:
+    """An Arrow list column of 24-long arrays as a (rows, 24) float array."""
+    flat = column.combine_chunks().flatten().to_numpy(zero_copy_only=False)
+    return np.asarray(flat, dtype=float).reshape(-1, 24)
+
+
+def read_sets(client: Client, first: date, last: date, recent: date) -> WindowSets:
+    """Each principal's new values, hours and resources over ``[first, last]``, split at `recent`.
+
+    Days before `recent` are the baseline; `recent` and later the recent days. Two aggregate
+    queries over ``principal_daily``: per principal, the values of the recent days the baseline
+    days lack (the set difference is made in the engine, so only what is new comes back), the
+    baseline's distinct counts, the hours of activity (24 counts each) and the distinct
+    resources; then, for the values new to someone, every principal that used them in the
+    window. Columns come back through Arrow.
 
     Raises:
         ValueError: `recent` is outside the window.
-        clickhouse_connect.driver.exceptions.ClickHouseError: the query failed.
+        clickhouse_connect.driver.exceptions.ClickHouseError: a query failed.
 
     """
     if not first <= recent <= last:
         raise ValueError(f"recent day {recent} outside the window {first}..{last}")
-    parts = []
+    params = {"a": first, "b": last, "r": recent}
+    inner = []
+    outer = []
     for name, cap in SET_DIMENSIONS:
-        parts.append(f"groupUniqArrayMergeIf({cap})({name}, day < {{r:Date}})")
-        parts.append(f"groupUniqArrayMergeIf({cap})({name}, day >= {{r:Date}})")
-    result = client.query(
+        inner.append(f"groupUniqArrayMergeIf({cap})({name}, day < {{r:Date}}) AS b_{name}")
+        inner.append(f"groupUniqArrayMergeIf({cap})({name}, day >= {{r:Date}}) AS r_{name}")
+        outer.append(f"length(b_{name}) AS nb_{name}")
+        outer.append(f"arrayFilter(x -> NOT has(b_{name}, x), r_{name}) AS new_{name}")
+    hours = "arrayMap(h -> toFloat64({m}[toUInt8(h)]), range(24))"
+    table = client.query_arrow(
         "SELECT principal_type, principal_id, "
-        "sumMapIf(hours, day < {r:Date}), sumMapIf(hours, day >= {r:Date}), "
-        "uniqExactMergeIf(resources, day < {r:Date}), uniqExactMerge(resources), "
-        + ", ".join(parts)
+        + hours.format(m="bh")
+        + " AS base_hours, "
+        + hours.format(m="rh")
+        + " AS recent_hours, base_res, all_res, "
+        + ", ".join(outer)
+        + " FROM (SELECT principal_type, principal_id, "
+        "sumMapIf(hours, day < {r:Date}) AS bh, sumMapIf(hours, day >= {r:Date}) AS rh, "
+        "uniqExactMergeIf(resources, day < {r:Date}) AS base_res, "
+        "uniqExactMerge(resources) AS all_res, "
+        + ", ".join(inner)
         + f" FROM {ROLLUP_TABLE} WHERE day BETWEEN {{a:Date}} AND {{b:Date}} "
-        "GROUP BY principal_type, principal_id",
-        parameters={"a": first, "b": last, "r": recent},
+        "GROUP BY principal_type, principal_id)",
+        parameters=params,
     )
+    n = table.num_rows
+    if n == 0:
+        return WindowSets({}, {name: {} for name, _ in SET_DIMENSIONS})
+    types = table.column("principal_type").to_pylist()
+    ids = table.column("principal_id").to_pylist()
+    bh = _hours(table.column("base_hours"))
+    rh = _hours(table.column("recent_hours"))
+    base_res = table.column("base_res").to_numpy()
+    all_res = table.column("all_res").to_numpy()
+    counts = {name: table.column(f"nb_{name}").to_numpy() for name, _ in SET_DIMENSIONS}
+    new_lists = {name: table.column(f"new_{name}").to_pylist() for name, _ in SET_DIMENSIONS}
     out: dict[tuple[str, str], PrincipalSets] = {}
-    for row in result.result_rows:
-        t, i, bh, rh, base_res, all_res, *sets = row
-        base = {n: frozenset(sets[2 * k]) for k, (n, _) in enumerate(SET_DIMENSIONS)}
-        rec = {n: frozenset(sets[2 * k + 1]) for k, (n, _) in enumerate(SET_DIMENSIONS)}
-        out[(t, i)] = PrincipalSets(
-            base=base,
-            recent=rec,
-            base_hours={int(h): int(n) for h, n in (bh or {}).items()},
-            recent_hours={int(h): int(n) for h, n in (rh or {}).items()},
-            base_resources=int(base_res),
-            new_resources=int(all_res) - int(base_res),
+    wanted: dict[str, set[str]] = {name: set() for name, _ in SET_DIMENSIONS}
+    empty: frozenset[str] = frozenset()
+    for k in range(n):
+        new = {}
+        for name, _ in SET_DIMENSIONS:
+            values = new_lists[name][k]
+            new[name] = frozenset(values) if values else empty
+            if values:
+                wanted[name].update(values)
+        out[(types[k], ids[k])] = PrincipalSets(
+            new=new,
+            base_count={name: int(counts[name][k]) for name, _ in SET_DIMENSIONS},
+            base_hours=bh[k],
+            recent_hours=rh[k],
+            base_resources=int(base_res[k]),
+            new_resources=int(all_res[k]) - int(base_res[k]),
         )
-    return out
+    users: dict[str, dict[str, list[tuple[str, str]]]] = {name: {} for name, _ in SET_DIMENSIONS}
+    for name, cap in SET_DIMENSIONS:
+        values = sorted(wanted[name])
+        if not values:
+            continue
+        rows = client.query(
+            f"SELECT principal_type, principal_id, arrayIntersect(v, {{w:Array(String)}}) FROM "
+            f"(SELECT principal_type, principal_id, groupUniqArrayMerge({cap})({name}) AS v "
+            f"FROM {ROLLUP_TABLE} WHERE day BETWEEN {{a:Date}} AND {{b:Date}} "
+            "GROUP BY principal_type, principal_id) WHERE hasAny(v, {w:Array(String)})",
+            parameters={**params, "w": values},
+        ).result_rows
+        dim = users[name]
+        for t, i, used in rows:
+            for v in used:
+                dim.setdefault(v, []).append((t, i))
+    return WindowSets(out, users)

@@ -107,6 +107,8 @@ def evaluate(
     if score.learning:
         return GateResult(False, ["learning: no baseline of its own to be beyond"])
     g = score.gate
+    if "moved_out" not in g:
+        return GateResult(False, ["no rows moved out beyond its baselines"])
     split = int(g["split"])
     recent_days = days[split:]
     moved = g["moved_out"]

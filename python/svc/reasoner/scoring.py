@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from svc.history.rollups import DayRows, PrincipalSets
+from svc.history.rollups import DayRows, PrincipalSets, WindowSets
 from svc.history.schema import ACCESS_WEIGHTS
 
 __all__ = [
@@ -356,7 +356,7 @@ def _strength(z: np.ndarray, model: Model) -> np.ndarray:
 
 def score_window(
     rows: DayRows,
-    sets: Mapping[tuple[str, str], PrincipalSets],
+    sets: WindowSets,
     directory: Directory,
     model: Model | None = None,
 ) -> list[Score]:
@@ -407,6 +407,8 @@ def score_window(
 
     # z of every recent day against own and peer baselines, per metric
     zs: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    g_meds: dict[str, np.ndarray] = {}
+    strengths: dict[str, np.ndarray] = {}
     for k, lv in logs.items():
         recent = lv[:, split:]
         own_sd = np.maximum(_MAD_SCALE * np.nan_to_num(own_mad[k], nan=0.0), model.spread_floor)
@@ -417,82 +419,84 @@ def score_window(
         peer_sd = np.maximum(_MAD_SCALE * np.nan_to_num(g_mad, nan=0.0), model.spread_floor)
         z_peer = (recent - g_med[:, None]) / peer_sd[:, None]
         zs[k] = (z_own, z_peer)
+        g_meds[k] = g_med
+        # beyond both baselines: the smaller z; a learning principal: the peers'; without a
+        # peer group: its own
+        has_peers = ~np.isnan(g_med)[:, None]
+        z = np.where(
+            learning[:, None], z_peer, np.where(has_peers, np.minimum(z_own, z_peer), z_own)
+        )
+        above = metrics[k][:, split:] >= model.floors[k.removesuffix("_other")]
+        strengths[k] = np.where(above, _strength(np.nan_to_num(z, nan=0.0), model), 0.0)
+    # The exported rows are family b's evidence too: a volume that is anomalous only through
+    # them counts half (docs/reasoner.md#metrics-baselines-strength).
+    strengths["volume"] = np.maximum(strengths["volume_other"], 0.5 * strengths["volume"])
+    metric_factors: dict[int, list[Factor]] = {}
+    rows_n = np.arange(n)
+    for k in ("volume", "moved_out", "denies_failures", "cloud_failures", "sensitive_actions"):
+        decayed = strengths[k] * decay[None, :]
+        best_day = decayed.argmax(axis=1)
+        best = decayed[rows_n, best_day]
+        for i in np.nonzero(best > 0)[0].tolist():
+            j = int(best_day[i])
+            peer_med = g_meds[k][i]
+            metric_factors.setdefault(i, []).append(
+                Factor(
+                    k,
+                    float(metrics[k][i, split + j]),
+                    None if learning[i] else float(np.expm1(own_med[k][i])),
+                    model.weights[k] * float(best[i]),
+                    peers=None if math.isnan(peer_med) else float(np.expm1(peer_med)),
+                    day=rows.days[split + j],
+                )
+            )
 
-    # peer frequencies of the set dimensions, per group
-    freq: dict[str, dict[str, Counter[str]]] = {}
+    # how many of each group used each value new to someone, and each group's hours
+    group_by_key = {p: group_of[i] for i, p in enumerate(rows.principals)}
+    freq: dict[str, Counter[tuple[str, str]]] = {}
+    for dim, users in sets.users.items():
+        c: Counter[tuple[str, str]] = Counter()
+        for value, who in users.items():
+            for q in who:
+                gq = group_by_key.get(q)
+                if gq is not None:
+                    c[(gq, value)] += 1
+        freq[dim] = c
     hours: dict[str, np.ndarray] = {}
-    acted_by_group: dict[str, Counter[str]] = {}
     for i, p in enumerate(rows.principals):
-        s = sets.get(p)
-        if s is None:
-            continue
-        g = group_of[i]
-        fg = freq.setdefault(g, {})
-        for dim in ("source_ips", "actions", "resource_types", "tools"):
-            fg.setdefault(dim, Counter()).update(s.base[dim] | s.recent[dim])
-        h = hours.setdefault(g, np.zeros(24))
-        for hr, cnt in s.base_hours.items():
-            h[hr] += cnt
-        acted_by_group.setdefault(g, Counter()).update(s.base["acted_for"] | s.recent["acted_for"])
+        sp = sets.get(p)
+        if sp is not None:
+            g = group_of[i]
+            if g in hours:
+                hours[g] = hours[g] + sp.base_hours
+            else:
+                hours[g] = sp.base_hours.copy()
     group_size = {g: max(1, len(idx)) for g, idx in members.items()}
 
     out: list[Score] = []
     for i, p in enumerate(rows.principals):
-        factors: list[Factor] = []
+        factors = metric_factors.get(i, [])
         g = group_of[i]
         gate: dict[str, Any] = {"split": split}
-
-        def day_strength(k: str, i: int = i, g: str = g) -> np.ndarray:
-            z_own, z_peer = zs[k]
-            above = metrics[k][i, split:] >= model.floors[k.removesuffix("_other")]
-            zo, zp = z_own[i], z_peer[i]
-            if learning[i]:
-                z = zp
-            elif math.isnan(p_med[g][k]):
-                z = zo
-            else:
-                z = np.minimum(zo, zp)
-            return np.where(above, _strength(np.nan_to_num(z, nan=0.0), model), 0.0)
-
-        for k in ("volume", "moved_out", "denies_failures", "cloud_failures", "sensitive_actions"):
-            recent = metrics[k][i, split:]
-            strength = day_strength(k)
-            if k == "volume":
-                # The exported rows are family b's evidence too: a volume that is anomalous
-                # only through them counts half (docs/reasoner.md#signals).
-                strength = np.maximum(day_strength("volume_other"), 0.5 * strength)
-            strength = strength * decay
-            j = int(np.argmax(strength))
-            if strength[j] > 0:
-                own_typ = None if learning[i] else float(np.expm1(own_med[k][i]))
-                factors.append(
-                    Factor(
-                        k,
-                        float(recent[j]),
-                        own_typ,
-                        model.weights[k] * float(strength[j]),
-                        peers=None if math.isnan(p_med[g][k]) else float(np.expm1(p_med[g][k])),
-                        day=rows.days[split + j],
-                    )
-                )
-        for k in ("moved_out", "volume_other"):
-            z_own, z_peer = zs[k]
-            gate[k] = {
-                "values": metrics[k][i, split:].tolist(),
-                "z_own": np.nan_to_num(z_own[i], nan=-np.inf).tolist(),
-                "z_peer": np.nan_to_num(z_peer[i], nan=-np.inf).tolist(),
-                "peers": not math.isnan(p_med[g][k]),
-            }
+        if any(f.name == "moved_out" for f in factors):
+            # what the containment gate reads (svc.reasoner.gate): only where there is a move
+            for k in ("moved_out", "volume_other"):
+                z_own, z_peer = zs[k]
+                gate[k] = {
+                    "values": metrics[k][i, split:].tolist(),
+                    "z_own": np.nan_to_num(z_own[i], nan=-np.inf).tolist(),
+                    "z_peer": np.nan_to_num(z_peer[i], nan=-np.inf).tolist(),
+                    "peers": not math.isnan(g_meds[k][i]),
+                }
         s = sets.get(p)
         if s is not None:
-            factors.extend(
-                _novelty(i, p, s, learning[i], freq.get(g, {}), group_size.get(g, 1), model)
-            )
+            size = group_size.get(g, 1)
+            factors = factors + list(_novelty(g, s, learning[i], freq, size, model))
             hf = _odd_hours(s, hours.get(g), learning[i], model)
             if hf is not None:
                 factors.append(hf)
             if p[0] == "ServiceAccount":
-                af = _acted_for(s, acted_by_group.get(g, Counter()), learning[i], model)
+                af = _acted_for(g, s, freq.get("acted_for", Counter()), learning[i], model)
                 if af is not None:
                     factors.append(af)
         factors.sort(key=lambda f: -f.contribution)
@@ -535,11 +539,10 @@ _NOVELTY = {
 
 
 def _novelty(
-    i: int,
-    p: tuple[str, str],
+    g: str,
     s: PrincipalSets,
     learning: bool,
-    freq: Mapping[str, Counter[str]],
+    freq: Mapping[str, Counter[tuple[str, str]]],
     size: int,
     model: Model,
 ) -> Iterable[Factor]:
@@ -550,14 +553,14 @@ def _novelty(
     weight).
     """
     for dim, name in _NOVELTY.items():
-        new = s.recent[dim] - s.base[dim]
+        new = s.new[dim]
         if not new:
             continue
         counts = freq.get(dim, Counter())
         weight = 0.0
         rare = []
         for v in new:
-            share = (counts.get(v, 0) - 1) / size  # the principal itself is among the users
+            share = (counts.get((g, v), 0) - 1) / size  # the principal itself is a user
             if share < 0.10:
                 weight += 1.0
                 rare.append(v)
@@ -568,7 +571,7 @@ def _novelty(
             yield Factor(
                 name,
                 sorted(new)[:10],
-                None if learning else len(s.base[dim]),
+                None if learning else s.base_count[dim],
                 model.weights[name] * strength,
                 peers=round(len(rare) / len(new), 2),
             )
@@ -589,17 +592,18 @@ def _odd_hours(
     Odd hours: under 1% of the principal's baseline activity and under 2% of its peers';
     strength 0 at 10% of the recent activity, full at 40%, from 20 records up.
     """
-    total = sum(s.recent_hours.values())
+    total = float(s.recent_hours.sum())
     if total == 0:
         return None
-    own_total = sum(s.base_hours.values())
+    own_total = float(s.base_hours.sum())
     if peer_hours is None:
         peer_hours = np.zeros(24)
     peers_total = float(peer_hours.sum())
     odd = 0
     odd_hours = []
-    for h, cnt in s.recent_hours.items():
-        own_share = s.base_hours.get(h, 0) / own_total if own_total else 0.0
+    for h in np.nonzero(s.recent_hours)[0].tolist():
+        cnt = int(s.recent_hours[h])
+        own_share = float(s.base_hours[h]) / own_total if own_total else 0.0
         peer_share = float(peer_hours[h]) / peers_total if peers_total else 0.0
         if (learning or own_share < 0.01) and (peers_total == 0 or peer_share < 0.02):
             if learning and peers_total == 0:
@@ -617,28 +621,30 @@ def _odd_hours(
         {"hours": sorted(odd_hours), "records": odd, "share": round(share, 2)},
         None
         if learning
-        else sorted(h for h, c in s.base_hours.items() if c / max(1, own_total) >= 0.01),
+        else [h for h in range(24) if s.base_hours[h] / max(1.0, own_total) >= 0.01],
         model.weights["odd_hours"] * strength,
     )
 
 
 def _acted_for(
-    s: PrincipalSets, served_by_group: Counter[str], learning: bool, model: Model
+    g: str,
+    s: PrincipalSets,
+    served: Counter[tuple[str, str]],
+    learning: bool,
+    model: Model,
 ) -> Factor | None:
     """People an agent acted for on the recent days who are new to it.
 
     Each counts 1 when no other agent of its peer group served them in the window, else 1/2;
     strength 0 at 2, full at 8.
     """
-    new = s.recent["acted_for"] - s.base["acted_for"]
-    if learning:
-        new = frozenset(s.recent["acted_for"])
+    new = s.new["acted_for"]
     if not new:
         return None
     weight = 0.0
     unserved = 0
     for person in new:
-        if served_by_group.get(person, 0) <= 1:  # only this agent
+        if served.get((g, person), 0) <= 1:  # only this agent
             weight += 1.0
             unserved += 1
         elif not learning:
@@ -649,7 +655,7 @@ def _acted_for(
     return Factor(
         "new_people_acted_for",
         sorted(new)[:10] + ([f"... {len(new)} in all"] if len(new) > 10 else []),
-        None if learning else len(s.base["acted_for"]),
+        None if learning else s.base_count["acted_for"],
         model.weights["new_people_acted_for"] * strength,
         peers={"served_by_no_peer": unserved},
     )

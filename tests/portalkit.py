@@ -63,6 +63,7 @@ entity ServiceAccount in [Group] = {
 };
 entity Document;
 entity PortalArea;
+entity Tool;
 type DecisionContext = {
   risk_score?: Long,
   human_present?: Bool,
@@ -80,6 +81,9 @@ type PortalContext = {
 };
 action read, write appliesTo {
   principal: [Human, ServiceAccount], resource: [Document], context: DecisionContext,
+};
+action call appliesTo {
+  principal: [Human, ServiceAccount], resource: [Tool], context: DecisionContext,
 };
 action approve appliesTo {
   principal: [Human], resource: [Document], context: DecisionContext,
@@ -118,6 +122,9 @@ when { principal.ai };
 permit (principal is ServiceAccount, action == Action::"administer",
         resource == PortalArea::"policies")
 when { principal.ai };
+
+@id("agents-call-tools")
+permit (principal is ServiceAccount, action == Action::"call", resource is Tool);
 
 @id("agent-writes-need-approval") @challenge("approval")
 permit (principal is ServiceAccount, action == Action::"write", resource is Document);

@@ -18,9 +18,11 @@ import httpx
 import mcp_types as types
 import pytest
 
-from gwkit import agent_client
+from gwkit import PYTHON, TESTS, agent_client, wait_until
 from svc.challenge.v1 import challenge_pb2 as pb
-from test_gateway_flows import Agent, World
+from svc.gateway.app import GatewayServer
+from svc.gateway.settings import Upstream
+from test_gateway_flows import TOOLS, Agent, World
 
 MODERN = "2026-07-28"
 
@@ -152,6 +154,46 @@ def test_a_2026_upstream_is_told_the_agents_capabilities(world: World, mode: str
         return
     assert "sampling" not in (bare or {}) and "elicitation" not in (bare or {})
     assert "sampling" in sampler and "elicitation" not in sampler
+
+
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+def test_a_stdio_upstream_of_both_eras(world: World, mode: str) -> None:
+    """A stdio upstream that serves both eras (``svc up``'s tools server is one) is spoken to
+    in 2026-07-28 over its one stream, and agents of either era call it, rounds included."""
+    settings = world.gateway.settings.model_copy(
+        update={
+            "port": 0,
+            "intake_url": None,
+            "upstreams": {
+                "local": Upstream(
+                    command=[PYTHON, str(TESTS / "gwupstream.py"), "stdio"],
+                    env={"PYTHONPATH": str(TESTS.parent / "python")},
+                    tools=TOOLS,
+                )
+            },
+        }
+    )
+    gw = GatewayServer(settings).start()
+    try:
+        wait_until(lambda: world.http.get(f"{gw.url}/readyz").status_code == 200)
+        link = gw.service.links["local"]
+        assert link.initialized is not None and link.initialized.protocol_version == MODERN
+
+        async def run() -> list[Any]:
+            url = f"{gw.url}/mcp/local"
+            async with agent_client(url, world.agent(), mode, sampling_callback=_sampling) as c:
+                return [
+                    await c.call_tool("read_doc", {"doc_id": "plan"}),
+                    await c.call_tool("read_doc", {"doc_id": "secret"}),
+                    await c.call_tool("ask_round", {}),
+                ]
+
+        read, denied, asked = asyncio.run(run())
+        assert not read.is_error
+        assert denied.is_error and denied.meta["svc/verdict"] == "deny"
+        assert asked.content[0].text == "yes"
+    finally:
+        gw.stop()
 
 
 def _post(world: World, body: dict[str, Any], headers: dict[str, str]) -> httpx.Response:

@@ -25,6 +25,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from serverkit import serve, wait_until
+from svc.challenge.app import ChallengeServer
+from svc.challenge.settings import ChallengeSettings
 from svc.connectors.app import ConnectorsServer
 from svc.connectors.settings import ConnectorsSettings
 from svc.demo import company as demo
@@ -132,13 +134,21 @@ def test_heartbeats_carry_the_schema_and_nothing_else(receiver: Receiver, tmp_pa
         connectors = ConnectorsServer(
             ConnectorsSettings(port=0, state_path=str(tmp_path / "c.db"))
         ).start()
+        challenge = ChallengeServer(
+            ChallengeSettings(port=0, database_url=f"sqlite:///{tmp_path / 'challenge.db'}")
+        ).start()
         settings = ReporterSettings(
             port=0,
             portal_url=receiver.served.url,
             portal_token_file=str(tmp_path / "portal.token"),
             install_id_file=str(tmp_path / "install-id"),
             interval_secs=0.3,
-            components={"pdp": pdp.url, "connectors": connectors.url, "gone": nowhere()},
+            components={
+                "pdp": pdp.url,
+                "connectors": connectors.url,
+                "challenge": challenge.url,
+                "gone": nowhere(),
+            },
         )
         reporter = ReporterServer(settings).start()
         try:
@@ -158,6 +168,7 @@ def test_heartbeats_carry_the_schema_and_nothing_else(receiver: Receiver, tmp_pa
         finally:
             reporter.stop()
             connectors.stop()
+            challenge.stop()
     bodies = list(receiver.bodies)
     assert len(bodies) >= 2
     for b in bodies:
@@ -178,6 +189,8 @@ def test_heartbeats_carry_the_schema_and_nothing_else(receiver: Receiver, tmp_pa
     assert any(b["decisions_per_minute"] and b["decisions_per_minute"]["allow"] > 0 for b in bodies)
     assert any(b["decisions_per_minute"] and b["decisions_per_minute"]["deny"] > 0 for b in bodies)
     assert last["events_accepted_per_minute"] is None  # no intake watched
+    assert last["components"]["challenge"]["ready"] is True
+    assert last["open_challenges"] == 0 and last["containments"] == 0
     assert 'svc_reporter_heartbeats_total{outcome="sent"}' in probe
 
 

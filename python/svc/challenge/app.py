@@ -20,10 +20,13 @@ from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI
-from sqlalchemy import text
+from prometheus_client import Gauge
+from sqlalchemy import func, text
+from sqlmodel import Session, col, select
 from starlette.types import Receive, Scope, Send
 
 from svc import __version__, web
+from svc.challenge.models import ChallengeRow
 from svc.challenge.notify import OutboxWorker
 from svc.challenge.page import install_page
 from svc.challenge.service import ChallengeService
@@ -72,12 +75,35 @@ def health_app(service: ChallengeService, metrics: ChallengeMetrics) -> FastAPI:
             return Readiness(("the challenge database does not answer",))
         return Readiness((), {"migration": service.revision})
 
+    # Read at each scrape: challenges waiting for an answer (the reporter's open_challenges,
+    # docs/reporter.md).
+    open_now = Gauge(
+        "svc_challenge_open", "Challenges pending and not expired", registry=metrics.registry
+    )
+
+    def refresh() -> None:
+        try:
+            with Session(service.db) as s:
+                n = s.exec(
+                    select(func.count())
+                    .select_from(ChallengeRow)
+                    .where(
+                        ChallengeRow.state == "pending",
+                        col(ChallengeRow.expires_at) > service.clock(),
+                    )
+                ).one()
+        except Exception as e:  # the metrics still render; the gauge keeps its last value
+            log.warning("metrics: counting open challenges failed: %s", e)
+            return
+        open_now.set(n)
+
     app.include_router(
         probe_router(
             ChallengeSettings.component,
             __version__,
             readiness,
             metrics.registry,
+            refresh=refresh,
             ready_description="Ready when the challenge database answers.",
             metrics_content_type=METRICS_CONTENT_TYPE,
         )

@@ -572,3 +572,30 @@ def test_a_port_in_use_is_an_error(world: World) -> None:
         port = s.getsockname()[1]
         with pytest.raises(OSError):
             ConnectorsServer(world.settings(port=port)).start()
+
+
+def test_a_file_the_context_service_refuses_is_left_out_and_counted(world: World) -> None:
+    w = world
+    w.drive.put_file("good", "good", owner=DANA)
+    w.drive.put_file("bad\x01id", "bad", owner=DANA)  # an id the context service refuses
+    service = ConnectorsService(w.settings(jira_url=None))
+
+    async def poll() -> None:
+        await service.poll_once("drive")
+        await service.aclose()
+
+    asyncio.run(poll())
+    assert w.resource("gdrive:good") is not None
+    errors = service.metrics.registry.get_sample_value(
+        "svc_connector_errors_total", {"connector": "drive", "kind": "refused_item"}
+    )
+    assert errors == 1
+
+
+def test_retry_after_takes_seconds_and_http_dates() -> None:
+    from svc.connectors.client import retry_after_secs
+
+    assert retry_after_secs("3") == 3.0
+    assert retry_after_secs(None) is None and retry_after_secs("soon") is None
+    assert retry_after_secs("Sat, 28 Nov 2026 08:00:10 GMT", now=1795852800.0) == 10.0
+    assert retry_after_secs("999999") == 3600.0  # bounded

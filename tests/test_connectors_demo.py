@@ -1,6 +1,6 @@
 """The demo company through the connector path (docs/connectors.md#the-local-fakes).
 
-The fakes seeded with the demo company (``fake_drive.from_company``, ``fake_jira.from_company``),
+The fakes seeded with the demo company and served as ``svc up`` may (``svc.demo.sources``),
 its directory provisioned into a live context service on PostgreSQL as ``svc up`` does it
 (``svc.demo.directory.provision_context``), and the connectors run with the settings
 docs/connectors.md gives for the demo: every document comes out with the demo's own owner,
@@ -15,11 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from svc.connectors.service import ConnectorsService
-from svc.connectors.settings import ConnectorsSettings
 from svc.demo import company as demo
-from svc.demo import fake_drive, fake_jira
 from svc.demo.directory import provision_context
-from test_connectors import Served
+from svc.demo.sources import DemoSources
 from test_context import SCIM_TOKEN, Live, database_url, live
 
 __all__ = ["database_url", "live"]  # fixtures used by name
@@ -28,25 +26,9 @@ __all__ = ["database_url", "live"]  # fixtures used by name
 def test_the_demo_company_comes_through_the_connectors(live: Live, tmp_path: Path) -> None:
     company = demo.generate(seed=7, people=60)
     provision_context(live.url, company, scim_token=SCIM_TOKEN)
-    drive = fake_drive.from_company(company)
-    jira = fake_jira.from_company(company)
-    drive_srv, jira_srv = Served(fake_drive.create_app(drive)), Served(fake_jira.create_app(jira))
-    (tmp_path / "drive.token").write_text(drive.token)
-    (tmp_path / "jira.token").write_text(jira.api_token)
-    settings = ConnectorsSettings(
-        context_url=live.url,
-        state_path=str(tmp_path / "state.db"),
-        drive_url=drive_srv.url,
-        drive_token_file=str(tmp_path / "drive.token"),
-        drive_id_prefix="",
-        drive_sensitivity_field="demo.sensitivity",
-        drive_tags_field="demo.tags",
-        email_domain="example.com",
-        jira_url=jira_srv.url,
-        jira_email=jira.email,
-        jira_api_token_file=str(tmp_path / "jira.token"),
-        jira_jql="project in (OPS, DOC, CRM)",
-        jira_link_fields={"customfield_10100": "Customer"},
+    sources = DemoSources(company, tmp_path / "sources").start()
+    settings = sources.connector_settings(
+        context_url=live.url, state_path=str(tmp_path / "state.db")
     )
     service = ConnectorsService(settings)
 
@@ -58,8 +40,7 @@ def test_the_demo_company_comes_through_the_connectors(live: Live, tmp_path: Pat
     try:
         asyncio.run(sync())
     finally:
-        drive_srv.stop()
-        jira_srv.stop()
+        sources.stop()
 
     refs = [{"type": "Document", "id": d.id} for d in company.documents]
     got: dict[str, Any] = {}

@@ -252,10 +252,10 @@ def test_without_a_portal_nothing_is_sent(tmp_path: Path) -> None:
 def test_the_demo_receiver_prints_what_would_leave(tmp_path: Path) -> None:
     import asyncio
 
-    from svc.demo.heartbeat_receiver import create_app
+    from svc.demo.sources import HeartbeatReceiverServer
 
     printed: list[dict[str, Any]] = []
-    served = Served(create_app(printed.append))
+    served = HeartbeatReceiverServer(printed.append).start()
     try:
         settings = ReporterSettings(
             portal_url=served.url,

@@ -187,6 +187,29 @@ def test_an_explanation_names_the_policies_text_and_the_challenge(
     assert policy["text"].startswith('@id("agent-writes-need-approval")')
     assert policy["text"].endswith(";") and '@challenge("approval")' in policy["text"]
     assert out["challenge"] == {"qid": d["challenge_qid"], "state": "PENDING", "approver": "ana"}
+    # What if: the same decision under the active bundle, and under a draft without the
+    # approval policy (nothing permits the write: deny).
+    what = "query($q: String!, $v: Int) { whatIf(qid: $q, version: $v) { recorded version verdict policies error } }"
+    same = people["bo"].ok(what, {"q": d["qid"]})["whatIf"]
+    assert same == {
+        "recorded": "challenge",
+        "version": version,
+        "verdict": "challenge",
+        "policies": ["agent-writes-need-approval"],
+        "error": None,
+    }
+    stricter = POLICIES.replace(
+        '@id("agent-writes-need-approval") @challenge("approval")',
+        '// gone\n@id("gone") @challenge("approval")',
+    ).replace(
+        'permit (principal is ServiceAccount, action == Action::"write", resource is Document);',
+        'forbid (principal is ServiceAccount, action == Action::"write", resource is Document);',
+    )
+    files2 = [files[0], {"name": "policies.cedar", "content": stricter}]
+    v2 = people["ana"].ok(draft, {"f": files2})["createDraft"]["bundle"]["version"]
+    under = people["bo"].ok(what, {"q": d["qid"], "v": v2})["whatIf"]
+    assert under["verdict"] == "deny" and under["version"] == v2, under
+    forbidden(people["cy"].refused(what, {"q": d["qid"]}), "decisions", "view")
     # A built-in denial is named without text.
     contained = world.check(
         {"type": "ServiceAccount", "id": "copilot.never-registered"}, "read", doc

@@ -277,6 +277,13 @@ class ContextClient(_Http):
         )
         return out
 
+    def resources(self, refs: list[dict[str, str]]) -> list[dict[str, Any]]:
+        """``POST /v1/resources/get``: the Cedar entities of those the service holds."""
+        out: list[dict[str, Any]] = self.request(
+            "POST", "/v1/resources/get", json={"resources": refs}
+        )["resources"]
+        return out
+
     def service_accounts(self, app: str | None = None) -> list[dict[str, Any]]:
         """``GET /v1/service-accounts[?app=]``: the records, by id."""
         params = {"app": app} if app is not None else None

@@ -406,6 +406,17 @@ class OutageFallback:
     reason: str
 
 
+@strawberry.type(description="A recorded decision decided again under a bundle.")
+class WhatIf:
+    qid: str
+    recorded: str | None
+    version: int
+    verdict: str = strawberry.field(description="`allow`, `deny`, `challenge`, or `error`.")
+    challenges: list[str]
+    policies: list[str]
+    error: str | None
+
+
 # -- conversions -------------------------------------------------------------------------
 
 
@@ -642,6 +653,17 @@ class Query:
             policies=[DecidingPolicy(**p) for p in out["policies"]],
             challenge=_challenge(out["challenge"]) if out["challenge"] is not None else None,
         )
+
+    @strawberry.field(
+        description="Decides a recorded decision again under a bundle version (default the "
+        "active one), with the bundle's own entities, as dry runs do. Areas `decisions` and "
+        "`policies`."
+    )
+    async def what_if(
+        self, info: Info[Context, None], qid: str, version: int | None = None
+    ) -> WhatIf | None:
+        out = await _call(info, info.context.service.redecide, qid, version)
+        return WhatIf(**out) if out is not None else None
 
     @strawberry.field(description="The directory's people. Area `directory`.")
     async def people(

@@ -62,7 +62,6 @@ DAY_COUNTERS: tuple[str, ...] = (
     "rows_exported",
     "cloud_failures",
     "sensitive",
-    "resources",
 )
 
 #: The distinct-value states ``read_sets`` returns (baseline and recent).
@@ -232,8 +231,8 @@ class DayRows:
 def read_days(client: Client, first: date, last: date) -> DayRows:
     """The counters of every principal active in ``[first, last]`` (days), one row per day.
 
-    One aggregate query over ``principal_daily``; the rows come back as columns and are laid
-    into dense (principals x days) arrays.
+    One aggregate query over ``principal_daily``; the columns come back through Arrow and are
+    laid into dense (principals x days) arrays.
 
     Raises:
         ValueError: `last` is before `first`.
@@ -242,29 +241,31 @@ def read_days(client: Client, first: date, last: date) -> DayRows:
     """
     if last < first:
         raise ValueError(f"window {first}..{last}: the last day is before the first")
-    sums = ", ".join(f"sum({c})" for c in DAY_COUNTERS if c != "resources")
-    result = client.query(
-        f"SELECT principal_type, principal_id, day, {sums}, uniqExactMerge(resources) "
-        f"FROM {ROLLUP_TABLE} WHERE day BETWEEN {{a:Date}} AND {{b:Date}} "
+    sums = ", ".join(f"toFloat64(sum({c})) AS {c}" for c in DAY_COUNTERS)
+    table = client.query_arrow(
+        "SELECT principal_type, principal_id, toInt32(day - {a:Date}) AS d, "
+        f"{sums} FROM {ROLLUP_TABLE} WHERE day BETWEEN {{a:Date}} AND {{b:Date}} "
         "GROUP BY principal_type, principal_id, day",
         parameters={"a": first, "b": last},
     )
-    cols = result.result_columns
     n_days = (last - first).days + 1
     days = [date.fromordinal(first.toordinal() + k) for k in range(n_days)]
-    if not cols or not cols[0]:
+    if table.num_rows == 0:
         empty = np.zeros((0, n_days))
         return DayRows([], days, {c: empty.copy() for c in DAY_COUNTERS}, empty.astype(bool))
     index: dict[tuple[str, str], int] = {}
-    rows = np.empty(len(cols[0]), dtype=np.int64)
-    for k, key in enumerate(zip(cols[0], cols[1], strict=True)):
-        rows[k] = index.setdefault(key, len(index))
-    day_idx = np.fromiter((d.toordinal() - first.toordinal() for d in cols[2]), dtype=np.int64)
+    keys = zip(
+        table.column("principal_type").to_pylist(),
+        table.column("principal_id").to_pylist(),
+        strict=True,
+    )
+    rows = np.fromiter((index.setdefault(k, len(index)) for k in keys), dtype=np.int64)
+    day_idx = table.column("d").to_numpy()
     shape = (len(index), n_days)
     counters: dict[str, np.ndarray] = {}
-    for j, name in enumerate(DAY_COUNTERS):
+    for name in DAY_COUNTERS:
         arr = np.zeros(shape)
-        arr[rows, day_idx] = np.asarray(cols[3 + j], dtype=float)
+        arr[rows, day_idx] = table.column(name).to_numpy()
         counters[name] = arr
     active = (counters["decisions"] + counters["events"]) > 0
     return DayRows(list(index), days, counters, active)

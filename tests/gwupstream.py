@@ -126,8 +126,12 @@ async def touch(ctx: Context, uri: str) -> str:
 
 @server.tool()
 async def change_tools(ctx: Context) -> str:
-    """Tells the client its tool list changed (``notifications/tools/list_changed``)."""
-    await ctx.session.send_tool_list_changed()
+    """Tells the client its tool list changed (``notifications/tools/list_changed``; in the
+    2026-07-28 revision on the clients' ``subscriptions/listen`` streams)."""
+    if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+        await ctx.notify_tools_changed()
+    else:
+        await ctx.session.send_tool_list_changed()
     return "changed"
 
 

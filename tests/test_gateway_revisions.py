@@ -196,6 +196,41 @@ def test_a_stdio_upstream_of_both_eras(world: World, mode: str) -> None:
         gw.stop()
 
 
+@pytest.mark.parametrize("mode", ["legacy", MODERN])
+def test_an_upstreams_list_changes_reach_agents_of_either_era(world: World, mode: str) -> None:
+    """The upstream's tool list changes (a handshake-era upstream's ``list_changed``, a
+    2026-07-28 upstream's on the gateway's ``subscriptions/listen`` stream) reach a handshake-era
+    agent's session and a 2026-07-28 agent's ``subscriptions/listen`` stream."""
+    seen: list[str] = []
+
+    async def note(message: Any) -> None:
+        if isinstance(message, types.ToolListChangedNotification):
+            seen.append("session")
+
+    async def run() -> None:
+        token = world.agent()
+        async with agent_client(world.url, token, mode, message_handler=note) as watcher:
+            if mode == MODERN:
+                async with watcher.listen(tools_list_changed=True) as sub:
+                    assert sub.honored.tools_list_changed
+                    async with agent_client(world.url, token, MODERN) as other:
+                        await other.call_tool("change_tools", {})
+                    event = await asyncio.wait_for(anext(sub), 30)
+                    seen.append(type(event).__name__)
+            else:
+                await watcher.list_tools()
+                async with agent_client(world.url, token, MODERN) as other:
+                    await other.call_tool("change_tools", {})
+                for _ in range(600):
+                    if seen:
+                        break
+                    await asyncio.sleep(0.05)
+
+    asyncio.run(run())
+    # A 2026-07-28 client hands the stream's notifications to its message handler too.
+    assert seen == (["session", "ToolsListChanged"] if mode == MODERN else ["session"])
+
+
 def _post(world: World, body: dict[str, Any], headers: dict[str, str]) -> httpx.Response:
     token = world.agent()
     return world.http.post(

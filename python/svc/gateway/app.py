@@ -40,6 +40,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from mcp.server.caching import CacheHint
 from mcp.server.lowlevel.server import NotificationOptions, Server
+from mcp.server.subscriptions import ListenHandler
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from starlette.datastructures import Headers
 from starlette.types import Receive, Scope, Send
@@ -245,6 +246,10 @@ class McpProxy:
         service.links[name].on_connected = self._install
         self.manager = StreamableHTTPSessionManager(app=self.server)
         self.held = HeldCalls(service.settings.upstream_timeout_secs)
+        self.listen = ListenHandler(service.links[name].relays.bus)
+        self.server.add_request_handler(
+            "subscriptions/listen", types.SubscriptionsListenRequestParams, self._listen
+        )
         self.fast = FastPath(service, name, self.manager)
         # The SDK's 2026-07-28 entry checks a call's Mcp-Param-* headers against the tool's
         # schema: the schemas the upstream last listed, not a tools/list per call.
@@ -264,6 +269,18 @@ class McpProxy:
         self._remember(ctx)
         self.service.count_request(self.name, ident, _revision(ctx))
         return ident
+
+    async def _listen(self, ctx: Any, params: types.SubscriptionsListenRequestParams) -> Any:
+        """``subscriptions/listen`` (2026-07-28): the upstream's list changes on this stream.
+
+        The SDK's ``ListenHandler`` over the upstream's list changes (``UpstreamRelays.bus``:
+        its ``list_changed`` notifications, and the gateway's own when the upstream's session
+        opens again). Resource subscriptions are not honored (the acknowledgement says so):
+        the gateway does not subscribe upstream for such a stream.
+        """
+        self._caller(ctx)
+        wanted = params.notifications.model_copy(update={"resource_subscriptions": None})
+        return await self.listen(ctx, params.model_copy(update={"notifications": wanted}))
 
     async def _initialized(self, ctx: Any, params: types.NotificationParams) -> None:
         """``notifications/initialized``: the new agent session is remembered.
@@ -753,6 +770,8 @@ def create_app(
             try:
                 yield
             finally:
+                for proxy in proxies.values():  # the listen streams end, answered
+                    proxy.listen.close()
                 background.cancel()
                 await asyncio.gather(background, return_exceptions=True)
                 await service.aclose()

@@ -137,6 +137,26 @@ LIST_CHANGES = (
 )
 
 
+def _new_bus() -> Any:
+    """The ``mcp`` SDK's in-process fan-out to ``subscriptions/listen`` streams."""
+    from mcp.server.subscriptions import InMemorySubscriptionBus
+
+    return InMemorySubscriptionBus()
+
+
+def _list_event(notification: Any) -> Any:
+    """The ``subscriptions/listen`` event of a ``list_changed`` notification, or None."""
+    from mcp.shared.subscriptions import PromptsListChanged, ResourcesListChanged, ToolsListChanged
+
+    if isinstance(notification, types.ToolListChangedNotification):
+        return ToolsListChanged()
+    if isinstance(notification, types.ResourceListChangedNotification):
+        return ResourcesListChanged()
+    if isinstance(notification, types.PromptListChangedNotification):
+        return PromptsListChanged()
+    return None
+
+
 class UpstreamRelays:
     """One upstream's requests in flight, agent sessions and resource subscribers (module docs).
 
@@ -153,6 +173,9 @@ class UpstreamRelays:
         self._subscribers: dict[str, dict[str, Any]] = {}
         self._levels: OrderedDict[str, types.LoggingLevel] = OrderedDict()
         self._sessions: OrderedDict[str, Any] = OrderedDict()
+        #: The list changes for 2026-07-28 agents' ``subscriptions/listen`` streams (the
+        #: revision has no standalone stream: docs/gateway.md#protocol-revisions).
+        self.bus: Any = _new_bus()
 
     @contextlib.contextmanager
     def open(self, relay: Relay) -> Any:
@@ -387,6 +410,10 @@ class UpstreamRelays:
         own ``list_changed`` would. A session that cannot take it (ended) is forgotten; one
         that takes longer than a second is skipped this time.
         """
+        for n in notifications:
+            event = _list_event(n)
+            if event is not None:  # the 2026-07-28 agents' listen streams
+                await self.bus.publish(event)
         for key, session in list(self._sessions.items()):
             for n in notifications:
                 try:

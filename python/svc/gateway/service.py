@@ -527,7 +527,19 @@ class UpstreamLink:
                     init.protocol_version,
                 )
                 self._forgotten.clear()
-                await _until_closed(session, self._forgotten, modern=self.modern)
+                follower = (
+                    asyncio.get_running_loop().create_task(
+                        self._follow_changes(session, init.capabilities)
+                    )
+                    if self.modern
+                    else None
+                )
+                try:
+                    await _until_closed(session, self._forgotten, modern=self.modern)
+                finally:
+                    if follower is not None:
+                        follower.cancel()
+                        await asyncio.gather(follower, return_exceptions=True)
                 self.error = "the session ended"
         except asyncio.CancelledError:
             raise
@@ -540,6 +552,40 @@ class UpstreamLink:
             self._ready.clear()
             self.metrics.upstream_up.labels(self.name).set(0)
         log.warning("upstream %s: %s; connecting again", self.name, self.error)
+
+    async def _follow_changes(self, session: Any, caps: types.ServerCapabilities) -> None:
+        """Relays a 2026-07-28 upstream's list changes, read on a ``subscriptions/listen`` stream.
+
+        The revision has no standalone stream: a client that wants the changes listens for
+        them (the ``mcp`` SDK's ``listen``). Each change goes where a handshake-era upstream's
+        ``list_changed`` goes (the SDK gives it to ``UpstreamRelays.message``: every agent
+        session, and the 2026-07-28 agents' listen streams). A stream that fails is opened
+        again under the shared reconnect policy; one the upstream ends is opened again at once.
+        Nothing when the upstream announces no list changes.
+        """
+        from mcp.client.subscriptions import listen
+
+        tools = bool(caps.tools and caps.tools.list_changed)
+        prompts = bool(caps.prompts and caps.prompts.list_changed)
+        resources = bool(caps.resources and caps.resources.list_changed)
+        if not (tools or prompts or resources):
+            return
+
+        async def follow() -> None:
+            async with listen(
+                session,
+                tools_list_changed=tools,
+                prompts_list_changed=prompts,
+                resources_list_changed=resources,
+            ) as changes:
+                # The SDK hands each of the stream's notifications to the session's message
+                # handler too (``UpstreamRelays.message``), which relays it: here they are
+                # only read, so the stream keeps flowing.
+                async for _ in changes:
+                    pass
+
+        changes = Reconnect(f"upstream {self.name} list changes", log, max_secs=10.0)
+        await changes.forever_async(follow)
 
     @property
     def modern(self) -> bool:

@@ -157,12 +157,17 @@ def test_heartbeats_carry_the_schema_and_nothing_else(receiver: Receiver, tmp_pa
                 seen |= traffic(pdp.http, company, 40)
                 time.sleep(0.2)
             assert seen == {"allow", "deny", "challenge"}
+            # More traffic while waiting, so some heartbeat after the first counts it.
             wait_until(
-                lambda: any(
-                    b["decisions_per_minute"] and b["decisions_per_minute"]["challenge"] > 0
-                    for b in receiver.bodies
+                lambda: (
+                    traffic(pdp.http, company, 5)
+                    and any(
+                        b["decisions_per_minute"] and b["decisions_per_minute"]["challenge"] > 0
+                        for b in receiver.bodies
+                    )
                 ),
                 timeout=60,
+                every=0.2,
             )
             probe = httpx.get(f"{reporter.url}/metrics").text
         finally:

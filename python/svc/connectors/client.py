@@ -223,6 +223,7 @@ class Caller:
             if after is not None:
                 self.not_before = max(self.not_before, time.monotonic() + after)
             raise Retryable(kind, f"{method} {url}: {r.status_code}", after)
+        self.metrics.errors.labels(self.connector, "client").inc()
         raise CallFailed(method, url, r.status_code, _body(r))
 
     async def call(self, method: str, url: str, **kwargs: Any) -> httpx.Response:

@@ -9,6 +9,8 @@ synthetic mix: 5,000 people and 500 agents over the last 7 days, stored with
 ``PortalArea`` (tests/portalkit.py's) in which the bench's person is an auditor; and the
 portal's service layer and app (uvicorn in a thread). Then measures:
 
+* **the history's route alone** (``GET /v1/history/decisions`` of one principal, 51 rows), to
+  tell the store's share from the portal's;
 * **first page of a decision search** (``PortalService.decisions``: the portal's check at the
   decision point, then the history read), one random principal at a time, over the whole 7
   days: unfiltered, and filtered to ``verdict: deny`` (about 15% of rows, so the portal reads
@@ -38,17 +40,16 @@ import uvicorn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from _support import SVC, free_port, pct  # noqa: E402
-from bench_history import NOW, decisions, encode  # noqa: E402
-
-from svc import history  # noqa: E402
-from svc.common.auth_settings import HistoryAuthSettings  # noqa: E402
-from svc.common.net import tcp_listener  # noqa: E402
-from svc.history.service import create_app as history_app  # noqa: E402
-from svc.portal.app import create_app as portal_app  # noqa: E402
-from svc.portal.clients import ContextClient, HistoryClient, PdpClient  # noqa: E402
-from svc.portal.service import PortalService  # noqa: E402
-from svc.portal.settings import PortalSettings  # noqa: E402
+from _support import SVC, free_port, pct
+from bench_history import NOW, decisions, encode
+from svc import history
+from svc.common.auth_settings import HistoryAuthSettings
+from svc.common.net import tcp_listener
+from svc.history.service import create_app as history_app
+from svc.portal.app import create_app as portal_app
+from svc.portal.clients import ContextClient, HistoryClient, PdpClient
+from svc.portal.service import PortalService
+from svc.portal.settings import PortalSettings
 
 PERSON = "bench-auditor"
 PAGE_QUERY = """
@@ -184,6 +185,13 @@ def main() -> None:
 
         for _ in range(20):
             first_page()
+        hist = HistoryClient(hist_url)
+
+        def history_alone() -> None:
+            p = rnd.choice(principals)
+            hist.decisions(principal=f"{p['type']}::{p['id']}", since=since.isoformat(), limit=51)
+
+        report("the history route alone (51 rows)", timed(history_alone, args.searches))
         report("unfiltered", timed(first_page, args.searches))
         report("verdict deny", timed(lambda: first_page("deny"), args.searches))
         report(

@@ -445,3 +445,81 @@ def test_the_exported_schema_matches_the_code() -> None:
         "python/svc/portal/schema.graphql is stale: run "
         "`.venv/bin/svc portal schema > python/svc/portal/schema.graphql`"
     )
+
+
+def test_subscriptions_over_graphql_transport_ws(world: World, people: dict[str, Gql]) -> None:
+    from starlette.testclient import TestClient
+    from starlette.websockets import WebSocketDisconnect
+
+    from svc.portal.app import create_app
+    from svc.portal.sessions import COOKIE
+
+    app = create_app(world.settings, world.service)
+    origin = world.settings.public_url
+    with TestClient(app, base_url=origin) as client:
+        _, ana_cookie = app.state.sessions.create("ana")
+        _, cy_cookie = app.state.sessions.create("cy")
+
+        def connect(cookie: str, origin_header: str = origin) -> Any:
+            client.cookies.clear()
+            client.cookies.set(COOKIE, cookie)
+            return client.websocket_connect(
+                "/graphql", subprotocols=["graphql-transport-ws"], headers={"origin": origin_header}
+            )
+
+        with pytest.raises(WebSocketDisconnect):  # another origin: refused before accept
+            with connect(ana_cookie, "https://evil.example.com") as ws:
+                ws.receive_json()
+        with pytest.raises(WebSocketDisconnect):  # no session
+            with connect("not-a-session") as ws:
+                ws.receive_json()
+        sub = "subscription { containmentChanges { contained containment { principal { id } author } } }"
+        with connect(cy_cookie) as ws:
+            ws.send_json({"type": "connection_init"})
+            assert ws.receive_json()["type"] == "connection_ack"
+            ws.send_json({"id": "1", "type": "subscribe", "payload": {"query": sub}})
+            msg = ws.receive_json()
+            assert msg["type"] == "error" or msg["payload"].get("errors"), msg
+            errors = msg["payload"] if msg["type"] == "error" else msg["payload"]["errors"]
+            forbidden(errors[0]["extensions"], "containments", "view")
+        with connect(ana_cookie) as ws:
+            ws.send_json({"type": "connection_init"})
+            assert ws.receive_json()["type"] == "connection_ack"
+            ws.send_json({"id": "1", "type": "subscribe", "payload": {"query": sub}})
+            ws.send_json(
+                {
+                    "id": "2",
+                    "type": "subscribe",
+                    "payload": {"query": "subscription { myChallenges { qid state } }"},
+                }
+            )
+            target = {"type": "Human", "id": "dee"}
+            people["ana"].ok(
+                'mutation($p: EntityRefInput!) { contain(principal: $p, reason: "watch") { changed } }',
+                {"p": target},
+            )
+            seen = []
+            while True:
+                msg = ws.receive_json()
+                assert msg["type"] == "next", msg
+                if msg["id"] != "1":
+                    continue
+                event = msg["payload"]["data"]["containmentChanges"]
+                seen.append(event)
+                if event["containment"]["principal"]["id"] == "dee":
+                    break
+            assert seen[-1] == {
+                "contained": True,
+                "containment": {"principal": {"id": "dee"}, "author": "ana"},
+            }
+            people["ana"].ok(
+                'mutation($p: EntityRefInput!) { lift(principal: $p, reason: "done") }',
+                {"p": target},
+            )
+            while True:
+                msg = ws.receive_json()
+                if msg["id"] == "1":
+                    break
+            assert msg["payload"]["data"]["containmentChanges"]["contained"] is False
+            ws.send_json({"id": "1", "type": "complete"})
+            ws.send_json({"id": "2", "type": "complete"})

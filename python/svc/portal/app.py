@@ -36,10 +36,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, RedirectResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CollectorRegistry, Counter
+from starlette.exceptions import WebSocketException
 from starlette.middleware.sessions import SessionMiddleware
+from starlette.requests import HTTPConnection
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from strawberry.fastapi import GraphQLRouter
+from strawberry.subscriptions import GRAPHQL_TRANSPORT_WS_PROTOCOL
 
 from svc import __version__, web
 from svc.common.auth_settings import is_loopback
@@ -247,7 +250,19 @@ def create_app(settings: PortalSettings, service: PortalService) -> FastAPI:
 
     schema = make_schema(settings)
 
-    def graphql_guard(request: Request) -> Session:
+    def graphql_guard(request: HTTPConnection) -> Session:
+        if request.scope["type"] == "websocket":
+            # Browsers send no custom header on a websocket: its Origin must be the portal's
+            # (cross-site websocket hijacking), and the session cookie signed in.
+            origin = request.headers.get("origin")
+            if origin is None or origin.lower() != request.app.state.public_origin:
+                raise WebSocketException(code=4403, reason="origin not allowed")
+            store: SessionStore = request.app.state.sessions
+            session = store.get(request.cookies.get(COOKIE))
+            if session is None:
+                raise WebSocketException(code=4401, reason="sign in first")
+            return session
+        assert isinstance(request, Request)
         if request.method == "GET" and not settings.dev:
             raise Problem(
                 405,
@@ -258,8 +273,8 @@ def create_app(settings: PortalSettings, service: PortalService) -> FastAPI:
             )
         return changing(request) if request.method != "GET" else signed_in(request)
 
-    def graphql_context(request: Request) -> Context:
-        return Context(signed_in(request), service)
+    def graphql_context(session: Session = Depends(graphql_guard)) -> Context:  # noqa: B008
+        return Context(session, service)
 
     app.include_router(
         GraphQLRouter(
@@ -268,7 +283,9 @@ def create_app(settings: PortalSettings, service: PortalService) -> FastAPI:
             graphql_ide="graphiql" if settings.dev else None,
             allow_queries_via_get=False,
             context_getter=graphql_context,
-            subscription_protocols=(),
+            subscription_protocols=(GRAPHQL_TRANSPORT_WS_PROTOCOL,),
+            max_subscriptions_per_connection=settings.max_subscriptions,
+            allowed_origins=[_origin(settings.public_url)],
             dependencies=[Depends(graphql_guard)],
             include_in_schema=False,
         )

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 from urllib.parse import quote
 
@@ -434,6 +434,36 @@ class ChallengeClient(_Grpc):
         super().__init__(url, token, timeout_secs)
         self.stub = cpb_grpc.ChallengeServiceStub(self._channel)  # type: ignore[no-untyped-call]
         self.pb = cpb
+
+    async def stream(self, method: str, request: Any) -> AsyncIterator[Any]:
+        """A server stream of `method` over a ``grpc.aio`` channel of its own, message by message.
+
+        Raises:
+            Unavailable: the stream could not be opened or broke.
+            Refused: the service refused the request (as ``call``).
+
+        """
+        metadata = []
+        token = self._token()
+        if token:
+            metadata.append(("authorization", f"Bearer {token}"))
+        async with grpc.aio.insecure_channel(grpc_target(self.url)) as channel:
+            stub = cpb_grpc.ChallengeServiceStub(channel)  # type: ignore[no-untyped-call]
+            try:
+                async for message in getattr(stub, method)(request, metadata=metadata):
+                    yield message
+            except grpc.aio.AioRpcError as e:
+                code = e.code()
+                if code in _REFUSED_STATUS:
+                    raise Refused(
+                        _REFUSED_STATUS[code],
+                        {
+                            "type": f"urn:svc:problem:{code.name.lower().replace('_', '-')}",
+                            "title": code.name,
+                            "detail": e.details() or "",
+                        },
+                    ) from None
+                raise Unavailable(self.name, f"{method}: {code.name}: {e.details()}") from None
 
 
 class PolicyClient(_Grpc):

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -908,6 +908,50 @@ class Mutation:
         return _enforcement(out)
 
 
+@strawberry.type(description="A containment as it changes: `contained` false when lifted.")
+class ContainmentEvent:
+    contained: bool
+    containment: Containment
+
+
+async def _stream(info: Info[Context, None], agen: AsyncIterator[T]) -> AsyncIterator[T]:
+    """A service stream with its refusals as GraphQL errors (as ``_call``)."""
+    try:
+        async for item in agen:
+            yield item
+    except Denied as e:
+        raise GraphQLError(e.detail, extensions=e.extensions()) from None
+    except Problem as p:
+        code = p.slug.upper().replace("-", "_")
+        raise GraphQLError(p.detail, extensions={"code": code, "status": p.status}) from None
+
+
+@strawberry.type(
+    description="Subscriptions (graphql-transport-ws only); each is checked as `view` when it "
+    "starts."
+)
+class Subscription:
+    @strawberry.subscription(
+        description="Every containment, then each contain and lift as it happens. Area "
+        "`containments`."
+    )
+    async def containment_changes(
+        self, info: Info[Context, None]
+    ) -> AsyncIterator[ContainmentEvent]:
+        svc, person = info.context.service, info.context.person
+        async for contained, m in _stream(info, svc.watch_containments(person)):
+            yield ContainmentEvent(contained=contained, containment=_containment(m))
+
+    @strawberry.subscription(
+        description="The signed-in person's challenges as they open and change (checked with "
+        "`context.own`). Area `challenges`."
+    )
+    async def my_challenges(self, info: Info[Context, None]) -> AsyncIterator[Challenge]:
+        svc, person = info.context.service, info.context.person
+        async for m in _stream(info, svc.watch_my_challenges(person)):
+            yield _challenge(m)
+
+
 def _mask(error: GraphQLError) -> bool:
     """Masks errors that are not the portal's own (an exception a resolver did not expect)."""
     return error.original_error is not None and not isinstance(error.original_error, GraphQLError)
@@ -932,9 +976,12 @@ def make_schema(settings: PortalSettings) -> strawberry.Schema:
     ]
     if not settings.dev:
         extensions.append(DisableIntrospection)
-    return strawberry.Schema(query=Query, mutation=Mutation, extensions=extensions)
+    return strawberry.Schema(
+        query=Query, mutation=Mutation, subscription=Subscription, extensions=extensions
+    )
 
 
 def schema_sdl() -> str:
     """The schema's SDL, as ``schema.graphql`` holds it (limits do not change it)."""
-    return strawberry.Schema(query=Query, mutation=Mutation).as_str() + "\n"
+    schema = strawberry.Schema(query=Query, mutation=Mutation, subscription=Subscription)
+    return schema.as_str() + "\n"

@@ -31,11 +31,13 @@ import difflib
 import json
 import logging
 import re
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Any, Literal
 
+import anyio.to_thread
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from svc.common.problems import FieldError, Problem
@@ -1074,6 +1076,55 @@ class PortalService:
         out = self._run("challenge service", c.call, "Lift", req)
         log.info("%s lifted %s: %s", person, principal, reason)
         return bool(out.changed)
+
+    async def watch_containments(self, person: str) -> AsyncIterator[tuple[bool, Any]]:
+        """Every containment, then each change as it happens (``view`` on ``containments``).
+
+        Yields:
+            ``(contained, Containment message)``: first one per contained principal (True),
+            then each contain (True) and lift (False), as the challenge service's
+            ``WatchContainments`` streams them; heartbeats are not yielded.
+
+        Raises:
+            Denied: the check refused (before the stream opens).
+            Problem: 503 when the challenge service is not connected or the stream breaks.
+
+        """
+        await anyio.to_thread.run_sync(lambda: self.authorize(person, "view", "containments"))
+        c = self._need(self.challenge, "challenge service")
+        try:
+            async for m in c.stream("WatchContainments", c.pb.WatchContainmentsRequest()):
+                kind = m.WhichOneof("event")
+                if kind == "list":
+                    for x in m.list.containments:
+                        yield True, x
+                elif kind == "change":
+                    yield bool(m.change.contained), m.change.containment
+        except Unavailable as e:
+            raise unavailable_problem(e) from None
+
+    async def watch_my_challenges(self, person: str) -> AsyncIterator[Any]:
+        """The person's challenges as they open and change: ``Challenge`` messages.
+
+        Checked as ``view`` on ``challenges`` with ``context.own``; the challenge service's
+        ``WatchChallenges(person)`` stream, heartbeats left out.
+
+        Raises:
+            Denied: the check refused (before the stream opens).
+            Problem: 503 when the challenge service is not connected or the stream breaks.
+
+        """
+        await anyio.to_thread.run_sync(
+            lambda: self.authorize(person, "view", "challenges", own=True)
+        )
+        c = self._need(self.challenge, "challenge service")
+        try:
+            req = c.pb.WatchChallengesRequest(person=person)
+            async for m in c.stream("WatchChallenges", req):
+                if m.WhichOneof("event") == "challenge":
+                    yield m.challenge
+        except Unavailable as e:
+            raise unavailable_problem(e) from None
 
     # challenges
 

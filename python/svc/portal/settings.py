@@ -125,6 +125,8 @@ class PortalSettings(ServiceSettings, component="portal"):
     """GraphQL: most lexical tokens in one document."""
     max_page_size: int = Field(default=200, ge=1, le=10_000)
     """Most rows of one page of any list (decisions, challenges, people, ...)."""
+    max_subscriptions: int = Field(default=10, ge=1, le=1000)
+    """GraphQL: most subscriptions one websocket connection holds at once."""
     dev: bool = False
     """Development only: GraphQL introspection and the GraphiQL IDE at ``/graphql``. Off in an
     install: the schema is in ``python/svc/portal/schema.graphql``."""

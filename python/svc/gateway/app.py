@@ -17,6 +17,13 @@
   (progress, log messages, sampling and elicitation requests) goes to that call's agent
   (``AgentRelay``, ``svc.gateway.relay``). A plain ``tools/call`` on an open session takes the
   fast path (``svc.gateway.fastpath``, docs/gateway.md#fast-path) around the SDK.
+  Both protocol eras are served (docs/gateway.md#protocol-revisions): the SDK's manager hands a
+  2026-07-28 request (one POST, no session, its ``_meta`` envelope and ``Mcp-Method`` /
+  ``Mcp-Name`` headers checked against its body) to its stateless entry, which runs the same
+  handlers; ``server/discover`` and ``subscriptions/listen`` are served for that revision, and
+  a 2026-07-28 agent's call to a handshake-era upstream that asks for input mid-call is held
+  (``svc.gateway.rounds``). Each request is counted by agent and revision
+  (``svc_gateway_agent_requests_total``).
 * ``GET /mcp/challenges/{challenge_qid}?wait=<0..25>``: the caller's challenge wait.
 * ``/healthz``, ``/readyz``, ``/version``, ``/metrics`` (``svc.common.health.probe_router``).
 

@@ -4,11 +4,12 @@ docs/gateway.md#fast-path. Most tool calls are one request and one result. Throu
 SDK on both sides, such a call costs the gateway several milliseconds of CPU (JSON-RPC
 validation, memory streams and task groups per request, an event stream per response), far
 more than the checks. So a ``POST /mcp/{upstream}`` that carries exactly one ``tools/call`` on
-an open MCP session of the caller's is answered here:
+an open MCP session of the caller's, or as a 2026-07-28 request (one POST, no session, its
+headers agreeing with its body as the SDK's entry checks them), is answered here:
 
 1. it is checked as every call is (``GatewayService.check``);
 2. when allowed, it is POSTed on the upstream's session directly (``UpstreamLink.post``,
-   under an id of the gateway's own);
+   under an id of the gateway's own), in the upstream's revision (``UpstreamLink.tool_call``);
 3. when the upstream's first message back is the result, the agent gets it as one JSON body
    (``application/json``, which the Streamable HTTP transport lets a server answer:
    https://modelcontextprotocol.io/specification/2025-11-25/basic/transports#sending-messages-to-the-server);

@@ -5,8 +5,10 @@ docs/gateway.md describes the behaviour; the pieces:
 * ``PdpClient``: the decision point (docs/api.md): gRPC ``Check`` for the checks, ``POST
   /v1/access/challenge`` for the challenge waits.
 * ``UpstreamLink``: one MCP client session (the ``mcp`` SDK's ``ClientSession`` over Streamable
-  HTTP or stdio) per upstream, shared by every agent, opened again with backoff when lost; the
-  fast path POSTs plain tool calls on the same session directly (``post``, ``send``).
+  HTTP or stdio) per upstream, shared by every agent, in the newest protocol revision the
+  upstream offers (``server/discover``, else ``initialize``: docs/gateway.md#protocol-revisions),
+  opened again under the shared reconnect policy (``svc.common.retry``) when lost; the fast
+  path POSTs plain tool calls on the same session directly (``tool_call``, ``post``, ``send``).
 * ``Containments``: who is contained, from the challenge service's ``WatchContainments`` feed
   (``svc.pdp.containment_follower.ContainmentFollower``, docs/challenges.md) or a file, so
   that a contained principal's call is never forwarded while the decision point is away.

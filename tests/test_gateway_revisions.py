@@ -346,3 +346,79 @@ def test_a_plain_call_of_either_era_takes_the_fast_path(world: World) -> None:
     before = _fast(world)
     assert not asyncio.run(legacy()).is_error
     assert _fast(world) - before == 1
+
+
+def test_a_held_call_resumes_only_for_its_caller_and_tool() -> None:
+    """``svc.gateway.rounds.HeldCalls``: the upstream's request during the call becomes the
+    answer (an ``InputRequiredResult`` naming the held call); a retry with an unknown state,
+    another caller's, another tool's or one missing an answer is refused with ``-32602`` and
+    loses nothing (the right retry still resumes it); a held call nobody resumes is cancelled."""
+    from mcp.shared.exceptions import MCPError
+
+    from svc.gateway.rounds import HeldCalls
+
+    class Inner:
+        min_level = None
+        capabilities = None
+
+        async def progress(self, *args: Any) -> None:
+            pass
+
+        async def log(self, params: Any) -> None:
+            pass
+
+    ask = types.CreateMessageRequest(
+        params=types.CreateMessageRequestParams(
+            messages=[
+                types.SamplingMessage(
+                    role="user", content=types.TextContent(type="text", text="hi")
+                )
+            ],
+            max_tokens=5,
+        )
+    )
+    answer = types.CreateMessageResult(
+        role="assistant", content=types.TextContent(type="text", text="yes"), model="m"
+    )
+
+    async def call(relay: Any) -> Any:
+        got = await relay.request(ask, types.CreateMessageResult)
+        return types.CallToolResult(content=[got.content])
+
+    def retry(state: str | None, tool: str = "t", answers: Any = None) -> Any:
+        return types.CallToolRequestParams(name=tool, request_state=state, input_responses=answers)
+
+    async def run() -> tuple[list[int], Any, bool]:
+        held = HeldCalls(timeout_secs=5)
+        first = await held.start(("me",), "t", Inner(), call)
+        assert isinstance(first, types.InputRequiredResult) and first.request_state
+        (key,) = first.input_requests or {}
+        refused = []
+        for owner, params in [
+            (("me",), retry("svc-held:nope", answers={key: answer})),
+            (("you",), retry(first.request_state, answers={key: answer})),
+            (("me",), retry(first.request_state, tool="other", answers={key: answer})),
+            (("me",), retry(first.request_state, answers={})),
+        ]:
+            try:
+                await held.resume(owner, params, Inner())
+            except MCPError as e:
+                refused.append(e.error.code)
+        done = await held.resume(
+            ("me",), retry(first.request_state, answers={key: answer}), Inner()
+        )
+        # Nobody comes back for this one: it is cancelled after the timeout.
+        brief = HeldCalls(timeout_secs=0.2)
+        second = await brief.start(("me",), "t", Inner(), call)
+        await asyncio.sleep(0.5)
+        try:
+            await brief.resume(("me",), retry(second.request_state, answers={key: answer}), Inner())
+            expired = False
+        except MCPError:
+            expired = True
+        return refused, done, expired
+
+    refused, done, expired = asyncio.run(run())
+    assert refused == [types.INVALID_PARAMS] * 4
+    assert done.content[0].text == "yes"
+    assert expired

@@ -18,6 +18,7 @@ from svc.connectors.service import ConnectorsService
 from svc.demo import company as demo
 from svc.demo.directory import provision_context
 from svc.demo.sources import DemoSources
+from svc.pdp import Engine
 from test_context import SCIM_TOKEN, Live, database_url, live
 
 __all__ = ["database_url", "live"]  # fixtures used by name
@@ -58,6 +59,12 @@ def test_the_demo_company_comes_through_the_connectors(live: Live, tmp_path: Pat
         assert e["attrs"]["link_sharing"] == ("anyone" if public else "none")
         groups = {g["__entity"]["id"] for g in e["attrs"]["shared_with_groups"]}
         assert d.attrs["department"] in groups
+
+    # The demo bundle's schema takes the connector's documents as they are.
+    bundle = tmp_path / "bundle"
+    demo.write_bundle(company, bundle, entities=False)
+    engine = Engine.from_bundle_dir(bundle)
+    engine.upsert_entities(list(got.values()))  # RequestError if the schema refused one
 
     ids = [w.id for w in company.work_items]
     r = live.http.post("/v1/work-items/get", json={"ids": ids})

@@ -595,3 +595,32 @@ def test_the_demo_company_s_month_has_its_two_stories_flagged(chdb_root: str) ->
     assert passed == {s.principal for s in m.stories}
     top = sorted(scores, key=lambda s: -s.score)[:2]
     assert {s.principal for s in top} == passed
+
+
+def test_the_app_runs_a_cycle_at_start_and_serves_its_probes(
+    tmp_path: Path,
+    shared_history: tuple[str, Client],
+    context: Live,
+    challenge: ChallengeServer,
+    policy: PolicyServer,
+) -> None:
+    lease = f"file://{tmp_path / 'reasoner.lease'}"
+    r = reasoner(shared_history[1], context, challenge, policy, lease_url=lease)
+    app = create_app(r.settings, r)
+    with TestClient(app) as probe:
+        deadline = datetime.now(UTC) + timedelta(seconds=120)
+        while r.status.cycles["ok"] == 0 and datetime.now(UTC) < deadline:
+            threading.Event().wait(0.2)
+        assert r.status.cycles["ok"] == 1 and r.status.lease_held
+        ready = probe.get("/readyz")
+        assert ready.status_code == 200 and ready.json()["lease"].startswith("file ")
+        metrics = probe.get("/metrics").text
+        assert 'svc_reasoner_cycles_total{outcome="ok"} 1.0' in metrics
+        assert 'svc_reasoner_last_cycle{what="contained"} 4.0' in metrics
+        assert probe.get("/version").json()["component"] == "svc-reasoner"
+        # A second reasoner on the same lease file waits.
+        other = reasoner(shared_history[1], context, challenge, policy, lease_url=lease)
+        assert create_app(other.settings, other).state.loop.once() == "no-lease"
+    # The lifespan's end freed the lease.
+    assert create_app(other.settings, other).state.loop.once() == "ok"
+    other.lease.release()

@@ -284,6 +284,36 @@ def test_a_request_whose_headers_disagree_with_its_body_is_refused(world: World)
     assert r.json()["error"]["code"] in (-32020, -32022)
 
 
+def test_whitespace_around_a_routing_headers_value_is_not_part_of_it(world: World) -> None:
+    """RFC 9110 section 5.5: ``Mcp-Name:  ping  `` names ``ping`` (sent as raw bytes: the HTTP
+    clients here would trim it themselves)."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    url = urlsplit(world.url)
+    conn = http.client.HTTPConnection(url.hostname or "", url.port, timeout=60)
+    try:
+        body = json.dumps(_call("ping"))
+        conn.putrequest("POST", url.path)
+        for name, value in [
+            ("authorization", f"Bearer {world.agent()}"),
+            ("content-type", "application/json"),
+            ("accept", "application/json, text/event-stream"),
+            ("mcp-protocol-version", f" {MODERN}"),
+            ("mcp-method", "tools/call "),
+            ("mcp-name", "  ping  "),
+            ("content-length", str(len(body))),
+        ]:
+            conn.putheader(name, value)
+        conn.endheaders(body.encode())
+        r = conn.getresponse()
+        text = r.read().decode()
+    finally:
+        conn.close()
+    assert r.status == 200, text
+    assert "pong" in text
+
+
 def test_server_discover_names_the_revision_and_the_upstreams_capabilities(world: World) -> None:
     body = {
         "jsonrpc": "2.0",

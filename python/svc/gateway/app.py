@@ -789,6 +789,7 @@ def create_app(
         if scope["type"] == "http":
             path: str = scope["path"]
             if path.startswith("/mcp/"):
+                _trim_routing_headers(scope)
                 refused = await guard.check(scope)
                 if refused is not None:
                     await problem_response(refused)(scope, receive, send)
@@ -813,6 +814,22 @@ def create_app(
         await http_app(scope, receive, send)
 
     return app
+
+
+#: The MCP routing headers whose values are compared with a 2026-07-28 request's body.
+_ROUTING = frozenset({b"mcp-protocol-version", b"mcp-method", b"mcp-name"})
+
+
+def _trim_routing_headers(scope: Scope) -> None:
+    """Takes the optional whitespace around the MCP routing headers' values out of `scope`.
+
+    A field value excludes its leading and trailing whitespace (RFC 9110 section 5.5), and the
+    2026-07-28 revision compares ``Mcp-Method`` and ``Mcp-Name`` with the body exactly, so
+    ``Mcp-Name:  read_doc  `` names ``read_doc`` (the HTTP server leaves the spaces in).
+    """
+    headers = scope["headers"]
+    if any(k in _ROUTING and v != v.strip(b" \t") for k, v in headers):
+        scope["headers"] = [(k, v.strip(b" \t") if k in _ROUTING else v) for k, v in headers]
 
 
 def _bind_caller(scope: Scope, ident: AgentIdentity) -> None:

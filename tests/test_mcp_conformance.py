@@ -45,10 +45,9 @@ MIN_SCENARIOS = 30
 #: ``conformance-next``, 0.2.0-alpha.12), run as ``--requirements 2026-07-28`` (exactly the
 #: scenarios the revision requires, and the extensions' and pending ones it runs beside them).
 #: Directly, the upstream (tests/conformance_server.py, both eras) passes all but the tasks
-#: extension's (not served), the pending header scenarios the SDK does not pass yet and one
-#: check of ``server-stateless``; every one it passes passes through the gateway (the
-#: input-required rounds, the header checks, caching, the agent's capabilities), but for
-#: ``GATEWAY_GAPS_2026``.
+#: extension's (not served) and the pending header scenarios the SDK does not pass yet; every
+#: one it passes passes through the gateway (``server-stateless``, the input-required rounds,
+#: caching, the agent's capabilities), but for ``GATEWAY_GAPS_2026``.
 NEXT_ARGS = ("--requirements", "2026-07-28")
 #: Scenarios of the 2026-07-28 run that pass directly but fail through the gateway, with why.
 GATEWAY_GAPS_2026: dict[str, str] = {}

@@ -13,23 +13,40 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from svc.challenge.component import REGISTRATION as CHALLENGE
-from svc.common.component import Registration, Role
+from svc.common.component import Registration
+from svc.connectors.component import REGISTRATION as CONNECTORS
 from svc.context.component import REGISTRATION as CONTEXT
 from svc.demo.component import CONTAINMENTS as DEMO_CONTAINMENTS
+from svc.demo.component import DIRECTORY as DEMO_DIRECTORY
+from svc.demo.component import HEARTBEAT_RECEIVER as DEMO_HEARTBEAT_RECEIVER
 from svc.demo.component import REGISTRATIONS as DEMO
+from svc.demo.component import SOURCES_REGISTRATION as DEMO_SOURCES
 from svc.demo.component import TOOLS as DEMO_TOOLS
 from svc.gateway.component import REGISTRATION as GATEWAY
 from svc.history.component import REGISTRATION as HISTORY
 from svc.intake.component import REGISTRATION as INTAKE
 from svc.pdp.component import REGISTRATION as PDP
 from svc.policy.component import REGISTRATION as POLICY
+from svc.reporter.component import REGISTRATION as REPORTER
 
-__all__ = ["COMPONENTS", "RegistryError", "audiences_of", "by_name", "check", "components"]
+__all__ = [
+    "COMPONENTS",
+    "TOPOLOGY_INFRA_PORTS",
+    "RegistryError",
+    "audiences_of",
+    "by_name",
+    "check",
+    "components",
+    "up_port_count",
+]
 
 #: Every registration, in start order.
 COMPONENTS: tuple[Registration, ...] = (
     POLICY,
     CONTEXT,
+    DEMO_DIRECTORY,
+    DEMO_SOURCES,
+    CONNECTORS,
     *DEMO,
     CHALLENGE,
     DEMO_CONTAINMENTS,
@@ -38,6 +55,8 @@ COMPONENTS: tuple[Registration, ...] = (
     HISTORY,
     DEMO_TOOLS,
     GATEWAY,
+    DEMO_HEARTBEAT_RECEIVER,
+    REPORTER,
 )
 
 #: ``svc topology``'s ports besides the registrations' (offsets from its base port).
@@ -113,6 +132,3 @@ def audiences_of(role: str) -> list[str]:
 def up_port_count() -> int:
     """How many consecutive ports ``svc up`` takes, from its ``--port``."""
     return max(r.up_port for r in COMPONENTS if r.up_port is not None) + 1
-
-
-__all__ += ["TOPOLOGY_INFRA_PORTS", "Role", "up_port_count"]

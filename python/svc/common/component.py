@@ -62,6 +62,8 @@ class Role:
     CHALLENGE = "challenge"
     #: MCP gateways: checks, outage tiers, trusted apps, containments.
     GATEWAY = "gateway"
+    #: The connectors: write resources and work items.
+    CONNECTORS = "connectors"
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,10 @@
 (docs/demo.md):
 
 * ``demo-directory``: writes the demo company into the context service the first time (people
-  and groups over SCIM, resources, work items, agents, risk scores; ``svc.demo.directory``);
+  and groups over SCIM, tickets and customers, agents, risk scores; ``svc.demo.directory``);
+* ``demo-sources``: the demo company's Google Drive and Jira fakes on loopback
+  (``svc.demo.sources``), which the connectors read, so its folders, documents and work items
+  come into the context service through the connector path (docs/connectors.md#the-local-fakes);
 * ``agent-issuer``: the development issuer of agent tokens (``svc.demo.token_issuer``: the keys
   of the apps trusted for the demo agents, JWKS over HTTPS with its own CA), whose apps are
   trusted in the context service on every start;
@@ -12,6 +15,9 @@
   (``svc.challenge.dev_idp``: anyone signs in as any user name);
 * ``demo-containments``: contains the demo company's contained people through the challenge
   service when its database is created (a later ``Lift`` stays lifted);
+* ``heartbeat-receiver``: where the reporter's heartbeats go under ``svc up``, a local receiver
+  that appends each to ``<data_dir>/heartbeats.jsonl`` (what the vendor would get;
+  docs/reporter.md);
 * ``tools``: the demo company's tools server (``svc.demo.tools_server``), the gateway's
   upstream: a stdio child of the gateway under ``svc up``, a process over Streamable HTTP under
   ``svc topology``.
@@ -22,6 +28,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -30,8 +37,10 @@ from typing import TYPE_CHECKING, Any
 from svc.challenge.component import CREATED
 from svc.common.component import Process, Registration, Role, TopologyRuntime, UpRuntime
 from svc.common.inprocess import reraise_port
+from svc.connectors.component import SOURCES
 from svc.context.component import SCIM_TOKEN
 from svc.gateway.component import JWKS_CA_FILE, UPSTREAMS
+from svc.reporter.component import PORTAL_URL
 
 if TYPE_CHECKING:
     from svc.gateway.settings import Upstream
@@ -63,9 +72,51 @@ def _provision_directory(rt: UpRuntime) -> Iterator[None]:
             rt.demo_company,
             scim_token=rt.shared[SCIM_TOKEN],
             token=rt.token(Role.OPERATOR, "context", 600),
+            connected=True,
         )
         log.info("provisioned the demo company through the context service: %s", done)
     yield
+
+
+@contextmanager
+def _sources(rt: UpRuntime) -> Iterator[Any]:
+    """The demo company's Drive and Jira fakes until the end; the connectors read them.
+
+    Raises:
+        OSError: a port cannot be bound, or a credential file cannot be written.
+
+    """
+    if not rt.demo:
+        yield None
+        return
+    from svc.demo.sources import DemoSources
+
+    sources = DemoSources(rt.demo_company, rt.data_dir / "demo-sources", rt.host).start()
+    try:
+        rt.shared[SOURCES] = sources.connector_settings
+        yield sources
+    finally:
+        sources.stop()
+
+
+@contextmanager
+def _heartbeat_receiver(rt: UpRuntime) -> Iterator[Any]:
+    """The local receiver of the reporter's heartbeats until the end (module docs)."""
+    from svc.demo.sources import HeartbeatReceiverServer
+
+    path = rt.data_dir / "heartbeats.jsonl"
+    lock = threading.Lock()
+
+    def keep(body: dict[str, Any]) -> None:
+        with lock, path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(body, separators=(",", ":")) + "\n")
+
+    receiver = HeartbeatReceiverServer(keep, rt.host).start()
+    try:
+        rt.shared[PORTAL_URL] = receiver.url
+        yield receiver
+    finally:
+        receiver.stop()
 
 
 @contextmanager
@@ -241,15 +292,33 @@ def _issuer_banner(rt: UpRuntime) -> list[str]:
     ]
 
 
+DIRECTORY = Registration(
+    name="demo-directory",
+    title="demo company's directory",
+    depends_on=("context",),
+    start=_provision_directory,
+    chart=False,
+    demo=True,
+)
+
+SOURCES_REGISTRATION = Registration(
+    name="demo-sources",
+    title="demo company's sources",
+    depends_on=("demo-directory",),
+    start=_sources,
+    chart=False,
+    demo=True,
+)
+
+HEARTBEAT_RECEIVER = Registration(
+    name="heartbeat-receiver",
+    title="demo heartbeat receiver",
+    start=_heartbeat_receiver,
+    chart=False,
+    demo=True,
+)
+
 REGISTRATIONS = (
-    Registration(
-        name="demo-directory",
-        title="demo company's directory",
-        depends_on=("context",),
-        start=_provision_directory,
-        chart=False,
-        demo=True,
-    ),
     Registration(
         name="agent-issuer",
         title="demo token issuer",

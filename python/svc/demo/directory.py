@@ -112,6 +112,7 @@ def provision_context(
     scim_token: str,
     token: Callable[[], str | None] = lambda: None,
     timeout: float = 30.0,
+    connected: bool = False,
 ) -> ContextProvisioned:
     """Writes ``company`` into a running context service with the requests a real install sends.
 
@@ -131,6 +132,9 @@ def provision_context(
         token: returns the bearer JWT for the ``/v1`` routes (docs/auth.md, audience
             ``svc-context``), or None when the service runs without auth.
         timeout: seconds per request.
+        connected: the demo's connectors bring the folders, documents and work items (from
+            the Drive and Jira fakes, ``svc.demo.sources``; docs/connectors.md#the-local-fakes),
+            so they are left out here; tickets and customers are still written.
 
     Returns:
         The counts written and the ``principals_version`` after the last write.
@@ -193,8 +197,9 @@ def provision_context(
             group_ids[g] = str(_check(r, f"POST /scim/v2/Groups {g}")["id"])
 
         folders = [{"type": "Folder", "id": d, "attrs": {}} for d in company.departments()]
-        resources: list[Json] = [*folders]
-        for res in (*company.documents, *company.tickets, *company.customers):
+        resources: list[Json] = [] if connected else [*folders]
+        documents = () if connected else company.documents
+        for res in (*documents, *company.tickets, *company.customers):
             resources.append(
                 {
                     "type": res.type,
@@ -205,7 +210,7 @@ def provision_context(
             )
         for chunk in _chunks(resources):
             v1("/v1/resources", {"resources": list(chunk)})
-        items = [w.record() for w in company.work_items]
+        items = [] if connected else [w.record() for w in company.work_items]
         for chunk in _chunks(items):
             v1("/v1/work-items", {"work_items": list(chunk)})
         accounts = [sa.record() for sa in company.service_accounts if sa.registered]

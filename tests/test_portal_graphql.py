@@ -329,6 +329,10 @@ def test_policies_drafts_publish_and_modes(people: dict[str, Gql]) -> None:
     # A second draft, changed in one file, against the active bundle.
     changed = [good[0], {"name": "policies.cedar", "content": POLICIES + "\n// reviewed\n"}]
     v2 = people["ana"].ok(draft, {"f": changed})["createDraft"]["bundle"]["version"]
+    dry = 'query($v: Int!) { dryRun(version: $v, since: "2026-01-01T00:00:00Z") { decisions } }'
+    forbidden(people["cy"].refused(dry, {"v": v2}), "policies", "view")
+    # This policy service has no history store: its DryRun answers UNAVAILABLE.
+    assert people["bo"].refused(dry, {"v": v2})["code"] == "SERVICE_UNAVAILABLE"
     diff = "query($v: Int!) { bundleDiff(version: $v) { file change diff } }"
     forbidden(people["cy"].refused(diff, {"v": v2}), "policies", "view")
     (only,) = people["bo"].ok(diff, {"v": v2})["bundleDiff"]

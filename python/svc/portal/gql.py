@@ -389,6 +389,32 @@ class FileDiff:
     diff: str = strawberry.field(description="A unified diff.")
 
 
+@strawberry.type(description="A recorded decision the bundle decides otherwise.")
+class ChangedDecision:
+    qid: str
+    at: datetime | None
+    principal: str
+    action: str
+    resource: str
+    recorded: str
+    draft: str
+    error: str
+
+
+@strawberry.type(description="A dry run's counts of changed decisions and a sample of them.")
+class DryRun:
+    version: int
+    decisions: int
+    unchanged: int
+    allow_to_deny: int
+    deny_to_allow: int
+    to_challenge: int
+    from_challenge: int
+    errors: int
+    truncated: bool
+    sample: list[ChangedDecision]
+
+
 @strawberry.enum(description="The gateway's tier for a tool while no decision point answers.")
 class OutageTier(enum.Enum):
     UNSPECIFIED = 0
@@ -788,6 +814,46 @@ class Query:
     ) -> list[FileDiff]:
         rows = await _call(info, info.context.service.bundle_diff, version, against)
         return [FileDiff(**r) for r in rows]
+
+    @strawberry.field(
+        description="Decides the recorded checks of a time range again under a bundle version "
+        "(the policy service's dry run). Area `policies`."
+    )
+    async def dry_run(
+        self,
+        info: Info[Context, None],
+        version: int,
+        since: datetime,
+        until: datetime | None = None,
+        sample: int = 20,
+    ) -> DryRun:
+        m = await _call(
+            info, info.context.service.dry_run, version, _aware(since), _aware(until), sample
+        )
+        return DryRun(
+            version=int(m.version),
+            decisions=int(m.decisions),
+            unchanged=int(m.unchanged),
+            allow_to_deny=int(m.allow_to_deny),
+            deny_to_allow=int(m.deny_to_allow),
+            to_challenge=int(m.to_challenge),
+            from_challenge=int(m.from_challenge),
+            errors=int(m.errors),
+            truncated=bool(m.truncated),
+            sample=[
+                ChangedDecision(
+                    qid=c.qid,
+                    at=_ts(c, "at"),
+                    principal=c.principal,
+                    action=c.action,
+                    resource=c.resource,
+                    recorded=c.recorded,
+                    draft=c.draft,
+                    error=c.error,
+                )
+                for c in m.sample
+            ],
+        )
 
     @strawberry.field(description="The gateway's outage tiers. Area `enforcement`.")
     async def outage_fallbacks(self, info: Info[Context, None]) -> list[OutageFallback]:

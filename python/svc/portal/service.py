@@ -1325,6 +1325,29 @@ class PortalService:
             diffs.append({"file": name, "change": change, "diff": text})
         return diffs
 
+    def dry_run(
+        self, person: str, version: int, since: datetime, until: datetime | None, sample: int
+    ) -> Any:
+        """Decides a time range's recorded checks again under a bundle (``view`` on policies).
+
+        The policy service's ``DryRun`` (docs/policy.md#dry-runs); `sample` (0 to 1,000)
+        changed decisions are listed.
+
+        Returns:
+            The ``DryRunResponse`` message: counts of changes and a sample of changed decisions.
+
+        Raises:
+            Problem: 404 unknown version; 503 when the policy service has no history.
+
+        """
+        self.authorize(person, "view", "policies")
+        p = self._need(self.policy, "policy service")
+        req = p.pb.DryRunRequest(version=version, sample=max(0, min(sample, 1000)))
+        req.since.FromDatetime(since.astimezone(UTC))
+        if until is not None:
+            req.until.FromDatetime(until.astimezone(UTC))
+        return self._run("policy service", p.call, "DryRun", req)
+
     def outage_fallbacks(self, person: str) -> list[Any]:
         """Every outage tier entry of the gateway, sorted (``view`` on ``enforcement``)."""
         self.authorize(person, "view", "enforcement")

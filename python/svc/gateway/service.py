@@ -1870,6 +1870,11 @@ class GatewayService:
         self, link: UpstreamLink, session: Any, request: Any, result_type: Any, relay: Relay | None
     ) -> Any:
         timeout = self.settings.upstream_timeout_secs
+        if request.method == "tools/list":
+            # The SDK's session keeps what a listing says of each tool (a 2026-07-28 tool's
+            # ``x-mcp-header`` arguments, whose ``Mcp-Param-*`` headers it sends on each call):
+            # the agents' listings keep it current.
+            return await asyncio.wait_for(session.list_tools(params=request.params), timeout)
         if relay is None or request.params is None:
             return await session.send_request(
                 request, result_type, request_read_timeout_seconds=timeout

@@ -319,6 +319,17 @@ def test_drafts_decisions_and_events(stack: Stack) -> None:
     assert drafts[0]["on_behalf_of"] == {"type": "Human", "id": "ana"}
     assert drafts[0]["outcome"] == "success" and drafts[0]["action"] == "administer"
     assert drafts[0]["resource"] == {"type": "PortalArea", "id": "policies"}
+    # The event carries its check's decision, whose explanation lists the event back.
+    checked = drafts[0]["attributes"]["decision_qid"]
+    assert UUID7.match(checked)
+
+    def explained(qid: str) -> dict[str, Any] | None:
+        r = call(stack.mcp, ana, "explain_decision", {"qid": qid})
+        return None if r.is_error else result(r)
+
+    back = until("the check loaded with its event", lambda: explained(checked))
+    assert back["decision"]["verdict"] == "allow"
+    assert [e["tool"] for e in back["events"]] == ["portal/create_draft"], back["events"]
     refused = until(
         "a refused call's event",
         lambda: [

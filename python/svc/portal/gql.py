@@ -375,11 +375,26 @@ class DecidingPolicy:
     text: str | None
 
 
+@strawberry.type(description="An audit event (docs/intake.md) that carries a decision's qid.")
+class DecisionEvent:
+    ingest_id: str
+    at: datetime
+    system: str | None
+    action: str
+    resource: EntityRef | None
+    outcome: str | None
+    tool: str | None
+    attributes: JSON | None
+
+
 @strawberry.type(description="A decision and why: its policies' text and its challenge now.")
 class Explanation:
     decision: Decision
     policies: list[DecidingPolicy]
     challenge: Challenge | None
+    events: list[DecisionEvent] = strawberry.field(
+        description="Its principal's events within ten minutes after it that carry its qid."
+    )
 
 
 @strawberry.type(description="One file's difference between two bundles.")
@@ -678,6 +693,19 @@ class Query:
             decision=_decision(out["decision"]),
             policies=[DecidingPolicy(**p) for p in out["policies"]],
             challenge=_challenge(out["challenge"]) if out["challenge"] is not None else None,
+            events=[
+                DecisionEvent(
+                    ingest_id=e["ingest_id"],
+                    at=datetime.fromisoformat(e["at"]) if isinstance(e["at"], str) else e["at"],
+                    system=e.get("system"),
+                    action=e["action"],
+                    resource=_ref(e.get("resource")),
+                    outcome=e.get("outcome"),
+                    tool=e.get("tool"),
+                    attributes=e.get("attributes"),
+                )
+                for e in out["events"]
+            ],
         )
 
     @strawberry.field(

@@ -19,7 +19,8 @@ agent acting for a person, served with the ``mcp`` SDK (``MCPServer`` tools behi
 * **Every call is an intake event** (with ``intake_url``): ``system`` ``svc-portal``, the caller
   as ``principal`` (and ``on_behalf_of``), ``action`` the tool's check (``view`` /
   ``administer``), ``resource`` ``PortalArea::"<area>"``, ``tool`` ``portal/<tool>``,
-  ``outcome`` ``success`` or ``failure``, ``attributes.decision_qid``. Events are queued and
+  ``outcome`` ``success`` or ``failure``, ``attributes.decision_qid`` (the check's decision,
+  allowed or not), so the decision's explanation lists the event. Events are queued and
   posted in batches by a thread (``IntakeSink``); past its bound new events are dropped and
   logged, never blocking a call.
 """
@@ -50,7 +51,7 @@ from svc.common.problems import Problem, problem_response
 from svc.gateway.settings import GatewaySettings
 from svc.gateway.tokens import AgentIdentity, AgentTokenVerifier, TokenError, TrustedApps
 from svc.portal.clients import TokenFn
-from svc.portal.service import ACTING_AGENT, Denied, PortalService
+from svc.portal.service import ACTING_AGENT, LAST_CHECK, Denied, PortalService
 from svc.portal.settings import PortalSettings
 
 __all__ = ["IntakeSink", "McpEndpoint", "make_mcp_server"]
@@ -189,16 +190,20 @@ def make_mcp_server(service: PortalService, sink: IntakeSink | None) -> MCPServe
         agent = caller.principal["id"] if caller.on_behalf_of is not None else None
         outcome, qid = "failure", None
 
+        checked: list[str | None] = [None]
+
         def run() -> T:
             token = ACTING_AGENT.set(agent)
+            LAST_CHECK.set(None)
             try:
                 return fn(person, *args)
             finally:
+                checked[0] = LAST_CHECK.get()
                 ACTING_AGENT.reset(token)
 
         try:
             out = await anyio.to_thread.run_sync(run)
-            outcome = "success"
+            outcome, qid = "success", checked[0]
             return out
         except Denied as e:
             qid = e.qid

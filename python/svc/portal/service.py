@@ -57,6 +57,7 @@ from svc.portal.settings import PortalSettings
 __all__ = [
     "ACTING_AGENT",
     "AREAS",
+    "LAST_CHECK",
     "AgentIn",
     "Area",
     "Check",
@@ -95,6 +96,11 @@ Action = Literal["view", "administer"]
 #: ``authorize`` then checks the agent with the person in ``on_behalf_of``. Set around one call.
 ACTING_AGENT: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "svc_portal_acting_agent", default=None
+)
+#: The qid of the last allowed check made in this context (the MCP endpoint puts it in the
+#: call's event); set by ``authorize``.
+LAST_CHECK: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "svc_portal_last_check", default=None
 )
 #: The entity type of the portal's areas and the type people are checked as.
 AREA_TYPE = "PortalArea"
@@ -423,6 +429,7 @@ class PortalService:
         policies = [str(p) for p in d.get("policies", [])]
         if verdict != "allow":
             raise Denied(qid, verdict, person, action, area, policies, d.get("challenge_qid"))
+        LAST_CHECK.set(qid)
         return Check(qid, person, action, area, policies)
 
     # -- the agents API (trusted apps) --------------------------------------------------
@@ -732,11 +739,13 @@ class PortalService:
 
         Returns:
             None for an unknown qid, else ``{"decision": row, "policies": [{name, file,
-            text}], "challenge": Challenge message or None}``: the policies that decided with
+            text}], "challenge": Challenge message or None, "events": [event]}``: the policies
+            that decided with
             their source text as the active bundle has them (a policy the active bundle no
             longer holds has ``file`` and ``text`` None; a built-in denial such as
-            ``svc:contained`` is named only), and the challenge the decision opened with its
-            state now.
+            ``svc:contained`` is named only), the challenge the decision opened with its state
+            now, and the events of its principal within ten minutes after it that carry its qid
+            (``attributes.decision_qid``, or ``plan_qid`` for a plan).
 
         Raises:
             Problem: 503 without a history.
@@ -784,7 +793,35 @@ class PortalService:
             except Problem as e:
                 if e.status != 404:
                     raise
-        return {"decision": row, "policies": policies, "challenge": challenge}
+        events = self._decision_events(h, row)
+        return {"decision": row, "policies": policies, "challenge": challenge, "events": events}
+
+    def _decision_events(self, h: HistoryClient, row: dict[str, Any]) -> list[dict[str, Any]]:
+        """The events that carry a decision's qid, oldest first.
+
+        Those of the decision's principal within 10 minutes after it whose
+        ``attributes.decision_qid`` (or ``plan_qid``, for a plan) is the decision's.
+        """
+        at = datetime.fromisoformat(row["at"]) if isinstance(row["at"], str) else row["at"]
+        p = row["principal"]
+        if not p.get("id"):
+            return []
+        rows = self._run(
+            "history",
+            partial(
+                h.events,
+                principal=f"{p['type']}::{p['id']}",
+                since=_rfc3339(at - timedelta(seconds=1)),
+                until=_rfc3339(at + timedelta(minutes=10)),
+                limit=10_000,
+            ),
+        )
+        qid = row["qid"]
+        return [
+            e
+            for e in rows
+            if e.get("plan_qid") == qid or (e.get("attributes") or {}).get("decision_qid") == qid
+        ]
 
     def redecide(self, person: str, qid: str, version: int | None = None) -> dict[str, Any] | None:
         """Decides a recorded decision again under a bundle ("what if").

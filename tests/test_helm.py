@@ -31,6 +31,7 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import typer
@@ -52,10 +53,13 @@ SETTINGS: dict[str, tuple[type[BaseSettings], ...]] = {
     r.name: r.settings for r in registry.components(demo=False) if r.chart
 }
 #: Components whose Deployment is gated by `<name>.enabled`, off by default.
-GATED = ("gateway", "reasoner")
-#: Components with a slot in the chart that are not registered yet (their Deployment is off
-#: and runs no command until they land).
-PLANNED = {"reasoner"}
+GATED = ("gateway", "connectors", "reporter", "reasoner", "portal")
+#: Components with a template in the chart that are not registered yet (their Deployment is
+#: off by default; their settings classes are read from `svc.<name>.settings`).
+PLANNED = {"reasoner", "portal"}
+#: Components that run as exactly one replica, replaced (`Recreate`) rather than rolled: two
+#: at once would share a state file (the connectors) or a cycle (the reasoner's lease).
+SINGLE = ("connectors", "reasoner")
 
 
 # --- helm --------------------------------------------------------------------------------------
@@ -259,9 +263,10 @@ def test_every_component_is_present_and_runs_a_real_command(
     assert hpa["spec"]["scaleTargetRef"]["name"] == _name("pdp")
     assert hpa["spec"]["minReplicas"] >= 2
     assert "replicas" not in deployments[_name("pdp")]["spec"]  # the autoscaler owns them
-    if values["reasoner"]["enabled"]:
-        reasoner = deployments[_name("reasoner")]["spec"]
-        assert reasoner["replicas"] == 1 and reasoner["strategy"]["type"] == "Recreate"
+    for c in SINGLE:
+        if values[c]["enabled"]:
+            spec = deployments[_name(c)]["spec"]
+            assert spec["replicas"] == 1 and spec["strategy"]["type"] == "Recreate", c
 
 
 def test_schema_jobs_run_before_each_release(rendered: tuple[list[dict[str, Any]], dict]) -> None:
@@ -397,6 +402,9 @@ SECRET_STANDINS = {
     "SVC_POLICY_BREAK_GLASS_KEYS": "{}",
     "SVC_CONTEXT_SCIM_TOKEN": "s" * 40,
     "SVC_CHALLENGE_WEBHOOK_URL": "https://chat.example.com/hooks/T0",
+    "SVC_REASONER_HISTORY_DSN": "https://svc:password@clickhouse.example.com:8443/svc_history",
+    "SVC_REASONER_LEASE_URL": "postgresql+psycopg://svc:password@pg:5432/svc_context",
+    "SVC_REPORTER_INSTALL_ID": "0b6a4c1e-8d2f-4a53-9e1b-2f1c3d4e5f60",
 }
 
 
@@ -437,7 +445,7 @@ def test_every_env_var_is_a_setting_the_component_reads(
         component = _component(d)
         container = d["spec"]["template"]["spec"]["containers"][0]
         classes = SETTINGS.get(component)
-        if classes is None:  # gateway, reasoner: their settings land with them
+        if classes is None:  # planned: their settings classes are on main before them
             classes = _landed_settings(component)
         if classes is None:
             prefix = f"SVC_{component.upper()}_"
@@ -472,49 +480,51 @@ APIS = {
     "challenge service": "challenge",
 }
 
-#: Each caller the table names, per API: a component of the chart, or the values list its
-#: callers outside the chart are named in (the portal and connectors are planned components,
-#: named by whoever runs them), or None for words that say how, not who.
-CALLERS: dict[str, dict[str, str | None]] = {
+#: Each caller the table names, per API: what admits it, each a component of the chart
+#: ("component:<name>", when enabled) or the values list callers outside the chart are named
+#: in (the connectors and the portal are both: the chart's own, and any run elsewhere); empty
+#: for words that say how, not who.
+CALLERS: dict[str, dict[str, tuple[str, ...]]] = {
     "pdp": {
-        "enforcement points": "pdp.clients",
-        "the gateway": "component:gateway",
-        "the portal": "pdp.clients",
-        "the challenge service": "component:challenge",
+        "enforcement points": ("pdp.clients",),
+        "the gateway": ("component:gateway",),
+        "the portal": ("component:portal", "pdp.clients"),
+        "the challenge service": ("component:challenge",),
     },
     "history": {
-        "the portal": "history.clients",
-        "the reasoner": "component:reasoner",
-        "the policy service": "component:policy",
+        "the portal": ("component:portal", "history.clients"),
+        "the reasoner": ("component:reasoner",),
+        "the policy service": ("component:policy",),
     },
     "intake": {
-        "log shippers": "intake.clients",
-        "apps": "intake.clients",
-        "the gateway": "component:gateway",
-        "the portal's MCP endpoint": "intake.clients",
-        "with the intake's own token": None,
+        "log shippers": ("intake.clients",),
+        "apps": ("intake.clients",),
+        "the gateway": ("component:gateway",),
+        "the portal's MCP endpoint": ("component:portal", "intake.clients"),
+        "with the intake's own token": (),
     },
     "policy": {
-        "decision points": "component:pdp",
-        "gateways": "component:gateway",
-        "the portal": "policy.clients",
-        "the admin CLI": "policy.clients",
+        "decision points": ("component:pdp",),
+        "gateways": ("component:gateway",),
+        "the reasoner": ("component:reasoner",),
+        "the portal": ("component:portal", "policy.clients"),
+        "the admin CLI": ("policy.clients",),
     },
     "context": {
-        "the identity provider": "context.scim.clients",
-        "connectors": "context.clients",
-        "decision points": "component:pdp",
-        "the reasoner": "component:reasoner",
-        "the portal": "context.clients",
-        "the challenge service": "component:challenge",
-        "the gateway": "component:gateway",
+        "the identity provider": ("context.scim.clients",),
+        "connectors": ("component:connectors", "context.clients"),
+        "decision points": ("component:pdp",),
+        "the reasoner": ("component:reasoner",),
+        "the portal": ("component:portal", "context.clients"),
+        "the challenge service": ("component:challenge",),
+        "the gateway": ("component:gateway",),
     },
     "challenge": {
-        "decision points": "component:pdp",
-        "the gateway": "component:gateway",
-        "the reasoner": "component:reasoner",
-        "the portal": "challenge.page.clients",
-        "the person through a signed, single-use link plus sign-in": "challenge.page.clients",
+        "decision points": ("component:pdp",),
+        "the gateway": ("component:gateway",),
+        "the reasoner": ("component:reasoner",),
+        "the portal": ("component:portal", "challenge.page.clients"),
+        "the person through a signed, single-use link plus sign-in": ("challenge.page.clients",),
     },
 }
 
@@ -580,6 +590,12 @@ def _component_peer(component: str) -> dict[str, Any]:
     }
 
 
+def _reporter_peer(enabled: set[str] | list[str]) -> list[dict[str, Any]]:
+    """The reporter, among the metrics scrapers of every other component when it is enabled
+    (it reads their `/version`, `/readyz` and `/metrics`; docs/reporter.md)."""
+    return [_component_peer("reporter")] if "reporter" in enabled else []
+
+
 def test_network_policies_admit_exactly_the_callers_table(
     rendered: tuple[list[dict[str, Any]], dict],
 ) -> None:
@@ -592,12 +608,13 @@ def test_network_policies_admit_exactly_the_callers_table(
     policies = _by_kind(docs, "NetworkPolicy")
     deployments = _by_kind(docs, "Deployment")
     for component, callers in _callers_table().items():
-        targets = [CALLERS[component][c] for c in callers]
+        targets = [target for c in callers for target in CALLERS[component][c]]
         in_chart = {t.split(":", 1)[1] for t in targets if t and t.startswith("component:")}
         lists = sorted({t for t in targets if t and not t.startswith("component:")})
         clients = [c for path in lists for c in _lookup(values, path)]
         expected = [_component_peer(c) for c in sorted(in_chart & enabled)]
         expected += [_client_peer(c) for c in clients + values["metrics"]["from"]]
+        expected += _reporter_peer(enabled)
         spec = policies[_name(component)]["spec"]
         assert spec["policyTypes"] == ["Ingress"]
         assert spec["podSelector"] == {
@@ -629,22 +646,100 @@ def test_network_policies_admit_exactly_the_callers_table(
 
 
 def test_gated_components_admit_only_their_own_callers(helm: str) -> None:
-    """The gateway admits the agents its values name; the reasoner (health and metrics only)
-    admits nobody but the metrics scrapers; with neither listed, no ingress at all (a rule
-    without `from` would admit everyone)."""
-    docs = _render(helm, "--set", "gateway.enabled=true,reasoner.enabled=true")
+    """The gateway admits the agents its values name and the portal the clients its values
+    name (people through the ingress controller, trusted apps); the reasoner, the connectors
+    and the reporter (health and metrics only) admit nobody but the metrics scrapers, and the
+    reporter (scraping the others); with none listed, no ingress at all (a rule without `from`
+    would admit everyone)."""
+    gated = ",".join(f"{c}.enabled=true" for c in GATED if c != "reporter")
+    docs = _render(helm, "--set", f"{gated},portal.publicUrl=https://portal.example.com")
     policies = _by_kind(docs, "NetworkPolicy")
-    assert policies[_name("gateway")]["spec"]["ingress"] == []
-    assert policies[_name("reasoner")]["spec"]["ingress"] == []
+    for c in GATED:
+        if c != "reporter":
+            assert policies[_name(c)]["spec"]["ingress"] == [], c
     docs = _render(helm, "-f", str(PRODUCTION))
-    (rule,) = _by_kind(docs, "NetworkPolicy")[_name("gateway")]["spec"]["ingress"]
+    policies = _by_kind(docs, "NetworkPolicy")
     values = _values(PRODUCTION)
-    expected = [_client_peer(c) for c in values["gateway"]["clients"] + values["metrics"]["from"]]
-    assert sorted(map(_peer_key, rule["from"])) == sorted(map(_peer_key, expected))
+    scrapers = values["metrics"]["from"]
+    own = {"gateway": values["gateway"]["clients"], "portal": values["portal"]["clients"]}
+    for c in GATED:
+        (rule,) = policies[_name(c)]["spec"]["ingress"]
+        expected = [_client_peer(p) for p in own.get(c, []) + scrapers]
+        expected += _reporter_peer(_enabled(values)) if c != "reporter" else []
+        assert rule["ports"] == [{"port": 8080, "protocol": "TCP"}], c
+        assert sorted(map(_peer_key, rule["from"])) == sorted(map(_peer_key, expected)), c
+
+
+def test_apis_without_caller_tokens_take_no_auth_settings(
+    rendered: tuple[list[dict[str, Any]], dict],
+) -> None:
+    """The connectors, the reporter and the reasoner serve probes only, and the portal checks
+    the trusted apps' own tokens and people's sessions (docs/portal.md): none of them lists
+    service-account callers, and no API lists one of them but the ones it calls."""
+    docs, _ = rendered
+    for d in _by_kind(docs, "Deployment").values():
+        c = _component(d)
+        if c in ("connectors", "reporter", "reasoner", "portal"):
+            env = d["spec"]["template"]["spec"]["containers"][0]["env"]
+            assert not [e for e in env if e["name"].startswith(f"SVC_{c.upper()}_AUTH")], c
+    calls = {
+        "connectors": {"context"},
+        "reasoner": {"history", "context", "challenge", "policy"},
+        "portal": {"pdp", "history", "policy", "context", "challenge"},
+        "reporter": set(),
+    }
+    deployments = _by_kind(docs, "Deployment")
+    for api, d in deployments.items():
+        env = {
+            e["name"]: e.get("value") for e in d["spec"]["template"]["spec"]["containers"][0]["env"]
+        }
+        listed = set((env.get(f"SVC_{_component(d).upper()}_AUTH_CALLERS") or "").split(","))
+        for caller, callees in calls.items():
+            if _name(caller) in deployments:
+                assert (_subject(caller) in listed) == (_component(d) in callees), (api, caller)
+
+
+def test_the_reporter_watches_every_component_and_sends_only_where_told(
+    rendered: tuple[list[dict[str, Any]], dict[str, Any]],
+) -> None:
+    """The reporter reads every other enabled component at its Service on 8080; it may reach
+    those, DNS and (when a portal URL is set) the portal's port, and nothing else; without a
+    portal URL it is given none (docs/reporter.md: nothing is sent)."""
+    docs, values = rendered
+    if not values["reporter"]["enabled"]:
+        assert _name("reporter") not in _by_kind(docs, "Deployment")
+        return
+    container = _by_kind(docs, "Deployment")[_name("reporter")]["spec"]["template"]["spec"][
+        "containers"
+    ][0]
+    env = {e["name"]: e for e in container["env"]}
+    watched = json.loads(env["SVC_REPORTER_COMPONENTS"]["value"])
+    assert watched == {c: f"http://{_name(c)}:8080" for c in _enabled(values) if c != "reporter"}
+    url = values["reporter"]["portal"]["url"]
+    assert env.get("SVC_REPORTER_PORTAL_URL", {}).get("value") == (url or None)
+    spec = _by_kind(docs, "NetworkPolicy")[_name("reporter")]["spec"]
+    assert spec["policyTypes"] == ["Ingress", "Egress"]
+    release = {
+        "podSelector": {
+            "matchLabels": {"app.kubernetes.io/name": "svc", "app.kubernetes.io/instance": RELEASE}
+        }
+    }
+    egress = spec["egress"]
+    assert {"to": [release], "ports": [{"port": 8080, "protocol": "TCP"}]} in egress
+    assert {"ports": [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]} in egress
+    rest = [r for r in egress if r.get("to") != [release] and r["ports"][0]["port"] != 53]
+    if not url:
+        assert rest == []
+    else:
+        (rule,) = rest
+        port = urlsplit(url).port or (443 if url.startswith("https://") else 80)
+        assert rule["ports"] == [{"port": port, "protocol": "TCP"}]
+        to = [_client_peer(p) for p in values["reporter"]["portal"]["to"]]
+        assert rule.get("to", []) == to
 
 
 def test_outgoing_tokens_carry_the_callee_audience(
-    rendered: tuple[list[dict[str, Any]], dict],
+    rendered: tuple[list[dict[str, Any]], dict[str, Any]],
 ) -> None:
     """A component that calls another sends a projected token whose audience is the callee
     (docs/auth.md: svc-pdp, svc-policy, ...); each *_TOKEN_FILE names such a token file."""

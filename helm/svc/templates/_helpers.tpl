@@ -82,6 +82,18 @@ Takes (list $ clients) and prints a comma-separated list (possibly empty).
 {{- end }}
 {{- end -}}
 
+{{/*
+The metrics scrapers every component admits besides its callers: `metrics.from`, and the
+reporter when it is on (it reads each component's /version, /readyz and /metrics; it calls no
+API). Takes $.
+*/}}
+{{- define "svc.scrapers" -}}
+{{- include "svc.clientPeers" .Values.metrics.from }}
+{{- if .Values.reporter.enabled }}
+{{ include "svc.componentPeer" (list . "reporter") }}
+{{- end }}
+{{- end -}}
+
 {{/* The NetworkPolicy peer of one of this release's components. Takes (list $ "pdp"). */}}
 {{- define "svc.componentPeer" -}}
 - podSelector:
@@ -288,8 +300,9 @@ spec:
   {{- if ne (toString (index . 3)) "" }}
   replicas: {{ index . 3 }}
   {{- end }}
-  {{- if eq $c "reasoner" }}
-  # One replica, never two at once (docs/architecture.md#limits).
+  {{- if has $c (list "reasoner" "connectors") }}
+  # One replica, never two at once: the reasoner's cycle (docs/reasoner.md#one-replica), the
+  # connectors' state file (docs/connectors.md#state).
   strategy:
     type: Recreate
   {{- end }}

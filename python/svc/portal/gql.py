@@ -46,6 +46,7 @@ from strawberry.scalars import JSON
 from strawberry.types import Info
 
 from svc.common.problems import Problem
+from svc.portal.assistant import Assistant
 from svc.portal.service import Denied, PortalService
 from svc.portal.sessions import Session
 from svc.portal.settings import PortalSettings
@@ -719,6 +720,17 @@ class Query:
         out = await _call(info, info.context.service.redecide, qid, version)
         return WhatIf(**out) if out is not None else None
 
+    @strawberry.field(
+        description="A question answered by the model with the portal's read-only operations, "
+        "each made as the signed-in person. Area `assistant`."
+    )
+    async def ask(self, info: Info[Context, None], question: str) -> AssistantAnswer:
+        assistant = Assistant(info.context.service.settings, info.context.service)
+        out = await _call(info, assistant.ask, question)
+        return AssistantAnswer(
+            answer=out["answer"], steps=[AssistantStep(**x) for x in out["steps"]]
+        )
+
     @strawberry.field(description="The directory's people. Area `directory`.")
     async def people(
         self, info: Info[Context, None], include_removed: bool = False
@@ -1000,6 +1012,19 @@ class Mutation:
             info, info.context.service.set_enforcement, containment, mode.value, reason
         )
         return _enforcement(out)
+
+
+@strawberry.type(description="A tool call the assistant made (as the signed-in person).")
+class AssistantStep:
+    tool: str
+    arguments: JSON
+    ok: bool
+
+
+@strawberry.type(description="The assistant's answer and the tool calls made for it.")
+class AssistantAnswer:
+    answer: str
+    steps: list[AssistantStep]
 
 
 @strawberry.type(description="A containment as it changes: `contained` false when lifted.")

@@ -125,6 +125,15 @@ class PortalSettings(ServiceSettings, component="portal"):
     """GraphQL: most lexical tokens in one document."""
     max_page_size: int = Field(default=200, ge=1, le=10_000)
     """Most rows of one page of any list (decisions, challenges, people, ...)."""
+    model_url: str | None = None
+    """An OpenAI-compatible chat-completions API (``http://127.0.0.1:11434/v1``) the assistant
+    asks, offering it only the portal's read-only operations; unset: no assistant."""
+    model_name: str = "gpt-4o-mini"
+    """The model asked."""
+    model_api_key_file: str | None = None
+    """File holding the model service's API key (read at each question)."""
+    assistant_max_steps: int = Field(default=6, ge=1, le=20)
+    """Most rounds of tool calls the assistant makes for one question."""
     max_subscriptions: int = Field(default=10, ge=1, le=1000)
     """GraphQL: most subscriptions one websocket connection holds at once."""
     dev: bool = False

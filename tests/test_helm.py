@@ -238,7 +238,8 @@ def test_every_component_is_present_and_runs_a_real_command(
 ) -> None:
     """Each enabled component has a Deployment, Service (8080), ServiceAccount and
     NetworkPolicy; each container and job runs an existing `svc` command (the gated ones only
-    once they are on main); the decision point autoscales; the reasoner is one replica."""
+    once they are on main); the decision point autoscales; the connectors and the reasoner
+    are one replica, replaced (`Recreate`)."""
     docs, values = rendered
     deployments = _by_kind(docs, "Deployment")
     for c in _enabled(values):

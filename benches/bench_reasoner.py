@@ -15,6 +15,7 @@ runs them (without the services around them, whose calls do not grow with the hi
 
     python benches/bench_reasoner.py [--principals 100000] [--decisions 30000000]
         [--events 10000000] [--days 30] [--chunk 2000000]
+    python benches/bench_reasoner.py --propagation 30000   # scores to a decision point
 """
 
 from __future__ import annotations
@@ -128,6 +129,71 @@ def cycle(
     return {k: round(v, 3) if isinstance(v, float) else v for k, v in out.items()}
 
 
+def propagation(n: int) -> dict[str, float]:
+    """From a cycle's ``POST /v1/risk`` of `n` scores to a decision point having applied them.
+
+    A context service on PostgreSQL (a fresh schema) served by uvicorn, and an in-process
+    engine following it (``svc.pdp.context_follower``) as ``svc pdp --context`` does.
+    """
+    import threading
+
+    import httpx
+    import uvicorn
+
+    from _support import Schema, postgres_url
+    from svc.common.net import tcp_listener
+    from svc.context.app import create_app
+    from svc.context.service import ContextService
+    from svc.context.settings import ContextAuthSettings, ContextSettings
+    from svc.pdp import Engine
+    from svc.pdp.context_follower import follow_context
+
+    schema = Schema(postgres_url(), "reasoner_prop")
+    settings = ContextSettings(database_url=schema.url_text, port=0)
+    service = ContextService(settings)
+    app = create_app(service, settings, ContextAuthSettings(auth="none"))
+    sock = tcp_listener("127.0.0.1", 0)
+    sock.listen(128)
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    engine = Engine(
+        '@id("all") permit (principal, action, resource);',
+        "entity Human; entity Document; action view appliesTo "
+        "{ principal: [Human], resource: [Document] };",
+    )
+    follower = follow_context(engine, None, url, wait_secs=5)
+    out: dict[str, float] = {}
+    try:
+        follower.loaded.wait(60)
+        scores = [
+            {"principal": {"type": "Human", "id": f"p{k}"}, "score": k % 101} for k in range(n)
+        ]
+        with httpx.Client(base_url=url, timeout=600) as http:
+            t0 = time.perf_counter()
+            r = http.post("/v1/risk", json={"scores": scores})
+            r.raise_for_status()
+            posted = time.perf_counter()
+            version = int(r.json()["principals_version"])
+            follower.wait_for(lambda st: st.principals_version >= version)
+            applied = time.perf_counter()
+        out = {
+            "scores": n,
+            "post_secs": round(posted - t0, 3),
+            "posted_to_applied_secs": round(applied - posted, 3),
+            "cycle_end_to_applied_secs": round(applied - t0, 3),
+        }
+    finally:
+        follower.stop()
+        server.should_exit = True
+        thread.join(30)
+        sock.close()
+        service.close()
+        schema.drop()
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--principals", type=int, default=100_000)
@@ -135,7 +201,16 @@ def main() -> None:
     p.add_argument("--events", type=int, default=10_000_000)
     p.add_argument("--days", type=int, default=30)
     p.add_argument("--chunk", type=int, default=2_000_000)
+    p.add_argument(
+        "--propagation",
+        type=int,
+        default=0,
+        help="only measure a POST /v1/risk of this many scores until a decision point applied it",
+    )
     args = p.parse_args()
+    if args.propagation:
+        print(json.dumps(propagation(args.propagation)))
+        return
     end = datetime.now(UTC).replace(microsecond=0)
     params = {
         "end": end.replace(tzinfo=None),

@@ -35,8 +35,11 @@ from datetime import UTC, datetime
 from typing import Any, Literal, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from sqlalchemy import Engine, Text, create_engine, func, text
+from sqlalchemy import Engine, Text, bindparam, create_engine, func, text
 from sqlalchemy import cast as sql_cast
+from sqlalchemy import insert as sa_insert
+from sqlalchemy import select as sa_select
+from sqlalchemy import update as sa_update
 from sqlmodel import Session, col, select
 
 from svc.common.problems import FieldError, Problem
@@ -932,19 +935,72 @@ class ContextService:
             raise _bad_batch("risk scores", errors)
         now = _now()
         with self.write() as tx:
-            for item in items:
-                key = principal_key(item.principal.type, item.principal.id)
-                row = tx.session.get(RiskScoreRow, key)
-                if row is None:
-                    row = RiskScoreRow(principal=key, score=item.score, updated_at=now)
-                row.score = item.score
-                row.reason = item.reason
-                row.updated_at = now
-                row.factors = [f.model_dump() for f in item.factors]
-                row.details = item.details
-                tx.session.add(row)
+            # A cycle may send 100,000 scores: the keys already stored are found with one query
+            # per 1,000, and the rows are written with one multi-row INSERT or UPDATE per
+            # table and kind (SQLAlchemy Core; ORM objects cost 0.2 ms each to build).
+            keys = [principal_key(i.principal.type, i.principal.id) for i in items]
+            have_score: set[str] = set()
+            have_record: set[str] = set()
+            conn = tx.session.connection()
+            scores_t = RiskScoreRow.__table__  # type: ignore[attr-defined]
+            records_t = PrincipalRow.__table__  # type: ignore[attr-defined]
+            for chunk in _chunks(keys):
+                have_score.update(
+                    conn.execute(
+                        sa_select(scores_t.c.principal).where(scores_t.c.principal.in_(chunk))
+                    ).scalars()
+                )
+                have_record.update(
+                    conn.execute(
+                        sa_select(records_t.c.id).where(
+                            records_t.c.kind == "RiskScore", records_t.c.id.in_(chunk)
+                        )
+                    ).scalars()
+                )
+            new_scores: list[dict[str, Any]] = []
+            old_scores: list[dict[str, Any]] = []
+            new_records: list[dict[str, Any]] = []
+            old_records: list[dict[str, Any]] = []
+            for item, key in zip(items, keys, strict=True):
+                row = {
+                    "principal": key,
+                    "score": item.score,
+                    "reason": item.reason,
+                    "updated_at": now,
+                    "factors": [f.model_dump() for f in item.factors],
+                    "details": item.details,
+                }
+                (old_scores if key in have_score else new_scores).append(row)
                 value = {"principal": _entity_ref(item.principal), "score": item.score}
-                tx.set_principal("RiskScore", key, value, force=True)
+                record = {"kind": "RiskScore", "id": key, "value": value, "removed": False}
+                (old_records if key in have_record else new_records).append(record)
+                # as set_principal(force=True): a rescore always moves principals_version
+                # (docs/architecture.md#versioning)
+                tx.emit("principals", "RiskScore", key, value, False)
+            if new_scores:
+                conn.execute(sa_insert(scores_t), new_scores)
+            if old_scores:
+                conn.execute(
+                    sa_update(scores_t)
+                    .where(scores_t.c.principal == bindparam("b_principal"))
+                    .values(
+                        score=bindparam("score"),
+                        reason=bindparam("reason"),
+                        updated_at=bindparam("updated_at"),
+                        factors=bindparam("factors"),
+                        details=bindparam("details"),
+                    ),
+                    [{**r, "b_principal": r["principal"]} for r in old_scores],
+                )
+            if new_records:
+                conn.execute(sa_insert(records_t), new_records)
+            if old_records:
+                conn.execute(
+                    sa_update(records_t)
+                    .where(records_t.c.kind == "RiskScore", records_t.c.id == bindparam("b_id"))
+                    .values(value=bindparam("value"), removed=bindparam("removed")),
+                    [{**r, "b_id": r["id"]} for r in old_records],
+                )
         return {"stored": len(items), "principals_version": tx.last_principals_seq()}
 
     @staticmethod

@@ -15,6 +15,9 @@ the project's own sources of truth:
   accept the values (docs/architecture.md#code-layout-and-conventions);
 * each NetworkPolicy admits exactly the callers docs/architecture.md's callers table lists, and
   each API's `AUTH_CALLERS` names the same service accounts (docs/auth.md, "In Kubernetes");
+* the gated components (gateway, connectors, reporter, reasoner, portal) are off by default and
+  admit only their own callers; the reporter, scraping every component, may reach nothing but
+  the release's pods, DNS and the vendor portal;
 * a wrong value fails `helm template` through values.schema.json.
 
 The Containerfile is read, not built (no container engine here): its stages, its non-root
@@ -184,6 +187,10 @@ def test_lint_strict(helm: str, case: str) -> None:
         ("securityContext.runAsNonRoot=false", "/securityContext/runAsNonRoot"),
         ("analytics.retentionDays=-1", "/analytics/retentionDays"),
         ("pdp.clients[0].ipBlock=10.0.0.0/8,pdp.clients[0].serviceAccount=x", "/pdp/clients/0"),
+        ("portal.publicUrl=http://svc.example.com", "/portal/publicUrl"),
+        ("reporter.installId=install-1", "/reporter/installId"),
+        ("reporter.portal.url=portal.vendor.example", "/reporter/portal/url"),
+        ("connectors.persistence.enabled=yes", "/connectors/persistence/enabled"),
     ],
 )
 def test_a_wrong_value_fails_through_the_schema(helm: str, setting: str, message: str) -> None:
@@ -669,6 +676,67 @@ def test_gated_components_admit_only_their_own_callers(helm: str) -> None:
         expected += _reporter_peer(_enabled(values)) if c != "reporter" else []
         assert rule["ports"] == [{"port": 8080, "protocol": "TCP"}], c
         assert sorted(map(_peer_key, rule["from"])) == sorted(map(_peer_key, expected)), c
+
+
+def test_gated_components_refuse_what_they_cannot_run_with(helm: str) -> None:
+    """The portal needs its https address; the connectors need the Secret their credentials'
+    keys are in; either missing fails `helm template` with the value to set."""
+    done = _helm(helm, "template", RELEASE, str(CHART), "--set", "portal.enabled=true")
+    assert done.returncode != 0 and "portal.publicUrl" in done.stderr, done.stderr
+    jira = "connectors.jira.url=https://example.atlassian.net,connectors.jira.apiTokenKey=jira"
+    done = _helm(helm, "template", RELEASE, str(CHART), "--set", f"connectors.enabled=true,{jira}")
+    assert done.returncode != 0, done.stdout
+    assert "connectors.credentials.existingSecret" in done.stderr, done.stderr
+
+
+def test_the_connectors_state_is_a_claim_or_an_empty_dir(helm: str) -> None:
+    """The connectors' state file is on their PersistentVolumeClaim (ReadWriteOnce, the size
+    of the values), or on an emptyDir with `connectors.persistence.enabled: false`; the
+    credentials Secret's named keys become the files the settings point at."""
+    claim = _name("connectors-state")
+    values = _values(PRODUCTION)["connectors"]
+    docs = _render(helm, "-f", str(PRODUCTION))
+    pvc = _by_kind(docs, "PersistentVolumeClaim")[claim]
+    assert pvc["spec"]["accessModes"] == ["ReadWriteOnce"]
+    assert pvc["spec"]["resources"]["requests"]["storage"] == values["persistence"]["size"]
+    pod = _by_kind(docs, "Deployment")[_name("connectors")]["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["state"]["persistentVolumeClaim"] == {"claimName": claim}
+    container = pod["containers"][0]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert Path(env["SVC_CONNECTORS_STATE_PATH"]).parent == Path(mounts["state"])
+    assert volumes["credentials"]["secret"]["secretName"] == values["credentials"]["existingSecret"]
+    files = {
+        i["key"]: f"{mounts['credentials']}/{i['path']}"
+        for i in volumes["credentials"]["secret"]["items"]
+    }
+    assert files == {
+        values["drive"]["serviceAccountKey"]: env["SVC_CONNECTORS_DRIVE_SERVICE_ACCOUNT_FILE"],
+        values["jira"]["apiTokenKey"]: env["SVC_CONNECTORS_JIRA_API_TOKEN_FILE"],
+    }
+    docs = _render(helm, "--set", "connectors.enabled=true,connectors.persistence.enabled=false")
+    assert not _by_kind(docs, "PersistentVolumeClaim")
+    pod = _by_kind(docs, "Deployment")[_name("connectors")]["spec"]["template"]["spec"]
+    assert {v["name"]: v for v in pod["volumes"]}["state"] == {"name": "state", "emptyDir": {}}
+    assert "credentials" not in {v["name"] for v in pod["volumes"]}
+
+
+def test_the_portal_ingress_serves_its_public_host(helm: str) -> None:
+    """With `portal.ingress.enabled` an Ingress sends `portal.publicUrl`'s host over TLS to the
+    portal's Service; without it there is none."""
+    values = _values(PRODUCTION)["portal"]
+    host = urlsplit(values["publicUrl"]).hostname
+    (ingress,) = _by_kind(_render(helm, "-f", str(PRODUCTION)), "Ingress").values()
+    spec = ingress["spec"]
+    assert spec["ingressClassName"] == values["ingress"]["className"]
+    assert spec["tls"] == [{"hosts": [host], "secretName": values["ingress"]["tlsSecret"]}]
+    (rule,) = spec["rules"]
+    assert rule["host"] == host
+    (path,) = rule["http"]["paths"]
+    assert path["backend"]["service"] == {"name": _name("portal"), "port": {"name": "http"}}
+    docs = _render(helm, "--set", "portal.enabled=true,portal.publicUrl=https://svc.example.com")
+    assert not _by_kind(docs, "Ingress")
 
 
 def test_apis_without_caller_tokens_take_no_auth_settings(

@@ -438,6 +438,17 @@ def test_a_cycle_with_a_dependency_down_writes_nothing_and_the_next_one_works(
     with pytest.raises(Unavailable) as e:
         r.run_cycle()
     assert e.value.service == "context"
+    # The challenge and the policy service unreachable.
+    r = reasoner(client, context, challenge, policy)
+    r.challenge = ChallengeClient(down, timeout=2)
+    with pytest.raises(Unavailable) as e:
+        r.run_cycle()
+    assert e.value.service == "challenge"
+    r = reasoner(client, context, challenge, policy)
+    r.policy = PolicyClient(down, timeout=2)
+    with pytest.raises(Unavailable) as e:
+        r.run_cycle()
+    assert e.value.service == "policy"
     # The model unreachable: everything was read and decided, nothing written.
     r = reasoner(client, context, challenge, policy, model_url=f"{down}/v1", call_timeout_secs=2)
     with pytest.raises(Unavailable) as e:
@@ -624,3 +635,56 @@ def test_the_app_runs_a_cycle_at_start_and_serves_its_probes(
     # The lifespan's end freed the lease.
     assert create_app(other.settings, other).state.loop.once() == "ok"
     other.lease.release()
+
+
+def test_a_kafka_fed_history_leads_to_the_containments(
+    chdb_root: str,
+    the_month: months.Month,
+    kafka_bootstrap: str,
+    context: Live,
+    challenge: ChallengeServer,
+    policy: PolicyServer,
+) -> None:
+    from confluent_kafka import Producer
+
+    from kafka_fixture import create_topics
+
+    tag = uuid.uuid4().hex[:10]
+    topics = (f"test.reasoner.decisions.{tag}", f"test.reasoner.events.{tag}")
+    create_topics(kafka_bootstrap, *topics, partitions=2)
+    producer = Producer({"bootstrap.servers": kafka_bootstrap, "linger.ms": 20})
+    for topic, values in ((topics[0], the_month.decisions), (topics[1], the_month.events)):
+        # every 40th record twice, as a producer's retry or a redelivery would
+        for v in values + values[::40]:
+            key = f"{v['principal']['type']}::{v['principal']['id']}".encode()
+            while True:
+                try:
+                    producer.produce(topic, json.dumps(v).encode(), key)
+                    break
+                except BufferError:
+                    producer.poll(0.5)
+    assert producer.flush(120) == 0
+    _, client = new_history(chdb_root)
+    loader = history.Loader(
+        client,
+        kafka_bootstrap,
+        decisions_topic=topics[0],
+        events_topic=topics[1],
+        group_id=f"test-reasoner-{tag}",
+        batch_records=20_000,
+        batch_ms=300,
+        consumer_overrides={"session.timeout.ms": 6000, "heartbeat.interval.ms": 500},
+    )
+    done = threading.Event()
+    thread = threading.Thread(
+        target=lambda: (loader.run(until_caught_up=True), done.set()), daemon=True
+    )
+    thread.start()
+    if not done.wait(300):
+        loader.stop()
+        pytest.fail(f"the loader did not catch up: {loader.stats}")
+    out = reasoner(client, context, challenge, policy).run_cycle()
+    # the redelivered records counted twice by the views, made exact again before scoring
+    assert out.settled
+    got = {(c["principal"]["type"], c["principal"]["id"]) for c in out.contained}
+    assert got == set(stories(the_month, months.CONTAIN))

@@ -303,7 +303,6 @@ class ReasonerService:
         result = CycleResult(at=now, mode=mode, settled=[d.isoformat() for d in settled])
         window = [first.isoformat(), today.isoformat()]
         publish = self._to_publish(scores, stored, window)
-        by_principal = {sc.principal: sc for sc in scores}
 
         # Lifts: an open containment investigation of ours whose principal is free again.
         lifted_at: dict[tuple[str, str], datetime] = {}
@@ -436,7 +435,6 @@ class ReasonerService:
             len(result.investigations),
             ", ".join(f"{k} {v:.2f}s" for k, v in timings.items()),
         )
-        del by_principal
         return result
 
     def _to_publish(

@@ -27,6 +27,7 @@ from svc.history.component import REGISTRATION as HISTORY
 from svc.intake.component import REGISTRATION as INTAKE
 from svc.pdp.component import REGISTRATION as PDP
 from svc.policy.component import REGISTRATION as POLICY
+from svc.reasoner.component import REGISTRATION as REASONER
 from svc.reporter.component import REGISTRATION as REPORTER
 
 __all__ = [
@@ -53,6 +54,7 @@ COMPONENTS: tuple[Registration, ...] = (
     PDP,
     INTAKE,
     HISTORY,
+    REASONER,
     DEMO_TOOLS,
     GATEWAY,
     DEMO_HEARTBEAT_RECEIVER,

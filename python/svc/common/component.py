@@ -64,6 +64,9 @@ class Role:
     GATEWAY = "gateway"
     #: The connectors: write resources and work items.
     CONNECTORS = "connectors"
+    #: The reasoner: reads principals, writes risk scores and investigations, contains, reads
+    #: the mode for automated containments.
+    REASONER = "reasoner"
 
 
 @dataclass(frozen=True)

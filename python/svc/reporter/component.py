@@ -37,6 +37,7 @@ WATCHED = (
     "challenge",
     "gateway",
     "connectors",
+    "reasoner",
 )
 
 
@@ -71,7 +72,9 @@ def _start(rt: UpRuntime) -> Iterator[ReporterServer]:
 
 def _processes(t: TopologyRuntime) -> list[Process]:
     """``svc reporter serve`` watching both decision points and every other component."""
-    names = [n for n in WATCHED if n != "pdp"]
+    # The reasoner runs in the topology only over a ClickHouse server (svc.reasoner.component).
+    clickhouse = t.history_dsn.startswith(("http://", "https://"))
+    names = [n for n in WATCHED if n != "pdp" and (n != "reasoner" or clickhouse)]
     components = {n: t.url(n) for n in names} | {n: t.url(n) for n in ("pdp-1", "pdp-2")}
     env = {
         "SVC_REPORTER_COMPONENTS": json.dumps(components),

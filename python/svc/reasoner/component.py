@@ -1,0 +1,96 @@
+"""The reasoner's registration: how ``svc up`` and ``svc topology`` run it.
+
+Under ``svc up`` it runs on ``port + 11`` over ``svc up``'s own history client (chDB allows one
+engine per process), reading principals and writing scores and investigations at the context
+service, containing through the challenge service and reading the mode for automated
+containments from the policy service, with ``<data_dir>/reasoner.token``; its first cycle runs
+at start (docs/reasoner.md). One process by construction, so no lease. Under ``svc topology`` it
+is ``svc reasoner serve`` with a PostgreSQL advisory-lock lease; with chDB, whose directory only
+the history process opens, it reads the history only from a ClickHouse server, so the topology
+runs it when ``--history-dsn`` names one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from svc.common.component import (
+    Process,
+    Registration,
+    Role,
+    TopologyRuntime,
+    UpRuntime,
+    svc_command,
+)
+from svc.common.inprocess import serve_http
+from svc.reasoner.settings import ReasonerSettings
+
+__all__ = ["REGISTRATION"]
+
+
+@contextmanager
+def _start(rt: UpRuntime) -> Iterator[object]:
+    """The reasoner in this process until the block ends: its app served, its loop running.
+
+    Raises:
+        PortTaken, OSError: the port cannot be bound, or the app did not start.
+
+    """
+    from svc.reasoner.app import create_app
+    from svc.reasoner.service import from_settings
+
+    token = rt.token_file(Role.REASONER)
+    settings = ReasonerSettings(
+        host=rt.host,
+        port=rt.port("reasoner"),
+        context_url=rt.url("context"),
+        context_token_file=token,
+        challenge_url=rt.url("challenge"),
+        challenge_token_file=token,
+        policy_url=rt.url("policy"),
+        policy_token_file=token,
+    )
+    service = from_settings(settings, history=rt.history)
+    with serve_http(create_app(settings, service), settings.host, settings.port, "reasoner"):
+        yield service
+
+
+def _processes(t: TopologyRuntime) -> list[Process]:
+    """``svc reasoner serve`` on a ClickHouse server's history, none with chDB (module docs)."""
+    if not t.history_dsn.startswith(("http://", "https://")):
+        return []
+    token = str(t.token_file(Role.REASONER))
+    env = {
+        "SVC_REASONER_HISTORY_DSN": t.history_dsn,
+        "SVC_REASONER_CONTEXT_URL": t.url("context"),
+        "SVC_REASONER_CONTEXT_TOKEN_FILE": token,
+        "SVC_REASONER_CHALLENGE_URL": t.url("challenge"),
+        "SVC_REASONER_CHALLENGE_TOKEN_FILE": token,
+        "SVC_REASONER_POLICY_URL": t.url("policy"),
+        "SVC_REASONER_POLICY_TOKEN_FILE": token,
+        "SVC_REASONER_LEASE_URL": t.database_url("context"),
+    }
+    port = t.port("reasoner")
+    return [Process("reasoner", svc_command("reasoner", "serve", "--port", str(port)), port, env)]
+
+
+def _banner(rt: UpRuntime) -> list[str]:
+    return [
+        f"  reasoner        {rt.url('reasoner')}   risk per person and agent from 30 days of "
+        "history every 15 minutes (svc reasoner cycle --data-dir DIR runs one now)"
+    ]
+
+
+REGISTRATION = Registration(
+    name="reasoner",
+    title="reasoner",
+    settings=(ReasonerSettings,),
+    up_port=11,
+    topology_ports={"reasoner": 15},
+    depends_on=("context", "challenge", "policy", "history"),
+    phase="starting the reasoner",
+    start=_start,
+    processes=_processes,
+    banner=_banner,
+)

@@ -257,11 +257,19 @@ def test_directory_mutations_and_a_new_apps_token(world: World, people: dict[str
 def test_risk_scores_and_investigations(world: World, people: dict[str, Gql]) -> None:
     r = world.context.http.post(
         "/v1/risk",
-        json={"scores": [{"principal": {"type": "Human", "id": "cy"}, "score": 87}]},
+        json={
+            "scores": [
+                {"principal": {"type": "Human", "id": "cy"}, "score": 87, "reason": "exports"}
+            ]
+        },
     )
     assert r.status_code == 200, r.text
-    scores = people["bo"].ok("{ riskScores { principal { type id } score } }")["riskScores"]
-    assert scores[0] == {"principal": {"type": "Human", "id": "cy"}, "score": 87}
+    q = "{ riskScores(minScore: 50) { principal { type id } score reason factors updatedAt } }"
+    scores = people["bo"].ok(q)["riskScores"]
+    assert scores[0]["principal"] == {"type": "Human", "id": "cy"} and scores[0]["score"] == 87
+    assert scores[0]["reason"] == "exports" and scores[0]["updatedAt"]
+    assert isinstance(scores[0]["factors"], list)
+    assert people["bo"].ok("{ riskScores(minScore: 90) { score } }") == {"riskScores": []}
     r = world.context.http.post(
         "/v1/investigations",
         json={

@@ -260,6 +260,19 @@ class ContextClient(_Http):
         out: dict[str, Any] = self.request("GET", "/v1/principals")
         return out
 
+    def risk_scores(self, min_score: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
+        """``GET /v1/risk``: the scores, highest first.
+
+        Returns:
+            ``[{principal, score, reason, factors, details, updated_at}]``.
+
+        """
+        params: dict[str, Any] = {"min_score": min_score}
+        if limit is not None:
+            params["limit"] = limit
+        out: list[dict[str, Any]] = self.request("GET", "/v1/risk", params=params)["scores"]
+        return out
+
     def investigations(self, status: str | None = None) -> list[dict[str, Any]]:
         """``GET /v1/investigations[?status=]``: newest first."""
         params = {"status": status} if status else None

@@ -29,7 +29,7 @@ import enum
 import logging
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import anyio.to_thread
 import strawberry
@@ -184,10 +184,14 @@ class TrustedAppInput:
     aud: str
 
 
-@strawberry.type(description="The reasoner's risk score of a principal, 0 to 100.")
+@strawberry.type(description="The reasoner's risk score of a principal, 0 to 100, and why.")
 class RiskScore:
     principal: EntityRef
     score: int
+    reason: str
+    factors: JSON = strawberry.field(description="The score's factors, as the reasoner wrote them.")
+    details: JSON
+    updated_at: datetime | None
 
 
 @strawberry.type(description="An investigation of a principal.")
@@ -750,11 +754,22 @@ class Query:
         rows = await _call(info, info.context.service.trusted_apps)
         return [_app(r) for r in rows]
 
-    @strawberry.field(description="Risk scores, highest first. Area `directory`.")
-    async def risk_scores(self, info: Info[Context, None]) -> list[RiskScore]:
-        rows = await _call(info, info.context.service.risk_scores)
+    @strawberry.field(
+        description="Risk scores with their factors, highest first. Area `directory`."
+    )
+    async def risk_scores(
+        self, info: Info[Context, None], min_score: int = 0, first: int = 50
+    ) -> list[RiskScore]:
+        rows = await _call(info, info.context.service.risk_scores, min_score, first)
         return [
-            RiskScore(principal=_ref(r["principal"]) or EntityRef(type="", id=""), score=r["score"])
+            RiskScore(
+                principal=_ref(r["principal"]) or EntityRef(type="", id=""),
+                score=r["score"],
+                reason=r.get("reason", ""),
+                factors=cast(JSON, r.get("factors") or []),
+                details=cast(JSON, r.get("details") or {}),
+                updated_at=_iso(r.get("updated_at")),
+            )
             for r in rows
         ]
 

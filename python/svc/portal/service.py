@@ -980,22 +980,27 @@ class PortalService:
         log.info("%s removed trusted app %s", person, name)
         return True
 
-    def risk_scores(self, person: str) -> list[dict[str, Any]]:
-        """The reasoner's risk scores, highest first (``view`` on ``directory``).
+    def risk_scores(
+        self, person: str, min_score: int = 0, first: int | None = None
+    ) -> list[dict[str, Any]]:
+        """The reasoner's risk scores with their factors, highest first (``view`` directory).
+
+        Args:
+            person: the signed-in user.
+            min_score: only scores of at least this, 0 to 100.
+            first: at most this many, 1 to ``max_page_size`` (default ``max_page_size``).
 
         Returns:
-            ``[{"principal": {type, id}, "score": 0..100}]`` from the context service's
-            principals snapshot.
+            ``[{"principal": {type, id}, "score", "reason", "factors", "details",
+            "updated_at"}]`` as the context service keeps them (``GET /v1/risk``).
 
         """
         self.authorize(person, "view", "directory")
-        snap = self._run("context service", self.context.principals)
-        scores = [
-            p["value"]
-            for p in snap.get("principals", [])
-            if p.get("kind") == "RiskScore" and p.get("value")
-        ]
-        return sorted(scores, key=lambda v: (-int(v["score"]), str(v["principal"])))
+        limit = self._page(first if first is not None else self.settings.max_page_size)
+        out: list[dict[str, Any]] = self._run(
+            "context service", self.context.risk_scores, min_score, limit
+        )
+        return out
 
     # investigations
 

@@ -158,6 +158,7 @@ def test_a_person_and_an_agent_for_them_call_tools_others_are_refused(stack: Sta
         "challenges",
         "containments",
         "create_draft",
+        "dry_run",
         "explain_decision",
         "investigations",
         "risk",
@@ -277,6 +278,16 @@ def test_drafts_decisions_and_events(stack: Stack) -> None:
         )
     )
     assert good["stored"] is True and "portal-auditors-view" in good["policies"]
+    # This policy service has no history store: the dry run is refused as unavailable.
+    msg = error(
+        call(
+            stack.mcp,
+            agent_for_ana,
+            "dry_run",
+            {"version": good["version"], "since": "2026-01-01T00:00:00Z"},
+        )
+    )
+    assert "unavailable" in msg.lower(), msg
     script_for_ana = w.copilot.mint("ana", "svc-portal", act="copilot.script")
     assert "may not administer" in error(
         call(stack.mcp, script_for_ana, "create_draft", {"files": {"p.cedar": POLICIES}})

@@ -367,6 +367,44 @@ def make_mcp_server(service: PortalService, sink: IntakeSink | None) -> MCPServe
             "warnings": list(bundle.warnings),
         }
 
+    @server.tool(
+        description="Decide the recorded checks of a time range again under a bundle version "
+        "(a draft, usually) and count what would change (never publishes)."
+    )
+    async def dry_run(
+        version: int, since: str, until: str | None = None, sample: int = 20
+    ) -> dict[str, Any]:
+        """The policy service's dry run: counts of changed decisions and a sample of them."""
+        start = _time(since, "since")
+        assert start is not None
+
+        def run(person: str) -> Any:
+            return service.dry_run(person, version, start, _time(until, "until"), sample)
+
+        m = await call("dry_run", _Tool("policies", "view"), run)
+        return {
+            "version": int(m.version),
+            "decisions": int(m.decisions),
+            "unchanged": int(m.unchanged),
+            "allow_to_deny": int(m.allow_to_deny),
+            "deny_to_allow": int(m.deny_to_allow),
+            "to_challenge": int(m.to_challenge),
+            "from_challenge": int(m.from_challenge),
+            "errors": int(m.errors),
+            "truncated": bool(m.truncated),
+            "sample": [
+                {
+                    "qid": c.qid,
+                    "principal": c.principal,
+                    "action": c.action,
+                    "resource": c.resource,
+                    "recorded": c.recorded,
+                    "draft": c.draft,
+                }
+                for c in m.sample
+            ],
+        }
+
     return server
 
 

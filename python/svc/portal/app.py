@@ -171,7 +171,8 @@ def create_app(settings: PortalSettings, service: PortalService) -> FastAPI:
         service: the service layer (its clients already made).
 
     Returns:
-        A FastAPI app; it starts nothing itself and closes nothing of ``service``.
+        A FastAPI app whose lifespan runs the MCP session manager and the intake events'
+        sending thread (``svc.portal.mcp``); it closes nothing of ``service``.
 
     """
     verifier = AppTokenVerifier(
@@ -190,6 +191,8 @@ def create_app(settings: PortalSettings, service: PortalService) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if sink is not None:
+            sink.start()
         async with mcp.manager.run():
             try:
                 yield

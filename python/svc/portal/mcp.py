@@ -94,6 +94,9 @@ class IntakeSink:
         self.dropped = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="svc-portal-intake", daemon=True)
+
+    def start(self) -> None:
+        """Starts the sending thread (the app's lifespan does; events queue until then)."""
         self._thread.start()
 
     def put(self, event: dict[str, Any]) -> None:
@@ -150,7 +153,8 @@ class IntakeSink:
     def close(self) -> None:
         """Sends what is queued (a last try) and stops the thread."""
         self._stop.set()
-        self._thread.join(15)
+        if self._thread.is_alive():
+            self._thread.join(15)
         self._client.close()
 
 

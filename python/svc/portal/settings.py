@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from svc.common.settings import ServiceSettings
 
@@ -139,6 +139,19 @@ class PortalSettings(ServiceSettings, component="portal"):
     dev: bool = False
     """Development only: GraphQL introspection and the GraphiQL IDE at ``/graphql``. Off in an
     install: the schema is in ``python/svc/portal/schema.graphql``."""
+
+    @model_validator(mode="after")
+    def _check(self) -> PortalSettings:
+        """``person_issuer`` and an ``https://`` ``person_jwks_url`` come together."""
+        if (self.person_issuer is None) != (self.person_jwks_url is None):
+            raise ValueError("person_issuer and person_jwks_url are set together or not at all")
+        if self.person_jwks_url is not None and not _https(self.person_jwks_url):
+            raise ValueError(f"person_jwks_url must be https://, not `{self.person_jwks_url}`")
+        return self
+
+
+def _https(url: str) -> bool:
+    return url.startswith("https://")
 
 
 def read_token_file(path: str | Path | None) -> str | None:

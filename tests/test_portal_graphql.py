@@ -211,8 +211,25 @@ def test_an_approval_decided_through_graphql_passes_the_agents_challenge(
     ext = people["cy"].refused(decide, {"q": qid})
     assert ext["code"] == "PERMISSION_DENIED" and ext["status"] == 403, ext
     forbidden(people["dee"].refused(decide, {"q": qid}), "challenges", "administer")
+    # The agent waits for its challenge at the decision point while ana decides.
+    waited: dict[str, Any] = {}
+
+    def wait() -> None:
+        r = world.pdp_http.post(
+            "/v1/access/challenge",
+            json={"challenge_qid": qid, "principal": agent, "wait_secs": 25},
+            timeout=60,
+        )
+        waited.update(r.json())
+
+    import threading
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
     out = people["ana"].ok(decide, {"q": qid})["decideChallenge"]
     assert out == {"state": "PASSED", "decidedBy": "ana"}
+    waiter.join(60)
+    assert waited.get("outcome") == "passed" and waited.get("retry") is True, waited
     after = world.check(agent, "write", doc)
     assert after["verdict"] == "allow" and "svc:challenge_passed" in after["policies"]
 

@@ -688,3 +688,51 @@ def test_a_kafka_fed_history_leads_to_the_containments(
     assert out.settled
     got = {(c["principal"]["type"], c["principal"]["id"]) for c in out.contained}
     assert got == set(stories(the_month, months.CONTAIN))
+
+
+def test_a_learning_principal_is_scored_against_peers_and_never_contained(
+    chdb_root: str, the_month: months.Month
+) -> None:
+    from svc.reasoner.gate import evaluate
+
+    _, client = new_history(chdb_root)
+    months.fill(client, the_month)
+    # A newcomer of three days, in the first person's department, exports 5,000 rows today.
+    peer = the_month.people()[0]
+    newcomer = months.Actor("Human", "newcomer@example.com", peer.group, "10.9.9.9")
+    evs = []
+    for n in range(3):
+        at = datetime.combine(TODAY - timedelta(days=n), datetime.min.time(), tzinfo=UTC)
+        evs.append(
+            {
+                "ingest_id": str(uuid.uuid4()),
+                "at": (at + timedelta(hours=10)).isoformat().replace("+00:00", "Z"),
+                "system": "drive",
+                "principal": {"type": "Human", "id": newcomer.id},
+                "action": "export" if n == 0 else "view",
+                "resource": {"type": "Document", "id": f"d{n}"},
+                "access": "exported" if n == 0 else "read",
+                "count": 5000 if n == 0 else 10,
+            }
+        )
+    history.store(client, "events", list(months.records(evs, "new")))
+    snap = the_month.snapshot()
+    snap["principals"].append(
+        {
+            "kind": "Human",
+            "id": newcomer.id,
+            "value": {"attrs": {"department": peer.group}, "parents": []},
+            "removed": False,
+        }
+    )
+    first = TODAY - timedelta(days=29)
+    rows = rollups.read_days(client, first, TODAY)
+    sets = rollups.read_sets(client, first, TODAY, TODAY - timedelta(days=6))
+    scores = score_window(rows, sets, peers_from_snapshot(snap))
+    sc = next(s for s in scores if s.principal == ("Human", newcomer.id))
+    assert sc.learning and sc.peer_group == f"department:{peer.group}"
+    moved = next(f for f in sc.factors if f.name == "moved_out")
+    assert moved.baseline is None and moved.peers is not None  # peers only
+    assert sc.score >= 50
+    gate = evaluate(sc, rows.days)
+    assert not gate.passed and gate.reasons[0].startswith("learning")

@@ -27,6 +27,7 @@ from svc.history.component import REGISTRATION as HISTORY
 from svc.intake.component import REGISTRATION as INTAKE
 from svc.pdp.component import REGISTRATION as PDP
 from svc.policy.component import REGISTRATION as POLICY
+from svc.portal.component import REGISTRATION as PORTAL
 from svc.reasoner.component import REGISTRATION as REASONER
 from svc.reporter.component import REGISTRATION as REPORTER
 
@@ -57,6 +58,7 @@ COMPONENTS: tuple[Registration, ...] = (
     REASONER,
     DEMO_TOOLS,
     GATEWAY,
+    PORTAL,
     DEMO_HEARTBEAT_RECEIVER,
     REPORTER,
 )

@@ -67,6 +67,8 @@ class Role:
     #: The reasoner: reads principals, writes risk scores and investigations, contains, reads
     #: the mode for automated containments.
     REASONER = "reasoner"
+    #: The portal: every operation of the admins' front door, as the person it acts for.
+    PORTAL = "portal"
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The connectors' registration: how ``svc up`` and ``svc topology`` run them.
 
-Under ``svc up`` they run on ``port + 9`` against the sources a demo part hands them
+Under ``svc up`` they run on ``port + 10`` against the sources a demo part hands them
 (``SOURCES``: the demo company's Drive and Jira fakes on loopback), writing to the context
 service with ``<data_dir>/connectors.token``, their cursors in ``<data_dir>/connectors/``;
 ``svc up`` goes on once their first full sync is done (``/readyz``), so the demo's documents and
@@ -104,7 +104,7 @@ REGISTRATION = Registration(
     name="connectors",
     title="connectors",
     settings=(ConnectorsSettings,),
-    up_port=9,
+    up_port=10,
     topology_ports={"connectors": 13},
     depends_on=("context",),
     phase="starting the connectors and their first sync",

@@ -97,6 +97,7 @@ REGISTRATION = Registration(
         Role.GATEWAY,
         Role.CONNECTORS,
         Role.REASONER,
+        Role.PORTAL,
     ),
     up_port=4,
     topology_ports={"context": 4},

@@ -182,6 +182,9 @@ def make_mcp_server(service: PortalService, sink: IntakeSink | None) -> MCPServe
             "containments, challenges and investigations, and policy drafts. Every call is "
             "checked with svc's decision point for the person you act for."
         ),
+        # The SDK configures the root logger at this level when none is set yet; the
+        # process's own logging (svc up's, the command's) decides what else is shown.
+        log_level="WARNING",
     )
 
     async def call(tool: str, spec: _Tool, fn: Callable[..., T], *args: Any) -> T:

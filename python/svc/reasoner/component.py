@@ -1,6 +1,6 @@
 """The reasoner's registration: how ``svc up`` and ``svc topology`` run it.
 
-Under ``svc up`` it runs on ``port + 11`` over ``svc up``'s own history client (chDB allows one
+Under ``svc up`` it runs on ``port + 12`` over ``svc up``'s own history client (chDB allows one
 engine per process), reading principals and writing scores and investigations at the context
 service, containing through the challenge service and reading the mode for automated
 containments from the policy service, with ``<data_dir>/reasoner.token``; its first cycle runs
@@ -86,7 +86,7 @@ REGISTRATION = Registration(
     name="reasoner",
     title="reasoner",
     settings=(ReasonerSettings,),
-    up_port=11,
+    up_port=12,
     topology_ports={"reasoner": 15},
     depends_on=("context", "challenge", "policy", "history"),
     phase="starting the reasoner",

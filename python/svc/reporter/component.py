@@ -2,7 +2,7 @@
 
 It reads every other registered component's ``/version``, ``/readyz`` and ``/metrics`` and
 sends the fixed-schema heartbeat once a minute (docs/reporter.md). Under ``svc up`` on
-``port + 10``, sending to the receiver a demo part hands it (``PORTAL_URL``: a local receiver
+``port + 11``, sending to the receiver a demo part hands it (``PORTAL_URL``: a local receiver
 that writes what the vendor would get to ``<data_dir>/heartbeats.jsonl``); its install id in
 ``<data_dir>/install-id``. Under ``svc topology`` it is ``svc reporter serve`` watching every
 process, sending nowhere unless ``SVC_REPORTER_PORTAL_URL`` is set.
@@ -38,6 +38,7 @@ WATCHED = (
     "gateway",
     "connectors",
     "reasoner",
+    "portal",
 )
 
 
@@ -97,7 +98,7 @@ REGISTRATION = Registration(
     name="reporter",
     title="reporter",
     settings=(ReporterSettings,),
-    up_port=10,
+    up_port=11,
     topology_ports={"reporter": 14},
     phase="starting the reporter",
     start=_start,

@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from svc.up import PORT_COUNT
 from uphelp import Up, free_base_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,8 +78,9 @@ _TEXT_MASKS = [
     (re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ"), "<time>"),
     (re.compile(r"^demo: [0-9,]+ checks, [0-9,]+ plans, [0-9,]+ events$"), "demo: <progress>"),
 ]
-_PORT = re.compile(r"(localhost|127\.0\.0\.1):808([0-8])")
-_OUTPUT_PORT = re.compile(r"\b808([0-8])\b")
+# svc up's ports, 8080 to 8080 + PORT_COUNT - 1 (svc.up): the group is the offset's digits.
+_PORT = re.compile(r"(localhost|127\.0\.0\.1):80(8[0-9]|9[0-9])\b")
+_OUTPUT_PORT = re.compile(r"\b80(8[0-9]|9[0-9])\b")
 _SERVER_PORT = re.compile(r"--port 808([0-8])\b")
 _SVC_UP = re.compile(r"\bsvc (up|demo)\b")
 _ASSIGNED = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=", re.M)
@@ -268,7 +270,9 @@ def localise(code: str, up: Up, ports: dict[int, int] | None = None) -> str:
     own = ports or {}
 
     def port(m: re.Match[str]) -> str:
-        n = int(m.group(2))
+        n = int(m.group(2)) - 80
+        if n >= PORT_COUNT:
+            return m.group(0)
         return f"{m.group(1)}:{own.get(n, up.port + n)}"
 
     code = _PORT.sub(port, code)
@@ -282,7 +286,12 @@ def localise(code: str, up: Up, ports: dict[int, int] | None = None) -> str:
 def localise_output(text: str, up: Up, data_dir: Path) -> str:
     """A page's output with port 808N replaced by the install's port N and the default data
     directory by `data_dir`."""
-    text = _OUTPUT_PORT.sub(lambda m: str(up.port + int(m.group(1))), text)
+
+    def port(m: re.Match[str]) -> str:
+        n = int(m.group(1)) - 80
+        return str(up.port + n) if n < PORT_COUNT else m.group(0)
+
+    text = _OUTPUT_PORT.sub(port, text)
     for d in _DEFAULT_DATA_DIRS:
         text = text.replace(d, str(data_dir))
     return text

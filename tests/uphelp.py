@@ -20,7 +20,7 @@ SVC = [sys.executable, "-m", "svc.cli"]
 
 
 def free_base_port(host: str = "127.0.0.1") -> int:
-    """A port N with N to N+8 free (what svc up binds, ``PORT_COUNT`` ports)."""
+    """A port N with N to N+PORT_COUNT-1 free (what svc up binds)."""
     rng = random.Random()
     for _ in range(200):
         n = rng.randrange(20_000, 60_000)

@@ -129,6 +129,16 @@ def day_totals(client: Client, days: Iterable[date]) -> dict[date, tuple[tuple[i
     if not ds:
         return {}
     params = {"a": ds[0], "b": ds[-1]}
+    # The rollup first, then the raw rows: a record stored in between can make the raw
+    # count the larger, never the rollup's (``settle`` relies on it).
+    rolled = {
+        d: (int(n_d), int(n_e))
+        for d, n_d, n_e in client.query(
+            f"SELECT day, sum(decisions), sum(events) FROM {ROLLUP_TABLE} "
+            "WHERE day BETWEEN {a:Date} AND {b:Date} GROUP BY day",
+            parameters=params,
+        ).result_rows
+    }
     raw_d: dict[date, int] = {
         d: int(n)
         for d, n in client.query(
@@ -142,14 +152,6 @@ def day_totals(client: Client, days: Iterable[date]) -> dict[date, tuple[tuple[i
         for d, n in client.query(
             "SELECT toDate(at) AS d, count() FROM events FINAL "
             "WHERE toDate(at) BETWEEN {a:Date} AND {b:Date} GROUP BY d",
-            parameters=params,
-        ).result_rows
-    }
-    rolled = {
-        d: (int(n_d), int(n_e))
-        for d, n_d, n_e in client.query(
-            f"SELECT day, sum(decisions), sum(events) FROM {ROLLUP_TABLE} "
-            "WHERE day BETWEEN {a:Date} AND {b:Date} GROUP BY day",
             parameters=params,
         ).result_rows
     }
@@ -175,9 +177,11 @@ def settle(client: Client, days: Iterable[date], *, attempts: int = 3) -> list[d
     """Makes the rollups of `days` exact: rebuilds each day whose totals differ from the raw rows.
 
     A record stored twice (at least once delivery) is counted twice by the views; the rebuild
-    counts it once. A record inserted into a day while it is being rebuilt may be left out of
-    the staging copy, so each rebuilt day is compared again and rebuilt again (up to
-    `attempts` times) until the totals agree.
+    counts it once. A day is rebuilt when its rollup counts more than the raw rows (a record
+    counted twice), or fewer on a day that is over (the current UTC day is still being
+    written: its raw rows may be ahead of the rollup for a moment). A record inserted into a day
+    while it is being rebuilt may be left out of the staging copy, so each rebuilt day is
+    compared again and rebuilt again (up to `attempts` times).
 
     Args:
         client: a client from ``svc.history.connect`` on a migrated database. One settler at a
@@ -194,12 +198,20 @@ def settle(client: Client, days: Iterable[date], *, attempts: int = 3) -> list[d
 
     """
     todo = sorted(set(days))
+    today = datetime.now(UTC).date()
     rebuilt: list[date] = []
+
+    def wrong(d: date, pairs: tuple[tuple[int, int], ...]) -> bool:
+        # More in the rollup than in the raw rows: a record counted twice. Fewer: rows the
+        # rollup lacks, which on the current day is only the loader's writes still landing
+        # (the rollup is read first), so that day waits until it is over.
+        return any(rolled > raw or (rolled < raw and d < today) for raw, rolled in pairs)
+
     for _ in range(max(1, attempts)):
         if not todo:
             break
         totals = day_totals(client, todo)
-        off = [d for d, pairs in totals.items() if any(raw != rolled for raw, rolled in pairs)]
+        off = [d for d, pairs in totals.items() if wrong(d, pairs)]
         for d in off:
             log.info("history rollups: rebuilding %s (%s)", d, totals[d])
             _rebuild(client, d)

@@ -307,7 +307,8 @@ def test_break_glass_wrong_key_refused_right_key_active_replay_refused(
 
 def test_enforcement_changes_are_recorded(stub: pb_grpc.PolicyServiceStub) -> None:
     e = stub.GetEnforcement(pb.GetEnforcementRequest()).enforcement
-    assert (e.mode, e.containment_mode) == (pb.MODE_ENFORCE, pb.MODE_ENFORCE)
+    # A new install: enforced, automated containments only recorded (docs/policy.md).
+    assert (e.mode, e.containment_mode) == (pb.MODE_ENFORCE, pb.MODE_MONITOR)
     r = stub.SetEnforcement(
         pb.SetEnforcementRequest(
             scope=pb.MODE_SCOPE_INSTALL, mode=pb.MODE_MONITOR, author="ana", reason="rollout"
@@ -319,11 +320,11 @@ def test_enforcement_changes_are_recorded(stub: pb_grpc.PolicyServiceStub) -> No
     )
     assert not again.HasField("change")
     stub.SetEnforcement(
-        pb.SetEnforcementRequest(scope=pb.MODE_SCOPE_CONTAINMENT, mode=pb.MODE_MONITOR, author="bo")
+        pb.SetEnforcementRequest(scope=pb.MODE_SCOPE_CONTAINMENT, mode=pb.MODE_ENFORCE, author="bo")
     )
     changes = stub.ListEnforcementChanges(pb.ListEnforcementChangesRequest()).changes
     assert [(c.author, c.scope, c.to_mode) for c in changes] == [
-        ("bo", pb.MODE_SCOPE_CONTAINMENT, pb.MODE_MONITOR),
+        ("bo", pb.MODE_SCOPE_CONTAINMENT, pb.MODE_ENFORCE),
         ("ana", pb.MODE_SCOPE_INSTALL, pb.MODE_MONITOR),
     ]
     assert changes[1].reason == "rollout"

@@ -146,6 +146,9 @@ def policy(postgres_url: str, tmp_path: Path) -> Iterator[PolicyServer]:
         settings = PolicySettings(port=0, data_dir=tmp_path, database_url=url)
         srv = PolicyServer(settings, PolicyService(settings)).start()
         try:
+            # An install whose admin switched automated containments to enforce (a new one
+            # starts in monitor); the monitor tests switch it back.
+            set_containment_mode(srv, "enforce")
             yield srv
         finally:
             srv.stop()

@@ -85,8 +85,9 @@ def demo_up(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 
 def test_the_demo_company_is_provisioned_through_the_context_service(demo_up: Up) -> None:
-    """docs/quickstart.md: people and groups over SCIM, resources and work items through the
-    batch routes, agents through the service-account route."""
+    """docs/quickstart.md: people and groups over SCIM, documents and work items through the
+    connectors (from the demo's Drive and Jira fakes), agents through the service-account
+    route, and the reasoner's scores from the backfilled month."""
     from svc.demo import company
 
     co = company.generate()
@@ -115,7 +116,10 @@ def test_the_demo_company_is_provisioned_through_the_context_service(demo_up: Up
         headers=demo_up.auth,
         timeout=10,
     ).json()
-    assert got["resources"][0]["attrs"] == doc.attrs and got["missing"] == []
+    attrs = got["resources"][0]["attrs"]
+    # Every attribute the demo gives the document, as the connector brought it from the fake
+    # Drive (which adds its own: mime type, sharing, modification time).
+    assert {k: attrs.get(k) for k in doc.attrs} == doc.attrs and got["missing"] == []
     accounts = get_json(f"{demo_up.context}/v1/service-accounts", headers=demo_up.auth)
     listed = accounts["service_accounts"] if isinstance(accounts, dict) else accounts
     assert {a["id"] for a in listed} == {sa.id for sa in co.service_accounts if sa.registered}
@@ -123,7 +127,7 @@ def test_the_demo_company_is_provisioned_through_the_context_service(demo_up: Up
     kinds = defaultdict(int)
     for p in snapshot["principals"]:
         kinds[p["kind"]] += 1
-    assert kinds["Human"] == len(co.people) and kinds["RiskScore"] == len(co.risk_scores)
+    assert kinds["Human"] == len(co.people) and kinds["RiskScore"] > 0
 
 
 def test_the_demo_token_issuer_is_trusted_and_svc_demo_token_signs(demo_up: Up) -> None:

@@ -19,6 +19,7 @@ from svc.context.component import REGISTRATION as CONTEXT
 from svc.demo.component import CONTAINMENTS as DEMO_CONTAINMENTS
 from svc.demo.component import DIRECTORY as DEMO_DIRECTORY
 from svc.demo.component import HEARTBEAT_RECEIVER as DEMO_HEARTBEAT_RECEIVER
+from svc.demo.component import MONTH as DEMO_MONTH
 from svc.demo.component import REGISTRATIONS as DEMO
 from svc.demo.component import SOURCES_REGISTRATION as DEMO_SOURCES
 from svc.demo.component import TOOLS as DEMO_TOOLS
@@ -55,6 +56,7 @@ COMPONENTS: tuple[Registration, ...] = (
     PDP,
     INTAKE,
     HISTORY,
+    DEMO_MONTH,
     REASONER,
     DEMO_TOOLS,
     GATEWAY,

@@ -31,6 +31,9 @@ __all__ = ["STORIES", "backfill", "company_month"]
 #: The stories of the demo company's month.
 STORIES: tuple[str, ...] = ("exporter", "agent_misuse")
 
+#: The AI agent the ``agent_misuse`` story falls on (``docs.writer``, docs/demo.md).
+STORY_AGENT = "docs.writer"
+
 #: Non-AI service accounts that move data every night (steady exporters, never a story).
 _NIGHTLY = ("backup", "billing")
 
@@ -92,6 +95,9 @@ def company_month(
         elif app in _NIGHTLY:
             # simulate() runs the nightly export of the accounts of the ``etl`` group
             actors.append(Actor("ServiceAccount", sa.id, "etl", f"10.201.0.{n + 1}"))
+    # The agent story falls on the first AI agent ``simulate`` meets: put the demo's drafting
+    # agent first, so the agents the README and docs/demo.md walk through keep their plain days.
+    actors.sort(key=lambda a: a.id != STORY_AGENT)
     return simulate(actors, end=end, days=days, stories=stories, seed=rng.randrange(2**32))
 
 

@@ -15,6 +15,9 @@
   (``svc.challenge.dev_idp``: anyone signs in as any user name);
 * ``demo-containments``: contains the demo company's contained people through the challenge
   service when its database is created (a later ``Lift`` stays lifted);
+* ``demo-month``: a month of the demo company's history, backfilled into a history that holds
+  no decision yet (``svc.demo.backfill``), with an insider moving data out and an agent acting
+  beyond its people in its last days, for the reasoner's first cycle;
 * ``heartbeat-receiver``: where the reporter's heartbeats go under ``svc up``, a local receiver
   that appends each to ``<data_dir>/heartbeats.jsonl`` (what the vendor would get;
   docs/reporter.md);
@@ -117,6 +120,27 @@ def _heartbeat_receiver(rt: UpRuntime) -> Iterator[Any]:
         yield receiver
     finally:
         receiver.stop()
+
+
+@contextmanager
+def _backfill_history(rt: UpRuntime) -> Iterator[None]:
+    """Stores the demo company's month of history the first time (``svc.demo.backfill``).
+
+    Routine traffic with two stories ending yesterday (an insider moving data out, an agent
+    acting beyond its people), so the reasoner's first cycle has a baseline to score against
+    and something to flag (docs/demo.md). Only into a history holding no decision yet.
+
+    Raises:
+        clickhouse_connect.driver.exceptions.ClickHouseError: an INSERT failed.
+
+    """
+    if rt.demo and not rt.history.command("SELECT count() FROM decisions"):
+        from svc.demo.backfill import backfill
+
+        rt.progress("backfilling the demo company's month of history")
+        month = backfill(rt.history, rt.demo_company)
+        log.info("backfilled the demo company's month: %s", month)
+    yield
 
 
 @contextmanager
@@ -343,6 +367,16 @@ REGISTRATIONS = (
         chart=False,
         demo=True,
     ),
+)
+
+#: Registered after the history and before the reasoner (``svc.registry``).
+MONTH = Registration(
+    name="demo-month",
+    title="demo company's month of history",
+    depends_on=("history",),
+    start=_backfill_history,
+    chart=False,
+    demo=True,
 )
 
 #: Registered after the challenge service and before the gateway (``svc.registry``).

@@ -501,7 +501,8 @@ class PolicyService:
     # -- enforcement
 
     def get_enforcement(self) -> Enforcement:
-        """The modes in force: the latest recorded change per scope, else ``default_mode``."""
+        """The modes in force: the latest recorded change per scope, else the settings'
+        ``default_mode`` (install) or ``default_containment_mode`` (automated containments)."""
         with Session(self.db) as s:
             modes = {}
             for scope in SCOPES:
@@ -511,7 +512,12 @@ class PolicyService:
                     .order_by(col(EnforcementChangeRow.id).desc())
                     .limit(1)
                 ).first()
-                modes[scope] = last.to_mode if last else self.settings.default_mode
+                default = (
+                    self.settings.default_mode
+                    if scope == "install"
+                    else self.settings.default_containment_mode
+                )
+                modes[scope] = last.to_mode if last else default
         return Enforcement(modes["install"], modes["containment"])
 
     def set_enforcement(

@@ -47,7 +47,11 @@ class PolicySettings(ServiceSettings, component="policy"):
     break_glass_window_secs: int = Field(default=300, ge=10, le=3600)
     """How far a break-glass request's ``issued_at`` may lie from the service's clock."""
     default_mode: str = Field(default="enforce", pattern="^(enforce|monitor)$")
-    """The install's mode (and the containment mode) before any recorded change."""
+    """The install's mode before any recorded change."""
+    default_containment_mode: str = Field(default="monitor", pattern="^(enforce|monitor)$")
+    """The mode for automated containments before any recorded change: ``monitor``, so a new
+    install records the reasoner's would-contains and locks nobody out until an admin switches
+    it to ``enforce`` (docs/architecture.md#monitor-and-enforce, docs/reasoner.md)."""
     heartbeat_secs: float = Field(default=5.0, gt=0, le=300)
     """Time between ``WatchActive`` heartbeats while nothing changes."""
     watch_poll_secs: float = Field(default=1.0, gt=0, le=60)

@@ -4,7 +4,8 @@ Under ``svc up`` it runs on ``port + 12`` over ``svc up``'s own history client (
 engine per process), reading principals and writing scores and investigations at the context
 service, containing through the challenge service and reading the mode for automated
 containments from the policy service, with ``<data_dir>/reasoner.token``; its first cycle runs
-at start (docs/reasoner.md). One process by construction, so no lease. Under ``svc topology`` it
+at start, and ``svc up`` goes on once it ended (docs/reasoner.md). One process by construction,
+so no lease. Under ``svc topology`` it
 is ``svc reasoner serve`` with a PostgreSQL advisory-lock lease; with chDB, whose directory only
 the history process opens, it reads the history only from a ClickHouse server, so the topology
 runs it when ``--history-dsn`` names one.
@@ -23,7 +24,7 @@ from svc.common.component import (
     UpRuntime,
     svc_command,
 )
-from svc.common.inprocess import serve_http
+from svc.common.inprocess import serve_http, wait_ready
 from svc.reasoner.settings import ReasonerSettings
 
 __all__ = ["REGISTRATION"]
@@ -53,6 +54,9 @@ def _start(rt: UpRuntime) -> Iterator[object]:
     )
     service = from_settings(settings, history=rt.history)
     with serve_http(create_app(settings, service), settings.host, settings.port, "reasoner"):
+        # Ready once the first cycle ended, so every decision after svc up's banner sees the
+        # reasoner's scores (the demo's answers do not depend on when they are asked).
+        wait_ready(rt.url("reasoner"), "reasoner")
         yield service
 
 
@@ -89,7 +93,7 @@ REGISTRATION = Registration(
     up_port=12,
     topology_ports={"reasoner": 15},
     depends_on=("context", "challenge", "policy", "history"),
-    phase="starting the reasoner",
+    phase="starting the reasoner and its first cycle",
     start=_start,
     processes=_processes,
     banner=_banner,

@@ -501,8 +501,11 @@ class PolicyService:
     # -- enforcement
 
     def get_enforcement(self) -> Enforcement:
-        """The modes in force: the latest recorded change per scope, else the settings'
-        ``default_mode`` (install) or ``default_containment_mode`` (automated containments)."""
+        """The modes in force: the latest recorded change per scope, else the default.
+
+        The default is the settings' ``default_mode`` for the install and
+        ``default_containment_mode`` for automated containments.
+        """
         with Session(self.db) as s:
             modes = {}
             for scope in SCOPES:

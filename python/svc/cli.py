@@ -67,7 +67,6 @@ from svc.common.auth_settings import HistoryAuthSettings, PdpAuthSettings
 from svc.common.cli import Options, settings_command
 from svc.connectors.cli import app as connectors_app
 from svc.context.cli import app as context_app
-from svc.reporter.cli import app as reporter_app
 from svc.gateway.cli import gateway as gateway_command
 from svc.history.loader import HistoryStoreSettings, LoaderSettings
 from svc.intake.settings import IntakeSettings
@@ -77,6 +76,7 @@ from svc.pdp.settings import PdpSettings
 from svc.policy.cli import app as policy_app
 from svc.portal.cli import app as portal_app
 from svc.reasoner.cli import app as reasoner_app
+from svc.reporter.cli import app as reporter_app
 from svc.topology import app as topology_app
 
 app = typer.Typer(
@@ -467,8 +467,8 @@ def demo_token(
     The issuer's keys and address are in DATA_DIR/token-issuer, written by svc up
     (docs/demo.md#agent-tokens).
     """
-    from svc.demo.token_issuer import DevTokenIssuer
     from svc.common.install import default_data_dir
+    from svc.demo.token_issuer import DevTokenIssuer
 
     directory = (data_dir or default_data_dir()) / "token-issuer"
     try:

@@ -30,7 +30,7 @@ from svc.common.component import (
     UpRuntime,
     svc_command,
 )
-from svc.common.inprocess import reraise_port
+from svc.common.inprocess import serve_threaded
 
 __all__ = ["CREATED", "REGISTRATION"]
 
@@ -91,17 +91,11 @@ def _start(rt: UpRuntime) -> Iterator[ChallengeServer]:
         approvers=ApproverCheck(rt.url("pdp"), rt.token(Role.CHALLENGE, "pdp", 600)),
     )
     try:
-        try:
-            server = ChallengeServer(
-                settings, service, auth=ChallengeAuthSettings(**rt.auth("challenge"))
-            ).start()
-        except OSError as e:
-            reraise_port(e, settings.host, settings.port, "challenge service")
-            raise
-        try:
+        server = ChallengeServer(
+            settings, service, auth=ChallengeAuthSettings(**rt.auth("challenge"))
+        )
+        with serve_threaded(server, settings.host, settings.port, "challenge service"):
             yield server
-        finally:
-            server.stop()
     finally:
         service.close()
 

@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, Protocol, TypeVar
 
 import httpx
 import uvicorn
@@ -43,6 +44,7 @@ __all__ = [
     "persistent_token",
     "reraise_port",
     "serve_http",
+    "serve_threaded",
     "wait_ready",
 ]
 
@@ -133,6 +135,55 @@ def reraise_port(e: OSError, host: str, port: int, name: str) -> None:
     """
     if e.errno in (errno.EADDRINUSE, errno.EACCES):
         bind(host, port, name).close()
+
+
+class _Threaded(Protocol):
+    """A server that runs in a thread of its own: ``start()`` returns once it listens."""
+
+    def start(self) -> Any: ...
+
+    def stop(self) -> Any: ...
+
+
+S = TypeVar("S", bound=_Threaded)
+
+
+@contextmanager
+def serve_threaded(
+    server: S, host: str, port: int, name: str, ready_url: str | None = None
+) -> Iterator[S]:
+    """Runs `server` (``start``, then ``stop`` at the block's end), ready before it yields.
+
+    For parts that bind their own port in a thread of their own
+    (``svc.common.connect.ThreadedServer`` and the demo's issuers).
+
+    Args:
+        server: the server, not started.
+        host: the address it binds (named when the port is taken).
+        port: the port it binds.
+        name: the part, in errors.
+        ready_url: its base URL when readiness is its ``/readyz`` (``wait_ready``); None:
+            ready once it listens.
+
+    Yields:
+        `server`, started.
+
+    Raises:
+        PortTaken: the port is in use or not allowed.
+        OSError: it did not start, or was not ready within ``START_TIMEOUT``.
+
+    """
+    try:
+        server.start()
+    except OSError as e:
+        reraise_port(e, host, port, name)
+        raise
+    try:
+        if ready_url is not None:
+            wait_ready(ready_url, name)
+        yield server
+    finally:
+        server.stop()
 
 
 @contextmanager

@@ -22,7 +22,7 @@ from svc.common.component import (
     UpRuntime,
     svc_command,
 )
-from svc.common.inprocess import reraise_port, wait_ready
+from svc.common.inprocess import serve_threaded
 from svc.connectors.settings import ConnectorsSettings
 
 if TYPE_CHECKING:
@@ -62,16 +62,8 @@ def _start(rt: UpRuntime) -> Iterator[ConnectorsServer]:
     sources = rt.shared.get(SOURCES)
     settings = sources(**fields) if sources is not None else ConnectorsSettings(**fields)
     server = ConnectorsServer(settings)
-    try:
-        server.start()
-    except OSError as e:
-        reraise_port(e, settings.host, settings.port, "connectors")
-        raise
-    try:
-        wait_ready(rt.url("connectors"), "connectors")
+    with serve_threaded(server, settings.host, settings.port, "connectors", rt.url("connectors")):
         yield server
-    finally:
-        server.stop()
 
 
 def _processes(t: TopologyRuntime) -> list[Process]:

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from svc.challenge.component import CREATED
 from svc.common.component import Process, Registration, Role, TopologyRuntime, UpRuntime
-from svc.common.inprocess import reraise_port
+from svc.common.inprocess import serve_threaded
 from svc.connectors.component import SOURCES
 from svc.context.component import SCIM_TOKEN
 from svc.gateway.component import JWKS_CA_FILE, UPSTREAMS
@@ -183,18 +183,12 @@ def _agent_issuer(rt: UpRuntime) -> Iterator[Any]:
     from svc.demo.token_issuer import DevTokenIssuer
 
     port = rt.port("agent-issuer")
-    try:
-        issuer = DevTokenIssuer(rt.data_dir / ISSUER_DIR, rt.host, port).start()
-    except OSError as e:
-        reraise_port(e, rt.host, port, "demo token issuer")
-        raise
-    try:
+    issuer = DevTokenIssuer(rt.data_dir / ISSUER_DIR, rt.host, port)
+    with serve_threaded(issuer, rt.host, port, "demo token issuer"):
         for record in issuer.trusted_apps():
             rt.running["context"].put_trusted_app(record)
         rt.shared[JWKS_CA_FILE] = str(issuer.ca_file)
         yield issuer
-    finally:
-        issuer.stop()
 
 
 @contextmanager
@@ -211,15 +205,9 @@ def _identity_provider(rt: UpRuntime) -> Iterator[Any]:
     from svc.challenge.dev_idp import DevIdentityProvider
 
     port = rt.port("idp")
-    try:
-        idp = DevIdentityProvider(rt.host, port).start()
-    except OSError as e:
-        reraise_port(e, rt.host, port, "demo identity provider")
-        raise
-    try:
+    idp = DevIdentityProvider(rt.host, port)
+    with serve_threaded(idp, rt.host, port, "demo identity provider"):
         yield idp
-    finally:
-        idp.stop()
 
 
 def demo_upstreams() -> dict[str, Upstream]:

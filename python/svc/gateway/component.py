@@ -24,7 +24,7 @@ from svc.common.component import (
     UpRuntime,
     svc_command,
 )
-from svc.common.inprocess import reraise_port, wait_ready
+from svc.common.inprocess import serve_threaded
 from svc.gateway.settings import GatewaySettings
 
 if TYPE_CHECKING:
@@ -68,16 +68,8 @@ def _start(rt: UpRuntime) -> Iterator[GatewayServer]:
         intake_token_file=str(rt.data_dir / "intake.token"),
     )
     server = GatewayServer(settings)
-    try:
-        server.start()
-    except OSError as e:
-        reraise_port(e, settings.host, settings.port, "gateway")
-        raise
-    try:
-        wait_ready(rt.url("gateway"), "gateway")
+    with serve_threaded(server, settings.host, settings.port, "gateway", rt.url("gateway")):
         yield server
-    finally:
-        server.stop()
 
 
 def _processes(t: TopologyRuntime) -> list[Process]:

@@ -23,7 +23,7 @@ from svc.common.component import (
     UpRuntime,
     svc_command,
 )
-from svc.common.inprocess import reraise_port
+from svc.common.inprocess import serve_threaded
 from svc.policy import signing
 from svc.policy.app import PolicyServer
 from svc.policy.service import PolicyService
@@ -70,17 +70,9 @@ def _start(rt: UpRuntime) -> Iterator[PolicyServer]:
         (d / "policy-signing.pub").write_text(
             signing.public_key_text(service.public_key), encoding="utf-8"
         )
-        try:
-            server = PolicyServer(
-                settings, service, auth=PolicyAuthSettings(**rt.auth("policy"))
-            ).start()
-        except OSError as e:
-            reraise_port(e, settings.host, settings.port, "policy service")
-            raise
-        try:
+        server = PolicyServer(settings, service, auth=PolicyAuthSettings(**rt.auth("policy")))
+        with serve_threaded(server, settings.host, settings.port, "policy service"):
             yield server
-        finally:
-            server.stop()
     finally:
         service.close()
 

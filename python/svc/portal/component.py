@@ -24,7 +24,7 @@ from svc.common.component import (
     UpRuntime,
     svc_command,
 )
-from svc.common.inprocess import persistent_token, reraise_port, wait_ready
+from svc.common.inprocess import persistent_token, serve_threaded
 from svc.gateway.component import JWKS_CA_FILE
 from svc.portal.settings import PortalSettings
 
@@ -85,16 +85,8 @@ def _start(rt: UpRuntime) -> Iterator[PortalServer]:
         jwks_ca_file=rt.shared.get(JWKS_CA_FILE),
     )
     server = PortalServer(settings)
-    try:
-        server.start()
-    except OSError as e:
-        reraise_port(e, settings.host, settings.port, "portal")
-        raise
-    try:
-        wait_ready(rt.url("portal"), "portal")
+    with serve_threaded(server, settings.host, settings.port, "portal", rt.url("portal")):
         yield server
-    finally:
-        server.stop()
 
 
 def _processes(t: TopologyRuntime) -> list[Process]:

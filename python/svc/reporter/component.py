@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from svc.common.component import Process, Registration, TopologyRuntime, UpRuntime, svc_command
-from svc.common.inprocess import reraise_port
+from svc.common.inprocess import serve_threaded
 from svc.reporter.settings import ReporterSettings
 
 if TYPE_CHECKING:
@@ -60,15 +60,8 @@ def _start(rt: UpRuntime) -> Iterator[ReporterServer]:
         components={name: rt.url(name) for name in WATCHED if name in rt.running},
     )
     server = ReporterServer(settings)
-    try:
-        server.start()
-    except OSError as e:
-        reraise_port(e, settings.host, settings.port, "reporter")
-        raise
-    try:
+    with serve_threaded(server, settings.host, settings.port, "reporter"):
         yield server
-    finally:
-        server.stop()
 
 
 def _processes(t: TopologyRuntime) -> list[Process]:

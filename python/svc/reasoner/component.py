@@ -82,7 +82,7 @@ def _processes(t: TopologyRuntime) -> list[Process]:
 def _banner(rt: UpRuntime) -> list[str]:
     return [
         f"  reasoner        {rt.url('reasoner')}   risk per person and agent from 30 days of "
-        "history every 15 minutes (svc reasoner cycle --data-dir DIR runs one now)"
+        "history every 15 minutes; scores and factors at the context service's /v1/risk"
     ]
 
 

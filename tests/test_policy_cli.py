@@ -113,7 +113,7 @@ def test_cli_draft_publish_mode_rollback(service: tuple[str, Path], tmp_path: Pa
 
     a = svc("active", "--url", url)
     assert a.returncode == 0
-    assert a.stdout.splitlines()[0] == "mode monitor, containment mode enforce"
+    assert a.stdout.splitlines()[0] == "mode monitor, containment mode monitor"
     assert "version 1  active" in a.stdout
     listed = svc("bundles", "--url", url).stdout
     assert listed.index("version 2  superseded") < listed.index("version 1  active")

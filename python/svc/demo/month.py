@@ -149,6 +149,18 @@ class Month:
         return {"principals_version": 1, "principals": out}
 
 
+def _uuid7(t: datetime, rng: random.Random) -> str:
+    """A UUIDv7 (RFC 9562, section 5.7) for time `t`, its random bits from `rng`.
+
+    Decision and ingest ids are time ordered (docs/architecture.md#identifiers-and-errors), so
+    a backfilled record sorts among live ones by when it happened; drawing the random bits from
+    the month's generator keeps a month the same for the same seed.
+    """
+    ms = int(t.timestamp() * 1000)
+    value = (ms << 80) | (0x7 << 76) | (rng.getrandbits(12) << 64) | (0b10 << 62)
+    return str(uuid.UUID(int=value | rng.getrandbits(62)))
+
+
 def _rfc3339(t: datetime) -> str:
     return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.") + f"{t.microsecond // 1000:03d}Z"
 
@@ -181,7 +193,7 @@ class _Gen:
         system: str = "drive",
     ) -> None:
         rec: dict[str, Any] = {
-            "ingest_id": str(uuid.UUID(int=self.rng.getrandbits(128))),
+            "ingest_id": _uuid7(t, self.rng),
             "at": _rfc3339(t),
             "received_at": _rfc3339(t + timedelta(seconds=1)),
             "system": system,
@@ -214,7 +226,7 @@ class _Gen:
     ) -> None:
         self.decisions.append(
             {
-                "qid": str(uuid.UUID(int=self.rng.getrandbits(128))),
+                "qid": _uuid7(t, self.rng),
                 "at": _rfc3339(t),
                 "call": "check",
                 "transport": "http",

@@ -157,8 +157,10 @@ def _uuid7(t: datetime, rng: random.Random) -> str:
     the month's generator keeps a month the same for the same seed.
     """
     ms = int(t.timestamp() * 1000)
-    value = (ms << 80) | (0x7 << 76) | (rng.getrandbits(12) << 64) | (0b10 << 62)
-    return str(uuid.UUID(int=value | rng.getrandbits(62)))
+    # 128 bits drawn, as a random UUID takes, so the month's other draws stay where they were.
+    bits = rng.getrandbits(128)
+    rand_a, rand_b = bits & 0xFFF, (bits >> 12) & ((1 << 62) - 1)
+    return str(uuid.UUID(int=(ms << 80) | (0x7 << 76) | (rand_a << 64) | (0b10 << 62) | rand_b))
 
 
 def _rfc3339(t: datetime) -> str:

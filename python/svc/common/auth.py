@@ -63,6 +63,7 @@ from svc.common.problems import Problem
 __all__ = [
     "ACCEPTED_ALGORITHMS",
     "LOCAL_ISSUER",
+    "REQUIRED_CLAIMS",
     "AuthConfigError",
     "AuthError",
     "AuthSettings",
@@ -74,8 +75,10 @@ __all__ = [
     "PolicyAuthSettings",
     "Verifier",
     "bearer_dependency",
+    "decode_verified",
     "es256_public_jwk",
     "is_loopback",
+    "read_unverified",
     "write_secret",
 ]
 
@@ -395,6 +398,110 @@ class Verifier:
                 "docs/auth.md)",
             )
         return Caller(sub, claims)
+
+
+#: Claims every app and agent token carries (RFC 7519 section 4.1).
+REQUIRED_CLAIMS = ("exp", "iss", "aud", "sub")
+
+
+def _claim_text(value: object) -> str:
+    """A claim value quoted for an error text: at most 128 characters, escaped."""
+    return str(value)[:128].encode("unicode_escape").decode("ascii")
+
+
+def read_unverified(token: str, kind: str, error: type[Exception]) -> tuple[str, str | None, str]:
+    """The ``alg``, ``kid`` and ``iss`` of a token before its signature is checked.
+
+    What the gateway's agent tokens and the portal's app tokens share: the issuer names the
+    JWK Set to verify against (RFC 7515 section 4.1, RFC 7519 section 4.1).
+
+    Args:
+        token: the bearer token.
+        kind: who signs such tokens, in the error text (``agent``, ``app``).
+        error: the exception class raised.
+
+    Returns:
+        ``(alg, kid, iss)``: ``alg`` one of ``ACCEPTED_ALGORITHMS``, ``kid`` a string or None.
+
+    Raises:
+        error: not a JWT; ``alg`` not RS256/ES256; ``kid`` not a string; no string ``iss``.
+
+    """
+    try:
+        header = jwt.get_unverified_header(token)
+        unverified = jwt.decode(token, options={"verify_signature": False})
+    except jwt.PyJWTError:
+        raise error("the bearer token is not a JWT (RFC 7519)") from None
+    alg = header.get("alg")
+    if not isinstance(alg, str) or alg not in ACCEPTED_ALGORITHMS:
+        raise error(
+            f"the token's algorithm `{_claim_text(alg)}` is not accepted; {kind} tokens are "
+            "signed with RS256 or ES256"
+        )
+    kid = header.get("kid")
+    if kid is not None and not isinstance(kid, str):
+        raise error("the token's `kid` is not a string")
+    iss = unverified.get("iss")
+    if not isinstance(iss, str):
+        raise error("the token has no `iss` claim (exp, iss, aud and sub are required)")
+    return alg, kid, iss
+
+
+def decode_verified(
+    token: str,
+    key: Any,
+    alg: str,
+    audience: str,
+    issuer: str,
+    leeway: float,
+    error: type[Exception],
+) -> dict[str, Any]:
+    """The claims of `token` once its signature, times, issuer and audience verify (PyJWT).
+
+    Args:
+        token: the bearer token.
+        key: the verification key from the issuer's JWK Set.
+        alg: the token's algorithm (checked by ``read_unverified``).
+        audience: the ``aud`` the token must name.
+        issuer: the ``iss`` it must carry.
+        leeway: seconds of clock skew allowed on ``exp`` and ``nbf``.
+        error: the exception class raised.
+
+    Returns:
+        The claims; ``exp``, ``iss``, ``aud`` and ``sub`` are present.
+
+    Raises:
+        error: a bad signature, expired or not yet valid, another audience, a missing required
+            claim, or any other PyJWT refusal (each named).
+
+    """
+    try:
+        claims: dict[str, Any] = jwt.decode(
+            token,
+            key,
+            algorithms=[alg],
+            audience=audience,
+            issuer=issuer,
+            leeway=leeway,
+            options={"require": list(REQUIRED_CLAIMS)},
+        )
+    except jwt.InvalidSignatureError:
+        raise error("the token's signature does not verify") from None
+    except jwt.ExpiredSignatureError:
+        raise error("the token has expired (`exp`)") from None
+    except jwt.ImmatureSignatureError:
+        raise error("the token is not valid yet (`nbf`)") from None
+    except jwt.InvalidAudienceError:
+        raise error(
+            f"the token's audience (`aud`) does not name `{_claim_text(audience)}`"
+        ) from None
+    except jwt.MissingRequiredClaimError as e:
+        raise error(
+            f"the token has no `{e.claim}` claim (exp, iss, aud and sub are required)"
+        ) from None
+    except jwt.PyJWTError as e:
+        raise error(f"the token does not verify: {e}") from None
+    return claims
 
 
 def bearer_dependency(verifier: Verifier) -> Callable[..., Caller]:

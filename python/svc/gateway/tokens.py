@@ -36,9 +36,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-import jwt
-
-from svc.common.auth import ACCEPTED_ALGORITHMS, JwksSource
+from svc.common.auth import JwksSource, decode_verified, read_unverified
 from svc.common.auth_settings import AuthConfigError
 from svc.gateway.settings import GatewaySettings
 
@@ -57,8 +55,6 @@ log = logging.getLogger("svc.gateway.tokens")
 
 HUMAN = "Human"
 SERVICE_ACCOUNT = "ServiceAccount"
-#: Claims every agent token carries (RFC 7519 section 4.1).
-REQUIRED = ("exp", "iss", "aud", "sub")
 _MAX_QUOTED = 128
 
 
@@ -310,23 +306,7 @@ class AgentTokenVerifier:
         hit = self.cached(token)
         if hit is not None:
             return hit
-        try:
-            header = jwt.get_unverified_header(token)
-            unverified = jwt.decode(token, options={"verify_signature": False})
-        except jwt.PyJWTError:
-            raise TokenError("the bearer token is not a JWT (RFC 7519)") from None
-        alg = header.get("alg")
-        if not isinstance(alg, str) or alg not in ACCEPTED_ALGORITHMS:
-            raise TokenError(
-                f"the token's algorithm `{_q(alg)}` is not accepted; agent tokens are signed with "
-                "RS256 or ES256"
-            )
-        kid = header.get("kid")
-        if kid is not None and not isinstance(kid, str):
-            raise TokenError("the token's `kid` is not a string")
-        iss = unverified.get("iss")
-        if not isinstance(iss, str):
-            raise TokenError("the token has no `iss` claim (exp, iss, aud and sub are required)")
+        alg, kid, iss = read_unverified(token, "agent", TokenError)
         s = self.settings
         app: TrustedApp | None = None
         if s.person_issuer is not None and iss == s.person_issuer:
@@ -344,32 +324,7 @@ class AgentTokenVerifier:
             raise TokenError(f"the keys of issuer `{_q(iss)}` cannot be fetched now") from None
         if key is None:
             raise TokenError(f"no {alg} key with kid `{_q(kid)}` in the issuer's JWKS")
-        try:
-            claims: dict[str, Any] = jwt.decode(
-                token,
-                key.key,
-                algorithms=[alg],
-                audience=audience,
-                issuer=iss,
-                leeway=s.leeway_secs,
-                options={"require": list(REQUIRED)},
-            )
-        except jwt.InvalidSignatureError:
-            raise TokenError("the token's signature does not verify") from None
-        except jwt.ExpiredSignatureError:
-            raise TokenError("the token has expired (`exp`)") from None
-        except jwt.ImmatureSignatureError:
-            raise TokenError("the token is not valid yet (`nbf`)") from None
-        except jwt.InvalidAudienceError:
-            raise TokenError(
-                f"the token's audience (`aud`) does not name `{_q(audience)}`"
-            ) from None
-        except jwt.MissingRequiredClaimError as e:
-            raise TokenError(
-                f"the token has no `{e.claim}` claim (exp, iss, aud and sub are required)"
-            ) from None
-        except jwt.PyJWTError as e:
-            raise TokenError(f"the token does not verify: {e}") from None
+        claims = decode_verified(token, key.key, alg, audience, iss, s.leeway_secs, TokenError)
         ident = self._identity(claims, app)
         self._keep(token, ident)
         return ident

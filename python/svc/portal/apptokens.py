@@ -33,9 +33,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-import jwt
-
-from svc.common.auth import ACCEPTED_ALGORITHMS, JwksSource
+from svc.common.auth import JwksSource, decode_verified, read_unverified
 from svc.common.auth_settings import AuthConfigError
 from svc.gateway.tokens import TrustedApp, TrustedApps, parse_trusted_apps
 
@@ -43,8 +41,6 @@ __all__ = ["AppTokenError", "AppTokenVerifier", "TrustedApp"]
 
 log = logging.getLogger("svc.portal.apptokens")
 
-#: Claims every app token carries (RFC 7519 section 4.1).
-REQUIRED = ("exp", "iss", "aud", "sub")
 _MAX_QUOTED = 128
 
 
@@ -160,23 +156,7 @@ class AppTokenVerifier:
             TrustedAppsUnavailable: the trusted apps were never read.
 
         """
-        try:
-            header = jwt.get_unverified_header(token)
-            unverified = jwt.decode(token, options={"verify_signature": False})
-        except jwt.PyJWTError:
-            raise AppTokenError("the bearer token is not a JWT (RFC 7519)") from None
-        alg = header.get("alg")
-        if not isinstance(alg, str) or alg not in ACCEPTED_ALGORITHMS:
-            raise AppTokenError(
-                f"the token's algorithm `{_q(alg)}` is not accepted; app tokens are signed with "
-                "RS256 or ES256"
-            )
-        kid = header.get("kid")
-        if kid is not None and not isinstance(kid, str):
-            raise AppTokenError("the token's `kid` is not a string")
-        iss = unverified.get("iss")
-        if not isinstance(iss, str):
-            raise AppTokenError("the token has no `iss` claim (exp, iss, aud and sub are required)")
+        alg, kid, iss = read_unverified(token, "app", AppTokenError)
         self.refresh()
         app = self.apps.by_iss(iss)
         if app is None:
@@ -188,32 +168,7 @@ class AppTokenVerifier:
             raise AppTokenError(f"the keys of app `{app.name}` cannot be fetched now") from None
         if key is None:
             raise AppTokenError(f"no {alg} key with kid `{_q(kid)}` in app `{app.name}`'s JWKS")
-        try:
-            claims: dict[str, Any] = jwt.decode(
-                token,
-                key.key,
-                algorithms=[alg],
-                audience=app.aud,
-                issuer=iss,
-                leeway=self._leeway,
-                options={"require": list(REQUIRED)},
-            )
-        except jwt.InvalidSignatureError:
-            raise AppTokenError("the token's signature does not verify") from None
-        except jwt.ExpiredSignatureError:
-            raise AppTokenError("the token has expired (`exp`)") from None
-        except jwt.ImmatureSignatureError:
-            raise AppTokenError("the token is not valid yet (`nbf`)") from None
-        except jwt.InvalidAudienceError:
-            raise AppTokenError(
-                f"the token's audience (`aud`) does not name `{_q(app.aud)}`"
-            ) from None
-        except jwt.MissingRequiredClaimError as e:
-            raise AppTokenError(
-                f"the token has no `{e.claim}` claim (exp, iss, aud and sub are required)"
-            ) from None
-        except jwt.PyJWTError as e:
-            raise AppTokenError(f"the token does not verify: {e}") from None
+        claims = decode_verified(token, key.key, alg, app.aud, iss, self._leeway, AppTokenError)
         if "act" in claims:
             raise AppTokenError(
                 "the agents API takes the app's own token; this one acts for someone (`act`)"

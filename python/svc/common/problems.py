@@ -2,7 +2,9 @@
 
 ``Problem`` is raised by a service layer and answered by its app (``problem_response``);
 ``http_exception_problem`` answers Starlette's own routing errors (404, 405) in the same shape;
-``install_problem_handlers`` makes a FastAPI app answer both.
+``validation_problem`` answers FastAPI's request validation errors (its default is a 422 whose
+body echoes the input) as a 400 problem naming each bad field briefly;
+``install_problem_handlers`` makes a FastAPI app answer all three.
 A problem's ``type`` is ``urn:svc:problem:<slug>``; ``errors`` names every bad item of a batch
 (docs/architecture.md#identifiers-and-errors).
 """
@@ -13,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -23,6 +26,7 @@ __all__ = [
     "http_exception_problem",
     "install_problem_handlers",
     "problem_response",
+    "validation_problem",
 ]
 
 #: The media type of a problem document (RFC 9457 section 3).
@@ -99,13 +103,58 @@ def http_exception_problem(exc: StarletteHTTPException) -> JSONResponse:
     return problem_response(p)
 
 
+#: The most bad fields one validation problem lists, and the most characters of each part.
+MAX_FIELD_ERRORS = 20
+_MAX_PART_CHARS = 128
+
+
+def _short(text: str) -> str:
+    cut = text[:_MAX_PART_CHARS].encode("ascii", "backslashreplace").decode("ascii")
+    cut = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in cut)
+    return cut if len(text) <= _MAX_PART_CHARS else cut + "..."
+
+
+def validation_problem(exc: RequestValidationError) -> Problem:
+    """FastAPI's refusal of a request's parameters or body as a 400 problem (RFC 9457).
+
+    Each error becomes one ``errors[]`` item: ``field`` is its location without the
+    ``body``/``query``/``path``/``header`` part (``resources.0.id``), ``message`` pydantic's
+    message; both at most 128 characters, escaped to printable ASCII, and at most
+    ``MAX_FIELD_ERRORS`` items. The input itself is never echoed (FastAPI's default 422 body
+    carries it whole).
+
+    Args:
+        exc: the validation error FastAPI raised.
+
+    Returns:
+        A 400 ``invalid-request`` problem whose detail names the first bad field.
+
+    """
+    errors = []
+    for err in exc.errors()[:MAX_FIELD_ERRORS]:
+        loc = [str(p) for p in err.get("loc", ()) if p not in ("body", "query", "path", "header")]
+        where = err.get("loc", ("",))[0] if err.get("loc") else ""
+        msg = str(err.get("msg", "invalid")).rstrip(".")
+        field = ".".join(loc) or str(where)
+        errors.append(FieldError(None, _short(field), _short(msg[:1].lower() + msg[1:])))
+    if not errors:
+        errors.append(FieldError(None, "", "the request is not valid"))
+    first = errors[0]
+    more = len(exc.errors()) - 1
+    detail = f"`{first.field}`: {first.message}" if first.field else first.message
+    if more > 0:
+        detail += f" (and {more} more)"
+    return Problem(400, "invalid-request", "Invalid request", detail, errors)
+
+
 def install_problem_handlers(app: FastAPI) -> None:
     """Makes `app` answer a raised ``Problem`` and Starlette's HTTP errors as RFC 9457.
 
     Args:
         app: a FastAPI app; a ``Problem`` raised by a route or a dependency is answered with
             ``problem_response``, a ``StarletteHTTPException`` (unknown route, wrong method)
-            with ``http_exception_problem``.
+            with ``http_exception_problem``, a ``RequestValidationError`` (a parameter or
+            body FastAPI refused) with ``validation_problem``'s 400.
 
     """
 
@@ -117,5 +166,10 @@ def install_problem_handlers(app: FastAPI) -> None:
         assert isinstance(exc, StarletteHTTPException)
         return http_exception_problem(exc)
 
+    async def on_invalid(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        return problem_response(validation_problem(exc))
+
     app.add_exception_handler(Problem, on_problem)
     app.add_exception_handler(StarletteHTTPException, on_http_error)
+    app.add_exception_handler(RequestValidationError, on_invalid)

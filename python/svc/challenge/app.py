@@ -40,11 +40,17 @@ from svc.common.connect import (
     verifier_of,
 )
 from svc.common.health import Readiness, probe_router
+from svc.common.limits import harden
 from svc.common.problems import install_problem_handlers
 
 __all__ = ["ChallengeServer", "create_app", "health_app", "serve"]
 
 log = logging.getLogger("svc.challenge")
+
+#: The largest request message and HTTP body, in bytes.
+MAX_MESSAGE_BYTES = 1024 * 1024
+#: The paths of the challenge page (``svc.challenge.page``), served without a bearer token.
+PAGE_PREFIXES = ("/challenge/", "/keys", "/auth/", "/page/")
 
 
 def health_app(service: ChallengeService, metrics: ChallengeMetrics) -> FastAPI:
@@ -133,10 +139,22 @@ def create_app(
     """
     verifier = verifier_of(auth)
     metrics = ChallengeMetrics()
-    grpc_app = ChallengeConnectApp(service, metrics, verifier=verifier)
+    grpc_app = ChallengeConnectApp(
+        service, metrics, max_message_bytes=MAX_MESSAGE_BYTES, verifier=verifier
+    )
     http_app = health_app(service, metrics)
-    if service.settings.oidc_issuer:
+    page = bool(service.settings.oidc_issuer)
+    if page:
         install_page(http_app, service)
+    # The token first on every path but the probes and the page (its people sign in), bodies
+    # bounded as the gRPC messages are, JSON checked (docs/challenges.md#limits).
+    harden(
+        http_app,
+        max_body_bytes=MAX_MESSAGE_BYTES,
+        setting="the challenge service's message limit",
+        verifier=verifier,
+        open_prefixes=PAGE_PREFIXES if page else (),
+    )
     return one_port(grpc_app, http_app, SERVICE_NAME)
 
 

@@ -11,7 +11,10 @@ Served by svc-challenge on its one port (``install_page`` adds it to the probes'
   Starlette client, authorization code flow with PKCE (RFC 7636, ``S256``), ``state`` and the ID
   token's ``nonce`` checked (OpenID Connect Core 1.0 sections 3.1.2 and 3.1.3.7). The user name
   is the ID token's ``oidc_username_claim``. The session is a Starlette ``SessionMiddleware``
-  cookie: signed, ``HttpOnly``, ``SameSite=Lax``, ``Secure`` when the page URL is https.
+  cookie: signed, ``HttpOnly``, ``SameSite=Lax``, ``Secure`` when the page URL is https. It
+  carries a random session id; signing out records that id as used up in the database
+  (``link_uses``, as a used link token is, ``session:<id>``), so a copy of the old cookie is
+  refused on every replica from then on, not only in the browser that signed out.
 * ``GET /keys``: the person's security keys (register, change, remove).
 * ``/page/api/...``: the JSON the pages' JavaScript calls. Every ``POST`` takes a JSON body and
   the session's CSRF token in the ``X-CSRF-Token`` header. Answers go through the same
@@ -36,10 +39,13 @@ from typing import Annotated, Any
 from authlib.integrations.starlette_client import OAuth, OAuthError
 from fastapi import APIRouter, Body, FastAPI, Header, Request
 from fastapi.responses import FileResponse, RedirectResponse, Response
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import Session
 from starlette.middleware.sessions import SessionMiddleware
 from starlette.staticfiles import StaticFiles
 
 from svc.challenge.links import LinkRefused
+from svc.challenge.models import LinkUseRow
 from svc.challenge.service import ChallengeError, ChallengeInfo, ChallengeService, SecurityKey
 from svc.common.problems import Problem
 
@@ -138,9 +144,55 @@ def _html(name: str) -> FileResponse:
     )
 
 
+#: The ``link_uses`` key of a signed-out session: this prefix and the session's id.
+_SIGNED_OUT = "session:"
+
+
+class _SignedOut:
+    """The sessions signed out, kept in the challenge database (module docs).
+
+    Args:
+        service: the service layer (its database and clock).
+
+    """
+
+    def __init__(self, service: ChallengeService) -> None:
+        self.service = service
+
+    def holds(self, sid: str) -> bool:
+        """Whether the session ``sid`` was signed out (on any replica)."""
+        with Session(self.service.db) as s:
+            return s.get(LinkUseRow, _SIGNED_OUT + sid) is not None
+
+    def add(self, sid: str, user: str) -> None:
+        """Records the session ``sid`` of ``user`` as signed out (idempotent)."""
+        with Session(self.service.db) as s:
+            s.add(
+                LinkUseRow(
+                    jti=_SIGNED_OUT + sid,
+                    challenge_qid="",
+                    recipient=user[:512],
+                    event="signed-out",
+                    used_at=self.service.clock(),
+                )
+            )
+            try:
+                s.commit()
+            except IntegrityError:  # signed out at the same moment through another request
+                pass
+
+
 def _user(request: Request) -> str | None:
+    """The signed-in user, or None: no session, one without an id, or one signed out."""
     user = request.session.get("user")
-    return user if isinstance(user, str) and user else None
+    sid = request.session.get("sid")
+    if not (isinstance(user, str) and user and isinstance(sid, str) and sid):
+        return None
+    signed_out: _SignedOut = request.app.state.challenge_signed_out
+    if signed_out.holds(sid):
+        request.session.clear()
+        return None
+    return user
 
 
 def _signed_in(request: Request) -> str:
@@ -247,7 +299,12 @@ def _router(service: ChallengeService, oauth: OAuth, username_claim: str) -> API
         target = request.session.get("next", "/keys")
         request.session.clear()  # a new session for the new user (session fixation)
         request.session.update(
-            {"user": name, "csrf": secrets.token_urlsafe(32), "pending_links": pending}
+            {
+                "user": name,
+                "sid": secrets.token_urlsafe(24),
+                "csrf": secrets.token_urlsafe(32),
+                "pending_links": pending,
+            }
         )
         log.info("%s signed in to the challenge page", name)
         local = isinstance(target, str) and target.startswith("/") and not target.startswith("//")
@@ -255,7 +312,9 @@ def _router(service: ChallengeService, oauth: OAuth, username_claim: str) -> API
 
     @router.post("/auth/logout")
     def logout(request: Request, x_csrf_token: _Csrf = None) -> Response:
-        _check_csrf(request, x_csrf_token)
+        user = _check_csrf(request, x_csrf_token)
+        request.app.state.challenge_signed_out.add(request.session["sid"], user)
+        log.info("%s signed out of the challenge page", user)
         request.session.clear()
         return Response(status_code=204)
 
@@ -424,6 +483,7 @@ def install_page(app: FastAPI, service: ChallengeService) -> None:
     # The cookie's key is derived from the link key, so every replica reading the same
     # link_key_file accepts the same sessions.
     session_key = hmac.new(service.links.key, b"svc-challenge-page-session", hashlib.sha256)
+    app.state.challenge_signed_out = _SignedOut(service)
     app.add_middleware(
         SessionMiddleware,
         secret_key=session_key.hexdigest(),

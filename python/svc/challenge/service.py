@@ -63,6 +63,7 @@ from svc.challenge.models import (
 from svc.challenge.pdp_client import ApproverCheck, PdpUnavailable, token_file_reader
 from svc.challenge.settings import ChallengeSettings
 from svc.common.errors import ServiceError, Subscribers, Violation
+from svc.common.files import private_sqlite
 
 __all__ = [
     "KINDS",
@@ -377,6 +378,7 @@ class ChallengeService:
             connect_args = (
                 {"check_same_thread": False} if settings.database_url.startswith("sqlite") else {}
             )
+            private_sqlite(settings.database_url)  # 0600 in 0700 (svc.common.files)
             db = create_engine(settings.database_url, connect_args=connect_args, pool_pre_ping=True)
         self.db = db
         self.revision = migrate(db)

@@ -28,7 +28,8 @@ this order, before the app reads a byte of the body:
 codec of ``svc.common.connect``). ``validation_problem`` (used by
 ``svc.common.problems.install_problem_handlers``) answers FastAPI's request validation errors
 as a 400 problem naming each bad field briefly, with no input echoed. ``bounded`` shortens any
-caller-supplied text for an error detail or a log line.
+caller-supplied text for an error detail or a log line. ``harden`` also installs
+``svc.common.logbounds`` (every log field of the process bounded).
 """
 
 from __future__ import annotations
@@ -41,14 +42,17 @@ from typing import Any
 
 import anyio.to_thread
 from fastapi import FastAPI
+from starlette.middleware import Middleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from svc.common.auth import MISSING_TOKEN, AuthConfigError, AuthError, Verifier
+from svc.common.logbounds import install_log_bounds
 from svc.common.problems import Problem, problem_response
 
 __all__ = [
     "DEFAULT_MAX_JSON_DEPTH",
     "OPEN_PATHS",
+    "PROBE_MAX_BODY_BYTES",
     "PROBE_PATHS",
     "Guard",
     "Guarded",
@@ -69,6 +73,8 @@ OPEN_PATHS = PROBE_PATHS | {"/openapi.json"}
 #: The deepest nesting of arrays and objects a JSON body may have (the decision point's
 #: ``--max-entity-depth`` default is the same 64).
 DEFAULT_MAX_JSON_DEPTH = 64
+#: The body limit of an app serving only the probes (they read no body).
+PROBE_MAX_BODY_BYTES = 64 * 1024
 #: The most characters of caller-supplied text an error detail or log field carries.
 MAX_ECHO_CHARS = 64
 
@@ -472,8 +478,8 @@ def harden(
 ) -> None:
     """Installs ``Guarded`` in front of ``app``'s routes: one line per app (module docs).
 
-    Call it once, after the app's other ``add_middleware`` calls that must see requests first
-    (request ids), or before them when it must run outside them.
+    Call it once, before the app serves; it goes inside the app's other middlewares (request
+    ids, HEAD, sessions), whenever they are added, so its refusals carry their headers too.
 
     Args:
         app: a FastAPI app, before it serves.
@@ -486,16 +492,24 @@ def harden(
         max_json_depth: the deepest JSON nesting allowed.
         check_json: whether JSON bodies are checked before the app sees them.
 
+    It also bounds every log field of the process (``svc.common.logbounds``): what a caller
+    sends reaches log lines only cut to a bounded size.
+
     """
+    install_log_bounds()
     all_guards = list(guards)
     if verifier is not None:
         all_guards.append(("/", bearer_guard(verifier)))
-    app.add_middleware(
-        Guarded,
-        max_body_bytes=max_body_bytes,
-        setting=setting,
-        guards=all_guards,
-        open_prefixes=tuple(open_prefixes),
-        max_json_depth=max_json_depth,
-        check_json=check_json,
+    # Innermost of the app's middlewares: request ids, HEAD and sessions still wrap every
+    # answer, refusals included; nothing past it reads a body before the checks.
+    app.user_middleware.append(
+        Middleware(
+            Guarded,
+            max_body_bytes=max_body_bytes,
+            setting=setting,
+            guards=all_guards,
+            open_prefixes=tuple(open_prefixes),
+            max_json_depth=max_json_depth,
+            check_json=check_json,
+        )
     )

@@ -42,6 +42,7 @@ from sqlalchemy import select as sa_select
 from sqlalchemy import update as sa_update
 from sqlmodel import Session, col, select
 
+from svc.common.files import private_sqlite
 from svc.common.problems import FieldError, Problem
 from svc.context.migrate import migrate
 from svc.context.models import (
@@ -295,6 +296,7 @@ class ContextService:
             kwargs: dict[str, Any] = {"pool_pre_ping": True, "json_serializer": _compact_json}
             if url.startswith("sqlite"):
                 kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
+            private_sqlite(url)  # 0600 in 0700 (svc.common.files)
             engine = create_engine(url, **kwargs)
         self.engine = engine
         self.revision = migrate(engine)

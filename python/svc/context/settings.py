@@ -40,6 +40,10 @@ class ContextSettings(ServiceSettings, component="context"):
     max_risk_scores: int = Field(default=200_000, ge=1, le=10_000_000)
     """Most scores in one ``POST /v1/risk``: the reasoner sends a whole cycle's in one request
     (docs/reasoner.md#publishing)."""
+    max_body_bytes: int = Field(default=64 * 1024 * 1024, ge=1024, le=1024 * 1024 * 1024)
+    """Largest request body, SCIM included: a larger one gets a 413 problem before it is read,
+    and only after the caller's token is checked (docs/context.md#limits). The default fits a
+    reasoner cycle of ``max_risk_scores`` scores."""
     max_changes: int = Field(default=1_000, ge=1, le=100_000)
     """Most changes in one answer of a watch or change feed."""
     max_wait_secs: float = Field(default=25.0, ge=0, le=300)

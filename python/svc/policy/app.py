@@ -34,6 +34,7 @@ from svc.common.connect import (
     verifier_of,
 )
 from svc.common.health import Readiness, probe_router
+from svc.common.limits import harden
 from svc.common.problems import install_problem_handlers
 from svc.policy.service import PolicyService
 from svc.policy.settings import PolicySettings
@@ -107,13 +108,17 @@ def create_app(
     verifier = verifier_of(auth)
     metrics = PolicyMetrics()
     metrics.active_version.set(service.active_version())
-    grpc_app = PolicyConnectApp(
-        service,
-        metrics,
-        max_message_bytes=service.settings.max_bundle_bytes + 1024 * 1024,
+    max_bytes = service.settings.max_bundle_bytes + 1024 * 1024
+    grpc_app = PolicyConnectApp(service, metrics, max_message_bytes=max_bytes, verifier=verifier)
+    http_app = health_app(service, metrics)
+    # The token first on every path but the probes, bodies bounded as messages are
+    # (docs/policy.md#limits).
+    harden(
+        http_app,
+        max_body_bytes=max_bytes,
+        setting=f"{service.settings.env_name('max_bundle_bytes')} + 1 MiB",
         verifier=verifier,
     )
-    http_app = health_app(service, metrics)
     return one_port(grpc_app, http_app, SERVICE_NAME)
 
 

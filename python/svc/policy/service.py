@@ -31,6 +31,7 @@ from sqlmodel import Session, col, select
 
 from svc._pdp_core import BundleError, Engine, RequestError
 from svc.common.errors import ServiceError, Subscribers, Violation
+from svc.common.files import private_sqlite
 from svc.policy import signing
 from svc.policy.migrate import migrate
 from svc.policy.models import (
@@ -289,6 +290,7 @@ class PolicyService:
             connect_args = (
                 {"check_same_thread": False} if settings.database_url.startswith("sqlite") else {}
             )
+            private_sqlite(settings.database_url)  # 0600 in 0700 (svc.common.files)
             db = create_engine(settings.database_url, connect_args=connect_args, pool_pre_ping=True)
         self.db = db
         self.revision = migrate(db)

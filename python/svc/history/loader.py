@@ -28,7 +28,8 @@ Any valid batch is storable, and a failing INSERT is told apart by what it means
   halved until the record is alone, and it goes to ``rejected`` with the engine's message as
   the reason; the rest of the batch is stored;
 * anything else (the server away, a table missing): the same INSERT is retried with backoff
-  (0.2 s doubling to 10 s) until it works or the loader stops; nothing is lost or skipped.
+  (full-jitter backoff up to 10 s, ``svc.common.retry.Reconnect``) until it works or the loader
+  stops; nothing is lost or skipped.
 
 It never falls behind silently: ``health()`` says whether the loader is failing (its INSERTs
 failed ``failing_after`` times in a row) or behind (the oldest record read but not stored
@@ -63,6 +64,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from pydantic import AliasChoices, Field
 
 from svc.broker import Consumer, ConsumerLike, MessageLike
+from svc.common.retry import Reconnect, Stopped
 from svc.common.settings import ComponentSettings, kafka_url_field
 from svc.common.topics import DECISIONS_TOPIC, EVENTS_TOPIC
 from svc.history.store import (
@@ -520,8 +522,10 @@ class Loader:
     ) -> tuple[Refusal, ClickHouseError] | None:
         """Runs `fn` (an INSERT) until it succeeds or fails in a way the caller handles.
 
-        A failure whose ``refusal`` is not in `handled` is retried with backoff (0.2 s doubling
-        to 10 s) and counted in ``store_failures`` and the health's consecutive failures.
+        A failure whose ``refusal`` is not in `handled` is retried on the shared reconnect
+        policy (``svc.common.retry.Reconnect``: full-jitter backoff from 0.2 s to 10 s, one
+        WARNING line per failure) and counted in ``store_failures`` and the health's
+        consecutive failures.
 
         Returns:
             None once `fn` succeeded, else the refusal (one of `handled`) and the error.
@@ -530,8 +534,8 @@ class Loader:
             _Stopped: a stop request came during the retries.
 
         """
-        delay = 0.2
-        while True:
+
+        def once() -> tuple[Refusal, ClickHouseError] | None:
             try:
                 fn()
             except ClickHouseError as e:
@@ -541,21 +545,17 @@ class Loader:
                 self.stats.store_failures += 1
                 self._failures += 1
                 self._last_error = _message(e)
-                log.warning(
-                    "history loader: %s failed %d times in a row (%s); retrying in %.1f s",
-                    what,
-                    self._failures,
-                    self._last_error,
-                    delay,
-                )
-            else:
-                self._failures = 0
-                self._last_error = None
-                self._last_success = time.time()
-                return None
-            if self._stop.wait(delay):
-                raise _Stopped
-            delay = min(delay * 2, 10.0)
+                raise
+            self._failures = 0
+            self._last_error = None
+            self._last_success = time.time()
+            return None
+
+        policy = Reconnect(f"history loader: {what}", log, retry_on=ClickHouseError)
+        try:
+            return policy.retrying(self._stop)(once)
+        except Stopped as e:
+            raise _Stopped from e
 
     def _store(self, kind: Kind, records: list[Record]) -> None:
         """Stores `records`, splitting and moving refused records as the module docs say.

@@ -25,6 +25,7 @@ from prometheus_client import CollectorRegistry, Gauge
 from svc import __version__
 from svc.common.auth import Verifier, bearer_dependency
 from svc.common.health import Readiness, probe_router
+from svc.common.limits import harden, static_guard
 from svc.common.problems import Problem, install_problem_handlers
 from svc.context.scim import ScimApp
 from svc.context.service import ContextService, Feed, Ref
@@ -104,6 +105,7 @@ def create_app(
             service.remove_listener(watcher.changed)
 
     guard: list[Any] = []
+    verifier: Verifier | None = None
     if auth.enabled:
         verifier = Verifier(auth)
         verifier.source.keys()  # fail at start, not on the first request
@@ -116,6 +118,20 @@ def create_app(
         lifespan=lifespan,
     )
     install_problem_handlers(app)
+
+    def token() -> str | None:
+        return settings.scim_token.get_secret_value() if settings.scim_token else None
+
+    # The token first, then bounded bodies and checked JSON, on every route but the probes
+    # (SCIM's discovery document is public, RFC 7644 section 4).
+    harden(
+        app,
+        max_body_bytes=settings.max_body_bytes,
+        setting=settings.env_name("max_body_bytes"),
+        guards=[("/scim/", static_guard(token, "scim", settings.env_name("scim_token")))],
+        verifier=verifier,
+        open_prefixes=["/scim/v2/ServiceProviderConfig"],
+    )
 
     registry = CollectorRegistry(auto_describe=True)
     rows = Gauge("svc_context_rows", "Rows per kind", ["kind"], registry=registry)
@@ -146,9 +162,6 @@ def create_app(
             ready_description="Ready when the database answers.",
         )
     )
-
-    def token() -> str | None:
-        return settings.scim_token.get_secret_value() if settings.scim_token else None
 
     # scim2-server's ASGI application types its scope as a dict, Starlette as a mapping.
     scim: Any = ScimApp(service, token, settings.scim_max_results)

@@ -80,6 +80,7 @@ from svc.context.service import (
     refresh_members,
     rows_by_id,
 )
+from svc.identifiers import identifier_problem
 
 __all__ = ["AsyncSqlStorage", "ScimApp", "SqlStorage", "provider"]
 
@@ -539,6 +540,7 @@ class SqlStorage(ScimStorage):
         user_name = str(doc.get("userName") or "")
         if not user_name:
             raise InvalidValueException(detail="userName is required")
+        _check_name("userName", user_name)
         active = doc.get("active")
         manager = _enterprise_manager(doc)
         if manager is not None and manager != rid:
@@ -628,6 +630,7 @@ class SqlStorage(ScimStorage):
         name = str(doc.get("displayName") or "")
         if not name:
             raise InvalidValueException(detail="displayName is required")
+        _check_name("displayName", name)
         members, _rows = self._members(s, doc)
         if any(mid == rid for mid, _ in members):
             raise InvalidValueException(detail="a group cannot be its own member")
@@ -707,6 +710,29 @@ class SqlStorage(ScimStorage):
                 g.version += 1
                 g.updated_at = now
                 s.add(g)
+
+
+#: The longest ``userName`` or group ``displayName``: it becomes a principal's id, and the
+#: resources' ids have the same bound (docs/context.md#limits).
+MAX_NAME_CHARS = 512
+
+
+def _check_name(attr: str, value: str) -> None:
+    """Refuses a user or group name that cannot be a principal's id (docs/context.md#limits).
+
+    Raises:
+        InvalidValueException: ``value`` is longer than ``MAX_NAME_CHARS`` or holds a control
+            character or a lone surrogate (``svc.identifiers.identifier_problem``); scim2-server
+            answers 400 ``invalidValue``.
+
+    """
+    if len(value) > MAX_NAME_CHARS:
+        raise InvalidValueException(
+            detail=f"{attr} has {len(value)} characters; at most {MAX_NAME_CHARS}"
+        )
+    why = identifier_problem(value)
+    if why is not None:
+        raise InvalidValueException(detail=f"{attr} {why}")
 
 
 def _enterprise_manager(doc: dict[str, Any]) -> str | None:

@@ -503,6 +503,10 @@ class ContextService:
                 continue
             _check_ident(item.type, i, "type", errors)
             _check_ident(item.id, i, "id", errors)
+            for j, p in enumerate(item.parents):
+                _check_ident(p.type, i, f"parents.{j}.type", errors)
+                _check_ident(p.id, i, f"parents.{j}.id", errors)
+            _check_size(item.attrs, i, "attrs", errors)
             if (item.type, item.id) in seen:
                 errors.append(FieldError(i, "id", f"repeats item {seen[(item.type, item.id)]}"))
             seen[(item.type, item.id)] = i
@@ -658,7 +662,9 @@ class ContextService:
                 continue
             _check_ident(item.id, i, "id", errors)
             for j, link in enumerate(item.links):
+                _check_ident(link.type, i, f"links.{j}.type", errors)
                 _check_ident(link.id, i, f"links.{j}.id", errors)
+            _check_size(item.attrs, i, "attrs", errors)
             if item.id in seen:
                 errors.append(FieldError(i, "id", f"repeats item {seen[item.id]}"))
             seen[item.id] = i

@@ -12,11 +12,16 @@ hypercorn (HTTP/1.1 and HTTP/2 cleartext), in this process or a thread of its ow
 * ``BearerInterceptor``: the callers' bearer tokens (docs/auth.md), checked before a message
   is read.
 * ``status_error``: a service layer's ``svc.common.errors.ServiceError`` as a gRPC status,
-  its violations as a ``google.rpc.BadRequest`` detail.
+  its violations as a ``google.rpc.BadRequest`` detail; message and violations bounded
+  (``MAX_STATUS_CHARS``, ``MAX_VIOLATIONS``), so a huge bad value never comes back whole.
+* ``safe_codecs``: the binary and JSON codecs, whose refusals are ``INVALID_ARGUMENT`` with a
+  short fixed text (never a Python repr nor the input); JSON bodies pass
+  ``svc.common.limits.parse_json`` (UTF-8, depth, no lone surrogate) first.
 * ``timestamp``: an aware ``datetime`` as ``google.protobuf.Timestamp``.
 * ``ServiceHandlers`` and ``ServiceApp``: the base of a service's handlers (each blocking
   service call in a worker thread, counted by method and outcome, its ``ServiceError`` as a
-  gRPC status) and the connectrpc app over them (endpoints, codecs, the bearer check).
+  gRPC status, any other exception an ``INTERNAL`` status naming no internals) and the
+  connectrpc app over them (endpoints, codecs, the bearer check).
 * ``serve_asgi``: binds the port (``svc.common.net.tcp_listener``) and runs hypercorn until a
   stop event or a signal; ``ThreadedServer``: the same in a thread, ``start()`` returning once
   the port listens.
@@ -27,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
@@ -35,11 +41,13 @@ from typing import Any, Self, TypeVar
 
 import anyio.to_thread
 from connectrpc.code import Code
-from connectrpc.compat import google_protobuf_codecs
+from connectrpc.codec import Codec
 from connectrpc.errors import ConnectError
 from connectrpc.method import IdempotencyLevel, MethodInfo, StreamType
 from connectrpc.request import RequestContext
 from connectrpc.server import ConnectASGIApplication, Endpoint
+from google.protobuf import json_format
+from google.protobuf.message import DecodeError, Message
 from google.protobuf.timestamp_pb2 import Timestamp
 from google.rpc import error_details_pb2
 from hypercorn.asyncio import serve as hypercorn_serve
@@ -52,6 +60,7 @@ from svc.common.auth import MISSING_TOKEN, AuthConfigError, AuthError, Verifier
 from svc.common.auth_settings import AuthSettings
 from svc.common.errors import Code as ErrorCode
 from svc.common.errors import ServiceError
+from svc.common.limits import JsonRejected, bounded, parse_json
 from svc.common.net import tcp_listener
 
 __all__ = [
@@ -62,6 +71,7 @@ __all__ = [
     "ThreadedServer",
     "endpoints",
     "one_port",
+    "safe_codecs",
     "serve_asgi",
     "status_error",
     "timestamp",
@@ -92,6 +102,16 @@ _CODES: dict[ErrorCode, Code] = {
 }
 
 
+#: The most characters of a status message, and of a violation's field or description.
+MAX_STATUS_CHARS = 512
+#: The most field violations one status carries.
+MAX_VIOLATIONS = 50
+
+
+def _cap(text: str, limit: int) -> str:
+    return text if len(text) <= limit else f"{text[: limit - 24]}...({len(text)} chars)"
+
+
 def status_error(e: ServiceError) -> ConnectError:
     """``e`` as the gRPC status a transport answers (https://grpc.io/docs/guides/error/).
 
@@ -99,8 +119,10 @@ def status_error(e: ServiceError) -> ConnectError:
         e: the service layer's refusal.
 
     Returns:
-        A ``ConnectError`` with ``e.code``'s status and ``e.message``; ``e.violations``, when
-        there are any, as one ``google.rpc.BadRequest`` detail of field violations.
+        A ``ConnectError`` with ``e.code``'s status and ``e.message`` (at most
+        ``MAX_STATUS_CHARS`` characters); ``e.violations``, when there are any, as one
+        ``google.rpc.BadRequest`` detail of field violations (at most ``MAX_VIOLATIONS``, each
+        part at most ``MAX_STATUS_CHARS`` characters).
 
     """
     details = []
@@ -108,9 +130,10 @@ def status_error(e: ServiceError) -> ConnectError:
         bad = error_details_pb2.BadRequest(
             field_violations=[
                 error_details_pb2.BadRequest.FieldViolation(
-                    field=v.field, description=v.description
+                    field=_cap(v.field, MAX_STATUS_CHARS),
+                    description=_cap(v.description, MAX_STATUS_CHARS),
                 )
-                for v in e.violations
+                for v in e.violations[:MAX_VIOLATIONS]
             ]
         )
         details.append(
@@ -119,7 +142,74 @@ def status_error(e: ServiceError) -> ConnectError:
                 value=bad.SerializeToString(),
             )
         )
-    return ConnectError(_CODES[e.code], e.message, details=details)
+    return ConnectError(_CODES[e.code], _cap(e.message, MAX_STATUS_CHARS), details=details)
+
+
+_FAILED_FIELD = re.compile(r"Failed to parse ([A-Za-z_][\w.\[\]]{0,128}) field")
+
+
+class _BinaryCodec(Codec[Message, Any]):
+    """Protobuf binary, refusing a bad message with a fixed ``INVALID_ARGUMENT`` text."""
+
+    def name(self) -> str:
+        return "proto"
+
+    def encode(self, message: Message) -> bytes:
+        return bytes(message.SerializeToString())
+
+    def decode(self, data: bytes | bytearray, message_class: type[Any]) -> Any:
+        try:
+            return message_class.FromString(bytes(data))
+        except (DecodeError, ValueError, RecursionError):
+            raise ConnectError(
+                Code.INVALID_ARGUMENT,
+                f"the request is not a valid {message_class.DESCRIPTOR.name} (protobuf binary)",
+            ) from None
+
+
+class _JsonCodec(Codec[Message, Any]):
+    """Protobuf's JSON mapping over ``parse_json``: bad input is a short ``INVALID_ARGUMENT``.
+
+    Unknown fields are ignored (as connectrpc's own JSON codec does).
+    """
+
+    def name(self) -> str:
+        return "json"
+
+    def encode(self, message: Message) -> bytes:
+        return str(json_format.MessageToJson(message)).encode()
+
+    def decode(self, data: bytes | bytearray, message_class: type[Any]) -> Any:
+        kind = message_class.DESCRIPTOR.name
+        try:
+            value = parse_json(bytes(data)) if data else {}
+        except JsonRejected as e:
+            raise ConnectError(Code.INVALID_ARGUMENT, str(e)) from None
+        message = message_class()
+        try:
+            json_format.ParseDict(value, message, ignore_unknown_fields=True)
+        except Exception as e:  # ParseError, and TypeError/ValueError from inside json_format
+            found = _FAILED_FIELD.match(str(e))
+            where = (
+                f": field `{bounded(found.group(1))}` has the wrong type or value" if found else ""
+            )
+            raise ConnectError(
+                Code.INVALID_ARGUMENT,
+                f"the request is not a valid {kind} (protobuf JSON mapping){where}",
+            ) from None
+        return message
+
+
+def safe_codecs() -> list[Codec[Any, Any]]:
+    """The codecs of every svc Connect app: protobuf binary and JSON (module docs).
+
+    Returns:
+        ``[binary, json]``; their ``decode`` raises ``ConnectError(INVALID_ARGUMENT)`` with a
+        short text naming the message type (and the bad field when protobuf names it), never
+        the input nor a Python repr.
+
+    """
+    return [_BinaryCodec(), _JsonCodec()]
 
 
 def endpoints(pb: ModuleType, service: str, handlers: object) -> dict[str, Any]:
@@ -186,7 +276,8 @@ class ServiceHandlers:
             What ``fn`` returns.
 
         Raises:
-            ConnectError: ``fn`` raised a ``ServiceError`` (``status_error``'s status).
+            ConnectError: ``fn`` raised a ``ServiceError`` (``status_error``'s status), or any
+                other exception (``INTERNAL``, the exception logged, never answered).
 
         """
         try:
@@ -194,6 +285,15 @@ class ServiceHandlers:
         except ServiceError as e:
             self._calls.labels(method, e.code).inc()
             raise status_error(e) from None
+        except ConnectError:
+            self._calls.labels(method, "connect_error").inc()
+            raise
+        except Exception:
+            log.exception("%s failed", method)
+            self._calls.labels(method, "internal").inc()
+            raise ConnectError(
+                Code.INTERNAL, "the service failed to answer this call; its log has the error"
+            ) from None
         self._calls.labels(method, "ok").inc()
         return out
 
@@ -227,7 +327,7 @@ class ServiceApp(ConnectASGIApplication[H]):
             service=handlers,
             endpoints=lambda h: endpoints(pb, service, h),
             read_max_bytes=max_message_bytes,
-            codecs=google_protobuf_codecs(),
+            codecs=safe_codecs(),
             interceptors=[BearerInterceptor(verifier)] if verifier is not None else (),
         )
 

@@ -419,7 +419,7 @@ def test_a_non_loopback_bind_without_auth_refuses_to_start() -> None:
     r = run_svc("pdp", "--bundle", str(CORP), "--host", "0.0.0.0", "--port", str(port), timeout=120)
     assert r.returncode == 2, r.stderr
     assert "refusing to listen on 0.0.0.0 without authentication" in r.stderr
-    assert "SVC_PDP_AUTH_ISSUER" in r.stderr and "SVC_PDP_AUTH_CALLERS" in r.stderr
+    assert "SVC_PDP_AUTH_ISSUER" in r.stderr and "SVC_PDP_AUTH_ROLES" in r.stderr
     with socket.socket() as s:
         assert s.connect_ex(("127.0.0.1", port)) != 0  # nothing was bound
     with pytest.raises(AuthConfigError, match="refusing to listen on ::"):
@@ -437,7 +437,11 @@ def test_a_non_loopback_bind_without_auth_refuses_to_start() -> None:
 def test_incomplete_auth_settings_are_refused_by_name(issuer: LocalIssuer) -> None:
     r = run_svc("pdp", "--bundle", str(CORP), "--port", "0", "--auth", "jwt", timeout=120)
     assert r.returncode == 2
-    for name in ("SVC_PDP_AUTH_ISSUER", "SVC_PDP_AUTH_JWKS", "SVC_PDP_AUTH_CALLERS"):
+    for name in (
+        "SVC_PDP_AUTH_ISSUER",
+        "SVC_PDP_AUTH_JWKS",
+        "SVC_PDP_AUTH_ROLES (or SVC_PDP_AUTH_CALLERS)",
+    ):
         assert name in r.stderr, r.stderr
     r = run_svc(
         "pdp", "--bundle", str(CORP), "--port", "0", "--auth-issuer", ISS,
@@ -460,6 +464,25 @@ def test_the_environment_configures_auth(
     monkeypatch.setenv("SVC_PDP_AUTH_CALLERS", '["a", "b"]')
     s = PdpAuthSettings()
     assert s.enabled and s.auth_callers == ["a", "b"] and s.auth_audience == "svc-pdp"
+    assert s.caller_roles == {"a": "operator", "b": "operator"}  # the compatible form
+    monkeypatch.setenv(
+        "SVC_PDP_AUTH_ROLES", '{"b": "app", "system:serviceaccount:shop:c": "gateway"}'
+    )
+    s = PdpAuthSettings()
+    assert s.caller_roles == {
+        "a": "operator",
+        "b": "app",
+        "system:serviceaccount:shop:c": "gateway",
+    }
+    monkeypatch.setenv("SVC_PDP_AUTH_ROLES", "b=app, system:serviceaccount:shop:c=gateway")
+    assert PdpAuthSettings().caller_roles["system:serviceaccount:shop:c"] == "gateway"
+    monkeypatch.setenv("SVC_PDP_AUTH_ROLES", "b=root")
+    with pytest.raises(ValueError, match="unknown role `root`"):
+        PdpAuthSettings()
+    monkeypatch.setenv("SVC_PDP_AUTH_ROLES", "no-role-here")
+    with pytest.raises(ValueError, match="is not `sub=role`"):
+        PdpAuthSettings()
+    monkeypatch.delenv("SVC_PDP_AUTH_ROLES")
     monkeypatch.setenv("SVC_PDP_AUTH", "none")
     assert not PdpAuthSettings().enabled
 

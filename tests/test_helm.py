@@ -43,6 +43,7 @@ from pydantic_settings import BaseSettings
 
 from svc import registry
 from svc.cli import app as svc_app
+from svc.common.roles import roles_of
 
 REPO = Path(__file__).resolve().parent.parent
 CHART = REPO / "helm" / "svc"
@@ -480,6 +481,15 @@ def test_every_env_var_is_a_setting_the_component_reads(
 # --- callers: NetworkPolicies and AUTH_CALLERS against docs/architecture.md --------------------
 
 
+#: The role a client of each API's values gets unless it names one (docs/auth.md).
+CLIENT_ROLE = {
+    "pdp": "app",
+    "history": "portal",
+    "policy": "operator",
+    "context": "connectors",
+    "challenge": "operator",
+}
+
 #: docs/architecture.md's callers table: the API column to the chart's component.
 APIS = {
     "decision point": "pdp",
@@ -642,16 +652,25 @@ def test_network_policies_admit_exactly_the_callers_table(
                 "env"
             ]
         }
-        auth = f"SVC_{component.upper()}_AUTH_CALLERS"
+        auth = f"SVC_{component.upper()}_AUTH_ROLES"
         if component == "intake":  # its own token, not service accounts (docs/auth.md)
             assert not any(name.startswith("SVC_INTAKE_AUTH") for name in env)
             continue
-        subjects = {_subject(c) for c in in_chart & enabled} | {
-            f"system:serviceaccount:{c['namespace']}:{c['serviceAccount']}"
+        # Each component's service account has its own role; only roles the API's methods
+        # admit are listed (the policy service and the reasoner read ClickHouse, not the
+        # history's routes), and the history always lists the portal's account.
+        may = roles_of(component)
+        expected_roles = {_subject(c): c for c in in_chart & enabled if c in may}
+        if component == "history":
+            expected_roles[_subject("portal")] = "portal"
+        expected_roles |= {
+            f"system:serviceaccount:{c['namespace']}:{c['serviceAccount']}": c.get(
+                "role", CLIENT_ROLE[component]
+            )
             for c in clients
             if c.get("serviceAccount")
         }
-        assert set(env[auth].split(",")) == subjects
+        assert json.loads(env[auth]) == expected_roles
         assert env[f"SVC_{component.upper()}_AUTH"] == "jwt"
 
 
@@ -668,11 +687,11 @@ def test_registered_callers_are_admitted(rendered: tuple[list[dict[str, Any]], d
             continue
         container = deployments[_name(r.name)]["spec"]["template"]["spec"]["containers"][0]
         env = {e["name"]: e.get("value") for e in container["env"]}
-        listed = set(env[f"SVC_{r.name.upper()}_AUTH_CALLERS"].split(","))
+        listed = json.loads(env[f"SVC_{r.name.upper()}_AUTH_ROLES"])
         (rule,) = policies[_name(r.name)]["spec"]["ingress"]
         peers = set(map(_peer_key, rule["from"]))
         for role in set(r.callers) & enabled:
-            assert _subject(role) in listed, (r.name, role)
+            assert listed.get(_subject(role)) == role, (r.name, role)
             assert _peer_key(_component_peer(role)) in peers, (r.name, role)
 
 
@@ -776,7 +795,7 @@ def test_apis_without_caller_tokens_take_no_auth_settings(
             assert not [e for e in env if e["name"].startswith(f"SVC_{c.upper()}_AUTH")], c
     calls = {
         "connectors": {"context"},
-        "reasoner": {"history", "context", "challenge", "policy"},
+        "reasoner": {"context", "challenge", "policy"},
         "portal": {"pdp", "history", "policy", "context", "challenge"},
         "reporter": set(),
     }
@@ -785,7 +804,7 @@ def test_apis_without_caller_tokens_take_no_auth_settings(
         env = {
             e["name"]: e.get("value") for e in d["spec"]["template"]["spec"]["containers"][0]["env"]
         }
-        listed = set((env.get(f"SVC_{_component(d).upper()}_AUTH_CALLERS") or "").split(","))
+        listed = set(json.loads(env.get(f"SVC_{_component(d).upper()}_AUTH_ROLES") or "{}"))
         for caller, callees in calls.items():
             if _name(caller) in deployments:
                 assert (_subject(caller) in listed) == (_component(d) in callees), (api, caller)

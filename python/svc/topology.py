@@ -96,9 +96,9 @@ def subject(role: str) -> str:
 
 
 #: Who may call each component that checks callers (docs/auth.md's callers table, for this
-#: topology): component name -> token subjects.
-CALLERS: dict[str, list[str]] = {
-    r.name: [subject(role) for role in r.callers if role != Role.DEMO]
+#: topology): component name -> token subject -> its role.
+CALLERS: dict[str, dict[str, str]] = {
+    r.name: {subject(role): role for role in r.callers if role != Role.DEMO}
     for r in registry.components(demo=False)
     if r.audience
 }
@@ -399,13 +399,13 @@ class Topology:
     # -- the processes
 
     def auth_env(self, component: str) -> dict[str, str]:
-        """``SVC_<COMPONENT>_AUTH_*``: the local issuer's tokens, the callers of ``CALLERS``."""
+        """``SVC_<COMPONENT>_AUTH_*``: the local issuer's tokens, the roles of ``CALLERS``."""
         p = f"SVC_{component.upper()}_AUTH"
         return {
             f"{p}": "jwt",
             f"{p}_ISSUER": self._issuer().issuer,
             f"{p}_JWKS": f"file://{self.secrets / 'issuer' / 'jwks.json'}",
-            f"{p}_CALLERS": ",".join(CALLERS[component]),
+            f"{p}_ROLES": json.dumps(CALLERS[component], separators=(",", ":")),
         }
 
     def _parts(self) -> list[tuple[Registration, list[Process]]]:

@@ -474,13 +474,13 @@ class Stack:
         return path
 
     def auth(self, component: str) -> dict[str, Any]:
-        """The local issuer and the subjects of the roles `component` admits (docs/auth.md)."""
+        """The local issuer and the roles `component` admits, by subject (docs/auth.md)."""
         assert self.issuer is not None
         return {
             "auth": "jwt",
             "auth_issuer": self.issuer.issuer,
             "auth_jwks": self.issuer.jwks_url,
-            "auth_callers": [subject(r) for r in registry.by_name(component).callers],
+            "auth_roles": {subject(r): r for r in registry.by_name(component).callers},
         }
 
     def enter(self, cm: AbstractContextManager[Any]) -> Any:

@@ -63,6 +63,25 @@ Takes (list $ clients) and prints a comma-separated list (possibly empty).
 {{- join "," $out -}}
 {{- end -}}
 
+{{/*
+The roles (docs/auth.md#roles-and-methods) of a list of clients: each one that names a service
+account goes into the dict, as its subject -> its `role` or the default. Prints nothing.
+Takes (list $ clients "app" $roles).
+*/}}
+{{- define "svc.clientRoles" -}}
+{{- $roles := index . 3 -}}
+{{- range (index . 1) -}}
+{{- if .serviceAccount -}}
+{{- $_ := set $roles (printf "system:serviceaccount:%s:%s" (required "a client with a serviceAccount needs its namespace" .namespace) .serviceAccount) (.role | default (index $ 2)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Puts this release's component `name`'s subject in `roles` with the role `name`. Takes (list $ "pdp" $roles). */}}
+{{- define "svc.componentRole" -}}
+{{- $_ := set (index . 2) (include "svc.subject" (list (index . 0) (index . 1))) (index . 1) -}}
+{{- end -}}
+
 {{/* NetworkPolicy peers of a list of clients. Takes the list. */}}
 {{- define "svc.clientPeers" -}}
 {{- range . }}
@@ -104,7 +123,7 @@ API). Takes $.
 {{/*
 The bearer-token settings of a component's API (docs/auth.md): the cluster's issuer and JWKS,
 the CA of its TLS certificate (the kube-root-ca.crt ConfigMap, mounted with the tokens), and
-the callers. Takes (list $ "PDP" "subject,subject").
+the callers with their roles. Takes (list $ "PDP" (dict "subject" "role" ...)).
 */}}
 {{- define "svc.authEnv" -}}
 {{- $root := index . 0 -}}
@@ -117,8 +136,8 @@ the callers. Takes (list $ "PDP" "subject,subject").
   value: {{ $root.Values.auth.jwks | quote }}
 - name: SVC_{{ $prefix }}_AUTH_JWKS_CA_FILE
   value: /var/run/svc/tokens/ca.crt
-- name: SVC_{{ $prefix }}_AUTH_CALLERS
-  value: {{ index . 2 | quote }}
+- name: SVC_{{ $prefix }}_AUTH_ROLES
+  value: {{ index . 2 | toJson | quote }}
 {{- end -}}
 
 {{/*

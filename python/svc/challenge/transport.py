@@ -31,7 +31,7 @@ from svc.challenge.service import (
     Violation,
 )
 from svc.challenge.v1 import challenge_pb2 as pb
-from svc.common.auth import Verifier
+from svc.common.auth import Verifier, author_of, person_of
 from svc.common.connect import ServiceApp, ServiceHandlers, status_error, timestamp
 
 __all__ = [
@@ -198,28 +198,32 @@ class _Handlers(ServiceHandlers):
 
     async def Justify(self, req: pb.JustifyRequest) -> pb.JustifyResponse:
         info = await self._call(
-            "Justify", lambda: self.service.justify(req.qid, req.person, req.text)
+            "Justify", lambda: self.service.justify(req.qid, person_of(req.person), req.text)
         )
         return pb.JustifyResponse(challenge=challenge_message(info))
 
     async def Decide(self, req: pb.DecideRequest) -> pb.DecideResponse:
         info = await self._call(
             "Decide",
-            lambda: self.service.decide(req.qid, req.approver, req.approve, req.reason),
+            lambda: self.service.decide(req.qid, person_of(req.approver), req.approve, req.reason),
         )
         return pb.DecideResponse(challenge=challenge_message(info))
 
     async def Contain(self, req: pb.ContainRequest) -> pb.ContainResponse:
         c, changed = await self._call(
             "Contain",
-            lambda: self.service.contain(_required_ref(req, "principal"), req.reason, req.author),
+            lambda: self.service.contain(
+                _required_ref(req, "principal"), req.reason, author_of(req.author)
+            ),
         )
         return pb.ContainResponse(containment=_containment(c), changed=changed)
 
     async def Lift(self, req: pb.LiftRequest) -> pb.LiftResponse:
         changed = await self._call(
             "Lift",
-            lambda: self.service.lift(_required_ref(req, "principal"), req.reason, req.author),
+            lambda: self.service.lift(
+                _required_ref(req, "principal"), req.reason, author_of(req.author)
+            ),
         )
         return pb.LiftResponse(changed=changed)
 
@@ -283,7 +287,7 @@ class _Handlers(ServiceHandlers):
     ) -> pb.ResetSecurityKeyResponse:
         removed = await self._call(
             "ResetSecurityKey",
-            lambda: self.service.reset_security_key(req.person, req.reason, req.author),
+            lambda: self.service.reset_security_key(req.person, req.reason, author_of(req.author)),
         )
         return pb.ResetSecurityKeyResponse(removed=removed)
 

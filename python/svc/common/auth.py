@@ -4,8 +4,10 @@ Every svc API other than ``/healthz``, ``/readyz``, ``/version`` and ``/metrics`
 ``Authorization: Bearer <JWT>`` (RFC 6750 section 2.1): a JWT (RFC 7519) signed with RS256 or
 ES256 by a key of the configured issuer's JWKS (RFC 7517), whose ``iss`` is that issuer, whose
 ``aud`` names the component (``svc-pdp``, ``svc-history``), which has not expired, and whose
-``sub`` is one of the callers the component's settings list. docs/auth.md has the callers
-table, every setting and the answers; the intake keeps its own token (docs/intake.md).
+``sub`` is one of the callers the component's settings list, each with its role; each method
+admits only the roles ``svc.common.roles.METHODS`` lists for it. docs/auth.md has the callers
+table, the method matrix, every setting and the answers; the intake keeps its own token
+(docs/intake.md).
 
 This module holds what the Python side of every component shares:
 
@@ -16,9 +18,14 @@ This module holds what the Python side of every component shares:
 * ``JwksSource``: the issuer's keys from an ``https://`` URL (pyjwt's ``PyJWKClient``, with an
   optional CA file) or a ``file://`` path, refreshed for key rotation;
 * ``Verifier``: pyjwt verification (RS256/ES256 only; ``exp``, ``iss``, ``aud``, ``sub``
-  required) and the caller check, raising ``AuthError`` (401 or 403);
+  required), the caller check and the caller's role (``verify``), the method check
+  (``authorize``) and the person the portal acts for (``acting_for``), raising ``AuthError``
+  (401 or 403);
 * ``bearer_dependency``: the FastAPI dependency (``HTTPBearer``) the Python services put on
-  their routes;
+  their routes: it finds the route's method in the matrix itself;
+* ``current_caller`` and ``author_of``: the verified caller of the request being served (a
+  context variable the dependency and ``svc.common.connect.BearerInterceptor`` set), and the
+  author a change is recorded under: the caller, never a request field;
 * ``LocalIssuer``: the issuer ``svc up`` runs, an ES256 key kept in ``<data dir>/issuer/`` with
   its JWKS beside it, which mints caller tokens.
 
@@ -39,15 +46,17 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from contextvars import ContextVar
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
+import anyio.to_thread
 import jwt
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from fastapi import Depends
+from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from svc.common.auth_settings import (
@@ -58,11 +67,14 @@ from svc.common.auth_settings import (
     PolicyAuthSettings,
     is_loopback,
 )
+from svc.common.component import Role
 from svc.common.problems import Problem
+from svc.common.roles import allowed
 
 __all__ = [
     "ACCEPTED_ALGORITHMS",
     "LOCAL_ISSUER",
+    "PERSON_HEADER",
     "REQUIRED_CLAIMS",
     "AuthConfigError",
     "AuthError",
@@ -74,11 +86,15 @@ __all__ = [
     "PdpAuthSettings",
     "PolicyAuthSettings",
     "Verifier",
+    "author_of",
     "bearer_dependency",
+    "current_caller",
     "decode_verified",
     "es256_public_jwk",
     "is_loopback",
+    "person_of",
     "read_unverified",
+    "set_current_caller",
     "write_secret",
 ]
 
@@ -99,6 +115,13 @@ UNKNOWN_KID_COOLDOWN_SECS = 30.0
 
 #: Longest ``kid`` quoted back in an error.
 _MAX_KID_QUOTED = 64
+
+#: The header (gRPC: metadata entry) naming the person the portal acts for (docs/auth.md,
+#: "Who made a change"); believed only from a caller with the portal role.
+PERSON_HEADER = "svc-acting-for"
+
+#: Longest person name ``PERSON_HEADER`` may carry.
+MAX_PERSON_CHARS = 256
 
 MISSING_TOKEN = (
     "no bearer token: send `Authorization: Bearer <JWT>` (gRPC: the `authorization` metadata "
@@ -142,11 +165,60 @@ class Caller:
     Attributes:
         sub: the token's ``sub`` (an allowed caller).
         claims: every claim of the token.
+        role: the caller's role (``Role``; the component's ``auth_roles`` setting).
+        person: the person the portal acts for (``PERSON_HEADER``), or None.
 
     """
 
     sub: str
     claims: dict[str, Any]
+    role: str = Role.OPERATOR
+    person: str | None = None
+
+    @property
+    def author(self) -> str:
+        """Who a change is recorded under: ``sub``, or ``<person> via <sub>`` for the portal."""
+        return f"{self.person} via {self.sub}" if self.person else self.sub
+
+
+_CURRENT: ContextVar[Caller | None] = ContextVar("svc_caller", default=None)
+
+
+def current_caller() -> Caller | None:
+    """The verified caller of the request being served; None when auth is off."""
+    return _CURRENT.get()
+
+
+def set_current_caller(caller: Caller | None) -> None:
+    """Makes `caller` the request's caller (``bearer_dependency``, ``BearerInterceptor``)."""
+    _CURRENT.set(caller)
+
+
+def person_of(requested: str) -> str:
+    """The person a request acts as: the one the portal acts for, else `requested`.
+
+    For methods a person takes part in (a challenge's justification or approval): when the
+    portal names the person it acts for (``PERSON_HEADER``), that person answers, whatever
+    the request's own field says; the admin's command line names the person in the request.
+    """
+    caller = _CURRENT.get()
+    return caller.person if caller is not None and caller.person else requested
+
+
+def author_of(requested: str = "") -> str:
+    """The author a change of the request being served is recorded under.
+
+    Args:
+        requested: the author the request names (a field such as ``author``), used only when
+            auth is off (a loopback bind, where no caller is known).
+
+    Returns:
+        The verified caller's ``Caller.author`` (``svc-local``, ``alice via
+        system:serviceaccount:svc:svc-portal``); with auth off, `requested`.
+
+    """
+    caller = _CURRENT.get()
+    return caller.author if caller is not None else requested
 
 
 def _ssl_context(ca_file: Path | None) -> ssl.SSLContext | None:
@@ -292,6 +364,10 @@ def _quoted(text: str) -> str:
     return text[:_MAX_KID_QUOTED].encode("unicode_escape").decode("ascii")
 
 
+def _quoted_sub(sub: str) -> str:
+    return sub[:256].encode("unicode_escape").decode("ascii")
+
+
 class Verifier:
     """Checks bearer tokens against one component's settings (module docs).
 
@@ -309,7 +385,21 @@ class Verifier:
             raise AuthConfigError(f"{settings.component}: auth is off; nothing to verify")
         self.settings = settings
         self.source = source or JwksSource.from_settings(settings)
-        self.callers = frozenset(settings.auth_callers)
+        self.roles = settings.caller_roles
+        self.callers = frozenset(self.roles)
+        self.component = settings.component.removeprefix("svc-")
+        legacy = sorted(set(settings.auth_callers) - set(settings.auth_roles))
+        if legacy:
+            log.warning(
+                "%s: %s list%s caller%s without a role, which may call every method (role "
+                "operator): %s; give each its role in %s (docs/auth.md)",
+                settings.component,
+                settings.env_name("auth_callers"),
+                "s" if len(legacy) == 1 else "",
+                "" if len(legacy) == 1 else "s",
+                ", ".join(legacy[:20]),
+                settings.env_name("auth_roles"),
+            )
 
     def verify(self, token: str) -> Caller:
         """Verifies `token` and checks its caller.
@@ -393,11 +483,68 @@ class Verifier:
         if sub not in self.callers:
             raise AuthError(
                 403,
-                f"caller `{sub[:1024]}` is not allowed to call {s.auth_audience}; the allowed "
-                f"callers are a setting of this service ({s.env_name('auth_callers')}, "
+                f"caller `{_quoted_sub(sub)}` is not allowed to call {s.auth_audience}; the "
+                f"allowed callers are a setting of this service ({s.env_name('auth_roles')}, "
                 "docs/auth.md)",
             )
-        return Caller(sub, claims)
+        return Caller(sub, claims, self.roles[sub])
+
+    def authorize(self, caller: Caller, method: str) -> None:
+        """Checks that `caller`'s role may call `method` (``svc.common.roles.METHODS``).
+
+        Args:
+            caller: a caller ``verify`` returned.
+            method: ``"<METHOD> <path template>"`` or a gRPC method's name.
+
+        Raises:
+            AuthError: 403 naming the method, the role and the roles that may call it.
+
+        """
+        roles = allowed(self.component, method)
+        if caller.role in roles:
+            return
+        who = ", ".join(sorted(roles)) or "none"
+        raise AuthError(
+            403,
+            f"caller `{_quoted_sub(caller.sub)}` has the role `{caller.role}`, which may not call "
+            f"`{method}` of {self.settings.auth_audience} (roles that may: {who}; "
+            "docs/auth.md#roles-and-methods)",
+        )
+
+    def acting_for(self, caller: Caller, person: str | None) -> Caller:
+        """`caller`, acting for `person` when the request names one (``PERSON_HEADER``).
+
+        Only the portal acts for people: its token proves it is the portal, and the portal has
+        signed the person in. A person named by any other caller is refused, not ignored.
+
+        Args:
+            caller: a caller ``verify`` returned.
+            person: the header's value, or None when absent.
+
+        Returns:
+            `caller` with ``person`` set (or unchanged without a header).
+
+        Raises:
+            AuthError: 403 for a caller without the portal role; 401 for an empty, too long
+                (over 256 characters) or non-printable name.
+
+        """
+        if person is None:
+            return caller
+        if caller.role != Role.PORTAL:
+            raise AuthError(
+                403,
+                f"caller `{_quoted_sub(caller.sub)}` has the role `{caller.role}`; only the "
+                f"portal may act for a person (`{PERSON_HEADER}`, docs/auth.md)",
+            )
+        name = person.strip()
+        if not name or len(name) > MAX_PERSON_CHARS or not name.isprintable():
+            raise AuthError(
+                401,
+                f"`{PERSON_HEADER}` must name a person: 1 to {MAX_PERSON_CHARS} printable "
+                "characters",
+            )
+        return replace(caller, person=name)
 
 
 #: Claims every app and agent token carries (RFC 7519 section 4.1).
@@ -504,32 +651,43 @@ def decode_verified(
     return claims
 
 
-def bearer_dependency(verifier: Verifier) -> Callable[..., Caller]:
-    """A FastAPI dependency that admits only the callers `verifier` accepts.
+def bearer_dependency(verifier: Verifier) -> Callable[..., Any]:
+    """A FastAPI dependency that admits only the callers and roles `verifier` accepts.
 
     Put it on a route (``dependencies=[Depends(dep)]``) or take the ``Caller`` as a parameter.
-    Refusals raise ``svc.intake.models.Problem``: 401 ``unauthenticated`` with
-    ``WWW-Authenticate: Bearer`` (RFC 6750 section 3; ``error="invalid_token"`` when a token was
-    sent), or 403 ``caller-not-allowed``; the app's problem handler answers them as RFC 9457
-    documents.
+    It verifies the token, finds the matched route's method (``"<METHOD> <path template>"``)
+    in ``svc.common.roles.METHODS`` and checks the caller's role against it (a route the table
+    does not list admits no one), reads ``PERSON_HEADER`` (the portal only), and makes the
+    caller the request's ``current_caller``. Refusals raise ``svc.common.problems.Problem``:
+    401 ``unauthenticated`` with ``WWW-Authenticate: Bearer`` (RFC 6750 section 3;
+    ``error="invalid_token"`` when a token was sent), or 403 ``caller-not-allowed`` naming the
+    method and the role; the app's problem handler answers them as RFC 9457 documents.
 
     Args:
         verifier: the component's verifier.
 
     Returns:
-        The dependency.
+        The dependency (a coroutine function returning the ``Caller``).
 
     """
     scheme = HTTPBearer(auto_error=False, description="A JWT of an allowed caller (docs/auth.md)")
     realm = verifier.settings.auth_audience
 
-    def require_caller(
+    async def require_caller(
+        request: Request,
         credentials: HTTPAuthorizationCredentials | None = Depends(scheme),  # noqa: B008
     ) -> Caller:
         try:
             if credentials is None or not credentials.credentials.strip():
                 raise AuthError(401, MISSING_TOKEN, missing=True)
-            return verifier.verify(credentials.credentials.strip())
+            caller = await anyio.to_thread.run_sync(
+                verifier.verify, credentials.credentials.strip()
+            )
+            route = request.scope.get("route")
+            template = getattr(route, "path_format", request.url.path)
+            method = "GET" if request.method == "HEAD" else request.method
+            verifier.authorize(caller, f"{method} {template}")
+            caller = verifier.acting_for(caller, request.headers.get(PERSON_HEADER))
         except AuthError as e:
             challenge = e.www_authenticate(realm)
             if e.status == 403:
@@ -551,6 +709,8 @@ def bearer_dependency(verifier: Verifier) -> Callable[..., Caller]:
                 "Authentication unavailable",
                 "the issuer's keys cannot be loaded",
             ) from None
+        set_current_caller(caller)
+        return caller
 
     return require_caller
 

@@ -10,6 +10,7 @@ verification uses. ``svc.common.auth`` re-exports all of it; docs/auth.md lists 
 from __future__ import annotations
 
 import ipaddress
+import json
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlparse
@@ -17,6 +18,8 @@ from urllib.parse import urlparse
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import NoDecode
 
+from svc.common.component import Role
+from svc.common.roles import admitted, check_roles, roles_of
 from svc.common.settings import ComponentSettings, list_setting
 
 __all__ = [
@@ -64,8 +67,9 @@ class AuthSettings(ComponentSettings):
 
     Raises:
         pydantic.ValidationError: with ``auth = "jwt"`` (the default once an issuer is set),
-            the issuer, the JWKS or the callers are missing, or the JWKS is neither an
-            ``https://`` URL nor a ``file://`` path.
+            the issuer, the JWKS or the callers (``auth_roles`` or ``auth_callers``) are
+            missing, or the JWKS is neither an ``https://`` URL nor a ``file://`` path; a role
+            of ``auth_roles`` is unknown.
 
     """
 
@@ -82,9 +86,14 @@ class AuthSettings(ComponentSettings):
     """PEM file of the CA that signed the JWKS server's certificate (default: the system's)."""
     auth_audience: str = "svc"
     """The ``aud`` a token must name: the component (``svc-pdp``, ``svc-history``)."""
+    auth_roles: Annotated[dict[str, str], NoDecode] = Field(default_factory=dict)
+    """Each allowed caller's role: ``{"<sub>": "<role>"}`` as a JSON object, or
+    ``sub=role,sub=role``. A role (``svc.common.component.Role``) may call the methods
+    docs/auth.md's matrix (``svc.common.roles.METHODS``) gives it, and nothing else."""
     auth_callers: Annotated[list[str], NoDecode] = Field(default_factory=list)
-    """The ``sub`` values allowed to call (the callers table of docs/auth.md); JSON list or
-    comma-separated."""
+    """The compatible form of ``auth_roles``: ``sub`` values that may call every method (role
+    ``operator``, what a listed caller could do before roles); JSON list or comma-separated.
+    A ``sub`` that ``auth_roles`` names takes the role named there."""
     auth_jwks_refresh_secs: float = Field(default=300.0, gt=0, le=86_400)
     """Seconds between JWKS reloads (key rotation)."""
     auth_leeway_secs: int = Field(default=30, ge=0, le=300)
@@ -96,6 +105,37 @@ class AuthSettings(ComponentSettings):
         """Accepts a JSON list or a comma-separated string."""
         return list_setting(v)
 
+    @field_validator("auth_roles", mode="before")
+    @classmethod
+    def _split_roles(cls, v: Any) -> Any:
+        """Accepts a JSON object or ``sub=role`` pairs separated by commas."""
+        if not isinstance(v, str):
+            return v
+        s = v.strip()
+        if s.startswith("{"):
+            return json.loads(s)
+        out: dict[str, str] = {}
+        for pair in (p.strip() for p in s.split(",")):
+            if not pair:
+                continue
+            sub, eq, role = pair.rpartition("=")
+            if not eq or not sub.strip():
+                raise ValueError(f"`{pair[:64]}` is not `sub=role`")
+            out[sub.strip()] = role.strip()
+        return out
+
+    @field_validator("auth_roles")
+    @classmethod
+    def _known_roles(cls, v: dict[str, str]) -> dict[str, str]:
+        """Every role is one of ``svc.common.roles.ROLES``."""
+        check_roles(v, cls.env_name("auth_roles"))
+        return v
+
+    @property
+    def caller_roles(self) -> dict[str, str]:
+        """Every admitted caller's role: ``auth_callers`` as ``operator``, then ``auth_roles``."""
+        return {**dict.fromkeys(self.auth_callers, Role.OPERATOR), **self.auth_roles}
+
     @model_validator(mode="after")
     def _check(self) -> AuthSettings:
         """Resolves ``auth`` and checks that ``jwt`` has what it needs."""
@@ -105,11 +145,11 @@ class AuthSettings(ComponentSettings):
             return self
         env = self.env_name
         missing = [
-            env(name)
+            name
             for name, value in (
-                ("auth_issuer", self.auth_issuer),
-                ("auth_jwks", self.auth_jwks),
-                ("auth_callers", self.auth_callers),
+                (env("auth_issuer"), self.auth_issuer),
+                (env("auth_jwks"), self.auth_jwks),
+                (f"{env('auth_roles')} (or {env('auth_callers')})", self.caller_roles),
             )
             if not value
         ]
@@ -147,7 +187,7 @@ class AuthSettings(ComponentSettings):
         raise AuthConfigError(
             f"{self.component}: refusing to listen on {host} without authentication: anyone "
             f"who reaches the port could call it. Set {env('auth_issuer')}, "
-            f"{env('auth_jwks')} and {env('auth_callers')} (docs/auth.md), or bind to "
+            f"{env('auth_jwks')} and {env('auth_roles')} (docs/auth.md), or bind to "
             "127.0.0.1"
         )
 
@@ -155,7 +195,11 @@ class AuthSettings(ComponentSettings):
 class PdpAuthSettings(AuthSettings, component="pdp"):
     """The decision point's bearer-token settings: ``SVC_PDP_AUTH*``, audience ``svc-pdp``.
 
-    Adds the verified-token cache of the Rust listener (docs/auth.md, "Cost").
+    Adds the verified-token cache of the Rust listener (docs/auth.md, "Cost"). Every method of
+    the decision point admits the same roles (``svc.common.roles.METHODS["pdp"]``), and its
+    Rust listener admits callers by ``sub``: once validated, ``auth_callers`` holds every
+    caller whose role it admits (``caller_roles`` is unchanged by that), which is what the
+    listener is given.
     """
 
     auth_audience: str = "svc-pdp"
@@ -164,6 +208,20 @@ class PdpAuthSettings(AuthSettings, component="pdp"):
     """Verified tokens kept (an LRU map keyed by the token); 0 verifies every request."""
     auth_cache_ttl_secs: int = Field(default=60, ge=1, le=3600)
     """Longest time a cached verification is trusted (the token's ``exp`` may end it sooner)."""
+
+    @model_validator(mode="after")
+    def _admitted(self) -> PdpAuthSettings:
+        """``auth_callers`` becomes the callers whose role may call the decision point."""
+        if self.auth == "jwt":
+            roles = self.caller_roles
+            self.auth_callers = admitted("pdp", roles)
+            if not self.auth_callers:
+                raise ValueError(
+                    f"{self.component}: no caller of {self.env_name('auth_roles')} has a role "
+                    f"that may call the decision point ({', '.join(sorted(roles_of('pdp')))}; "
+                    "docs/auth.md)"
+                )
+        return self
 
 
 class HistoryAuthSettings(AuthSettings, component="history"):

@@ -104,11 +104,13 @@ def _help(info: FieldInfo) -> str | None:
 def _cli_type(annotation: Any) -> tuple[Any, bool]:
     """The Typer type of a field's annotation, and whether the field may be None.
 
-    Literals and lists become text (the settings class parses and checks them: a list as a
-    JSON list or comma-separated text, ``svc.common.settings.list_setting``).
+    Literals, lists and mappings become text (the settings class parses and checks them: a
+    list as a JSON list or comma-separated text, ``svc.common.settings.list_setting``; a
+    mapping as its field's validator says, ``auth_roles`` a JSON object or ``key=value``
+    pairs).
 
     Raises:
-        TypeError: a type no option can carry (a mapping, a model).
+        TypeError: a type no option can carry (a model, a union of several types).
 
     """
     origin = get_origin(annotation)
@@ -119,7 +121,7 @@ def _cli_type(annotation: Any) -> tuple[Any, bool]:
         if len(args) != 1:
             raise TypeError(f"no command-line option for a union of {args}")
         return _cli_type(args[0])[0], True
-    if origin is Literal or origin is list or annotation is SecretStr:
+    if origin in (Literal, list, dict) or annotation is SecretStr:
         return str, False
     if annotation in (str, int, float, bool, Path) or (
         isinstance(annotation, type) and issubclass(annotation, Enum)

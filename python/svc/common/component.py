@@ -17,10 +17,12 @@ Two runtimes are handed to the registrations:
   Kafka; a registration's ``processes`` gives the command lines.
 
 **Roles.** A caller is named by its role (``Role``): who it is in docs/auth.md's callers
-table. ``svc up`` and ``svc topology`` give each role a token subject (``svc-up-<role>``,
-``svc-topology-<role>``; the person at the machine is ``svc-local`` / ``svc-topology``), and the
-chart a service account (``<release>-svc-<role>``). A role's token carries the audience of every
-component whose registration admits it.
+table; ``svc.common.roles`` lists which roles may call each method. ``svc up`` and
+``svc topology`` give each role a token subject (``svc-up-<role>``, ``svc-topology-<role>``;
+the person at the machine is ``svc-local`` / ``svc-topology``), and the chart a service account
+(``<release>-svc-<role>``); each component's settings map those subjects to their roles
+(``SVC_<COMPONENT>_AUTH_ROLES``). A role's token carries the audience of every component whose
+registration admits it.
 """
 
 from __future__ import annotations
@@ -69,6 +71,8 @@ class Role:
     REASONER = "reasoner"
     #: The portal: every operation of the admins' front door, as the person it acts for.
     PORTAL = "portal"
+    #: Enforcement points (the apps' own service accounts): the decision point only.
+    APP = "app"
 
 
 @dataclass(frozen=True)

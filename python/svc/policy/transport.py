@@ -26,7 +26,7 @@ from typing import Any
 import anyio.to_thread
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from svc.common.auth import Verifier
+from svc.common.auth import Verifier, author_of
 from svc.common.connect import ServiceApp, ServiceHandlers, status_error, timestamp
 from svc.policy import service as svc_service
 from svc.policy.service import BundleInfo, PolicyError, PolicyService
@@ -154,13 +154,15 @@ class _Handlers(ServiceHandlers):
                     [svc_service.Violation("files", f"`{n}` appears twice") for n in dup],
                 )
             )
+        author = author_of(req.author)
         info = await self._call(
-            "CreateDraft", lambda: self.service.create_draft(files, req.author, req.comment)
+            "CreateDraft", lambda: self.service.create_draft(files, author, req.comment)
         )
         return pb.CreateDraftResponse(bundle=bundle_message(info))
 
     async def Publish(self, req: pb.PublishRequest) -> pb.PublishResponse:
-        info = await self._call("Publish", lambda: self.service.publish(req.version, req.author))
+        author = author_of(req.author)
+        info = await self._call("Publish", lambda: self.service.publish(req.version, author))
         self.metrics.active_version.set(info.version)
         return pb.PublishResponse(bundle=bundle_message(info))
 
@@ -188,9 +190,10 @@ class _Handlers(ServiceHandlers):
     async def SetEnforcement(self, req: pb.SetEnforcementRequest) -> pb.SetEnforcementResponse:
         scope = _name(_SCOPES, req.scope) or f"#{req.scope}"
         mode = mode_name(req.mode) or f"#{req.mode}"
+        author = author_of(req.author)
         e, change = await self._call(
             "SetEnforcement",
-            lambda: self.service.set_enforcement(scope, mode, req.author, req.reason),
+            lambda: self.service.set_enforcement(scope, mode, author, req.reason),
         )
         out = pb.SetEnforcementResponse(enforcement=_enforcement(e))
         if change is not None:
@@ -217,9 +220,10 @@ class _Handlers(ServiceHandlers):
         self, req: pb.SetOutageFallbackRequest
     ) -> pb.SetOutageFallbackResponse:
         tier = _name(_TIERS, req.tier) or f"#{req.tier}"
+        author = author_of(req.author)
         f = await self._call(
             "SetOutageFallback",
-            lambda: self.service.set_outage_fallback(req.tool, tier, req.author, req.reason),
+            lambda: self.service.set_outage_fallback(req.tool, tier, author, req.reason),
         )
         return pb.SetOutageFallbackResponse(fallback=_fallback(f))
 

@@ -534,7 +534,8 @@ class Server:
 
     @property
     def ready(self) -> bool:
-        """Whether ``/readyz`` answers ready (bundle, containment list and principals loaded)."""
+        """Whether ``/readyz`` answers ready (bundle, containment list and principals loaded,
+        and no followed feed stale)."""
 
     def set_ready(
         self,
@@ -679,6 +680,55 @@ class Server:
             RuntimeError: the server is not running.
 
         """
+
+    def follow_feed(self, feed: str, max_staleness_secs: float) -> None:
+        """Starts following `feed` (docs/api.md#readiness-and-feeds; ``svc.pdp.feeds``).
+
+        From now on ``/readyz`` answers 503 naming `feed`, its last success and its last error
+        once it has had no successful sync (``feed_synced``) for longer than
+        `max_staleness_secs` (counted from this call while it never synced), and
+        ``svc_pdp_feed_*{feed}`` report it. Calling it again restarts the feed.
+
+        Raises:
+            ValueError: the name is empty or over 64 bytes, or the bound is not a finite
+                number above 0.
+            RuntimeError: the server is not running.
+
+        """
+
+    def unfollow_feed(self, feed: str) -> None:
+        """Stops following `feed` (no longer counted for readiness; its series leave
+        ``/metrics``); an unknown name is ignored.
+
+        Raises:
+            RuntimeError: the server is not running.
+
+        """
+
+    def feed_synced(self, feed: str, version: int | None = None) -> bool:
+        """Records a successful sync of `feed` now, and the `version` it applied (None keeps
+        the last). Returns False when `feed` is not followed (nothing recorded).
+
+        Raises:
+            RuntimeError: the server is not running.
+            OverflowError: `version` is negative.
+
+        """
+
+    def feed_failed(self, feed: str, error: str) -> bool:
+        """Records a failure of `feed` (`error` is cut to 300 bytes on ``/readyz``), counted in
+        ``svc_pdp_feed_errors_total``. Returns False when `feed` is not followed.
+
+        Raises:
+            RuntimeError: the server is not running.
+
+        """
+
+    @property
+    def feeds(self) -> list[dict[str, Any]]:
+        """The followed feeds as ``/readyz`` sees them now, by name: ``feed``, ``age_secs``,
+        ``max_staleness_secs``, ``stale``, ``last_success_ms``, ``last_error``, ``errors``,
+        ``version``. Empty when the server is not running."""
 
 @final
 class LogBatch:

@@ -14,6 +14,29 @@ use pyo3::prelude::*;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+/// One followed feed as a Python dict ([`Server::feeds`]).
+pub struct FeedView(pdp_server::shared::FeedReport);
+
+impl<'py> IntoPyObject<'py> for FeedView {
+    type Target = pyo3::types::PyDict;
+    type Output = Bound<'py, Self::Target>;
+    type Error = PyErr;
+
+    fn into_pyobject(self, py: Python<'py>) -> Result<Self::Output, Self::Error> {
+        let f = self.0;
+        let d = pyo3::types::PyDict::new(py);
+        d.set_item("feed", f.name)?;
+        d.set_item("age_secs", f.age.as_secs_f64())?;
+        d.set_item("max_staleness_secs", f.max_staleness.as_secs_f64())?;
+        d.set_item("stale", f.stale)?;
+        d.set_item("last_success_ms", f.last_ok_ms)?;
+        d.set_item("last_error", f.last_error.map(|(_, e)| e))?;
+        d.set_item("errors", f.errors)?;
+        d.set_item("version", f.version)?;
+        Ok(d)
+    }
+}
+
 /// The decision point's gRPC + HTTP listener over one engine (see `svc.pdp.server`).
 #[pyclass(frozen, module = "svc._pdp_core")]
 pub struct Server {
@@ -24,6 +47,14 @@ pub struct Server {
 }
 
 impl Server {
+    /// Publishes readiness to gRPC health when it changed (feeds turn stale with time).
+    fn publish(&self, py: Python<'_>, shared: &Arc<pdp_server::Shared>) -> PyResult<()> {
+        py.detach(|| {
+            self.with_running(|r| r.block_on(shared.publish_health()))
+                .map(|_| ())
+        })
+    }
+
     fn with_running<T>(&self, f: impl FnOnce(&Running) -> T) -> PyResult<T> {
         let guard = self
             .running
@@ -352,6 +383,69 @@ impl Server {
     #[pyo3(signature = (error=None))]
     fn bundle_reloaded(&self, error: Option<String>) -> PyResult<()> {
         self.with_running(|r| r.shared.bundle_reloaded(error))
+    }
+
+    /// Starts following `feed` (docs/api.md, "Readiness and feeds"): `/readyz` answers 503
+    /// naming it once it has had no successful sync (`feed_synced`) for longer than
+    /// `max_staleness_secs` (counted from this call while it never synced). Calling it again
+    /// restarts the feed. Raises `ValueError` for an empty name or a bound that is not a
+    /// finite positive number, `RuntimeError` when the server is not running.
+    fn follow_feed(&self, py: Python<'_>, feed: &str, max_staleness_secs: f64) -> PyResult<()> {
+        if feed.is_empty() || feed.len() > 64 {
+            return Err(PyValueError::new_err("a feed name is 1 to 64 bytes"));
+        }
+        let bound = Duration::try_from_secs_f64(max_staleness_secs)
+            .ok()
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| {
+                PyValueError::new_err(format!(
+                    "max_staleness_secs must be a finite number above 0, not {max_staleness_secs}"
+                ))
+            })?;
+        let shared = self.with_running(|r| r.shared.clone())?;
+        shared.follow_feed(feed, bound);
+        self.publish(py, &shared)
+    }
+
+    /// Stops following `feed` (it no longer counts for readiness; its series leave
+    /// `/metrics`). Unknown names are ignored. Raises `RuntimeError` when not running.
+    fn unfollow_feed(&self, py: Python<'_>, feed: &str) -> PyResult<()> {
+        let shared = self.with_running(|r| r.shared.clone())?;
+        shared.unfollow_feed(feed);
+        self.publish(py, &shared)
+    }
+
+    /// Records a successful sync of `feed` now and the `version` it applied (`None` keeps the
+    /// last). Returns False when `feed` is not followed. Raises `RuntimeError` when not
+    /// running.
+    #[pyo3(signature = (feed, version=None))]
+    fn feed_synced(&self, py: Python<'_>, feed: &str, version: Option<u64>) -> PyResult<bool> {
+        let shared = self.with_running(|r| r.shared.clone())?;
+        let known = shared.feed_synced(feed, version);
+        self.publish(py, &shared)?;
+        Ok(known)
+    }
+
+    /// Records a failure of `feed` (`error`: what failed, cut to 300 bytes on `/readyz`),
+    /// counted in `svc_pdp_feed_errors_total`. Returns False when `feed` is not followed.
+    /// Raises `RuntimeError` when not running.
+    fn feed_failed(&self, py: Python<'_>, feed: &str, error: &str) -> PyResult<bool> {
+        let shared = self.with_running(|r| r.shared.clone())?;
+        let known = shared.feed_failed(feed, error);
+        self.publish(py, &shared)?;
+        Ok(known)
+    }
+
+    /// The followed feeds as `/readyz` sees them now: one dict per feed, by name, with
+    /// `feed`, `age_secs`, `max_staleness_secs`, `stale`, `last_success_ms`, `last_error`,
+    /// `errors` and `version`. Empty when not running.
+    #[getter]
+    fn feeds(&self) -> Vec<FeedView> {
+        self.with_running(|r| r.shared.feeds())
+            .unwrap_or_default()
+            .into_iter()
+            .map(FeedView)
+            .collect()
     }
 
     /// Whether `/readyz` would answer ready.

@@ -9,7 +9,7 @@ use crate::challenges::{State as ChallengeState, Status, WaitError};
 use crate::clock::now_ms;
 use crate::metrics::Transport;
 use crate::problem::{has_h1_body, Problem};
-use crate::shared::Shared;
+use crate::shared::{FeedReport, Shared};
 use crate::waits::{challenge_wait, wait_for_challenge, WaitRefused};
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
@@ -20,6 +20,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use futures_util::future::join_all;
+use pdp_core::decision::rfc3339_ms;
 use pdp_core::request::BodyError;
 use pdp_core::search::{SearchError, SearchKind};
 use pdp_core::{CheckRequest, Decision, EntityUid, Mode, PlanRequest, RequestError, Verdict};
@@ -905,15 +906,29 @@ async fn healthz() -> Response {
 async fn readyz(State(s): St) -> Response {
     let err = s.bundle_error();
     let v = s.engine.versions();
-    if s.ready() {
+    let feeds = s.feeds();
+    let flags = s.bundle_loaded() && s.containments_loaded() && s.principals_loaded();
+    let stale: Vec<&FeedReport> = feeds.iter().filter(|f| f.stale).collect();
+    if flags && stale.is_empty() {
         let mut body = json!({
             "ready": true,
             "policy_version": v.policy_version,
             "principals_version": v.principals_version,
         });
-        if let (Some(e), Some(m)) = (err, body.as_object_mut()) {
-            // Still ready: the previous bundle keeps serving.
-            m.insert("bundle_error".into(), e.into());
+        if let Some(m) = body.as_object_mut() {
+            if let Some(e) = err {
+                // Still ready: the previous bundle keeps serving.
+                m.insert("bundle_error".into(), e.into());
+            }
+            if !feeds.is_empty() {
+                m.insert(
+                    "feeds".into(),
+                    feeds
+                        .iter()
+                        .map(|f| (f.name.clone(), feed_json(f)))
+                        .collect(),
+                );
+            }
         }
         return json_ok(&body);
     }
@@ -927,17 +942,81 @@ async fn readyz(State(s): St) -> Response {
     if !s.principals_loaded() {
         missing.push("the principals snapshot");
     }
-    let mut detail = format!("not ready: waiting for {}", missing.join(" and "));
+    let mut parts = Vec::new();
+    if !missing.is_empty() {
+        parts.push(format!("waiting for {}", missing.join(" and ")));
+    }
+    for f in &stale {
+        parts.push(stale_text(f));
+    }
+    let mut detail = format!("not ready: {}", parts.join("; "));
     if let Some(e) = err {
         detail.push_str(&format!("; last bundle load failed: {e}"));
     }
-    Problem::new(
+    let mut body = Problem::new(
         StatusCode::SERVICE_UNAVAILABLE,
         "not-ready",
         "The decision point is not ready",
         detail,
     )
-    .into_response()
+    .to_json();
+    if let (false, Some(m)) = (stale.is_empty(), body.as_object_mut()) {
+        m.insert(
+            "stale_feeds".into(),
+            stale
+                .iter()
+                .map(|f| {
+                    let mut j = feed_json(f);
+                    if let Some(o) = j.as_object_mut() {
+                        o.insert("feed".into(), f.name.clone().into());
+                    }
+                    j
+                })
+                .collect(),
+        );
+    }
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        [(
+            CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        )],
+        serde_json::to_vec(&body).unwrap_or_default(),
+    )
+        .into_response()
+}
+
+/// One feed on `/readyz`: its version, age and bound (seconds), last success and last error.
+fn feed_json(f: &FeedReport) -> serde_json::Value {
+    json!({
+        "version": f.version,
+        "age_secs": round_ms(f.age.as_secs_f64()),
+        "max_staleness_secs": f.max_staleness.as_secs_f64(),
+        "last_success": f.last_ok_ms.map(rfc3339_ms),
+        "last_error": f.last_error.as_ref().map(|(_, e)| e.clone()),
+        "last_error_at": f.last_error.as_ref().map(|(at, _)| rfc3339_ms(*at)),
+        "errors": f.errors,
+    })
+}
+
+/// A stale feed in `/readyz`'s detail: its name, age, bound, last success and last error.
+fn stale_text(f: &FeedReport) -> String {
+    let since = f.last_ok_ms.map_or_else(|| "never".to_owned(), rfc3339_ms);
+    let mut t = format!(
+        "feed `{}` is stale: no successful sync for {:.1} s (bound {} s; last success {since}",
+        f.name,
+        f.age.as_secs_f64(),
+        f.max_staleness.as_secs_f64(),
+    );
+    if let Some((_, e)) = &f.last_error {
+        t.push_str(&format!("; last error: {e}"));
+    }
+    t.push(')');
+    t
+}
+
+fn round_ms(secs: f64) -> f64 {
+    (secs * 1000.0).round() / 1000.0
 }
 
 async fn version(State(s): St) -> Response {
@@ -953,6 +1032,7 @@ async fn version(State(s): St) -> Response {
 
 async fn metrics(State(s): St) -> Response {
     let v = s.engine.versions();
+    s.refresh_feed_metrics();
     let text = s.metrics.render(
         v.policy_version,
         v.principals_version,

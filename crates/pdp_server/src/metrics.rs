@@ -6,8 +6,8 @@
 use crate::decision_log::LogStats;
 use pdp_core::{Mode, Verdict};
 use prometheus::{
-    Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
-    Opts, Registry, TextEncoder,
+    Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
+    IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 use std::time::Duration;
 
@@ -153,6 +153,16 @@ pub struct Metrics {
     pub log_commit: Histogram,
     /// `svc_pdp_decision_log_wait_seconds`: how long a durable answer waited for its record.
     pub log_wait: Histogram,
+    /// `svc_pdp_feed_age_seconds{feed}`: time since each followed feed's last successful sync.
+    feed_age: GaugeVec,
+    /// `svc_pdp_feed_max_staleness_seconds{feed}`: each feed's staleness bound.
+    feed_max_staleness: GaugeVec,
+    /// `svc_pdp_feed_stale{feed}`: 1 while the feed is past its bound.
+    feed_stale: IntGaugeVec,
+    /// `svc_pdp_feed_version{feed}`: the version each feed last applied.
+    feed_version: IntGaugeVec,
+    /// `svc_pdp_feed_errors_total{feed}`: failures of each feed.
+    feed_errors: IntCounterVec,
 }
 
 fn counter_vec(reg: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -164,6 +174,20 @@ fn counter_vec(reg: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCo
 
 fn gauge(reg: &Registry, name: &str, help: &str) -> IntGauge {
     let g = IntGauge::new(name, help).unwrap_or_else(|e| unreachable_metric(name, &e));
+    let _ = reg.register(Box::new(g.clone()));
+    g
+}
+
+fn gauge_vec(reg: &Registry, name: &str, help: &str, labels: &[&str]) -> GaugeVec {
+    let g = GaugeVec::new(Opts::new(name, help), labels)
+        .unwrap_or_else(|e| unreachable_metric(name, &e));
+    let _ = reg.register(Box::new(g.clone()));
+    g
+}
+
+fn int_gauge_vec(reg: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+    let g = IntGaugeVec::new(Opts::new(name, help), labels)
+        .unwrap_or_else(|e| unreachable_metric(name, &e));
     let _ = reg.register(Box::new(g.clone()));
     g
 }
@@ -339,7 +363,7 @@ impl Metrics {
             ready: gauge(
                 &registry,
                 "svc_pdp_ready",
-                "1 once a bundle, the containment list and the principals are loaded.",
+                "1 once a bundle, the containment list and the principals are loaded, while no followed feed is stale.",
             ),
             challenge_unavailable: counter(
                 &registry,
@@ -399,7 +423,77 @@ impl Metrics {
                 "How long a decision's answer waited for its record's group commit (durable mode only).",
                 &LOG_BUCKETS,
             ),
+            feed_age: gauge_vec(
+                &registry,
+                "svc_pdp_feed_age_seconds",
+                "Seconds since each followed feed's last successful sync (since it started, when it never synced); past svc_pdp_feed_max_staleness_seconds the decision point is not ready.",
+                &["feed"],
+            ),
+            feed_max_staleness: gauge_vec(
+                &registry,
+                "svc_pdp_feed_max_staleness_seconds",
+                "Each followed feed's staleness bound (feed_max_staleness_secs).",
+                &["feed"],
+            ),
+            feed_stale: int_gauge_vec(
+                &registry,
+                "svc_pdp_feed_stale",
+                "1 while a followed feed has had no successful sync within its bound (the decision point is then not ready; the last good state keeps serving).",
+                &["feed"],
+            ),
+            feed_version: int_gauge_vec(
+                &registry,
+                "svc_pdp_feed_version",
+                "The version (cursor) each followed feed last applied.",
+                &["feed"],
+            ),
+            feed_errors: counter_vec(
+                &registry,
+                "svc_pdp_feed_errors_total",
+                "Failures of each followed feed: requests that failed and changes that could not be applied.",
+                &["feed"],
+            ),
             registry,
+        }
+    }
+
+    /// Publishes a feed started with bound `max_staleness` (its errors start at 0).
+    pub fn feed_started(&self, feed: &str, max_staleness: Duration) {
+        self.feed_stopped(feed);
+        self.feed_max_staleness
+            .with_label_values(&[feed])
+            .set(max_staleness.as_secs_f64());
+        self.feed_errors.with_label_values(&[feed]);
+        self.feed_age.with_label_values(&[feed]).set(0.0);
+        self.feed_stale.with_label_values(&[feed]).set(0);
+    }
+
+    /// Removes a feed's series (it is no longer followed).
+    pub fn feed_stopped(&self, feed: &str) {
+        let _ = self.feed_age.remove_label_values(&[feed]);
+        let _ = self.feed_max_staleness.remove_label_values(&[feed]);
+        let _ = self.feed_stale.remove_label_values(&[feed]);
+        let _ = self.feed_version.remove_label_values(&[feed]);
+        let _ = self.feed_errors.remove_label_values(&[feed]);
+    }
+
+    /// Counts one failure of `feed`.
+    pub fn feed_error(&self, feed: &str) {
+        self.feed_errors.with_label_values(&[feed]).inc();
+    }
+
+    /// Sets a feed's gauges: its age, whether it is stale, and its last applied version.
+    pub fn feed_state(&self, feed: &str, age: Duration, stale: bool, version: Option<u64>) {
+        self.feed_age
+            .with_label_values(&[feed])
+            .set(age.as_secs_f64());
+        self.feed_stale
+            .with_label_values(&[feed])
+            .set(i64::from(stale));
+        if let Some(v) = version {
+            self.feed_version
+                .with_label_values(&[feed])
+                .set(i64::try_from(v).unwrap_or(i64::MAX));
         }
     }
 

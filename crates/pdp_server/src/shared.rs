@@ -1,7 +1,8 @@
 //! What every request handler of the listener shares ([`Shared`]): the engine, the metrics,
 //! the settings ([`Config`]), the decision log a decision's record goes to ([`Logged`]), the
-//! readiness flags the control plane sets, and the resource and challenge sources it installs.
-//! Below both transports (`crate::http`, `crate::grpc`), which hold it as their state.
+//! readiness flags the control plane sets, the feeds it follows ([`FeedReport`]), and the
+//! resource and challenge sources it installs. Below both transports (`crate::http`,
+//! `crate::grpc`), which hold it as their state.
 
 use crate::auth::Authenticator;
 use crate::challenges::Challenges;
@@ -14,8 +15,70 @@ use crate::resources::Fetcher;
 use arc_swap::ArcSwapOption;
 use pdp_core::decision::{uid_key, Call};
 use pdp_core::{Decision, Engine, EntityUid, QueryPlan};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+/// Longest feed error text kept (bytes): `/readyz` shows it, so it stays short.
+pub const MAX_FEED_ERROR: usize = 300;
+
+/// One feed the control plane follows (docs/api.md, "Readiness and feeds"): when it last
+/// synced, its last error, and the version it last applied.
+#[derive(Debug, Clone)]
+struct Feed {
+    /// Longest time without a successful sync before the feed is stale.
+    max_staleness: Duration,
+    /// When it was started: the age of a feed that never synced counts from here.
+    since: Instant,
+    /// The last successful sync: when (monotonic) and when (wall clock, ms since the epoch).
+    last_ok: Option<(Instant, u64)>,
+    /// The last failure: when (wall clock, ms) and its bounded text.
+    last_error: Option<(u64, String)>,
+    /// Failures since it was started.
+    errors: u64,
+    /// The version (cursor) last applied, as the feed numbers them.
+    version: Option<u64>,
+}
+
+impl Feed {
+    fn age(&self, now: Instant) -> Duration {
+        now.saturating_duration_since(self.last_ok.map_or(self.since, |(at, _)| at))
+    }
+}
+
+/// What one followed feed looks like now ([`Shared::feeds`]), for `/readyz` and `/metrics`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FeedReport {
+    /// The feed's name (`bundle`, `principals`, `resources`, `work_items`, `containments`).
+    pub name: String,
+    /// Time since its last successful sync (since it was started when it never synced).
+    pub age: Duration,
+    /// Its staleness bound.
+    pub max_staleness: Duration,
+    /// Whether `age` is past `max_staleness`: the decision point is then not ready.
+    pub stale: bool,
+    /// Wall-clock time of the last successful sync, ms since the Unix epoch.
+    pub last_ok_ms: Option<u64>,
+    /// The last failure (wall-clock ms, text), kept after a success until the next failure.
+    pub last_error: Option<(u64, String)>,
+    /// Failures since it was started.
+    pub errors: u64,
+    /// The version last applied.
+    pub version: Option<u64>,
+}
+
+/// `text` cut to [`MAX_FEED_ERROR`] bytes at a character boundary (`...` marks a cut).
+fn feed_error_text(text: &str) -> String {
+    if text.len() <= MAX_FEED_ERROR {
+        return text.to_owned();
+    }
+    let mut end = MAX_FEED_ERROR;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}...", &text[..end])
+}
 
 /// Listener settings.
 #[derive(Debug, Clone)]
@@ -72,6 +135,10 @@ pub struct Shared {
     has_challenges: AtomicBool,
     challenges: ArcSwapOption<Challenges>,
     bundle_error: RwLock<Option<String>>,
+    /// The feeds the control plane follows, by name ([`Shared::follow_feed`]).
+    feeds: RwLock<BTreeMap<String, Feed>>,
+    /// What gRPC health last published (SERVING or not), so feed reports publish changes only.
+    serving: AtomicBool,
     health: tonic_health::server::HealthReporter,
 }
 
@@ -158,6 +225,8 @@ impl Shared {
             has_challenges: AtomicBool::new(false),
             challenges: ArcSwapOption::empty(),
             bundle_error: RwLock::new(None),
+            feeds: RwLock::new(BTreeMap::new()),
+            serving: AtomicBool::new(false),
             health,
         }
     }
@@ -266,11 +335,139 @@ impl Shared {
     }
 
     /// Whether the decision point can serve (docs/architecture.md#what-every-component-serves): a
-    /// bundle, the containment list and the principals (docs/context.md) are loaded.
+    /// bundle, the containment list and the principals (docs/context.md) are loaded, and no
+    /// followed feed is stale ([`Shared::follow_feed`]).
     pub fn ready(&self) -> bool {
+        self.flags_ready() && !self.any_stale(Instant::now())
+    }
+
+    /// Whether the three readiness flags are set (staleness aside).
+    fn flags_ready(&self) -> bool {
         self.bundle_loaded.load(Ordering::Acquire)
             && self.containments_loaded.load(Ordering::Acquire)
             && self.principals_loaded.load(Ordering::Acquire)
+    }
+
+    fn read_feeds(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<String, Feed>> {
+        self.feeds
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn write_feeds(&self) -> std::sync::RwLockWriteGuard<'_, BTreeMap<String, Feed>> {
+        self.feeds
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn any_stale(&self, now: Instant) -> bool {
+        self.read_feeds()
+            .values()
+            .any(|f| f.age(now) > f.max_staleness)
+    }
+
+    /// Starts following `feed` (docs/api.md, "Readiness and feeds"): from now on the decision
+    /// point is not ready while `feed` has had no successful sync ([`Shared::feed_synced`])
+    /// for longer than `max_staleness`; a feed that never synced counts from this call.
+    /// Calling it again restarts the feed (its history is dropped).
+    pub fn follow_feed(&self, feed: &str, max_staleness: Duration) {
+        self.write_feeds().insert(
+            feed.to_owned(),
+            Feed {
+                max_staleness,
+                since: Instant::now(),
+                last_ok: None,
+                last_error: None,
+                errors: 0,
+                version: None,
+            },
+        );
+        self.metrics.feed_started(feed, max_staleness);
+    }
+
+    /// Stops following `feed`: it no longer counts for readiness, and its series leave
+    /// `/metrics`. Unknown feeds are ignored.
+    pub fn unfollow_feed(&self, feed: &str) {
+        if self.write_feeds().remove(feed).is_some() {
+            self.metrics.feed_stopped(feed);
+        }
+    }
+
+    /// Records a successful sync of `feed` now, and the `version` it applied (`None` keeps the
+    /// last). Returns false when `feed` is not followed (nothing is recorded).
+    pub fn feed_synced(&self, feed: &str, version: Option<u64>) -> bool {
+        let mut feeds = self.write_feeds();
+        let Some(f) = feeds.get_mut(feed) else {
+            return false;
+        };
+        f.last_ok = Some((Instant::now(), now_ms()));
+        if version.is_some() {
+            f.version = version;
+        }
+        true
+    }
+
+    /// Records a failure of `feed` (a request or a change it could not apply): counted in
+    /// `svc_pdp_feed_errors_total` and shown, cut to [`MAX_FEED_ERROR`] bytes, on `/readyz`.
+    /// Returns false when `feed` is not followed (nothing is recorded).
+    pub fn feed_failed(&self, feed: &str, error: &str) -> bool {
+        let mut feeds = self.write_feeds();
+        let Some(f) = feeds.get_mut(feed) else {
+            return false;
+        };
+        f.errors += 1;
+        f.last_error = Some((now_ms(), feed_error_text(error)));
+        drop(feeds);
+        self.metrics.feed_error(feed);
+        true
+    }
+
+    /// Every followed feed as it is now, by name.
+    pub fn feeds(&self) -> Vec<FeedReport> {
+        let now = Instant::now();
+        self.read_feeds()
+            .iter()
+            .map(|(name, f)| {
+                let age = f.age(now);
+                FeedReport {
+                    name: name.clone(),
+                    age,
+                    max_staleness: f.max_staleness,
+                    stale: age > f.max_staleness,
+                    last_ok_ms: f.last_ok.map(|(_, ms)| ms),
+                    last_error: f.last_error.clone(),
+                    errors: f.errors,
+                    version: f.version,
+                }
+            })
+            .collect()
+    }
+
+    /// Brings the feed gauges of `/metrics` up to now (ages, staleness, versions).
+    pub fn refresh_feed_metrics(&self) {
+        for r in self.feeds() {
+            self.metrics.feed_state(&r.name, r.age, r.stale, r.version);
+        }
+    }
+
+    /// Publishes readiness to gRPC health (`grpc.health.v1`) when it changed since the last
+    /// publication: feeds turn stale with time alone, so the control plane calls this after
+    /// each feed report (and `/readyz` is always computed on the spot).
+    pub async fn publish_health(&self) {
+        let ready = self.ready();
+        if self.serving.swap(ready, Ordering::AcqRel) != ready {
+            self.set_health(ready).await;
+        }
+    }
+
+    async fn set_health(&self, ready: bool) {
+        let status = if ready {
+            tonic_health::ServingStatus::Serving
+        } else {
+            tonic_health::ServingStatus::NotServing
+        };
+        self.health.set_service_status(SERVICE_NAME, status).await;
+        self.health.set_service_status("", status).await;
     }
 
     /// Whether the control plane has loaded the principals snapshot (set at start unless
@@ -329,7 +526,8 @@ impl Shared {
 
     /// Sets the readiness flags the control plane owns (a policy bundle, the containment list,
     /// the principals snapshot); `None` leaves a flag as it is. gRPC health
-    /// (`grpc.health.v1`) follows: SERVING when all three are set, else NOT_SERVING.
+    /// (`grpc.health.v1`) follows: SERVING when all three are set and no feed is stale, else
+    /// NOT_SERVING.
     pub async fn set_ready(
         &self,
         bundle: Option<bool>,
@@ -345,13 +543,9 @@ impl Shared {
         if let Some(p) = principals {
             self.principals_loaded.store(p, Ordering::Release);
         }
-        let status = if self.ready() {
-            tonic_health::ServingStatus::Serving
-        } else {
-            tonic_health::ServingStatus::NotServing
-        };
-        self.health.set_service_status(SERVICE_NAME, status).await;
-        self.health.set_service_status("", status).await;
+        let ready = self.ready();
+        self.serving.store(ready, Ordering::Release);
+        self.set_health(ready).await;
     }
 
     /// Records the outcome of a bundle reload: `None` for success (clears the error), else the
@@ -362,5 +556,20 @@ impl Shared {
             .bundle_error
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = error;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{feed_error_text, MAX_FEED_ERROR};
+
+    #[test]
+    fn feed_errors_are_cut_at_a_character_boundary() {
+        assert_eq!(feed_error_text("HTTP 500"), "HTTP 500");
+        let long = "é".repeat(MAX_FEED_ERROR);
+        let cut = feed_error_text(&long);
+        assert!(cut.ends_with("..."));
+        assert!(cut.len() <= MAX_FEED_ERROR + 3);
+        assert!(cut.trim_end_matches("...").chars().all(|c| c == 'é'));
     }
 }

@@ -691,3 +691,61 @@ fn wait_owned(addr: SocketAddr, qid: &str, who: &str, secs: u64) -> (u16, Value)
     });
     call(addr, "POST", "/v1/access/challenge", Some(&request))
 }
+
+#[test]
+fn a_feed_without_a_sync_within_its_bound_makes_the_listener_unready() {
+    let engine = Arc::new(Engine::new(
+        bundle_dir::load(&testdata().join("bundles/corp")).unwrap(),
+    ));
+    let running: Running = pdp_server::start(engine, config(), None).unwrap();
+    let addr = running.local_addr;
+    let shared = running.shared.clone();
+    running
+        .block_on(shared.set_ready(Some(true), Some(true), None))
+        .unwrap();
+    // A long bound: the feed counts from its start and is not stale yet.
+    shared.follow_feed("resources", Duration::from_secs(3600));
+    assert!(shared.feed_synced("resources", Some(41)));
+    assert!(!shared.feed_synced("unknown", None));
+    let (status, body) = call(addr, "GET", "/readyz", None);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["feeds"]["resources"]["version"], 41);
+
+    // A short one: once it passes without a sync, the listener is not ready and says why.
+    shared.follow_feed("resources", Duration::from_millis(20));
+    assert!(shared.feed_synced("resources", Some(41)));
+    assert!(shared.feed_failed("resources", &"x".repeat(2_000)));
+    let body = loop {
+        let (status, body) = call(addr, "GET", "/readyz", None);
+        if status == 503 {
+            break body;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let stale = &body["stale_feeds"][0];
+    assert_eq!(stale["feed"], "resources");
+    assert_eq!(stale["version"], 41);
+    assert_eq!(stale["errors"], 1);
+    assert!(stale["last_success"].is_string());
+    assert_eq!(stale["last_error"].as_str().unwrap().len(), 303);
+    assert!(body["detail"]
+        .as_str()
+        .unwrap()
+        .starts_with("not ready: feed `resources` is stale"));
+    assert!(!shared.ready());
+    assert_eq!(
+        metric(addr, "svc_pdp_feed_errors_total{feed=\"resources\"}"),
+        "1"
+    );
+    assert_eq!(metric(addr, "svc_pdp_feed_stale{feed=\"resources\"}"), "1");
+    assert_eq!(
+        metric(addr, "svc_pdp_feed_version{feed=\"resources\"}"),
+        "41"
+    );
+    assert_eq!(metric(addr, "svc_pdp_ready"), "0");
+
+    // No longer followed: ready again, and its series are gone.
+    shared.unfollow_feed("resources");
+    assert_eq!(call(addr, "GET", "/readyz", None).0, 200);
+    assert_eq!(metric(addr, "svc_pdp_feed_stale{feed=\"resources\"}"), "");
+}

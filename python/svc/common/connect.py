@@ -56,7 +56,14 @@ from prometheus_client import Counter
 from protobuf.wkt import Any as AnyDetail
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from svc.common.auth import MISSING_TOKEN, AuthConfigError, AuthError, Verifier
+from svc.common.auth import (
+    MISSING_TOKEN,
+    PERSON_HEADER,
+    AuthConfigError,
+    AuthError,
+    Verifier,
+    set_current_caller,
+)
 from svc.common.auth_settings import AuthSettings
 from svc.common.errors import Code as ErrorCode
 from svc.common.errors import ServiceError
@@ -185,6 +192,10 @@ class _JsonCodec(Codec[Message, Any]):
             value = parse_json(bytes(data)) if data else {}
         except JsonRejected as e:
             raise ConnectError(Code.INVALID_ARGUMENT, str(e)) from None
+        if not isinstance(value, dict):
+            raise ConnectError(
+                Code.INVALID_ARGUMENT, f"the request is not a valid {kind}: expected a JSON object"
+            )
         message = message_class()
         try:
             json_format.ParseDict(value, message, ignore_unknown_fields=True)
@@ -404,14 +415,18 @@ class BearerInterceptor:
 
     Runs before the request message is read (connectrpc's ``MetadataInterceptor``). The token is
     the ``authorization`` metadata entry, ``Bearer <JWT>`` (RFC 6750 section 2.1; docs/auth.md),
-    verified in a worker thread (a JWKS reload may fetch over the network).
+    verified in a worker thread (a JWKS reload may fetch over the network). The caller's role
+    must be one ``svc.common.roles.METHODS`` lists for the method; ``PERSON_HEADER`` is read
+    (the portal only), and the caller becomes the call's ``svc.common.auth.current_caller``
+    (the handlers run in the same task).
 
     Args:
         verifier: the service's verifier (``svc.common.auth.Verifier`` of its auth settings).
 
     Raises (from ``on_start``, answered as the call's status):
         ConnectError: ``UNAUTHENTICATED`` for no token or one that does not verify,
-            ``PERMISSION_DENIED`` for a caller not listed, ``UNAVAILABLE`` when the issuer's
+            ``PERMISSION_DENIED`` for a caller not listed or a role the method does not admit
+            (the message names the method and the role), ``UNAVAILABLE`` when the issuer's
             keys cannot be loaded; the message is ``AuthError``'s detail (never the token).
 
     """
@@ -426,7 +441,10 @@ class BearerInterceptor:
         try:
             if scheme.lower() != "bearer" or not token.strip():
                 raise AuthError(401, MISSING_TOKEN, missing=True)
-            await anyio.to_thread.run_sync(self.verifier.verify, token.strip())
+            caller = await anyio.to_thread.run_sync(self.verifier.verify, token.strip())
+            self.verifier.authorize(caller, ctx.method.name)
+            caller = self.verifier.acting_for(caller, ctx.request_headers.get(PERSON_HEADER))
+            set_current_caller(caller)
         except AuthError as e:
             code = Code.PERMISSION_DENIED if e.status == 403 else Code.UNAUTHENTICATED
             raise ConnectError(code, e.detail) from None

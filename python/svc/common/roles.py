@@ -37,6 +37,7 @@ __all__ = [
     "admitted",
     "allowed",
     "check_roles",
+    "markdown_matrix",
     "roles_of",
 ]
 
@@ -159,6 +160,7 @@ METHODS: dict[str, dict[str, frozenset[str]]] = {
     "history": {
         "GET /v1/history/totals": _ADMIN,
         "GET /v1/history/decisions": _ADMIN,
+        "GET /v1/history/decisions/search": _ADMIN,
         "GET /v1/history/events": _ADMIN,
         "GET /v1/history/counts": _ADMIN,
     },
@@ -227,3 +229,39 @@ def check_roles(roles: Mapping[str, str] | Iterable[tuple[str, str]], where: str
             + ", ".join(f"`{b[:64]}`" for b in bad)
             + f"; the roles are {', '.join(ROLES)} (docs/auth.md)"
         )
+
+
+#: The headings of docs/auth.md's matrix, by component.
+TITLES = {
+    "pdp": "The decision point",
+    "policy": "The policy service",
+    "challenge": "The challenge service",
+    "context": "The context service",
+    "history": "The history",
+    "reasoner": "The reasoner",
+}
+
+
+def markdown_matrix() -> str:
+    """docs/auth.md's method matrix, made from ``METHODS``: one table per component.
+
+    Returns:
+        Markdown: per component a ``### <title> (`<component>`)`` heading and a table of its
+        methods (rows) by ``ROLES`` (columns), ``yes`` where the role may call the method.
+        ``python -m svc.common.roles`` prints it; ``tests/test_roles.py`` checks the page.
+
+    """
+    out: list[str] = []
+    for component, methods in METHODS.items():
+        out += [f"### {TITLES[component]} (`{component}`)", ""]
+        out.append("| Method | " + " | ".join(ROLES) + " |")
+        out.append("|---|" + "---|" * len(ROLES))
+        for method, roles in methods.items():
+            cells = ["yes" if r in roles else "" for r in ROLES]
+            out.append(f"| `{method}` | " + " | ".join(cells) + " |")
+        out.append("")
+    return "\n".join(out).rstrip() + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown_matrix(), end="")

@@ -23,7 +23,7 @@ from fastapi import Body, Depends, FastAPI, Query, Response
 from prometheus_client import CollectorRegistry, Gauge
 
 from svc import __version__
-from svc.common.auth import Verifier, bearer_dependency
+from svc.common.auth import Verifier, author_of, bearer_dependency, current_caller
 from svc.common.health import Readiness, probe_router
 from svc.common.limits import harden, static_guard
 from svc.common.problems import Problem, install_problem_handlers
@@ -34,7 +34,7 @@ from svc.context.settings import ContextAuthSettings, ContextSettings
 __all__ = ["Watcher", "create_app"]
 
 # The query parameters of the watch and the change feeds.
-After = Annotated[int, Query(ge=0, description="the version (cursor) to read after")]
+After = Annotated[int, Query(ge=0, le=2**63 - 1, description="the version (cursor) to read after")]
 Wait = Annotated[
     float,
     Query(ge=0, le=300, description="seconds to wait for a change (long poll); 0: answer now"),
@@ -283,7 +283,7 @@ def create_app(
         if not isinstance(author, str):
             raise Problem(400, "invalid-request", "Invalid request", "`author` is not a string")
         items = _member(body, "service_accounts")
-        return await run(service.put_service_accounts, items, author)
+        return await run(service.put_service_accounts, items, author_of(author))
 
     @app.get("/v1/service-accounts", dependencies=guard, tags=["service accounts"])
     async def list_service_accounts(
@@ -316,8 +316,8 @@ def create_app(
         sa_id: str,
         author: Annotated[str, Query(max_length=512, description="who retires it")] = "",
     ) -> None:
-        """Unregisters a service account (recorded as retired by ``author``)."""
-        await run(service.delete_service_account, sa_id, author)
+        """Unregisters a service account (recorded as retired by the caller)."""
+        await run(service.delete_service_account, sa_id, author_of(author))
 
     # -- risk --------------------------------------------------------------------------------
 
@@ -391,7 +391,7 @@ def create_app(
 
         ``{principal, reason, opened_by, kind?, evidence?, summary?, summary_by?}``.
         """
-        return await run(service.open_investigation, body)
+        return await run(service.open_investigation, _by(body, "opened_by"))
 
     @app.get("/v1/investigations", dependencies=guard, tags=["investigations"])
     async def list_investigations(
@@ -407,9 +407,18 @@ def create_app(
     @app.post("/v1/investigations/{inv_id}/close", dependencies=guard, tags=["investigations"])
     async def close_investigation(inv_id: str, body: Annotated[dict[str, Any], Body()]) -> Any:
         """Closes an investigation ``{closed_by, resolution}``."""
-        return await run(service.close_investigation, inv_id, body)
+        return await run(service.close_investigation, inv_id, _by(body, "closed_by"))
 
     return app
+
+
+def _by(body: dict[str, Any], field: str) -> dict[str, Any]:
+    """`body` with `field` (who opens or closes) set to the verified caller (docs/auth.md).
+
+    With auth off (a loopback bind) the request's own value stands.
+    """
+    caller = current_caller()
+    return body if caller is None else {**body, field: caller.author}
 
 
 def _member(body: dict[str, Any], name: str) -> Any:

@@ -48,6 +48,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from svc.common.auth import MISSING_TOKEN, AuthConfigError, AuthError, Verifier
 from svc.common.logbounds import install_log_bounds
 from svc.common.problems import Problem, problem_response
+from svc.web import PROBLEM_RESPONSE, PROBLEM_SCHEMA
 
 __all__ = [
     "DEFAULT_MAX_JSON_DEPTH",
@@ -461,6 +462,26 @@ class Guarded:
             )
 
 
+def _document_problems(app: FastAPI) -> None:
+    """Makes ``app.openapi()`` document problems for every operation (``harden``'s docs)."""
+    previous = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        doc = previous()
+        doc.setdefault("components", {}).setdefault("schemas", {}).setdefault(
+            "Problem", PROBLEM_SCHEMA
+        )
+        for item in doc.get("paths", {}).values():
+            for op in item.values():
+                if not isinstance(op, dict) or "responses" not in op:
+                    continue
+                op["responses"].pop("422", None)
+                op["responses"].setdefault("4XX", PROBLEM_RESPONSE)
+        return doc
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
 def _bad_request(detail: str) -> Problem:
     return Problem(400, "invalid-request", "Invalid request", detail)
 
@@ -493,10 +514,13 @@ def harden(
         check_json: whether JSON bodies are checked before the app sees them.
 
     It also bounds every log field of the process (``svc.common.logbounds``): what a caller
-    sends reaches log lines only cut to a bounded size.
+    sends reaches log lines only cut to a bounded size; and it makes the app's OpenAPI document
+    say how it answers errors: every operation's ``4XX`` is an RFC 9457 problem
+    (``svc.web.PROBLEM_RESPONSE``), FastAPI's ``422`` (never answered) is gone.
 
     """
     install_log_bounds()
+    _document_problems(app)
     all_guards = list(guards)
     if verifier is not None:
         all_guards.append(("/", bearer_guard(verifier)))

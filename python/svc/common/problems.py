@@ -18,6 +18,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 __all__ = [
     "PROBLEM_JSON",
@@ -147,13 +148,28 @@ def validation_problem(exc: RequestValidationError) -> Problem:
     return Problem(400, "invalid-request", "Invalid request", detail, errors)
 
 
+def _allowed_methods(request: Request) -> list[str]:
+    """Every method some route of the app serves at the request's path (RFC 9110 section 10.2.1).
+
+    Starlette's 405 names only the first route matching the path; a path with a GET route and
+    a POST route (two FastAPI routes) answers with both here.
+    """
+    methods: set[str] = set()
+    for route in request.app.routes:
+        match, _ = route.matches(request.scope)
+        if match != Match.NONE:
+            methods |= set(getattr(route, "methods", None) or ())
+    return sorted(methods)
+
+
 def install_problem_handlers(app: FastAPI) -> None:
     """Makes `app` answer a raised ``Problem`` and Starlette's HTTP errors as RFC 9457.
 
     Args:
         app: a FastAPI app; a ``Problem`` raised by a route or a dependency is answered with
-            ``problem_response``, a ``StarletteHTTPException`` (unknown route, wrong method)
-            with ``http_exception_problem``, a ``RequestValidationError`` (a parameter or
+            ``problem_response``, a ``StarletteHTTPException`` (unknown route, wrong method:
+            ``Allow`` names the methods of every route at the path) with
+            ``http_exception_problem``, a ``RequestValidationError`` (a parameter or
             body FastAPI refused) with ``validation_problem``'s 400.
 
     """
@@ -162,8 +178,12 @@ def install_problem_handlers(app: FastAPI) -> None:
         assert isinstance(exc, Problem)
         return problem_response(exc)
 
-    async def on_http_error(_: Request, exc: Exception) -> JSONResponse:
+    async def on_http_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
+        if exc.status_code == 405:
+            allowed = _allowed_methods(request)
+            if allowed:
+                exc.headers = {**(exc.headers or {}), "Allow": ", ".join(allowed)}
         return http_exception_problem(exc)
 
     async def on_invalid(_: Request, exc: Exception) -> JSONResponse:

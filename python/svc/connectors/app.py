@@ -22,6 +22,8 @@ from fastapi import FastAPI
 from svc import __version__
 from svc.common.connect import ThreadedServer, serve_asgi
 from svc.common.health import probe_router
+from svc.common.limits import PROBE_MAX_BODY_BYTES, harden
+from svc.common.problems import install_problem_handlers
 from svc.connectors.service import ConnectorsService
 from svc.connectors.settings import ConnectorsSettings
 
@@ -62,6 +64,10 @@ def create_app(settings: ConnectorsSettings, service: ConnectorsService) -> Fast
         description="Resources and work items from Google Drive and Jira (docs/connectors.md).",
         lifespan=lifespan,
     )
+    # Probes only, no token (docs/architecture.md#what-every-component-serves): errors are
+    # problems, bodies bounded and checked (docs/api.md, "Limits of the Python services").
+    install_problem_handlers(app)
+    harden(app, max_body_bytes=PROBE_MAX_BODY_BYTES, setting="the probes' body limit")
     app.include_router(
         probe_router(
             "svc-connectors",

@@ -56,6 +56,7 @@ from pydantic import AwareDatetime, BeforeValidator
 from svc import __version__, web
 from svc.common.auth import AuthSettings, Verifier, bearer_dependency
 from svc.common.health import Readiness, probe_router
+from svc.common.limits import PROBE_MAX_BODY_BYTES, harden
 from svc.common.problems import (
     FieldError,
     Problem,
@@ -251,6 +252,7 @@ def create_app(
 
     """
     guard = []
+    verifier: Verifier | None = None
     if auth.enabled:
         verifier = Verifier(auth)
         verifier.source.keys()  # fail at start, not on the first request
@@ -295,6 +297,13 @@ def create_app(
     )
     web.install(app)
     web.add_components(app, {})
+    # The token first on every path but the probes; GET routes only, so bodies are small.
+    harden(
+        app,
+        max_body_bytes=PROBE_MAX_BODY_BYTES,
+        setting="the history routes' limit",
+        verifier=verifier,
+    )
 
     install_problem_handlers(app)
 

@@ -23,6 +23,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from svc import __version__
 from svc.common.health import Readiness, probe_router
+from svc.common.limits import PROBE_MAX_BODY_BYTES, harden
+from svc.common.problems import install_problem_handlers
 from svc.reasoner.clients import Unavailable
 from svc.reasoner.service import ReasonerService
 from svc.reasoner.settings import ReasonerSettings
@@ -192,6 +194,10 @@ def create_app(settings: ReasonerSettings, service: ReasonerService) -> FastAPI:
         "(docs/reasoner.md).",
         lifespan=lifespan,
     )
+    # Probes only, no token (docs/architecture.md#what-every-component-serves): errors are
+    # problems, bodies bounded and checked (docs/api.md, "Limits of the Python services").
+    install_problem_handlers(app)
+    harden(app, max_body_bytes=PROBE_MAX_BODY_BYTES, setting="the probes' body limit")
     app.include_router(
         probe_router(
             "svc-reasoner",

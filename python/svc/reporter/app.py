@@ -19,6 +19,8 @@ from fastapi import FastAPI
 from svc import __version__
 from svc.common.connect import ThreadedServer, serve_asgi
 from svc.common.health import Readiness, probe_router
+from svc.common.limits import PROBE_MAX_BODY_BYTES, harden
+from svc.common.problems import install_problem_handlers
 from svc.reporter.service import Reporter
 from svc.reporter.settings import ReporterSettings
 
@@ -55,6 +57,10 @@ def create_app(settings: ReporterSettings, reporter: Reporter) -> FastAPI:
         description="The heartbeat to the vendor's corp portal (docs/reporter.md).",
         lifespan=lifespan,
     )
+    # Probes only, no token (docs/architecture.md#what-every-component-serves): errors are
+    # problems, bodies bounded and checked (docs/api.md, "Limits of the Python services").
+    install_problem_handlers(app)
+    harden(app, max_body_bytes=PROBE_MAX_BODY_BYTES, setting="the probes' body limit")
     app.include_router(
         probe_router(
             "svc-reporter",

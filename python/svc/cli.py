@@ -238,6 +238,7 @@ def plan(
             "challenge",
             "challenge_token_file",
             "challenge_timeout_ms",
+            "feed_max_staleness_secs",
             "noop_routes",
             "plan_max_age_secs",
             "kafka_url",

@@ -50,10 +50,14 @@ from svc._pdp_core import Engine, RequestError, Server
 from svc.challenge.v1 import challenge_pb2 as pb
 from svc.challenge.v1 import challenge_pb2_grpc as pb_grpc
 from svc.common.retry import Reconnect
+from svc.pdp.feeds import FeedReporter
 
 __all__ = ["ContainmentFollower", "ContainmentStatus", "follow_containments"]
 
 log = logging.getLogger("svc.pdp.containments")
+
+#: The feed's name in readiness, metrics and logs (``svc.pdp.feeds``).
+FEED = "containments"
 
 #: A principal as the engine's containment list holds it: ``(type, id)``.
 Pair = tuple[str, str]
@@ -122,6 +126,9 @@ class ContainmentFollower:
             the engine, before ``status`` shows it (``follow_containments`` makes it
             ``Server.containments_changed``, which ends the challenge waits of a principal
             now contained).
+        feeds: where the ``containments`` feed's health is reported (``svc.pdp.feeds``), or
+            None: every list, change and heartbeat is a successful sync, a lost stream a
+            failure (the list in force keeps serving; past the bound ``/readyz`` says so).
 
     """
 
@@ -136,8 +143,10 @@ class ContainmentFollower:
         stale_secs: float = 15.0,
         on_loaded: Callable[[], None] | None = None,
         on_changed: Callable[[], None] | None = None,
+        feeds: FeedReporter | None = None,
     ) -> None:
         self.engine = engine
+        self.feeds = feeds
         self.target = _target(url)
         self.token = token
         self.backoff_secs = backoff_secs
@@ -163,6 +172,8 @@ class ContainmentFollower:
 
     def start(self) -> ContainmentFollower:
         """Starts following in a daemon thread; returns self."""
+        if self.feeds is not None:
+            self.feeds.started(FEED)
         self._thread.start()
         return self
 
@@ -204,6 +215,8 @@ class ContainmentFollower:
             return self.status
 
     def _changed(self, note: str) -> None:
+        if self.feeds is not None and note != "disconnected" and self.status.loaded:
+            self.feeds.synced(FEED)  # a list, a change or a heartbeat came and was applied
         with self._cond:
             self.status.history.append(note)
             self._cond.notify_all()
@@ -220,6 +233,8 @@ class ContainmentFollower:
             self.status.connected = False
             self.status.reconnects += 1
             self.status.error = error
+        if self.feeds is not None:
+            self.feeds.failed(FEED, error, "the containment list (WatchContainments)")
         self._changed("disconnected")
 
     def _stream(self) -> None:

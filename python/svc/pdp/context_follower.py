@@ -45,6 +45,13 @@
   backup), drop what they fetched and start again from the head. A fetch that fails lets the
   check be decided without the resource (the listener counts it,
   ``svc_pdp_resource_fetches_total``).
+* **Saying so.** With ``feeds`` (``svc.pdp.feeds``; ``follow_context`` is given the
+  listener's), the ``principals``, ``resources`` and ``work_items`` feeds report every answer
+  applied as a sync (with the version it reached) and every failure with the change it could
+  not apply (the changes after the version applied, or the ids of those in an answer that
+  could not be applied): past ``feed_max_staleness_secs`` without a sync, ``/readyz`` answers
+  503 naming the feed, and one ERROR line names each distinct failure
+  (docs/api.md#readiness-and-feeds). The last good state keeps serving meanwhile.
 * **Entities the schema refuses.** A batch the engine refuses is applied one record at a time;
   a record still refused is left out of the store (a person then has no attributes and no
   groups, docs/architecture.md#entities-and-the-base-schema), counted in ``status.refused``
@@ -76,6 +83,7 @@ import httpx
 from svc._pdp_core import Engine, RequestError, Server
 from svc.common.auth import LocalIssuer
 from svc.common.retry import Reconnect
+from svc.pdp.feeds import FeedReporter
 
 __all__ = ["BearerToken", "ContextFollower", "ContextStatus", "follow_context"]
 
@@ -213,6 +221,29 @@ def _parse_key(key: str) -> tuple[str, str]:
     return ty, rest[:-1]
 
 
+def _change_named(
+    feed: str, started: bool, status: ContextStatus, answer: Mapping[str, Any] | None
+) -> str:
+    """Which change of `feed` could not be applied, for the log line and ``/readyz``.
+
+    The ids of the changes in `answer` when one came and was not applied (at most five), else
+    the changes after the version applied (the service did not answer them), or the feed's
+    head when it was not read yet.
+    """
+    if not started:
+        return f"the head of the {feed} feed (GET /v1/feeds)"
+    after = getattr(status, f"{feed}_version")
+    changes = answer.get("changes") if isinstance(answer, Mapping) else None
+    if isinstance(changes, list) and changes:
+        ids = [
+            f"{c.get('version', '?')} ({c.get('id', '?')})" if isinstance(c, Mapping) else "?"
+            for c in changes[:5]
+        ]
+        more = f" and {len(changes) - 5} more" if len(changes) > 5 else ""
+        return f"the {feed} changes after version {after}: {', '.join(ids)}{more}"
+    return f"the {feed} changes after version {after}"
+
+
 #: Most references one by-id read carries (the service's default ``max_batch_items`` is 1000).
 FETCH_CHUNK = 500
 
@@ -246,6 +277,8 @@ class ContextFollower:
         fetch_timeout_secs: the connect, read and write timeout of ``fetch``'s reads (the
             listener gives up waiting sooner, after its own ``timeout_ms``; a late answer still
             lands in the store).
+        feeds: where the feeds' syncs and failures are reported (``svc.pdp.feeds``), or None.
+            Keep ``wait_secs`` well under its bound: a healthy feed syncs once per long poll.
 
     """
 
@@ -263,6 +296,7 @@ class ContextFollower:
         follow_resources: bool = True,
         server: Server | None = None,
         fetch_timeout_secs: float = 2.0,
+        feeds: FeedReporter | None = None,
     ) -> None:
         self.engine = engine
         self.url = url.rstrip("/")
@@ -303,6 +337,7 @@ class ContextFollower:
             self._heads.set()
         self.follows_resources = follow_resources
         self._fetch_timeout_secs = fetch_timeout_secs
+        self.feeds = feeds
         self._fetch_client = httpx.Client(
             base_url=self.url, auth=auth, timeout=httpx.Timeout(fetch_timeout_secs)
         )
@@ -329,6 +364,9 @@ class ContextFollower:
 
     def start(self) -> ContextFollower:
         """Starts following in daemon threads; returns self."""
+        if self.feeds is not None:
+            for feed in ("principals", "resources", "work_items")[: len(self._threads)]:
+                self.feeds.started(feed)
         for t in self._threads:
             t.start()
         return self
@@ -397,12 +435,25 @@ class ContextFollower:
             raise _FeedError(f"GET {path}: the answer is not an object")
         return body
 
-    def _failed(self, e: Exception) -> None:
-        """Records a failed request (``status``); the reconnect policy logs it and waits."""
+    def _failed(self, e: Exception, feed: str, change: str) -> None:
+        """Records a failed request or a change not applied (``status``, ``feeds``).
+
+        The reconnect policy logs the attempt and waits; ``feeds`` logs the failure once.
+        """
+        error = str(e) or type(e).__name__
+        if isinstance(e, KeyError | TypeError | ValueError):
+            error = f"the answer is not the documented shape: {type(e).__name__}: {error}"
         with self._cond:
-            self.status.error = str(e) or type(e).__name__
+            self.status.error = error
             self.status.reconnects += 1
+        if self.feeds is not None:
+            self.feeds.failed(feed, error, change)
         self._changed("failed")
+
+    def _synced(self, feed: str, version: int) -> None:
+        """Tells ``feeds`` that `feed` synced up to `version`."""
+        if self.feeds is not None:
+            self.feeds.synced(feed, version)
 
     def _reconnect(self) -> Reconnect:
         """The shared reconnect policy for one of the follower's threads."""
@@ -432,6 +483,7 @@ class ContextFollower:
                         snap = self._get(client, "/v1/principals")
                         self._load_snapshot(snap)
                         need_snapshot = False
+                        self._synced("principals", self.status.principals_version)
                     answer = self._get(
                         client,
                         "/v1/principals/watch",
@@ -445,10 +497,17 @@ class ContextFollower:
                             f"{self.status.principals_version} applied"
                         )
                     self._apply_principals(answer["changes"], version)
+                    self._synced("principals", version)
                 except _RETRIED as e:
                     if not self._stop.is_set():
+                        change = (
+                            "the principals snapshot"
+                            if need_snapshot
+                            else "the principal changes after version "
+                            f"{self.status.principals_version}"
+                        )
                         need_snapshot = True
-                        self._failed(e)
+                        self._failed(e, "principals", change)
                     raise
 
             self._reconnect().forever(step, self._stop)
@@ -662,6 +721,7 @@ class ContextFollower:
 
             def step() -> None:
                 nonlocal started
+                answer: dict[str, Any] | None = None
                 try:
                     if not started:
                         head = self._head(client, feed)
@@ -673,6 +733,7 @@ class ContextFollower:
                             if self._heads_needed <= 0:
                                 self._heads.set()
                         self._maybe_loaded()
+                        self._synced(feed, head)
                         self._changed(f"{feed} head {head}")
                     after = getattr(self.status, attr)
                     answer = self._get(client, path, after=after, wait_secs=self.wait_secs)
@@ -698,11 +759,12 @@ class ContextFollower:
                         setattr(self.status, attr, version)
                         self.status.applied += len(changes)
                         self.status.error = ""
+                    self._synced(feed, version)
                     if changes:
                         self._changed(f"{feed} {version}")
                 except _RETRIED as e:
                     if not self._stop.is_set():
-                        self._failed(e)
+                        self._failed(e, feed, _change_named(feed, started, self.status, answer))
                     raise
 
             self._reconnect().forever(step, self._stop)

@@ -30,6 +30,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from svc._pdp_core import BundleError, Engine, RequestError, Server
 from svc.common.retry import Reconnect
+from svc.pdp.feeds import FeedReporter
 from svc.policy import signing
 from svc.policy.v1 import policy_pb2 as pb
 from svc.policy.v1 import policy_pb2_grpc as pb_grpc
@@ -152,6 +153,12 @@ class Follower:
             refusal, with the status (tests, logs).
         token: returns the bearer token to send with each new stream (docs/auth.md), or None
             to send none; called at every (re)connect, so a renewed token is picked up.
+        feeds: where the ``bundle`` feed's health is reported (``svc.pdp.feeds``), or None;
+            settable later (``serve_bundle`` sets it once the listener runs). Every message
+            (state or heartbeat) is a successful sync while no refused bundle is pending; a
+            refused bundle and a lost stream are failures: the last verified bundle keeps
+            serving, and once no sync succeeded within the bound ``/readyz`` says the feed is
+            stale.
 
     """
 
@@ -166,8 +173,12 @@ class Follower:
         stale_secs: float = 15.0,
         on_change: Callable[[FollowerStatus], None] | None = None,
         token: Callable[[], str | None] | None = None,
+        feeds: FeedReporter | None = None,
     ) -> None:
         self.engine = engine
+        self.feeds = feeds
+        #: The bundle version refused and not superseded since (None: nothing pending).
+        self.pending: int | None = None
         self.target = target
         self.public_key = public_key
         self.server = server
@@ -249,12 +260,16 @@ class Follower:
                     log.error(
                         "%s; version %d keeps serving", self.status.error, self.status.version
                     )
+                    self.pending = b.version
+                    if self.feeds is not None:
+                        self.feeds.failed("bundle", str(e), f"bundle version {b.version}")
                     self._report(self.status.error)
                     self._changed(f"refused {b.version}")
                 else:
                     self.status.version = b.version
                     self.status.swaps += 1
                     self.status.error = ""
+                    self.pending = None
                     log.info("bundle version %d verified and serving", b.version)
                     self._report(None)
                     self._changed(f"swapped {b.version}")
@@ -268,6 +283,11 @@ class Follower:
             self.status.mode = mode
             log.info("mode now %s", mode)
             self._changed(f"mode {mode}")
+
+    def synced(self) -> None:
+        """Reports a successful sync of the ``bundle`` feed, unless a refused bundle is pending."""
+        if self.feeds is not None and self.pending is None and self.status.version > 0:
+            self.feeds.synced("bundle", self.status.version)
 
     def _watch(self, call: grpc.Future) -> threading.Timer:
         """A timer that cancels ``call`` when it stays silent for ``stale_secs``.
@@ -327,6 +347,7 @@ class Follower:
                 else:
                     self.status.heartbeats += 1
                     self._changed("heartbeat")
+                self.synced()
         except grpc.RpcError as e:
             if not self._stop.is_set():
                 code = e.code() if isinstance(e, grpc.Call) else None
@@ -340,6 +361,8 @@ class Follower:
             raise _StreamLost("stopped")
         self.status.connected = False
         self.status.reconnects += 1
+        if self.feeds is not None:
+            self.feeds.failed("bundle", error, "the active state (WatchActive)")
         self._changed("disconnected")
         if not delivered:
             raise _StreamLost(error)

@@ -27,6 +27,12 @@ docs/challenges.md#containments): ``/readyz`` answers 503 until it is loaded. Wi
 is no svc-challenge (docs/architecture.md#components): challenge verdicts carry no
 ``challenge_qid``, ``POST /v1/access/challenge`` answers 503 naming the missing service, and
 the containment list is the (empty) one of the bundle, so it counts as loaded.
+
+Every feed it follows (the policy service's ``bundle``, the context service's ``principals``,
+``resources`` and ``work_items``, the challenge service's ``containments``) reports to the
+listener through ``svc.pdp.feeds.ServerFeeds``: a feed without a successful sync for longer
+than ``feed_max_staleness_secs`` makes ``/readyz`` answer 503 naming it, its last success and
+its last error, while the last good state keeps serving (docs/api.md#readiness-and-feeds).
 """
 
 from __future__ import annotations
@@ -51,6 +57,7 @@ from svc.pdp.challenge_client import ChallengeClient, follow_challenges
 from svc.pdp.containment_follower import ContainmentFollower, follow_containments
 from svc.pdp.context_follower import BearerToken, ContextFollower, follow_context
 from svc.pdp.decision_log import Shipper
+from svc.pdp.feeds import ServerFeeds
 from svc.pdp.follower import Follower, bundle_sources, fetch_active
 from svc.pdp.settings import PdpSettings
 from svc.policy.signing import load_public_key
@@ -459,6 +466,9 @@ def serve_bundle(
             )
             jwks.load()
         server.start()
+        # Every feed followed below reports to the listener: /readyz answers 503 naming a feed
+        # without a successful sync within the bound (docs/api.md#readiness-and-feeds).
+        feeds = ServerFeeds(server, opts.feed_max_staleness_secs)
         if jwks is not None:
             jwks.start()
             refresher = jwks  # stopped at the end once started
@@ -472,6 +482,9 @@ def serve_bundle(
                 opts.context,
                 _context_auth(opts, context_token),
                 fetch_timeout_ms=opts.context_fetch_timeout_ms,
+                feeds=feeds,
+                # A healthy feed answers each long poll: a few of them fit in the bound.
+                wait_secs=min(10.0, opts.feed_max_staleness_secs / 3),
             )
             if context_wait_secs is not None and not context.loaded.wait(context_wait_secs):
                 raise OSError(
@@ -488,7 +501,9 @@ def serve_bundle(
                 timeout_ms=opts.challenge_timeout_ms,
             )
             # The containment list is the challenge service's: ready once its list is in.
-            containments = follow_containments(engine, server, opts.challenge, challenge_auth)
+            containments = follow_containments(
+                engine, server, opts.challenge, challenge_auth, feeds=feeds
+            )
             if context_wait_secs is not None and not containments.loaded.wait(context_wait_secs):
                 raise OSError(
                     f"the challenge service's containment list did not load in "
@@ -507,9 +522,12 @@ def serve_bundle(
             if not opts.challenge:
                 server.set_ready(containments=True)
             follower.server = server
+            feeds.started("bundle")
+            follower.feeds = feeds
             if follower.status.version > 0:
                 server.set_ready(bundle=True)
                 server.bundle_reloaded(follower.status.error or None)
+                follower.synced()
         yield server
     finally:
         if containments is not None:

@@ -76,6 +76,12 @@ class PdpSettings(ServiceSettings, DecisionLogSettings, component="pdp"):
     challenge_timeout_ms: int = Field(default=2_000, ge=1, le=60_000)
     """How long a check waits for Resolve (and a wait for GetChallenge); past it the verdict
     stays challenge without a challenge_qid (svc_pdp_challenge_calls_total{outcome})."""
+    feed_max_staleness_secs: float = Field(default=30.0, gt=0, le=86_400)
+    """Longest time a followed feed (bundle, principals, resources, work items, containments)
+    may go without a successful sync before /readyz answers 503 naming it
+    (docs/api.md#readiness-and-feeds); the last good state keeps serving meanwhile. Keep it a
+    few times the feeds' heartbeats (5 s); the context service's long polls wait a third of
+    it (at most 10 s)."""
     noop_routes: bool = False
     """Also serve the benchmark ceiling (POST /v1/noop, NoopAuthorizer)."""
     plan_max_age_secs: int = Field(default=300, ge=0)

@@ -638,7 +638,9 @@ def health_app(service: GatewayService, verifier: AgentTokenVerifier) -> FastAPI
     """The probes and the challenge wait (module docs).
 
     ``/readyz`` is 200 once every upstream's session is open, the trusted apps, the
-    containment list and the outage tiers are loaded; else 503 naming what is missing.
+    containment list and the outage tiers are loaded, and none of those feeds is stale (no
+    successful read within ``feed_max_staleness_secs``); else 503 naming what is missing and
+    each stale feed with its last success and last error.
 
     Args:
         service: the service layer.
@@ -664,7 +666,14 @@ def health_app(service: GatewayService, verifier: AgentTokenVerifier) -> FastAPI
             reasons.append("the containment list is not loaded")
         if not service.tiers.loaded:
             reasons.append("the outage tiers are not loaded")
-        return Readiness(reasons, {"upstreams": sorted(service.links)})
+        # A followed feed without a successful read within the bound: the last good list keeps
+        # serving, but the gateway is not ready (docs/gateway.md#readiness-and-feeds).
+        reasons += service.feeds.readiness_reasons()
+        feeds = service.feeds.report()
+        details: dict[str, Any] = {"upstreams": sorted(service.links)}
+        if feeds:
+            details["feeds"] = {f.pop("feed"): f for f in feeds}
+        return Readiness(reasons, details)
 
     app.include_router(
         probe_router(
@@ -673,7 +682,8 @@ def health_app(service: GatewayService, verifier: AgentTokenVerifier) -> FastAPI
             readiness,
             service.metrics.registry,
             ready_description="Ready when every upstream is connected and the trusted apps, "
-            "containments and outage tiers are loaded.",
+            "containments and outage tiers are loaded, and none of those feeds went without a "
+            "successful read for longer than feed_max_staleness_secs.",
             metrics_content_type=METRICS_CONTENT_TYPE,
         )
     )

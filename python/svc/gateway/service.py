@@ -53,6 +53,7 @@ from svc.common.retry import Reconnect
 from svc.gateway.relay import Relay, RelayTagging, UpstreamRelays, event_data, event_lines
 from svc.gateway.settings import GatewaySettings, ToolMapping, Upstream, read_token_file
 from svc.gateway.tokens import AgentIdentity, TrustedApps, parse_trusted_apps
+from svc.pdp.feeds import FeedHealth
 
 __all__ = [
     "CALL",
@@ -89,6 +90,20 @@ INITIALIZE_SECS = 30.0
 MAX_CACHED_ALLOWS = 100_000
 #: Control characters the intake refuses in identifiers (docs/intake.md): C0, DEL, C1.
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
+#: The gateway's feeds (``svc.pdp.feeds``; docs/gateway.md#readiness-and-feeds).
+TRUSTED_APPS = "trusted_apps"
+CONTAINMENTS = "containments"
+OUTAGE_TIERS = "outage_tiers"
+
+
+def _feed_error(e: BaseException) -> str:
+    """A feed failure's text: the exception's message, else its type's name."""
+    text = str(e)
+    if isinstance(e, httpx.HTTPStatusError):
+        text = f"HTTP {e.response.status_code}: {e.response.text[:200]}"
+    return text or type(e).__name__
 
 
 def _token_reader(path: str | None, what: str) -> Callable[[], str | None]:
@@ -1456,6 +1471,14 @@ class GatewayService:
         self.apps = TrustedApps()
         self.containments = Containments(self.metrics)
         self.tiers = OutageTiers()
+        # The feeds followed (trusted apps, containments, outage tiers): stale past the bound
+        # makes /readyz 503 (docs/gateway.md#readiness-and-feeds); svc_gateway_feed_*.
+        self.feeds = FeedHealth(
+            settings.feed_max_staleness_secs,
+            component="svc-gateway",
+            registry=self.metrics.registry,
+            prefix="svc_gateway",
+        )
         self.events = (
             EventSink(
                 settings.intake_url,
@@ -2007,6 +2030,7 @@ class GatewayService:
             self.containments,  # type: ignore[arg-type]  # the engine's three list methods
             url,
             _token_reader(self.settings.challenge_token_file, "challenge service"),
+            feeds=self.feeds,
         ).start()
 
     def stop_follower(self) -> None:
@@ -2031,26 +2055,44 @@ class GatewayService:
             retry_on=(httpx.HTTPError, OSError, ValueError),
         )
         last_mtime: float | None = None
+        followed = s.context_url is not None or s.trusted_apps_file is not None
+        if followed:
+            self.feeds.started(TRUSTED_APPS)
         async with httpx.AsyncClient(timeout=5) as client:
 
             async def read() -> None:
                 nonlocal last_mtime
-                if s.context_url is not None:
-                    bearer = token()
-                    r = await client.get(
-                        s.context_url.rstrip("/") + "/v1/directory/trusted-apps",
-                        headers={"authorization": f"Bearer {bearer}"} if bearer else {},
+                try:
+                    if s.context_url is not None:
+                        bearer = token()
+                        r = await client.get(
+                            s.context_url.rstrip("/") + "/v1/directory/trusted-apps",
+                            headers={"authorization": f"Bearer {bearer}"} if bearer else {},
+                        )
+                        r.raise_for_status()
+                        self.apps.replace(parse_trusted_apps(r.json()))
+                    elif s.trusted_apps_file is not None:
+                        mtime = os.stat(s.trusted_apps_file).st_mtime_ns
+                        if mtime != last_mtime:
+                            text = Path(s.trusted_apps_file).read_text(encoding="utf-8")
+                            self.apps.replace(parse_trusted_apps(json.loads(text)))
+                            last_mtime = mtime
+                    else:
+                        self.apps.replace([])
+                except (httpx.HTTPError, OSError, ValueError) as e:
+                    self.feeds.failed(
+                        TRUSTED_APPS,
+                        _feed_error(e),
+                        "the trusted apps list "
+                        + (
+                            "(GET /v1/directory/trusted-apps)"
+                            if s.context_url is not None
+                            else f"({s.trusted_apps_file})"
+                        ),
                     )
-                    r.raise_for_status()
-                    self.apps.replace(parse_trusted_apps(r.json()))
-                elif s.trusted_apps_file is not None:
-                    mtime = os.stat(s.trusted_apps_file).st_mtime_ns
-                    if mtime != last_mtime:
-                        text = Path(s.trusted_apps_file).read_text(encoding="utf-8")
-                        self.apps.replace(parse_trusted_apps(json.loads(text)))
-                        last_mtime = mtime
-                else:
-                    self.apps.replace([])
+                    raise
+                if followed:
+                    self.feeds.synced(TRUSTED_APPS)
                 await asyncio.sleep(s.trust_refresh_secs)
 
             await reconnect.forever_async(read)
@@ -2069,19 +2111,37 @@ class GatewayService:
             max_secs=s.fallback_refresh_secs,
         )
         last_mtime: float | None = None
+        followed = s.policy_url is not None or s.fallback_file is not None
+        if followed:
+            self.feeds.started(OUTAGE_TIERS)
 
         async def read() -> None:
             nonlocal last_mtime
-            if s.policy_url is not None:
-                self.tiers.replace(await asyncio.to_thread(self._fetch_tiers))
-            elif s.fallback_file is not None:
-                mtime = os.stat(s.fallback_file).st_mtime_ns
-                if mtime != last_mtime:
-                    text = Path(s.fallback_file).read_text(encoding="utf-8")
-                    self.tiers.replace(OutageTiers.parse(json.loads(text)))
-                    last_mtime = mtime
-            else:
-                self.tiers.replace({})
+            try:
+                if s.policy_url is not None:
+                    self.tiers.replace(await asyncio.to_thread(self._fetch_tiers))
+                elif s.fallback_file is not None:
+                    mtime = os.stat(s.fallback_file).st_mtime_ns
+                    if mtime != last_mtime:
+                        text = Path(s.fallback_file).read_text(encoding="utf-8")
+                        self.tiers.replace(OutageTiers.parse(json.loads(text)))
+                        last_mtime = mtime
+                else:
+                    self.tiers.replace({})
+            except Exception as e:  # what the reconnect policy retries: reported, then retried
+                self.feeds.failed(
+                    OUTAGE_TIERS,
+                    _feed_error(e),
+                    "the outage tiers "
+                    + (
+                        "(GetOutageFallback)"
+                        if s.policy_url is not None
+                        else f"({s.fallback_file})"
+                    ),
+                )
+                raise
+            if followed:
+                self.feeds.synced(OUTAGE_TIERS)
             await asyncio.sleep(s.fallback_refresh_secs)
 
         await reconnect.forever_async(read)
@@ -2114,6 +2174,7 @@ class GatewayService:
         if path is None:
             self.containments.set_containments([])
             return
+        self.feeds.started(CONTAINMENTS)
         last_mtime: float | None = None
         while True:
             try:
@@ -2122,7 +2183,9 @@ class GatewayService:
                     self.containments.load_file(path)
                     last_mtime = mtime
             except (OSError, ValueError) as e:
-                log.warning("containments file not read (the last list stays): %s", e)
+                self.feeds.failed(CONTAINMENTS, _feed_error(e), f"the containments file {path}")
+            else:
+                self.feeds.synced(CONTAINMENTS)
             await asyncio.sleep(1.0)
 
     async def aclose(self) -> None:

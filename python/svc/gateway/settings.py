@@ -210,6 +210,11 @@ class GatewaySettings(ServiceSettings, component="gateway"):
     trust_refresh_secs: float = Field(default=5.0, gt=0, le=10)
     """How often the trusted apps are read again: a newly trusted or removed app applies
     within this (docs/architecture.md#trusted-app-issuers: about ten seconds)."""
+    feed_max_staleness_secs: float = Field(default=30.0, gt=0, le=86_400)
+    """Longest time a followed feed (the trusted apps, the containment list, the outage
+    tiers) may go without a successful read before /readyz answers 503 naming it
+    (docs/gateway.md#readiness-and-feeds); the last good list keeps serving meanwhile. Above
+    ``trust_refresh_secs`` and ``fallback_refresh_secs``: keep it a few times them."""
     person_issuer: str | None = None
     """The ``iss`` of the install's identity provider: a person's own token makes the caller
     that person (docs/architecture.md#agent-tokens); unset: people's tokens are refused."""
@@ -255,9 +260,26 @@ class GatewaySettings(ServiceSettings, component="gateway"):
 
     @model_validator(mode="after")
     def _pairs(self) -> GatewaySettings:
-        """``person_issuer`` needs ``person_jwks_url``."""
+        """``person_issuer`` needs ``person_jwks_url``; the feeds' bound exceeds their polls.
+
+        Only the polls of the feeds followed count (trusted apps, outage tiers).
+        """
         if self.person_issuer is not None and self.person_jwks_url is None:
             raise ValueError("`person_issuer` needs `person_jwks_url`")
+        polls = {
+            "trust_refresh_secs": self.trust_refresh_secs
+            if self.context_url or self.trusted_apps_file
+            else 0.0,
+            "fallback_refresh_secs": self.fallback_refresh_secs
+            if self.policy_url or self.fallback_file
+            else 0.0,
+        }
+        name, slowest = max(polls.items(), key=lambda kv: kv[1])
+        if self.feed_max_staleness_secs <= slowest:
+            raise ValueError(
+                f"`feed_max_staleness_secs` ({self.feed_max_staleness_secs:g}) must be above "
+                f"`{name}` ({slowest:g}): a feed read that often would look stale while healthy"
+            )
         return self
 
     def all_upstreams(self) -> dict[str, Upstream]:

@@ -1,0 +1,307 @@
+"""A feed that cannot be applied keeps the last good state and says so (svc.pdp.feeds).
+
+The decision point (``svc.pdp.server.serve_bundle``, its Rust listener) and the gateway
+(``svc.gateway.app.GatewayServer``) follow a real context service (tests/test_context.py's
+``Live``, on SQLite) through ``Breaker``: a real HTTP proxy on loopback that forwards every
+request and can be told to answer 500 for one path, as the context service did for
+``/v1/resources/changes`` once a poisoned change was stored. With a short staleness bound:
+
+* ``/readyz`` turns 503 naming the feed, its last success and its last error, while the feeds
+  that still sync stay out of it;
+* ``svc_*_feed_errors_total`` counts the failures and ``svc_*_feed_stale`` says which feed;
+* decisions use the last good state (the document's old attributes, the old trusted apps);
+* one ERROR line names the feed and the change, however many retries fail the same way;
+* once the path heals, the change is applied and ``/readyz`` is 200 again.
+
+Every wait polls for a state (``wait_until``); nothing asserts on wall-clock time.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from serverkit import metric, wait_until
+from svc.gateway.app import GatewayServer
+from svc.gateway.service import GatewayService
+from svc.gateway.settings import GatewaySettings
+from svc.pdp.server import StandaloneOptions, serve_bundle
+from test_context import Live, create_user
+from test_context_follow import POLICIES, SCHEMA, human, put_docs
+
+#: The staleness bound of the processes below: short, so the tests do not wait long.
+BOUND_SECS = 1.5
+ENTERPRISE = "urn:ietf:params:scim:schemas:extension:enterprise:2.0:User"
+
+
+class Breaker:
+    """A loopback HTTP proxy in front of `target` that answers 500 for the paths in `broken`.
+
+    Forwards GET, POST and DELETE with their query, body and headers (a long poll is held as
+    long as the target holds it). ``hits[path]`` counts the 500s answered per path.
+    """
+
+    def __init__(self, target: str) -> None:
+        self.broken: set[str] = set()
+        self.hits: dict[str, int] = {}
+        self.client = httpx.Client(base_url=target, timeout=120)
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def _forward(self) -> None:
+                path = self.path.split("?", 1)[0]
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else b""
+                if path in proxy.broken:
+                    proxy.hits[path] = proxy.hits.get(path, 0) + 1
+                    out = json.dumps({"status": 500, "title": "Internal Server Error"}).encode()
+                    self.send_response(500)
+                    self.send_header("Content-Type", "application/problem+json")
+                    self.send_header("Content-Length", str(len(out)))
+                    self.end_headers()
+                    self.wfile.write(out)
+                    return
+                headers = {
+                    k: v
+                    for k, v in self.headers.items()
+                    if k.lower() not in {"host", "content-length", "connection"}
+                }
+                r = proxy.client.request(self.command, self.path, content=body, headers=headers)
+                self.send_response(r.status_code)
+                for k, v in r.headers.items():
+                    if k.lower() not in {"content-length", "transfer-encoding", "connection"}:
+                        self.send_header(k, v)
+                self.send_header("Content-Length", str(len(r.content)))
+                self.end_headers()
+                self.wfile.write(r.content)
+
+            do_GET = do_POST = do_DELETE = _forward
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.client.close()
+
+
+@pytest.fixture
+def context(tmp_path: Path) -> Iterator[tuple[Live, Breaker]]:
+    """A real context service and the proxy in front of it."""
+    live = Live(f"sqlite:///{tmp_path / 'context.db'}")
+    breaker = Breaker(live.url)
+    yield live, breaker
+    breaker.close()
+    live.stop()
+
+
+def _bundle(tmp: Path) -> Path:
+    d = tmp / "bundle"
+    d.mkdir()
+    (d / "policies.cedar").write_text(POLICIES)
+    (d / "schema.cedarschema").write_text(SCHEMA)
+    return d
+
+
+def _errors_logged(caplog: pytest.LogCaptureFixture, feed: str) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "svc.feeds"
+        and r.levelno == logging.ERROR
+        and f"feed {feed} " in r.getMessage()
+    ]
+
+
+def test_a_broken_resources_feed_makes_the_decision_point_unready_until_it_heals(
+    context: tuple[Live, Breaker], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="svc.feeds")
+    live, breaker = context
+    create_user(live, "dana@example.com", **{ENTERPRISE: {"department": "eng"}})
+    put_docs(live, ("plan", "eng", "internal"))
+    options = StandaloneOptions(
+        port=0,
+        watch=False,
+        context=breaker.url,
+        context_fetch_timeout_ms=30_000,
+        feed_max_staleness_secs=BOUND_SECS,
+    )
+    with (
+        serve_bundle(_bundle(tmp_path), options, context_wait_secs=60) as server,
+        httpx.Client(base_url=f"http://127.0.0.1:{server.port}", timeout=60) as http,
+    ):
+
+        def verdict() -> str:
+            r = http.post(
+                "/v1/access/evaluation",
+                json={
+                    "principal": human("dana@example.com"),
+                    "action": "read",
+                    "resource": {"type": "Document", "id": "plan"},
+                },
+            )
+            assert r.status_code == 200, r.text
+            return str(r.json()["verdict"])
+
+        wait_until(lambda: http.get("/readyz").status_code == 200, timeout=60)
+        ready = http.get("/readyz").json()
+        assert set(ready["feeds"]) == {"principals", "resources", "work_items"}
+        assert verdict() == "allow"  # her department's document, fetched on the miss
+
+        # The feed breaks; the document is then given to another department and made secret.
+        breaker.broken.add("/v1/resources/changes")
+        # Once a poll was refused, none forwarded before the break is still open.
+        wait_until(lambda: breaker.hits.get("/v1/resources/changes", 0) >= 1, timeout=60)
+        before = int(http.get("/readyz").json()["feeds"]["resources"]["version"])
+        changed = put_docs(live, ("plan", "sales", "secret"))
+        assert changed > before
+
+        r = wait_until(lambda: (x := http.get("/readyz")).status_code == 503 and x, timeout=60)
+        problem = r.json()
+        assert r.headers["content-type"] == "application/problem+json"
+        assert "feed `resources` is stale" in problem["detail"]
+        (stale,) = problem["stale_feeds"]  # the principals and work items still sync
+        assert stale["feed"] == "resources"
+        assert stale["version"] == before
+        assert stale["last_success"] is not None
+        assert "HTTP 500" in stale["last_error"]
+        assert f"after version {before}" in stale["last_error"]
+        assert len(stale["last_error"]) <= 303
+        assert stale["errors"] >= 1
+        assert not server.ready
+        # The last good state decides meanwhile: the old attributes still allow her.
+        assert verdict() == "allow"
+
+        # Metrics name the feed: its errors, its staleness, its last applied version.
+        wait_until(lambda: breaker.hits.get("/v1/resources/changes", 0) >= 3, timeout=60)
+        text = http.get("/metrics").text
+        assert metric(text, "svc_pdp_feed_errors_total", feed="resources") >= 3
+        assert metric(text, "svc_pdp_feed_stale", feed="resources") == 1
+        assert metric(text, "svc_pdp_feed_stale", feed="principals") == 0
+        assert metric(text, "svc_pdp_feed_version", feed="resources") == before
+        assert metric(text, "svc_pdp_feed_age_seconds", feed="resources") > BOUND_SECS
+        assert metric(text, "svc_pdp_feed_max_staleness_seconds", feed="resources") == BOUND_SECS
+        assert metric(text, "svc_pdp_ready") == 0
+        # One log line for the failure, however many retries failed the same way.
+        (line,) = _errors_logged(caplog, "resources")
+        assert f"the resources changes after version {before}" in line
+        assert "HTTP 500" in line
+
+        # Healed: the change is applied, the document is denied, and the process is ready.
+        breaker.broken.clear()
+        wait_until(lambda: http.get("/readyz").status_code == 200, timeout=60)
+        assert verdict() == "deny"
+        ready = http.get("/readyz").json()
+        assert ready["feeds"]["resources"]["version"] >= changed
+        text = http.get("/metrics").text
+        assert metric(text, "svc_pdp_feed_stale", feed="resources") == 0
+        assert metric(text, "svc_pdp_feed_version", feed="resources") >= changed
+        assert metric(text, "svc_pdp_ready") == 1
+        assert any(
+            r.name == "svc.feeds" and "feed resources syncs again" in r.getMessage()
+            for r in caplog.records
+        )
+
+
+def test_the_principals_feed_is_covered_too(context: tuple[Live, Breaker], tmp_path: Path) -> None:
+    live, breaker = context
+    options = StandaloneOptions(
+        port=0, watch=False, context=breaker.url, feed_max_staleness_secs=BOUND_SECS
+    )
+    with (
+        serve_bundle(_bundle(tmp_path), options, context_wait_secs=60) as server,
+        httpx.Client(base_url=f"http://127.0.0.1:{server.port}", timeout=60) as http,
+    ):
+        wait_until(lambda: http.get("/readyz").status_code == 200, timeout=60)
+        breaker.broken.update({"/v1/principals/watch", "/v1/principals"})
+        wait_until(lambda: breaker.hits.get("/v1/principals/watch", 0) >= 1, timeout=60)
+        create_user(live, "erin@example.com")
+        r = wait_until(lambda: (x := http.get("/readyz")).status_code == 503 and x, timeout=60)
+        assert [f["feed"] for f in r.json()["stale_feeds"]] == ["principals"]
+        breaker.broken.clear()
+        wait_until(lambda: http.get("/readyz").status_code == 200, timeout=60)
+        assert any(f["feed"] == "principals" and not f["stale"] for f in server.feeds)
+
+
+def test_the_gateway_keeps_its_trusted_apps_and_says_the_feed_is_stale(
+    context: tuple[Live, Breaker], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="svc.feeds")
+    live, breaker = context
+    app = {
+        "name": "ctxapp",
+        "iss": "https://ctx-app.example.com",
+        "jwks_url": "https://ctx-app.example.com/jwks.json",
+        "aud": "svc-gateway",
+    }
+    r = live.http.post("/v1/directory/trusted-apps", json=app)
+    assert r.status_code in (200, 201), r.text
+    settings = GatewaySettings(
+        port=0,
+        context_url=breaker.url,
+        trust_refresh_secs=0.2,
+        feed_max_staleness_secs=BOUND_SECS,
+    )
+    service = GatewayService(settings)
+    gw = GatewayServer(settings, service=service).start()
+    try:
+        with httpx.Client(base_url=gw.url, timeout=60) as http:
+            wait_until(lambda: http.get("/readyz").status_code == 200, timeout=60)
+            assert "trusted_apps" in http.get("/readyz").json()["feeds"]
+            assert service.apps.by_iss(app["iss"]) is not None
+
+            breaker.broken.add("/v1/directory/trusted-apps")
+            wait_until(lambda: breaker.hits.get("/v1/directory/trusted-apps", 0) >= 1, timeout=60)
+            assert live.http.delete("/v1/directory/trusted-apps/ctxapp").status_code == 204
+            r = wait_until(lambda: (x := http.get("/readyz")).status_code == 503 and x, timeout=60)
+            body = r.json()
+            assert "feed `trusted_apps` is stale" in body["detail"]
+            feed = body["feeds"]["trusted_apps"]
+            assert feed["stale"] is True
+            assert feed["last_success"] is not None
+            assert "HTTP 500" in feed["last_error"]
+            # The last good list stays in force: the removed app is still trusted here.
+            assert service.apps.by_iss(app["iss"]) is not None
+
+            wait_until(lambda: breaker.hits.get("/v1/directory/trusted-apps", 0) >= 3, timeout=60)
+            text = http.get("/metrics").text
+            assert metric(text, "svc_gateway_feed_errors_total", feed="trusted_apps") >= 3
+            assert metric(text, "svc_gateway_feed_stale", feed="trusted_apps") == 1
+            assert metric(text, "svc_gateway_feed_age_seconds", feed="trusted_apps") > BOUND_SECS
+            (line,) = _errors_logged(caplog, "trusted_apps")
+            assert "GET /v1/directory/trusted-apps" in line
+
+            breaker.broken.clear()
+            wait_until(lambda: http.get("/readyz").status_code == 200, timeout=60)
+            assert service.apps.by_iss(app["iss"]) is None
+            text = http.get("/metrics").text
+            assert metric(text, "svc_gateway_feed_stale", feed="trusted_apps") == 0
+    finally:
+        gw.stop()
+
+
+def test_the_gateways_bound_must_exceed_its_polls() -> None:
+    with pytest.raises(ValueError, match=r"feed_max_staleness_secs.*trust_refresh_secs"):
+        GatewaySettings(context_url="http://127.0.0.1:1", feed_max_staleness_secs=5)
+    with pytest.raises(ValueError, match="fallback_refresh_secs"):
+        GatewaySettings(fallback_file="tiers.json", feed_max_staleness_secs=10)
+    # Feeds not followed do not bound it.
+    assert GatewaySettings(feed_max_staleness_secs=1).feed_max_staleness_secs == 1

@@ -26,6 +26,7 @@ PROTO_OUT := python/svc/authz/v1
 build: setup ## Build svc (Rust extension in release) into .venv with the dev extras of pyproject.toml
 	$(BIN)/maturin develop --release -q --extras dev
 	$(MAKE) --no-print-directory proto
+	$(MAKE) --no-print-directory web
 
 .PHONY: proto
 proto: ## Generate the Python gRPC stubs from proto/ (grpcio-tools; Rust's come from build.rs)
@@ -33,10 +34,24 @@ proto: ## Generate the Python gRPC stubs from proto/ (grpcio-tools; Rust's come 
 		--grpc_python_out=python proto/svc/authz/v1/authz.proto proto/svc/policy/v1/policy.proto \
 		proto/svc/challenge/v1/challenge.proto
 
+# The portal's web app (web/portal, docs/portal.md#the-web-app): npm ci (the npm cache is
+# reused; skipped while node_modules matches package-lock.json) and vite build on Node 22 from
+# scripts/dev-node.sh, into python/svc/portal/static/ (not in git; the wheel carries it).
+NODE_PATH_PREFIX = PATH="$$(dirname "$$($(CURDIR)/scripts/dev-node.sh node)"):$$PATH"
+
+web/portal/node_modules/.package-lock.json: web/portal/package-lock.json web/portal/package.json
+	scripts/dev-node.sh node >/dev/null 2>&1 || scripts/dev-node.sh install
+	cd web/portal && $(NODE_PATH_PREFIX) npm ci --no-audit --no-fund --prefer-offline
+
+.PHONY: web
+web: web/portal/node_modules/.package-lock.json ## Build the portal's web app into python/svc/portal/static
+	cd web/portal && $(NODE_PATH_PREFIX) npm run --silent build
+
 .PHONY: wheel
 wheel: setup ## Build the release wheel and sdist into dist/ (pip install dist/svc-*.whl)
 	$(BIN)/pip install -q "grpcio-tools>=1.60"
 	$(MAKE) --no-print-directory proto
+	$(MAKE) --no-print-directory web
 	$(BIN)/maturin build --release --sdist -o dist
 
 .PHONY: run
@@ -62,8 +77,8 @@ test: lint ## Set up, lint, and run cargo test and pytest
 	$(BIN)/pytest -q tests
 
 .PHONY: screenshots
-screenshots: build ## Refresh docs/images/ from the challenge page's tests in Chromium (tests only compare)
-	SVC_REFRESH_SCREENSHOTS=1 $(BIN)/pytest -q tests/test_challenge_page.py
+screenshots: build ## Refresh docs/images/ from the challenge page's and the portal's tests in Chromium (tests only compare)
+	SVC_REFRESH_SCREENSHOTS=1 $(BIN)/pytest -q tests/test_challenge_page.py tests/test_portal_web.py
 
 .PHONY: bench
 bench: build ## Criterion bench of decide, then the Python benches (evaluate, plan) against cedarpy

@@ -166,6 +166,7 @@ def main() -> None:
         context_url="http://127.0.0.1:9",  # not called by what is measured
         policy_url=None,
         challenge_url=None,
+        allow_any_query=True,  # its own page query, not the web app's persisted one
     )
     service = PortalService(
         settings,

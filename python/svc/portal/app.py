@@ -26,6 +26,7 @@ import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -41,7 +42,6 @@ from starlette.middleware.sessions import SessionMiddleware
 from starlette.requests import HTTPConnection
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-from strawberry.fastapi import GraphQLRouter
 from strawberry.subscriptions import GRAPHQL_TRANSPORT_WS_PROTOCOL
 
 from svc import __version__, web
@@ -63,6 +63,7 @@ from svc.portal.mcp import IntakeSink, McpEndpoint, make_mcp_server
 from svc.portal.service import PortalService
 from svc.portal.sessions import COOKIE, LOGIN_COOKIE, Session, SessionStore, load_session_key
 from svc.portal.settings import PortalSettings, read_token_file
+from svc.portal.webapp import WEB_DIR, PersistedOperations, PersistedRouter, install_web
 
 __all__ = ["PortalServer", "build_service", "create_app", "serve"]
 
@@ -251,7 +252,9 @@ def create_app(settings: PortalSettings, service: PortalService) -> FastAPI:
 
     app.router.routes.append(Route("/mcp", endpoint=mcp, methods=["GET", "POST", "DELETE"]))
 
-    schema = make_schema(settings)
+    web_dir = Path(settings.web_dir) if settings.web_dir else WEB_DIR
+    operations = PersistedOperations.load(web_dir, settings.allow_any_query or settings.dev)
+    schema = make_schema(settings, operations)
 
     def graphql_guard(request: HTTPConnection) -> Session:
         if request.scope["type"] == "websocket":
@@ -280,7 +283,8 @@ def create_app(settings: PortalSettings, service: PortalService) -> FastAPI:
         return Context(session, service)
 
     app.include_router(
-        GraphQLRouter(
+        PersistedRouter(
+            operations,
             schema,
             path="/graphql",
             graphql_ide="graphiql" if settings.dev else None,
@@ -378,6 +382,7 @@ def create_app(settings: PortalSettings, service: PortalService) -> FastAPI:
         await run(counted, "DELETE", lambda: service.retire_agent(caller, agent_id))
         return Response(status_code=204)
 
+    install_web(app, web_dir)  # last: its catch-all GET serves the app's own routes
     return app
 
 

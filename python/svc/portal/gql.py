@@ -47,9 +47,10 @@ from strawberry.types import Info
 
 from svc.common.problems import Problem
 from svc.portal.assistant import Assistant
-from svc.portal.service import Denied, PortalService
+from svc.portal.service import AREAS, Denied, PortalService
 from svc.portal.sessions import Session
 from svc.portal.settings import PortalSettings
+from svc.portal.webapp import PersistedOperations, persisted_only
 
 __all__ = ["Context", "make_schema", "schema_sdl"]
 
@@ -143,6 +144,22 @@ def _ref(value: Any) -> EntityRef | None:
 class Me:
     user: str
     expires_at: datetime
+
+
+@strawberry.type(
+    description="What the signed-in person may do in one portal area: the decision point's "
+    "answers to `view` and `administer` (each a decision in the log)."
+)
+class AreaAccess:
+    area: str
+    view: bool
+    administer: bool
+    own: bool = strawberry.field(
+        description="May view and administer their own records here (`context.own`: their "
+        "challenges, their security keys)."
+    )
+    view_reason: str | None = strawberry.field(description="Why `view` was refused.")
+    administer_reason: str | None = strawberry.field(description="Why `administer` was refused.")
 
 
 @strawberry.type(description="A person of the directory, as the identity provider provisions them.")
@@ -643,6 +660,43 @@ class Query:
         return Me(user=s.user, expires_at=datetime.fromtimestamp(s.expires_at, UTC))
 
     @strawberry.field(
+        description="What the signed-in person may do in each portal area (the web app shows "
+        "or disables its controls by it); every area is checked as `view` and `administer`."
+    )
+    async def access(self, info: Info[Context, None]) -> list[AreaAccess]:
+        svc, person = info.context.service, info.context.person
+
+        def check(action: Any, area: Any, own: bool = False) -> str | None:
+            try:
+                svc.authorize(person, action, area, own=own)
+            except Denied as e:
+                return e.detail
+            return None
+
+        def all_areas() -> list[AreaAccess]:
+            out = []
+            for area in AREAS:
+                view, admin = check("view", area), check("administer", area)
+                own = area in ("challenges", "keys") and check("administer", area, True) is None
+                out.append(
+                    AreaAccess(
+                        area=area,
+                        view=view is None,
+                        administer=admin is None,
+                        own=own,
+                        view_reason=view,
+                        administer_reason=admin,
+                    )
+                )
+            return out
+
+        try:
+            return await anyio.to_thread.run_sync(all_areas)
+        except Problem as p:
+            code = p.slug.upper().replace("-", "_")
+            raise GraphQLError(p.detail, extensions={"code": code, "status": p.status}) from None
+
+    @strawberry.field(
         description="Searches the decision history of one principal or one resource, oldest "
         "first, with filters and cursor paging (`after`: the previous page's `endCursor`). "
         "Area `decisions`."
@@ -1091,11 +1145,15 @@ def _mask(error: GraphQLError) -> bool:
     return error.original_error is not None and not isinstance(error.original_error, GraphQLError)
 
 
-def make_schema(settings: PortalSettings) -> strawberry.Schema:
+def make_schema(
+    settings: PortalSettings, operations: PersistedOperations | None = None
+) -> strawberry.Schema:
     """The schema with the limits of `settings` (module docs).
 
     Args:
         settings: ``max_query_depth``, ``max_aliases``, ``max_tokens``, ``dev``.
+        operations: the web app's persisted operations; when given, only they run (unless
+            they allow any), on HTTP and on the websocket (``svc.portal.webapp``).
 
     Returns:
         The strawberry schema.
@@ -1110,6 +1168,8 @@ def make_schema(settings: PortalSettings) -> strawberry.Schema:
     ]
     if not settings.dev:
         extensions.append(DisableIntrospection)
+    if operations is not None and not operations.allow_any:
+        extensions.insert(0, persisted_only(operations))
     return strawberry.Schema(
         query=Query, mutation=Mutation, subscription=Subscription, extensions=extensions
     )

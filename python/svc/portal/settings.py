@@ -139,6 +139,13 @@ class PortalSettings(ServiceSettings, component="portal"):
     dev: bool = False
     """Development only: GraphQL introspection and the GraphiQL IDE at ``/graphql``. Off in an
     install: the schema is in ``python/svc/portal/schema.graphql``."""
+    allow_any_query: bool = False
+    """Development and tests only: GraphQL runs any operation, not only the web app's
+    persisted ones (``persisted-operations.json`` of the build; docs/portal.md#the-web-app).
+    ``dev`` implies it."""
+    web_dir: str | None = None
+    """The built web app (``index.html``, ``assets/``, ``persisted-operations.json``); unset:
+    the package's own ``svc/portal/static`` (``make web``)."""
 
     @model_validator(mode="after")
     def _check(self) -> PortalSettings:

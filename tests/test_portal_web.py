@@ -1,0 +1,316 @@
+"""The portal's web app (docs/portal.md#the-web-app) in a real browser, over real services.
+
+What tests/portalkit.py starts (a context service on PostgreSQL, the challenge and policy
+services, `svc pdp` as a process writing its decision log to Kafka, the demo OpenID Connect
+provider), `svc history load` into chDB as tests/test_portal_decisions.py runs it, and the
+portal serving the web app that `make web` built into python/svc/portal/static/, accepting only
+its persisted operations. Headless Chromium (Debian's `chromium`, driven by Playwright, as
+tests/test_challenge_page.py does) signs people in at the provider's form.
+
+Covered: a security admin signs in, finds a decision, reads its explanation (the deciding
+policy's source), contains a person from their page and the decision point denies them; an
+auditor sees decisions but the containment controls are disabled with the reason; an approver
+approves a pending challenge and the waiting agent's retry passes; the persisted-operations
+rule (an operation of the app's by hash runs, any other text is refused) and the static files
+with the SPA fallback. Every page is checked with axe-core (no serious or critical violation)
+at 1280 and 390 px, and its screenshot compared with docs/images/portal-*.png the way the
+challenge page's are (``make screenshots`` refreshes them; the tests never overwrite them).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from playwright.sync_api import Browser, Page, sync_playwright
+
+import test_challenge_page as shots
+from kafka_fixture import create_topics
+from portalkit import POLICIES, SCHEMA, HistoryLoader, World, pg_schema, until
+from svc.portal.webapp import MANIFEST, WEB_DIR
+
+CHROMIUM = "/usr/bin/chromium"
+AXE = (
+    Path(__file__).resolve().parents[1]
+    / "web"
+    / "portal"
+    / "node_modules"
+    / "axe-core"
+    / "axe.min.js"
+)
+WIDTHS = {"wide": (1280, 900), "narrow": (390, 844)}
+#: What covers the values that change on every run in a screenshot.
+MASK = "#dfe4ea"
+
+
+def _built() -> None:
+    assert (WEB_DIR / "index.html").is_file() and (WEB_DIR / MANIFEST).is_file(), (
+        f"the web app is not built in {WEB_DIR}: run `make web`"
+    )
+    assert AXE.is_file(), f"no {AXE}: run `make web` (npm ci installs axe-core)"
+
+
+@pytest.fixture(scope="module")
+def world(
+    postgres_url: str, kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[World]:
+    _built()
+    tmp = tmp_path_factory.mktemp("portal-web")
+    suffix = uuid.uuid4().hex[:8]
+    decisions, events = f"portal.web.decisions.{suffix}", f"portal.web.events.{suffix}"
+    create_topics(kafka_bootstrap, decisions, events)
+    history = HistoryLoader(tmp, kafka_bootstrap, decisions, events)
+    try:
+        with pg_schema(postgres_url) as url:
+            pdp_args = (
+                "--kafka", f"kafka://{kafka_bootstrap}", "--decisions-topic", decisions,
+                "--spool-dir", str(tmp / "spool"),
+            )  # fmt: skip
+            w = World(url, tmp, pdp_args=pdp_args, history_url=history.url, allow_any_query=False)
+            try:
+                yield w
+            finally:
+                w.close()
+    finally:
+        history.stop()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, headless=True)
+        yield b
+        b.close()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def screenshots_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """This module's screenshots go to a temporary directory (the challenge page's ``SHOTS``)."""
+    old = shots.SHOTS
+    shots.SHOTS = tmp_path_factory.mktemp("portal-screenshots")
+    yield
+    shots.SHOTS = old
+
+
+def person(world: World, browser: Browser, user: str, width: str = "wide") -> Page:
+    """A browser of its own for `user`, signed in at the provider's form, on the app's start."""
+    w, h = WIDTHS[width]
+    context = browser.new_context(
+        viewport={"width": w, "height": h}, timezone_id="Europe/Berlin", locale="en-GB"
+    )
+    context.set_default_timeout(120_000)  # the machine may be busy; no step is timed
+    page = context.new_page()
+    page.goto(world.portal.url + "/")
+    page.wait_for_selector("input[name=sub]")
+    page.fill("input[name=sub]", user)
+    page.click("button[type=submit]:has-text('Authorize')")
+    page.wait_for_selector(f"#user:has-text('{user}')")
+    return page
+
+
+def axe(page: Page) -> None:
+    """No serious or critical axe-core violation on the page as it is now."""
+    page.evaluate(AXE.read_text(encoding="utf-8"))
+    result = page.evaluate("async () => await axe.run(document, {resultTypes: ['violations']})")
+    bad = [
+        f"{v['id']} ({v['impact']}): {v['help']} at {[n['target'] for n in v['nodes']][:3]}"
+        for v in result["violations"]
+        if v["impact"] in ("serious", "critical")
+    ]
+    assert not bad, f"{page.url}: " + "; ".join(bad)
+
+
+def shot(page: Page, name: str) -> None:
+    """axe-core, then the page's screenshot compared with docs/images/portal-`name`.png.
+
+    The challenge page's rule (``test_challenge_page.compare``), with the values that change on
+    every run (times, ids: ``[data-volatile]``) masked; ``make screenshots`` replaces the
+    committed image instead.
+    """
+    axe(page)
+    page.evaluate("document.activeElement && document.activeElement.blur()")
+    mask = [page.locator("[data-volatile]")]
+    file = f"portal-{name}.png"
+    if shots.REFRESH:
+        shots.IMAGES.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(shots.IMAGES / file), mask=mask, mask_color=MASK)
+        return
+    assert shots.SHOTS is not None
+    taken = shots.SHOTS / file
+    page.screenshot(path=str(taken), mask=mask, mask_color=MASK)
+    problem = shots.compare(shots.IMAGES / file, taken)
+    if problem:
+        pytest.fail(
+            f"docs/images/{file}: {problem}; this run's screenshot is {taken}. If the page "
+            "changed on purpose, run `make screenshots` and commit the images.",
+            pytrace=False,
+        )
+
+
+def both(page: Page, name: str) -> None:
+    """``shot`` at 1280 px, then at 390 px (``<name>-narrow``), back to the page's width after."""
+    size = page.viewport_size
+    assert size is not None
+    for width, suffix in (("wide", ""), ("narrow", "-narrow")):
+        w, h = WIDTHS[width]
+        page.set_viewport_size({"width": w, "height": h})
+        shot(page, name + suffix)
+    page.set_viewport_size(size)
+
+
+def test_persisted_operations_only_and_the_spa_fallback(world: World) -> None:
+    ana = world.sign_in("ana")
+    manifest = json.loads((WEB_DIR / MANIFEST).read_text())
+    access = next(h for h, text in manifest.items() if text.lstrip().startswith("query Access"))
+    r = ana.post(
+        "/graphql",
+        json={"extensions": {"persistedQuery": {"version": 1, "sha256Hash": access}}},
+    )
+    assert r.status_code == 200 and r.json()["data"]["me"]["user"] == "ana", r.text
+    areas = {a["area"]: a for a in r.json()["data"]["access"]}
+    assert areas["containments"]["administer"] is True
+    # The same text sent as text runs (it is the app's); any other is refused.
+    assert ana.post("/graphql", json={"query": manifest[access]}).json()["data"]["me"]
+    r = ana.post("/graphql", json={"query": "{ me { user } }"})
+    assert r.status_code == 400 and r.json()["type"].endswith("persisted-query-required"), r.text
+    r = ana.post("/graphql", json={"extensions": {"persistedQuery": {"sha256Hash": "ab" * 32}}})
+    assert r.status_code == 400 and r.json()["type"].endswith("persisted-query-not-found"), r.text
+    # The app's routes load index.html; its assets are immutable; the API is not shadowed.
+    page = httpx.get(world.portal.url + "/decisions/some-qid")
+    assert page.status_code == 200 and '<div id="root">' in page.text
+    assert "frame-ancestors 'none'" in page.headers["content-security-policy"]
+    asset = page.text.split('src="')[1].split('"')[0]
+    r = httpx.get(world.portal.url + asset)
+    assert r.status_code == 200 and "immutable" in r.headers["cache-control"]
+    assert httpx.get(world.portal.url + "/api/v1/nothing").status_code == 404
+    assert httpx.get(world.portal.url + "/assets/nothing.js").status_code == 404
+    assert httpx.get(world.portal.url + f"/{MANIFEST}").text.startswith("<!doctype html>")
+    ana.close()
+
+
+def test_a_security_admin_explains_a_decision_and_contains_a_person(
+    world: World, browser: Browser
+) -> None:
+    cy = {"type": "Human", "id": "cy"}
+    doc = {"type": "Document", "id": "plan"}
+    assert world.check(cy, "read", doc)["verdict"] == "deny"
+    # The decision point's bundle, active at the policy service: explanations show its text.
+    policy = world.policy.service
+    files = {"schema.cedarschema": SCHEMA, "policies.cedar": POLICIES}
+    policy.publish(policy.create_draft(files, "ana").version, "ana")
+    page = person(world, browser, "ana")
+    # The access checks just made for ana are decisions of the portal-security-team policy.
+    page.click("nav >> text=Decisions")
+    page.fill("input[name=id]", "ana")
+    page.fill("input[name=action]", "administer")
+
+    def found() -> bool:
+        page.click("button:has-text('Search')")
+        page.wait_for_selector("#results-h")
+        page.wait_for_selector("[aria-labelledby=results-h][aria-busy=false]")
+        return page.locator("tbody tr").count() > 0
+
+    until("ana's checks in the history", found)
+    both(page, "decisions")
+    page.locator("tbody tr >> text=Explain").first.click()
+    page.wait_for_selector("h2:has-text('Why')")
+    assert page.locator("h3 code:has-text('portal-security-team-administers')").count() == 1
+    assert page.locator("pre.cedar .line.marked").count() >= 2
+    assert "permit" in page.locator("pre.cedar").first.inner_text()
+    both(page, "decision")
+    # cy's page: not contained; contain with a reason, confirmed.
+    page.goto(world.portal.url + "/principals/Human/cy")
+    page.wait_for_selector("#containment-state:has-text('Not contained')")
+    page.wait_for_selector("h2:has-text('Profile') ~ dl")
+    both(page, "principal")
+    page.fill("#cont-h ~ form input", "a stolen laptop")
+    page.click("button:has-text('Contain')")
+    page.click("button:has-text('Confirm: contain')")
+    page.wait_for_selector("#containment-state:has-text('contained by ana')")
+    denied = until(
+        "the decision point denies cy",
+        lambda: (
+            (d := world.check(cy, "read", doc))["verdict"] == "deny"
+            and "svc:contained" in d["policies"]
+            and d
+        ),
+    )
+    assert denied
+    page.click("button:has-text('Lift containment')")
+    page.click("button:has-text('Confirm: lift')")
+    page.wait_for_selector("#containment-state:has-text('Not contained')")
+    page.context.close()
+
+
+def test_an_auditor_sees_decisions_but_cannot_contain(world: World, browser: Browser) -> None:
+    page = person(world, browser, "bo", "narrow")
+    assert page.locator("nav >> text=Decisions").count() == 1
+    page.goto(world.portal.url + "/decisions?subject=principal&type=Human&id=bo")
+    until(
+        "bo's checks in the history",
+        lambda: (
+            page.reload() is not None
+            and page.wait_for_selector("tbody tr, .empty") is not None
+            and page.locator("tbody tr").count() > 0
+        ),
+    )
+    axe(page)
+    page.goto(world.portal.url + "/principals/Human/cy")
+    page.wait_for_selector("#containment-state")
+    button = page.locator("button:has-text('Contain')")
+    assert button.is_disabled()
+    assert "may not administer" in (button.get_attribute("title") or "")
+    assert page.locator(".why:has-text('Not allowed')").count() == 1
+    axe(page)
+    page.context.close()
+
+
+def test_an_approver_approves_a_pending_challenge(world: World, browser: Browser) -> None:
+    r = world.context.http.post(
+        "/v1/service-accounts",
+        json={"service_accounts": [{"id": "copilot.web", "owner": "ana", "ai": True}]},
+    )
+    assert r.status_code == 200, r.text
+    agent = {"type": "ServiceAccount", "id": "copilot.web"}
+    doc = {"type": "Document", "id": "budget"}
+    first = until(
+        "registered and challenged",
+        lambda: (
+            (d := world.check(agent, "write", doc))["verdict"] == "challenge"
+            and d.get("challenge_qid")
+            and d
+        ),
+    )
+    qid = first["challenge_qid"]
+    waited: dict[str, Any] = {}
+
+    def wait() -> None:
+        r = world.pdp_http.post(
+            "/v1/access/challenge",
+            json={"challenge_qid": qid, "principal": agent, "wait_secs": 25},
+            timeout=60,
+        )
+        waited.update(r.json())
+
+    page = person(world, browser, "ana")
+    page.click("nav >> text=Challenges")
+    card = page.locator(f"li.card[data-qid='{qid}']")
+    card.wait_for()
+    both(page, "challenges")
+    card.locator("input").fill("expected, the quarterly budget")
+    # The agent waits at the decision point (at most 25 s) while ana approves.
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    card.locator("button:has-text('Approve')").click()
+    page.wait_for_selector(f"li.card[data-qid='{qid}']", state="detached")
+    waiter.join(120)
+    assert waited.get("outcome") == "passed" and waited.get("retry") is True, waited
+    after = world.check(agent, "write", doc)
+    assert after["verdict"] == "allow" and "svc:challenge_passed" in after["policies"]
+    page.context.close()

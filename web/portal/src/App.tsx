@@ -1,0 +1,113 @@
+// The shell: who is signed in, navigation by what the person may view, sign-out, the pages.
+import { useQuery } from "@tanstack/react-query";
+import { NavLink, Route, Routes } from "react-router-dom";
+import { gql, loadSession, signOut } from "./api";
+import { graphql } from "./gql";
+import { ChallengesPage } from "./pages/Challenges";
+import { DecisionPage } from "./pages/Decision";
+import { DecisionsPage } from "./pages/Decisions";
+import { PrincipalPage } from "./pages/Principal";
+import { AccessContext, ErrorBox, Loading, type Access } from "./ui";
+
+const AccessQuery = graphql(`
+  query Access {
+    me { user expiresAt }
+    access { area view administer own viewReason administerReason }
+  }
+`);
+
+const NAV: { to: string; label: string; area: string; own?: boolean }[] = [
+  { to: "/decisions", label: "Decisions", area: "decisions" },
+  { to: "/challenges", label: "Challenges", area: "challenges", own: true },
+];
+
+export function App() {
+  const q = useQuery({
+    queryKey: ["access"],
+    queryFn: async () => {
+      await loadSession();
+      return gql(AccessQuery);
+    },
+    enabled: window.location.pathname !== "/signed-out",
+  });
+  if (window.location.pathname === "/signed-out") return <SignedOut />;
+  if (q.isPending)
+    return (
+      <main id="main" className="boot">
+        <Loading what="your access" />
+      </main>
+    );
+  if (q.isError)
+    return (
+      <main id="main" className="boot">
+        <ErrorBox error={q.error} retry={() => q.refetch()} />
+      </main>
+    );
+  const access: Access = Object.fromEntries(q.data.access.map((a) => [a.area, a]));
+  const user = q.data.me.user;
+  const nav = NAV.filter((n) => access[n.area]?.view || (n.own && access[n.area]?.own));
+  return (
+    <AccessContext.Provider value={{ user, access }}>
+      <a className="skip" href="#main">
+        Skip to content
+      </a>
+      <header className="top">
+        <NavLink to="/" className="brand">
+          svc portal
+        </NavLink>
+        <nav aria-label="Main">
+          <ul>
+            {nav.map((n) => (
+              <li key={n.to}>
+                <NavLink to={n.to}>{n.label}</NavLink>
+              </li>
+            ))}
+          </ul>
+        </nav>
+        <div className="who">
+          <span>
+            Signed in as <strong id="user">{user}</strong>
+          </span>
+          <button type="button" onClick={() => void signOut()}>
+            Sign out
+          </button>
+        </div>
+      </header>
+      <main id="main" tabIndex={-1}>
+        <Routes>
+          <Route path="/" element={access.decisions?.view ? <DecisionsPage /> : <ChallengesPage />} />
+          <Route path="/decisions" element={<DecisionsPage />} />
+          <Route path="/decisions/:qid" element={<DecisionPage />} />
+          <Route path="/principals/:type/:id" element={<PrincipalPage />} />
+          <Route path="/challenges" element={<ChallengesPage />} />
+          <Route path="*" element={<NotFound />} />
+        </Routes>
+      </main>
+    </AccessContext.Provider>
+  );
+}
+
+function NotFound() {
+  return (
+    <section>
+      <h1>Not found</h1>
+      <p>
+        No page here. Go to <NavLink to="/">the start</NavLink>.
+      </p>
+    </section>
+  );
+}
+
+function SignedOut() {
+  return (
+    <main id="main" className="boot">
+      <section>
+        <h1>Signed out</h1>
+        <p>Your session has ended on the portal.</p>
+        <p>
+          <a href="/auth/login?next=/">Sign in again</a>
+        </p>
+      </section>
+    </main>
+  );
+}

@@ -1,0 +1,243 @@
+// A decision's page: its explanation (the deciding policies in their source, the agent's and
+// the person's parts, the challenge and its outcome, related events) and "what if".
+import { useMutation, useQuery } from "@tanstack/react-query";
+import { useState, type FormEvent } from "react";
+import { useParams } from "react-router-dom";
+import { gql } from "../api";
+import { CedarSource } from "../cedar";
+import { graphql } from "../gql";
+import { Empty, ErrorBox, Loading, Principal, Time, Verdict, useAccess, useTitle } from "../ui";
+
+const Explain = graphql(`
+  query Explain($qid: String!) {
+    explainDecision(qid: $qid) {
+      decision {
+        qid
+        at
+        call
+        principal { type id }
+        onBehalfOf { type id }
+        action
+        resource { type id }
+        verdict
+        outcome
+        challenges
+        policies
+        mode
+        would
+        challengeQid
+        workItem
+        assigned
+        riskScore
+        policyVersion
+        principalsVersion
+        pdp
+        onBehalfOfOutcome
+      }
+      policies { name file text }
+      challenge { qid state kinds satisfied approver decidedBy reason justification createdAt expiresAt }
+      events { ingestId at system action resource { type id } outcome tool }
+    }
+  }
+`);
+
+const WhatIf = graphql(`
+  query WhatIf($qid: String!, $version: Int) {
+    whatIf(qid: $qid, version: $version) { qid recorded version verdict challenges policies error }
+  }
+`);
+
+export function DecisionPage() {
+  const { qid = "" } = useParams();
+  useTitle(`Decision ${qid.slice(0, 13)}…`);
+  const q = useQuery({ queryKey: ["explain", qid], queryFn: () => gql(Explain, { qid }) });
+  if (q.isPending) return <Loading what="the decision" />;
+  if (q.isError) return <ErrorBox error={q.error} retry={() => q.refetch()} />;
+  const x = q.data.explainDecision;
+  if (!x)
+    return (
+      <>
+        <h1>Decision not found</h1>
+        <Empty>
+          No decision <code>{qid}</code> in the history. It may not be loaded yet (the history reads
+          the decision log within seconds); try again shortly.
+        </Empty>
+      </>
+    );
+  const d = x.decision;
+  const agentPart = d.onBehalfOf ? d.onBehalfOfOutcome : null;
+  return (
+    <>
+      <h1>
+        Decision <Verdict v={d.verdict} />
+      </h1>
+      <section aria-labelledby="what-h">
+        <h2 id="what-h">What was asked</h2>
+        <dl>
+          <dt>Decision</dt>
+          <dd><code data-volatile="">{d.qid}</code></dd>
+          <dt>When</dt>
+          <dd><Time at={d.at} /></dd>
+          <dt>Principal</dt>
+          <dd><Principal p={d.principal} /></dd>
+          {d.onBehalfOf && (
+            <>
+              <dt>On behalf of</dt>
+              <dd><Principal p={d.onBehalfOf} /></dd>
+            </>
+          )}
+          <dt>Action</dt>
+          <dd>{d.action ?? "—"}</dd>
+          <dt>Resource</dt>
+          <dd>{d.resource ? `${d.resource.type}::"${d.resource.id}"` : "—"}</dd>
+          <dt>Mode</dt>
+          <dd>
+            {d.mode}
+            {d.would && ` (would ${d.would})`}
+          </dd>
+          <dt>Risk score</dt>
+          <dd>{d.riskScore ?? "—"}</dd>
+          <dt>Bundle version</dt>
+          <dd>{d.policyVersion ?? "—"}</dd>
+          <dt>Decision point</dt>
+          <dd>{d.pdp ?? "—"}</dd>
+        </dl>
+      </section>
+      <section aria-labelledby="why-h">
+        <h2 id="why-h">Why</h2>
+        {x.policies.length === 0 && (
+          <Empty>
+            No policy decided: {d.verdict === "deny" ? "nothing permitted it (deny by default)" : "the verdict came before the policies"}
+            {d.policies.length > 0 && <> ({d.policies.join(", ")})</>}.
+          </Empty>
+        )}
+        {x.policies.map((p) => (
+          <div key={p.name} className="policy">
+            <h3>
+              <code>{p.name}</code>
+              {p.file && <span className="muted"> in {p.file}</span>}
+            </h3>
+            {p.text ? (
+              <CedarSource
+                text={p.text}
+                label={`Source of ${p.name}`}
+                marked={new Set(p.text.split("\n").map((_, i) => i + 1))}
+              />
+            ) : (
+              <Empty>Not in the active bundle any more (it was changed since).</Empty>
+            )}
+          </div>
+        ))}
+      </section>
+      {d.onBehalfOf && (
+        <section aria-labelledby="parts-h">
+          <h2 id="parts-h">Agent and person</h2>
+          <div className="side">
+            <div>
+              <h3>Agent</h3>
+              <p><Principal p={d.principal} /></p>
+              <p><Verdict v={d.verdict} /> {d.policies.join(", ")}</p>
+            </div>
+            <div>
+              <h3>Person</h3>
+              <p><Principal p={d.onBehalfOf} /></p>
+              <pre className="json">{JSON.stringify(agentPart, null, 2)}</pre>
+            </div>
+          </div>
+        </section>
+      )}
+      <section aria-labelledby="ch-h">
+        <h2 id="ch-h">Challenge</h2>
+        {x.challenge ? (
+          <dl>
+            <dt>State</dt>
+            <dd><span className={`badge ${x.challenge.state.toLowerCase()}`}>{x.challenge.state.toLowerCase()}</span></dd>
+            <dt>Kinds</dt>
+            <dd>{x.challenge.kinds.join(", ")}</dd>
+            <dt>Satisfied</dt>
+            <dd>{x.challenge.satisfied.join(", ") || "—"}</dd>
+            <dt>Approver</dt>
+            <dd>{x.challenge.approver || "—"}</dd>
+            <dt>Decided by</dt>
+            <dd>{x.challenge.decidedBy || "—"}</dd>
+            <dt>Reason</dt>
+            <dd>{x.challenge.reason || x.challenge.justification || "—"}</dd>
+          </dl>
+        ) : (
+          <Empty>This decision opened no challenge.</Empty>
+        )}
+      </section>
+      <section aria-labelledby="ev-h">
+        <h2 id="ev-h">Related events</h2>
+        {x.events.length === 0 ? (
+          <Empty>No event carries this decision's id (events arrive from the apps through the intake).</Empty>
+        ) : (
+          <div className="scroll" tabIndex={0} role="region" aria-label="Related events">
+            <table>
+              <thead>
+                <tr>
+                  <th scope="col">When</th>
+                  <th scope="col">System</th>
+                  <th scope="col">Action</th>
+                  <th scope="col">Resource</th>
+                  <th scope="col">Outcome</th>
+                </tr>
+              </thead>
+              <tbody>
+                {x.events.map((e) => (
+                  <tr key={e.ingestId}>
+                    <td><Time at={e.at} /></td>
+                    <td>{e.system ?? "—"}</td>
+                    <td>{e.action}</td>
+                    <td>{e.resource ? `${e.resource.type}::"${e.resource.id}"` : "—"}</td>
+                    <td>{e.outcome ?? "—"}</td>
+                  </tr>
+                ))}
+              </tbody>
+            </table>
+          </div>
+        )}
+      </section>
+      <WhatIfPanel qid={d.qid} />
+    </>
+  );
+}
+
+function WhatIfPanel({ qid }: { qid: string }) {
+  const { access } = useAccess();
+  const [version, setVersion] = useState("");
+  const m = useMutation({
+    mutationFn: (v: number | null) => gql(WhatIf, { qid, version: v }),
+  });
+  const allowed = !!access.policies?.view;
+  function submit(e: FormEvent) {
+    e.preventDefault();
+    m.mutate(version ? Number(version) : null);
+  }
+  const r = m.data?.whatIf;
+  return (
+    <section aria-labelledby="wi-h">
+      <h2 id="wi-h">What if</h2>
+      {!allowed ? (
+        <p className="why">Not allowed: deciding again needs <code>view</code> on policies ({access.policies?.viewReason}).</p>
+      ) : (
+        <form className="inline" onSubmit={submit}>
+          <label>
+            Bundle version (empty: the active one)
+            <input inputMode="numeric" pattern="[0-9]*" value={version} onChange={(e) => setVersion(e.target.value)} />
+          </label>
+          <button type="submit">Decide again</button>
+        </form>
+      )}
+      {m.isPending && <Loading what="the decision again" />}
+      {m.isError && <ErrorBox error={m.error} />}
+      {r && (
+        <p id="whatif-result">
+          Under version {r.version}: <Verdict v={r.verdict} /> (recorded <Verdict v={r.recorded} />)
+          {r.policies.length > 0 && <> by {r.policies.join(", ")}</>}
+          {r.error && <span className="error-text"> {r.error}</span>}
+        </p>
+      )}
+    </section>
+  );
+}

@@ -1,0 +1,273 @@
+// A principal's page: profile and groups, risk score and its factors, recent decisions, and
+// containment (contain or lift, with a reason).
+import { useMutation, useQuery, useQueryClient } from "@tanstack/react-query";
+import { useState, type FormEvent } from "react";
+import { Link, useParams } from "react-router-dom";
+import { gql } from "../api";
+import { graphql } from "../gql";
+import { Empty, ErrorBox, Guarded, Loading, Time, Verdict, useAccess, useTitle } from "../ui";
+
+const People = graphql(`
+  query People {
+    people(includeRemoved: true) { userName displayName active removed department title manager groups }
+  }
+`);
+const Accounts = graphql(`
+  query ServiceAccounts {
+    serviceAccounts { id owner ai groups description app }
+  }
+`);
+const Risks = graphql(`
+  query Risks {
+    riskScores(minScore: 0, first: 200) { principal { type id } score reason factors updatedAt }
+  }
+`);
+const Recent = graphql(`
+  query RecentDecisions($principal: EntityRefInput!, $since: DateTime!) {
+    decisions(principal: $principal, since: $since, first: 20) {
+      decisions { qid at action resource { type id } verdict policies }
+      hasNextPage
+    }
+  }
+`);
+const Containments = graphql(`
+  query Containments {
+    containments { principal { type id } reason author containedAt }
+  }
+`);
+const Contain = graphql(`
+  mutation Contain($principal: EntityRefInput!, $reason: String!) {
+    contain(principal: $principal, reason: $reason) { changed containment { reason } }
+  }
+`);
+const Lift = graphql(`
+  mutation Lift($principal: EntityRefInput!, $reason: String!) {
+    lift(principal: $principal, reason: $reason)
+  }
+`);
+
+export function PrincipalPage() {
+  const { type = "", id = "" } = useParams();
+  useTitle(`${type} ${id}`);
+  const { access } = useAccess();
+  const principal = { type, id };
+  return (
+    <>
+      <h1>
+        {type}::"{id}"
+      </h1>
+      {access.directory?.view ? <Profile type={type} id={id} /> : <Refused area="directory" />}
+      {access.directory?.view && <Risk type={type} id={id} />}
+      {access.containments?.view ? <Containment principal={principal} /> : <Refused area="containments" />}
+      {access.decisions?.view ? <RecentDecisions principal={principal} /> : <Refused area="decisions" />}
+    </>
+  );
+}
+
+function Refused({ area }: { area: string }) {
+  const { access } = useAccess();
+  return (
+    <section>
+      <h2>{area[0].toUpperCase() + area.slice(1)}</h2>
+      <p className="why">Not shown: {access[area]?.viewReason ?? "no access"}</p>
+    </section>
+  );
+}
+
+function Profile({ type, id }: { type: string; id: string }) {
+  const human = type === "Human";
+  const people = useQuery({ queryKey: ["people"], queryFn: () => gql(People), enabled: human });
+  const accounts = useQuery({ queryKey: ["accounts"], queryFn: () => gql(Accounts), enabled: !human });
+  const q = human ? people : accounts;
+  return (
+    <section aria-labelledby="profile-h">
+      <h2 id="profile-h">Profile</h2>
+      {q.isPending && <Loading what="the profile" />}
+      {q.isError && <ErrorBox error={q.error} retry={() => q.refetch()} />}
+      {human &&
+        people.data &&
+        (() => {
+          const p = people.data.people.find((x) => x.userName === id);
+          if (!p) return <Empty>Not in the directory (never provisioned, or its record was purged).</Empty>;
+          return (
+            <dl>
+              <dt>Name</dt>
+              <dd>{p.displayName ?? p.userName}</dd>
+              <dt>Title</dt>
+              <dd>{p.title ?? "—"}</dd>
+              <dt>Department</dt>
+              <dd>{p.department ?? "—"}</dd>
+              <dt>Manager</dt>
+              <dd>{p.manager ? <Link to={`/principals/Human/${encodeURIComponent(p.manager)}`}>{p.manager}</Link> : "—"}</dd>
+              <dt>State</dt>
+              <dd>{p.removed ? "removed" : p.active ? "active" : "inactive"}</dd>
+              <dt>Groups</dt>
+              <dd>{p.groups.length ? p.groups.join(", ") : "none"}</dd>
+            </dl>
+          );
+        })()}
+      {!human &&
+        accounts.data &&
+        (() => {
+          const a = accounts.data.serviceAccounts.find((x) => x.id === id);
+          if (!a) return <Empty>Not a registered service account (an unregistered one is denied everything).</Empty>;
+          return (
+            <dl>
+              <dt>Owner</dt>
+              <dd><Link to={`/principals/Human/${encodeURIComponent(a.owner)}`}>{a.owner}</Link></dd>
+              <dt>App</dt>
+              <dd>{a.app || "—"}</dd>
+              <dt>AI</dt>
+              <dd>{a.ai ? "yes" : "no"}</dd>
+              <dt>Groups</dt>
+              <dd>{a.groups.join(", ") || "none"}</dd>
+              <dt>Description</dt>
+              <dd>{a.description || "—"}</dd>
+            </dl>
+          );
+        })()}
+    </section>
+  );
+}
+
+function Risk({ type, id }: { type: string; id: string }) {
+  const q = useQuery({ queryKey: ["risks"], queryFn: () => gql(Risks) });
+  const r = q.data?.riskScores.find((x) => x.principal.type === type && x.principal.id === id);
+  const factors = r && typeof r.factors === "object" && r.factors ? Object.entries(r.factors as Record<string, unknown>) : [];
+  return (
+    <section aria-labelledby="risk-h">
+      <h2 id="risk-h">Risk</h2>
+      {q.isPending && <Loading what="the risk score" />}
+      {q.isError && <ErrorBox error={q.error} retry={() => q.refetch()} />}
+      {q.data && !r && <Empty>No score: the reasoner has not scored this principal.</Empty>}
+      {r && (
+        <>
+          <p>
+            <span className="score" aria-label={`Risk score ${r.score} of 100`}>{r.score}</span> / 100 — {r.reason}
+            {r.updatedAt && <> (scored <Time at={r.updatedAt} />)</>}
+          </p>
+          {factors.length > 0 && (
+            <table>
+              <caption>Factors</caption>
+              <tbody>
+                {factors.map(([k, v]) => (
+                  <tr key={k}>
+                    <th scope="row">{k}</th>
+                    <td>{typeof v === "object" ? JSON.stringify(v) : String(v)}</td>
+                  </tr>
+                ))}
+              </tbody>
+            </table>
+          )}
+        </>
+      )}
+    </section>
+  );
+}
+
+function Containment({ principal }: { principal: { type: string; id: string } }) {
+  const client = useQueryClient();
+  const q = useQuery({ queryKey: ["containments"], queryFn: () => gql(Containments) });
+  const [reason, setReason] = useState("");
+  const [confirming, setConfirming] = useState(false);
+  const c = q.data?.containments.find((x) => x.principal.type === principal.type && x.principal.id === principal.id);
+  const m = useMutation({
+    mutationFn: async (contain: boolean) =>
+      contain ? gql(Contain, { principal, reason }) : gql(Lift, { principal, reason }),
+    onSuccess: async () => {
+      setReason("");
+      setConfirming(false);
+      await client.invalidateQueries({ queryKey: ["containments"] });
+    },
+  });
+  function submit(e: FormEvent) {
+    e.preventDefault();
+    if (!confirming) {
+      setConfirming(true);
+      return;
+    }
+    m.mutate(!c);
+  }
+  return (
+    <section aria-labelledby="cont-h">
+      <h2 id="cont-h">Containment</h2>
+      {q.isPending && <Loading what="containments" />}
+      {q.isError && <ErrorBox error={q.error} retry={() => q.refetch()} />}
+      {q.data && (
+        <>
+          <p id="containment-state">
+            {c ? (
+              <>
+                <strong className="badge deny">contained</strong> by {c.author} (<Time at={c.containedAt} />): {c.reason}. Every
+                decision point denies it everything.
+              </>
+            ) : (
+              <>Not contained.</>
+            )}
+          </p>
+          <form className="inline" onSubmit={submit}>
+            <label>
+              Reason
+              <input value={reason} onChange={(e) => setReason(e.target.value)} required={!c} maxLength={500} />
+            </label>
+            <Guarded area="containments" type="submit" className={c ? "" : "danger"} disabled={m.isPending}>
+              {confirming ? (c ? "Confirm: lift" : "Confirm: contain") : c ? "Lift containment" : "Contain"}
+            </Guarded>
+            {confirming && (
+              <button type="button" onClick={() => setConfirming(false)}>
+                Cancel
+              </button>
+            )}
+          </form>
+          {m.isError && <ErrorBox error={m.error} />}
+        </>
+      )}
+    </section>
+  );
+}
+
+function RecentDecisions({ principal }: { principal: { type: string; id: string } }) {
+  const [since] = useState(() => new Date(Date.now() - 86_400_000).toISOString());
+  const q = useQuery({
+    queryKey: ["recent", principal, since],
+    queryFn: () => gql(Recent, { principal, since }),
+  });
+  const search = `/decisions?subject=principal&type=${encodeURIComponent(principal.type)}&id=${encodeURIComponent(principal.id)}`;
+  return (
+    <section aria-labelledby="rec-h">
+      <h2 id="rec-h">Decisions of the last day</h2>
+      {q.isPending && <Loading what="decisions" />}
+      {q.isError && <ErrorBox error={q.error} retry={() => q.refetch()} />}
+      {q.data && q.data.decisions.decisions.length === 0 && <Empty>No decision in the last day.</Empty>}
+      {q.data && q.data.decisions.decisions.length > 0 && (
+        <div className="scroll" tabIndex={0} role="region" aria-label="Decisions of the last day">
+          <table>
+            <thead>
+              <tr>
+                <th scope="col">When</th>
+                <th scope="col">Action</th>
+                <th scope="col">Resource</th>
+                <th scope="col">Verdict</th>
+                <th scope="col">Decision</th>
+              </tr>
+            </thead>
+            <tbody>
+              {q.data.decisions.decisions.map((d) => (
+                <tr key={d.qid}>
+                  <td><Time at={d.at} /></td>
+                  <td>{d.action}</td>
+                  <td>{d.resource ? `${d.resource.type}::"${d.resource.id}"` : "—"}</td>
+                  <td><Verdict v={d.verdict} /></td>
+                  <td><Link to={`/decisions/${d.qid}`}>Explain</Link></td>
+                </tr>
+              ))}
+            </tbody>
+          </table>
+        </div>
+      )}
+      <p>
+        <Link to={search}>Search all of its decisions</Link>
+      </p>
+    </section>
+  );
+}

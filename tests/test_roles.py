@@ -564,5 +564,33 @@ def test_context_and_challenge_record_the_caller_as_author(
         assert got.containment.author == SUBJECTS[Role.REASONER]
 
 
+def test_the_portal_client_names_who_it_acts_for(
+    context: httpx.Client, policy: PolicyServer, issuer: LocalIssuer
+) -> None:
+    """The portal's clients send ``svc-acting-for`` (percent-encoded UTF-8) with the person or
+    app they act for, and the services record `<who> via <portal>`."""
+    from svc.portal.clients import ContextClient, PolicyClient
+
+    ctx = ContextClient(str(context.base_url), lambda: _token(issuer, Role.PORTAL, "svc-context"))
+    try:
+        ctx.put_service_account({"id": "zoe.agent", "owner": "ana", "ai": True}, author="zoë")
+        assert ctx.delete_service_account("zoe.agent", author="zoë")
+        changes = ctx.service_account_changes("zoe.agent")
+        assert [c["author"] for c in changes] == [f"zoë via {SUBJECTS[Role.PORTAL]}"] * 2
+    finally:
+        ctx.close()
+    pol = PolicyClient(policy.url, lambda: _token(issuer, Role.PORTAL, "svc-policy"))
+    try:
+        got = pol.call(
+            "SetOutageFallback",
+            policy_pb2.SetOutageFallbackRequest(
+                tool="docs/*", tier=policy_pb2.OUTAGE_TIER_FAIL_OPEN, author="ana", reason="t"
+            ),
+        )
+        assert got.fallback.author == f"ana via {SUBJECTS[Role.PORTAL]}"
+    finally:
+        pol.close()
+
+
 def _read(rel: str) -> str:
     return (REPO / rel).read_text(encoding="utf-8")

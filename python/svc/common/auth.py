@@ -117,7 +117,8 @@ UNKNOWN_KID_COOLDOWN_SECS = 30.0
 _MAX_KID_QUOTED = 64
 
 #: The header (gRPC: metadata entry) naming the person the portal acts for (docs/auth.md,
-#: "Who made a change"); believed only from a caller with the portal role.
+#: "Who made a change"), percent-encoded UTF-8 (RFC 3986 section 2.1); believed only from a
+#: caller with the portal role.
 PERSON_HEADER = "svc-acting-for"
 
 #: Longest person name ``PERSON_HEADER`` may carry.
@@ -519,7 +520,7 @@ class Verifier:
 
         Args:
             caller: a caller ``verify`` returned.
-            person: the header's value, or None when absent.
+            person: the header's value (percent-encoded UTF-8), or None when absent.
 
         Returns:
             `caller` with ``person`` set (or unchanged without a header).
@@ -537,7 +538,7 @@ class Verifier:
                 f"caller `{_quoted_sub(caller.sub)}` has the role `{caller.role}`; only the "
                 f"portal may act for a person (`{PERSON_HEADER}`, docs/auth.md)",
             )
-        name = person.strip()
+        name = unquote(person.strip())
         if not name or len(name) > MAX_PERSON_CHARS or not name.isprintable():
             raise AuthError(
                 401,

@@ -47,6 +47,20 @@ __all__ = [
     "token_reader",
 ]
 
+#: The header (gRPC metadata entry) naming who the portal acts for (docs/auth.md#who-made-a-change;
+#: ``svc.common.auth.PERSON_HEADER``), percent-encoded UTF-8.
+ACTING_FOR = "svc-acting-for"
+
+
+def _acting_for(request: Any) -> str:
+    """The person a gRPC request of the portal is made for: its ``author`` or ``approver``."""
+    fields = request.DESCRIPTOR.fields_by_name
+    for name in ("author", "approver"):
+        if name in fields and getattr(request, name):
+            return str(getattr(request, name))
+    return ""
+
+
 log = logging.getLogger("svc.portal.clients")
 
 #: Returns the bearer token to send, or None for none.
@@ -136,8 +150,13 @@ class _Http:
         *,
         json: Any = None,
         params: dict[str, Any] | None = None,
+        acting_for: str | None = None,
     ) -> Any:
         """Sends one request and answers its JSON (None for a 204).
+
+        `acting_for` names who the portal acts for (a person, or a trusted app registering its
+        agents): the ``svc-acting-for`` header, which the service records as the change's
+        author, ``<acting_for> via <the portal>`` (docs/auth.md#who-made-a-change).
 
         Raises:
             Unavailable: no connection, a timeout, a 5xx or an answer that is not JSON.
@@ -148,6 +167,8 @@ class _Http:
         token = self._token()
         if token:
             headers["authorization"] = f"Bearer {token}"
+        if acting_for:
+            headers[ACTING_FOR] = quote(acting_for, safe="")
         try:
             r = self._client.request(method, path, json=json, params=params, headers=headers)
         except httpx.HTTPError as e:
@@ -287,6 +308,7 @@ class ContextClient(_Http):
             "POST",
             f"/v1/investigations/{quote(inv_id, safe='')}/close",
             json={"closed_by": closed_by, "resolution": resolution},
+            acting_for=closed_by,
         )
         return out
 
@@ -325,7 +347,10 @@ class ContextClient(_Http):
 
         """
         out = self.request(
-            "POST", "/v1/service-accounts", json={"service_accounts": [record], "author": author}
+            "POST",
+            "/v1/service-accounts",
+            json={"service_accounts": [record], "author": author},
+            acting_for=author,
         )
         return int(out["principals_version"])
 
@@ -333,7 +358,10 @@ class ContextClient(_Http):
         """``DELETE /v1/service-accounts/{id}?author=``; False when it was not registered."""
         try:
             self.request(
-                "DELETE", f"/v1/service-accounts/{quote(sa_id, safe='')}", params={"author": author}
+                "DELETE",
+                f"/v1/service-accounts/{quote(sa_id, safe='')}",
+                params={"author": author},
+                acting_for=author,
             )
         except Refused as e:
             if e.status == 404:
@@ -409,6 +437,9 @@ class _Grpc:
         token = self._token()
         if token:
             metadata.append(("authorization", f"Bearer {token}"))
+        person = _acting_for(request)
+        if person:
+            metadata.append((ACTING_FOR, quote(person, safe="")))
         try:
             return getattr(self.stub, method)(request, timeout=self.timeout_secs, metadata=metadata)
         except grpc.RpcError as e:
@@ -504,6 +535,27 @@ class HistoryClient(_Http):
 
         """
         out: list[dict[str, Any]] = self.request("GET", "/v1/history/decisions", params=params)
+        return out
+
+    def search_decisions(self, **params: Any) -> dict[str, Any]:
+        """``GET /v1/history/decisions/search``: one page of a decision search.
+
+        Args:
+            params: ``principal`` or ``resource`` (``Type::id``) or neither, ``action``,
+                ``verdict``, ``policy``, ``mode``, ``since``, ``until`` (RFC 3339),
+                ``after_at`` (Unix ms) with ``after_qid``, ``limit`` (1 to 10,000); None
+                values are left out.
+
+        Returns:
+            ``{"decisions": [row], "more": bool, "end": {"at", "qid"} | None, "scanned": int}``
+            (docs/history.md#searching-decisions).
+
+        """
+        out: dict[str, Any] = self.request(
+            "GET",
+            "/v1/history/decisions/search",
+            params={k: v for k, v in params.items() if v is not None},
+        )
         return out
 
     def decision(self, qid: str) -> dict[str, Any] | None:

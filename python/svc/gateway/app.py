@@ -55,6 +55,7 @@ from starlette.types import Receive, Scope, Send
 from svc import __version__, web
 from svc.common.connect import METRICS_CONTENT_TYPE, ThreadedServer, serve_asgi
 from svc.common.health import Readiness, probe_router
+from svc.common.limits import PROBE_MAX_BODY_BYTES, harden
 from svc.common.problems import Problem, install_problem_handlers, problem_response
 from svc.gateway.fastpath import FastPath
 from svc.gateway.relay import LEVELS, relayed_capabilities
@@ -653,6 +654,9 @@ def health_app(service: GatewayService, verifier: AgentTokenVerifier) -> FastAPI
     app = FastAPI(title="svc-gateway", version=__version__, docs_url=None, redoc_url=None)
     web.install(app)
     install_problem_handlers(app)
+    # Bodies bounded and JSON checked on the probes' app (the challenge wait); the MCP paths
+    # bound their own (``fastpath``), and check agents' tokens with ``authenticate``.
+    harden(app, max_body_bytes=PROBE_MAX_BODY_BYTES, setting="the gateway's body limit")
 
     def readiness() -> Readiness:
         reasons = [

@@ -281,10 +281,6 @@ def static_guard(secret: Callable[[], str | None], realm: str, setting: str) -> 
     return guard
 
 
-class _TooLarge(Exception):
-    """The body grew past the limit while it was read."""
-
-
 def _header(scope: Scope, name: bytes) -> str | None:
     for k, v in scope.get("headers", ()):
         if k == name:
@@ -415,22 +411,47 @@ class Guarded:
         await self._run(scope, replay, send)
 
     async def _streamed(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Passes the body on as it arrives, refusing it once past the limit."""
+        """Passes the body on as it arrives, refusing it once past the limit.
+
+        Past the limit the 413 problem is sent at once (when the app has not started its
+        answer), the app is told the client left (``http.disconnect``, so it stops reading
+        whatever it catches), and whatever it answers after that is dropped.
+        """
         seen = 0
+        refused = False
+        started = False
+
+        async def sending(message: Message) -> None:
+            nonlocal started
+            if refused:
+                return
+            started = started or message["type"] == "http.response.start"
+            await send(message)
 
         async def counted() -> Message:
-            nonlocal seen
+            nonlocal seen, refused
+            if refused:
+                return {"type": "http.disconnect"}
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.max_body_bytes:
-                    raise _TooLarge
+                    if not started:
+                        await self._answer(scope, receive, send, self._too_large())
+                    refused = True
+                    return {"type": "http.disconnect"}
             return message
 
-        await self._run(scope, counted, send)
+        await self._run(scope, counted, sending, lambda: refused)
 
-    async def _run(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """The app, with a body past the limit a 413 and any escaped exception a 500 problem."""
+    async def _run(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        refused: Callable[[], bool] = lambda: False,
+    ) -> None:
+        """The app, with any exception that escapes it a 500 problem (when nothing was sent)."""
         started = False
 
         async def sending(message: Message) -> None:
@@ -440,10 +461,9 @@ class Guarded:
 
         try:
             await self.app(scope, receive, sending)
-        except _TooLarge:
-            if not started:
-                await self._answer(scope, receive, send, self._too_large())
         except Exception:
+            if refused():  # the body was refused; the app failed reading it: answered already
+                return
             log.exception(
                 "unexpected error serving %s %s", scope.get("method"), bounded(scope.get("path"))
             )

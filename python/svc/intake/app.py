@@ -42,6 +42,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from svc import __version__, web
 from svc.common.health import Readiness, probe_router
+from svc.common.limits import harden
 from svc.common.problems import Problem, install_problem_handlers, problem_response
 from svc.intake.metrics import CONTENT_TYPE, IntakeMetrics
 from svc.intake.models import EVENT_BATCH, MAX_EVENTS
@@ -342,6 +343,14 @@ def create_app(settings: IntakeSettings | None = None) -> FastAPI:
         responses={"4XX": web.PROBLEM_RESPONSE},
     )
     web.install(app)
+    # Bodies bounded before they are read, no internals in a 500; the routes check the intake
+    # token and parse (gzip, NDJSON) themselves (docs/intake.md#routes).
+    harden(
+        app,
+        max_body_bytes=settings.max_body_bytes,
+        setting=settings.env_name("max_body_bytes"),
+        check_json=False,
+    )
     app.state.settings = settings
     app.state.service = service
     app.state.pool = pool

@@ -28,17 +28,29 @@ from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy import Engine as SqlEngine
+from sqlalchemy import text
 
 from serverkit import metric, wait_until
 from svc.gateway.app import GatewayServer
 from svc.gateway.service import GatewayService
 from svc.gateway.settings import GatewaySettings
+from svc.pdp import Engine, Server
+from svc.pdp.feeds import ServerFeeds
+from svc.pdp.follower import Follower
 from svc.pdp.server import StandaloneOptions, serve_bundle
+from svc.policy.app import PolicyServer
 from test_context import Live, create_user
 from test_context_follow import POLICIES, SCHEMA, human, put_docs
+from test_policy import CLOSED_ONLY, ENTITIES, PUBLIC_ONLY, admin_key, pg, server
+from test_policy import SCHEMA as POLICY_SCHEMA
 
-#: The staleness bound of the processes below: short, so the tests do not wait long.
-BOUND_SECS = 1.5
+__all__ = ["admin_key", "pg", "server"]  # fixtures, shared with tests/test_policy.py
+
+#: The staleness bound of the processes below: short, so the tests do not wait long, and
+#: several of the healthy feeds' polls (a third of it) and heartbeats (0.2 s), so that they
+#: never look stale on a busy machine.
+BOUND_SECS = 3.0
 ENTERPRISE = "urn:ietf:params:scim:schemas:extension:enterprise:2.0:User"
 
 
@@ -239,6 +251,81 @@ def test_the_principals_feed_is_covered_too(context: tuple[Live, Breaker], tmp_p
         breaker.broken.clear()
         wait_until(lambda: http.get("/readyz").status_code == 200, timeout=60)
         assert any(f["feed"] == "principals" and not f["stale"] for f in server.feeds)
+
+
+def _view(http: httpx.Client, doc: str) -> str:
+    """The decision point's verdict on `alice` viewing `doc` (tests/test_policy.py's bundles)."""
+    r = http.post(
+        "/v1/access/evaluation",
+        json={
+            "principal": {"type": "User", "id": "alice"},
+            "action": "view",
+            "resource": {"type": "Doc", "id": doc},
+        },
+    )
+    assert r.status_code == 200, r.text
+    return str(r.json()["verdict"])
+
+
+def test_a_refused_bundle_makes_the_decision_point_unready_until_the_active_one_serves(
+    server: PolicyServer, pg: SqlEngine, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="svc.feeds")
+    service = server.service
+    engine = Engine("forbid (principal, action, resource);", POLICY_SCHEMA, ENTITIES)
+    pdp = Server(engine, port=0, workers=1)
+    pdp.start()
+    pdp.set_ready(containments=True)
+    feeds = ServerFeeds(pdp, BOUND_SECS)
+    feeds.started("bundle")
+    follower = Follower(engine, server.target, service.public_key, server=pdp, feeds=feeds)
+    follower.start()
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{pdp.port}", timeout=60) as http:
+            v1 = service.create_draft(PUBLIC_ONLY, "ana").version
+            service.publish(v1, "ana")
+            wait_until(lambda: http.get("/readyz").status_code == 200, timeout=60)
+            assert http.get("/readyz").json()["feeds"]["bundle"]["version"] == v1
+
+            # v2 is signed on its publish; then v1 is active again.
+            v2 = service.create_draft(CLOSED_ONLY, "ana").version
+            service.publish(v2, "ana")
+            wait_until(lambda: follower.status.version == v2, timeout=60)
+            service.publish(v1, "ana")
+            wait_until(lambda: follower.status.version == v1, timeout=60)
+            # v2's stored files altered after signing, and published again: refused, v1 keeps
+            # serving; heartbeats keep coming, but the active bundle is not the one serving.
+            with pg.begin() as c:
+                c.execute(
+                    text("UPDATE bundles SET files = :f WHERE version = :v"),
+                    {
+                        "f": json.dumps(
+                            {**CLOSED_ONLY, "p.cedar": "permit (principal, action, resource);"}
+                        ),
+                        "v": v2,
+                    },
+                )
+            service.publish(v2, "ana")
+            r = wait_until(lambda: (x := http.get("/readyz")).status_code == 503 and x, timeout=60)
+            (stale,) = r.json()["stale_feeds"]
+            assert stale["feed"] == "bundle" and stale["version"] == v1
+            assert f"bundle version {v2}" in stale["last_error"]
+            assert "does not verify" in stale["last_error"]
+            # The last verified bundle decides meanwhile (v1: public documents only).
+            assert follower.status.version == v1
+            assert [_view(http, d) for d in ("open", "closed")] == ["allow", "deny"]
+            (line,) = _errors_logged(caplog, "bundle")
+            assert f"bundle version {v2}" in line
+
+            # The active bundle is v1 again: the one serving, so the feed syncs and it is ready.
+            service.publish(v1, "ana")
+            wait_until(lambda: http.get("/readyz").status_code == 200, timeout=60)
+            exposition = http.get("/metrics").text
+            assert metric(exposition, "svc_pdp_feed_errors_total", feed="bundle") == 1
+            assert metric(exposition, "svc_pdp_feed_stale", feed="bundle") == 0
+    finally:
+        follower.stop()
+        pdp.stop()
 
 
 def test_the_gateway_keeps_its_trusted_apps_and_says_the_feed_is_stale(

@@ -248,7 +248,9 @@ class Follower:
         """Verifies and swaps one active state; a refusal keeps what serves."""
         if state.HasField("bundle"):
             b = state.bundle
-            if b.version != self.status.version:
+            if b.version == self.status.version:
+                self.pending = None  # the active bundle is the one serving: nothing pending
+            else:
                 files = {f.name: f.content for f in b.files}
                 try:
                     signing.verify(self.public_key, b.version, files, b.signature)

@@ -48,6 +48,7 @@ from svc import __version__, web
 from svc.common.auth_settings import is_loopback
 from svc.common.connect import ThreadedServer, serve_asgi
 from svc.common.health import Readiness, probe_router
+from svc.common.limits import harden
 from svc.common.problems import FieldError, Problem, install_problem_handlers, problem_response
 from svc.portal.apptokens import AppTokenError, AppTokenVerifier, TrustedAppsUnavailable
 from svc.portal.clients import (
@@ -223,6 +224,9 @@ def create_app(settings: PortalSettings, service: PortalService) -> FastAPI:
         return problem_response(Problem(400, "invalid-request", "Invalid request", detail, errors))
 
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    # JSON checked (UTF-8, depth, no lone surrogate) and no internals in a 500 (svc.common.limits);
+    # people and apps sign in their own ways, checked by the routes.
+    harden(app, max_body_bytes=settings.max_body_bytes, setting=settings.env_name("max_body_bytes"))
 
     registry = CollectorRegistry(auto_describe=True)
     agent_calls = Counter(

@@ -233,7 +233,9 @@ def test_a_broken_resources_feed_makes_the_decision_point_unready_until_it_heals
         )
 
 
-def test_the_principals_feed_is_covered_too(context: tuple[Live, Breaker], tmp_path: Path) -> None:
+def test_the_principals_and_work_items_feeds_are_covered_too(
+    context: tuple[Live, Breaker], tmp_path: Path
+) -> None:
     live, breaker = context
     options = StandaloneOptions(
         port=0, watch=False, context=breaker.url, feed_max_staleness_secs=BOUND_SECS
@@ -243,11 +245,22 @@ def test_the_principals_feed_is_covered_too(context: tuple[Live, Breaker], tmp_p
         httpx.Client(base_url=f"http://127.0.0.1:{server.port}", timeout=60) as http,
     ):
         wait_until(lambda: http.get("/readyz").status_code == 200, timeout=60)
-        breaker.broken.update({"/v1/principals/watch", "/v1/principals"})
-        wait_until(lambda: breaker.hits.get("/v1/principals/watch", 0) >= 1, timeout=60)
+        broken = {"/v1/principals/watch", "/v1/principals", "/v1/work-items/changes"}
+        breaker.broken.update(broken)
+        wait_until(
+            lambda: all(breaker.hits.get(p, 0) >= 1 for p in broken - {"/v1/principals"}), 60
+        )
         create_user(live, "erin@example.com")
-        r = wait_until(lambda: (x := http.get("/readyz")).status_code == 503 and x, timeout=60)
-        assert [f["feed"] for f in r.json()["stale_feeds"]] == ["principals"]
+
+        def both() -> httpx.Response | None:
+            r = http.get("/readyz")
+            stale = r.json().get("stale_feeds", []) if r.status_code == 503 else []
+            return r if len(stale) == 2 else None
+
+        r = wait_until(both, timeout=60)
+        assert [f["feed"] for f in r.json()["stale_feeds"]] == ["principals", "work_items"]
+        detail = r.json()["detail"]
+        assert "feed `principals` is stale" in detail and "feed `work_items` is stale" in detail
         breaker.broken.clear()
         wait_until(lambda: http.get("/readyz").status_code == 200, timeout=60)
         assert any(f["feed"] == "principals" and not f["stale"] for f in server.feeds)
@@ -390,5 +403,7 @@ def test_the_gateways_bound_must_exceed_its_polls() -> None:
         GatewaySettings(context_url="http://127.0.0.1:1", feed_max_staleness_secs=5)
     with pytest.raises(ValueError, match="fallback_refresh_secs"):
         GatewaySettings(fallback_file="tiers.json", feed_max_staleness_secs=10)
+    with pytest.raises(ValueError, match="containments file"):
+        GatewaySettings(containments_file="contained.json", feed_max_staleness_secs=1)
     # Feeds not followed do not bound it.
     assert GatewaySettings(feed_max_staleness_secs=1).feed_max_staleness_secs == 1

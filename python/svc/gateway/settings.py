@@ -262,7 +262,8 @@ class GatewaySettings(ServiceSettings, component="gateway"):
     def _pairs(self) -> GatewaySettings:
         """``person_issuer`` needs ``person_jwks_url``; the feeds' bound exceeds their polls.
 
-        Only the polls of the feeds followed count (trusted apps, outage tiers).
+        Only the polls of the feeds followed count (trusted apps, outage tiers, the containments
+        file).
         """
         if self.person_issuer is not None and self.person_jwks_url is None:
             raise ValueError("`person_issuer` needs `person_jwks_url`")
@@ -272,6 +273,10 @@ class GatewaySettings(ServiceSettings, component="gateway"):
             else 0.0,
             "fallback_refresh_secs": self.fallback_refresh_secs
             if self.policy_url or self.fallback_file
+            else 0.0,
+            # The containments file is read every second (svc.gateway.service).
+            "the containments file's 1 s poll": 1.0
+            if self.containments_file and not self.challenge_url
             else 0.0,
         }
         name, slowest = max(polls.items(), key=lambda kv: kv[1])

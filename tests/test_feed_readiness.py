@@ -32,6 +32,10 @@ from sqlalchemy import Engine as SqlEngine
 from sqlalchemy import text
 
 from serverkit import metric, wait_until
+from svc.challenge.app import ChallengeServer
+from svc.challenge.service import Ref
+from svc.challenge.settings import ChallengeSettings
+from svc.common.net import tcp_listener
 from svc.gateway.app import GatewayServer
 from svc.gateway.service import GatewayService
 from svc.gateway.settings import GatewaySettings
@@ -40,6 +44,9 @@ from svc.pdp.feeds import ServerFeeds
 from svc.pdp.follower import Follower
 from svc.pdp.server import StandaloneOptions, serve_bundle
 from svc.policy.app import PolicyServer
+from test_containment_follow import CY
+from test_containment_follow import POLICIES as CONTAINMENT_POLICIES
+from test_containment_follow import SCHEMA as CONTAINMENT_SCHEMA
 from test_context import Live, create_user
 from test_context_follow import POLICIES, SCHEMA, human, put_docs
 from test_policy import CLOSED_ONLY, ENTITIES, PUBLIC_ONLY, admin_key, pg, server
@@ -124,11 +131,11 @@ def context(tmp_path: Path) -> Iterator[tuple[Live, Breaker]]:
     live.stop()
 
 
-def _bundle(tmp: Path) -> Path:
+def _bundle(tmp: Path, policies: str = POLICIES, schema: str = SCHEMA) -> Path:
     d = tmp / "bundle"
     d.mkdir()
-    (d / "policies.cedar").write_text(POLICIES)
-    (d / "schema.cedarschema").write_text(SCHEMA)
+    (d / "policies.cedar").write_text(policies)
+    (d / "schema.cedarschema").write_text(schema)
     return d
 
 
@@ -339,6 +346,75 @@ def test_a_refused_bundle_makes_the_decision_point_unready_until_the_active_one_
     finally:
         follower.stop()
         pdp.stop()
+
+
+def test_a_lost_containment_stream_makes_the_decision_point_unready_until_it_is_back(
+    tmp_path: Path,
+) -> None:
+    sock = tcp_listener("127.0.0.1", 0)
+    port = int(sock.getsockname()[1])
+    sock.close()
+
+    def challenge() -> ChallengeServer:
+        settings = ChallengeSettings(
+            database_url=f"sqlite:///{tmp_path / 'challenge.db'}",
+            port=port,
+            heartbeat_secs=0.2,
+            watch_poll_secs=0.1,
+        )
+        return ChallengeServer(settings, outbox=False).start()
+
+    first = challenge()
+    first.service.contain(Ref("Human", "cy"), "stolen laptop", "reasoner")
+    options = StandaloneOptions(
+        port=0,
+        watch=False,
+        challenge=f"http://127.0.0.1:{port}",
+        feed_max_staleness_secs=BOUND_SECS,
+    )
+    bundle = _bundle(tmp_path, CONTAINMENT_POLICIES, CONTAINMENT_SCHEMA)
+    again: ChallengeServer | None = None
+    try:
+        with (
+            serve_bundle(bundle, options, context_wait_secs=60) as server,
+            httpx.Client(base_url=f"http://127.0.0.1:{server.port}", timeout=60) as http,
+        ):
+
+            def contained() -> bool:
+                r = http.post(
+                    "/v1/access/evaluation",
+                    json={
+                        "principal": CY,
+                        "action": "read",
+                        "resource": {"type": "Document", "id": "d1"},
+                    },
+                )
+                assert r.status_code == 200, r.text
+                return "svc:contained" in r.json()["policies"]
+
+            wait_until(lambda: http.get("/readyz").status_code == 200, timeout=60)
+            assert contained()
+
+            # The challenge service goes away: the list in force keeps serving, and once no
+            # stream has delivered anything within the bound, the feed is named stale.
+            first.stop()
+            first.service.close()
+            r = wait_until(lambda: (x := http.get("/readyz")).status_code == 503 and x, timeout=60)
+            (stale,) = r.json()["stale_feeds"]
+            assert stale["feed"] == "containments"
+            assert "containment stream lost" in stale["last_error"]
+            assert contained()
+
+            again = challenge()
+            wait_until(lambda: http.get("/readyz").status_code == 200, timeout=60)
+            assert contained()
+            exposition = http.get("/metrics").text
+            assert metric(exposition, "svc_pdp_feed_errors_total", feed="containments") >= 1
+            assert metric(exposition, "svc_pdp_feed_stale", feed="containments") == 0
+    finally:
+        if again is not None:
+            again.stop()
+            again.service.close()
 
 
 def test_the_gateway_keeps_its_trusted_apps_and_says_the_feed_is_stale(

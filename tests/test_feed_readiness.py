@@ -26,8 +26,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import grpc
 import httpx
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from sqlalchemy import Engine as SqlEngine
 from sqlalchemy import text
 
@@ -139,6 +141,13 @@ def _bundle(tmp: Path, policies: str = POLICIES, schema: str = SCHEMA) -> Path:
     return d
 
 
+def _grpc_health(port: int) -> int:
+    """The decision point's gRPC health for ``""`` (``grpc.health.v1``), as its enum value."""
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        return int(stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=30).status)
+
+
 def _errors_logged(caplog: pytest.LogCaptureFixture, feed: str) -> list[str]:
     return [
         r.getMessage()
@@ -206,6 +215,11 @@ def test_a_broken_resources_feed_makes_the_decision_point_unready_until_it_heals
         assert len(stale["last_error"]) <= 303
         assert stale["errors"] >= 1
         assert not server.ready
+        # gRPC health follows at the feed's next report (each retry reports its failure).
+        wait_until(
+            lambda: _grpc_health(server.port or 0) == health_pb2.HealthCheckResponse.NOT_SERVING,
+            timeout=60,
+        )
         # The last good state decides meanwhile: the old attributes still allow her.
         assert verdict() == "allow"
 
@@ -228,6 +242,10 @@ def test_a_broken_resources_feed_makes_the_decision_point_unready_until_it_heals
         breaker.broken.clear()
         wait_until(lambda: http.get("/readyz").status_code == 200, timeout=60)
         assert verdict() == "deny"
+        wait_until(
+            lambda: _grpc_health(server.port or 0) == health_pb2.HealthCheckResponse.SERVING,
+            timeout=60,
+        )
         ready = http.get("/readyz").json()
         assert ready["feeds"]["resources"]["version"] >= changed
         text = http.get("/metrics").text

@@ -12,6 +12,12 @@ handshake era (``initialize``, an MCP session, ``2025-11-25``) and the 2026-07-2
 ``Mcp-Method``/``Mcp-Name`` headers). The gateway speaks 2026-07-28 to the upstream, the newest
 revision it offers, whichever era the agent speaks.
 
+With ``--peer REV``, a second gateway runs the code of commit ``REV`` (the previous design: its
+``python/`` tree from ``git archive``, with the generated files git ignores, the gRPC stubs and
+the decision point's extension, taken from this tree) beside the current one, against the same
+upstream and decision point, and its paths take turns with the others in part 1 (in the eras of
+``--peer-eras``): the two designs compared at the same moment on a shared machine.
+
 1. **Latency at a steady rate**: ``--calls`` calls per path of ``read_document``
    (``copilot.assistant`` for ``alan.hughes`` on ``doc-0317``: the gateway checks ``call`` on
    the tool and ``read`` on the document, both allowed, then forwards), the four paths (each
@@ -25,6 +31,7 @@ revision it offers, whichever era the agent speaks.
 
     .venv/bin/python benches/bench_gateway.py                    # about 130 s
     .venv/bin/python benches/bench_gateway.py --calls 200 --seconds 3   # a smoke run
+    .venv/bin/python benches/bench_gateway.py --peer 52c32b0           # beside that commit
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -98,14 +106,17 @@ def cpu_seconds(pid: int) -> float:
 
 
 async def steady(
-    direct: str, through: str, token: str, calls: int, rate: float
+    paths: dict[str, list[tuple[str, str, str | None]]], calls: int, rate: float
 ) -> dict[tuple[str, str], list[float]]:
-    """Part 1 (module docs): the latencies in ms of each path, by ``(era, path)``."""
+    """Part 1 (module docs): the latencies in ms of each path, by ``(era, path)``.
+
+    `paths` gives each era's paths as ``(name, url, bearer token or None)``.
+    """
     out: dict[tuple[str, str], list[float]] = {}
     async with contextlib.AsyncExitStack() as stack:
         sessions: list[tuple[tuple[str, str], ClientSession]] = []
-        for era in ERAS:
-            for path, url, tok in (("direct", direct, None), ("gateway", through, token)):
+        for era, era_paths in paths.items():
+            for path, url, tok in era_paths:
                 s = await stack.enter_async_context(session(url, tok, era))
                 sessions.append(((era, path), s))
                 out[(era, path)] = []
@@ -138,6 +149,36 @@ async def saturate(url: str, token: str | None, era: str, concurrency: int, seco
     return done
 
 
+def peer_tree(rev: str, into: Path) -> Path:
+    """The ``python/`` tree of commit `rev` under `into`, runnable with this tree's build outputs.
+
+    ``git archive`` gives the commit's files; the files git ignores under ``python/`` (the gRPC
+    stubs ``make proto`` generates, the decision point's extension) are copied from this tree,
+    which fits a commit whose protos and extension match this tree's.
+
+    Raises:
+        subprocess.CalledProcessError: `rev` is not a commit of this repository.
+
+    """
+    repo = Path(__file__).resolve().parents[1]
+    archive = subprocess.run(
+        ["git", "archive", rev, "python"], cwd=repo, check=True, capture_output=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    built = subprocess.run(
+        ["git", "ls-files", "--others", "--ignored", "--exclude-standard", "python"],
+        cwd=repo,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    for name in built:
+        target = into / name
+        if "__pycache__" not in name and target.parent.is_dir() and not target.exists():
+            shutil.copy2(repo / name, target)
+    return into / "python"
+
+
 def wait_port(port: int, proc: subprocess.Popen[bytes]) -> None:
     """Waits until 127.0.0.1:`port` accepts connections; raises when `proc` exits first."""
     while True:
@@ -156,6 +197,12 @@ def main() -> None:
     p.add_argument("--rate", type=float, default=100.0, help="calls per second, both paths")
     p.add_argument("--concurrency", type=int, default=8, help="sessions in part 2")
     p.add_argument("--seconds", type=float, default=10.0, help="length of part 2")
+    p.add_argument("--peer", metavar="REV", help="also run the gateway of this commit (part 1)")
+    p.add_argument(
+        "--peer-eras",
+        default=ERAS[0],
+        help="the eras the peer serves, comma-separated (default: the handshake era only)",
+    )
     a = p.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
@@ -185,37 +232,54 @@ def main() -> None:
                 ["pdp", "--bundle", str(tmp / "bundle"), "--port", str(pdp_port)], pdp_port
             )
         )
-        gateway = ServiceProcess(
-            [
+
+        def gateway_args(port: int) -> list[str]:
+            return [
                 "gateway",
-                "--port", str(gw_port),
+                "--port", str(port),
                 "--upstreams-file", str(tmp / "upstreams.json"),
                 "--pdp-url", f"http://127.0.0.1:{pdp_port}",
                 "--trusted-apps-file", str(tmp / "apps.json"),
                 "--jwks-ca-file", str(issuer.ca_file),
                 "--containments-file", str(tmp / "containments.json"),
-            ],
-            gw_port,
-        )  # fmt: skip
+            ]  # fmt: skip
+
+        gateway = ServiceProcess(gateway_args(gw_port), gw_port)
         procs.append(gateway)
         token = issuer.mint(AGENT, PERSON, lifetime_secs=3600)
         through = f"http://127.0.0.1:{gw_port}/mcp/demo"
+        paths: dict[str, list[tuple[str, str, str | None]]] = {
+            era: [("direct", upstream_url, None), ("gateway", through, token)] for era in ERAS
+        }
+        if a.peer:
+            peer_port = free_port()
+            peer_python = peer_tree(a.peer, Path(tempfile.mkdtemp(prefix="bench-gateway-peer-")))
+            procs.append(
+                ServiceProcess(
+                    gateway_args(peer_port), peer_port, env={"PYTHONPATH": str(peer_python)}
+                )
+            )
+            for era in a.peer_eras.split(","):
+                paths[era].append(("peer", f"http://127.0.0.1:{peer_port}/mcp/demo", token))
 
-        lat = asyncio.run(steady(upstream_url, through, token, a.calls, a.rate))
+        lat = asyncio.run(steady(paths, a.calls, a.rate))
+        count = sum(len(p) for p in paths.values())
         print(
             f"steady rate: {a.calls} calls per path at {a.rate:g} calls/s in all, "
-            "the four paths taking turns"
+            f"the {count} paths taking turns" + (f" (peer: commit {a.peer})" if a.peer else "")
         )
         print(f"{'':22} {'p50':>9} {'p90':>9} {'p99':>9}  (ms)")
-        for era in ERAS:
-            for path in ("direct", "gateway"):
+        for era, era_paths in paths.items():
+            for path, _, _ in era_paths:
                 qs = [pct(lat[(era, path)], q) for q in (0.5, 0.9, 0.99)]
                 print(f"{era} {path:11} " + " ".join(f"{v:9.3f}" for v in qs))
-            added = [
-                pct(lat[(era, "gateway")], q) - pct(lat[(era, "direct")], q)
-                for q in (0.5, 0.9, 0.99)
-            ]
-            print(f"{era} {'added':11} " + " ".join(f"{v:9.3f}" for v in added))
+            for path, label in (("gateway", "added"), ("peer", "peer added")):
+                if (era, path) in lat:
+                    added = [
+                        pct(lat[(era, path)], q) - pct(lat[(era, "direct")], q)
+                        for q in (0.5, 0.9, 0.99)
+                    ]
+                    print(f"{era} {label:11} " + " ".join(f"{v:9.3f}" for v in added))
 
         for era in ERAS:
             t0 = time.perf_counter()

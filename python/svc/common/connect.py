@@ -302,9 +302,7 @@ class ServiceHandlers:
         except Exception:
             log.exception("%s failed", method)
             self._calls.labels(method, "internal").inc()
-            raise ConnectError(
-                Code.INTERNAL, "the service failed to answer this call; its log has the error"
-            ) from None
+            raise ConnectError(Code.INTERNAL, _INTERNAL) from None
         self._calls.labels(method, "ok").inc()
         return out
 
@@ -348,11 +346,25 @@ class ServiceApp(ConnectASGIApplication[H]):
         return f"/{self._service_name}"
 
 
+#: The status of an exception a handler let escape: nothing of it reaches the caller.
+_INTERNAL = "the service failed to answer this call; its log has the error"
+
+
 def _drop_ctx(
     fn: Callable[[Any], Awaitable[Any]],
 ) -> Callable[[Any, RequestContext[Any, Any]], Awaitable[Any]]:
+    """A unary handler as connectrpc calls it; an escaped exception is ``INTERNAL``, logged."""
+
     async def call(req: Any, ctx: RequestContext[Any, Any]) -> Any:
-        return await fn(req)
+        try:
+            return await fn(req)
+        except ConnectError:
+            raise
+        except ServiceError as e:
+            raise status_error(e) from None
+        except Exception:
+            log.exception("%s failed", getattr(fn, "__name__", "a call"))
+            raise ConnectError(Code.INTERNAL, _INTERNAL) from None
 
     return call
 
@@ -360,8 +372,24 @@ def _drop_ctx(
 def _drop_ctx_stream(
     fn: Callable[[Any], AsyncIterator[Any]],
 ) -> Callable[[Any, RequestContext[Any, Any]], AsyncIterator[Any]]:
-    def call(req: Any, ctx: RequestContext[Any, Any]) -> AsyncIterator[Any]:
-        return fn(req)
+    """A streaming handler as connectrpc calls it; an escaped exception ends it ``INTERNAL``."""
+
+    async def call(req: Any, ctx: RequestContext[Any, Any]) -> AsyncIterator[Any]:
+        stream = fn(req)
+        try:
+            async for item in stream:
+                yield item
+        except ConnectError:
+            raise
+        except ServiceError as e:
+            raise status_error(e) from None
+        except Exception:
+            log.exception("%s failed", getattr(fn, "__name__", "a stream"))
+            raise ConnectError(Code.INTERNAL, _INTERNAL) from None
+        finally:  # the handler's own cleanup (unsubscribing) runs now, not when collected
+            close = getattr(stream, "aclose", None)
+            if close is not None:
+                await close()
 
     return call
 

@@ -42,7 +42,7 @@ from svc.gateway.app import GatewayServer
 from svc.gateway.service import GatewayService
 from svc.gateway.settings import GatewaySettings
 from svc.pdp import Engine, Server
-from svc.pdp.feeds import ServerFeeds
+from svc.pdp.feeds import FeedHealth, ServerFeeds
 from svc.pdp.follower import Follower
 from svc.pdp.server import StandaloneOptions, serve_bundle
 from svc.policy.app import PolicyServer
@@ -501,3 +501,41 @@ def test_the_gateways_bound_must_exceed_its_polls() -> None:
         GatewaySettings(containments_file="contained.json", feed_max_staleness_secs=1)
     # Feeds not followed do not bound it.
     assert GatewaySettings(feed_max_staleness_secs=1).feed_max_staleness_secs == 1
+
+
+def test_one_error_line_per_distinct_failure_and_staleness_by_the_clock(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``FeedHealth`` on its own, with a clock the test moves: what the gateway's probes read."""
+    caplog.set_level(logging.INFO, logger="svc.feeds")
+    now = [100.0]
+    health = FeedHealth(10.0, component="svc-test", clock=lambda: now[0])
+    health.started("apps")
+    assert health.stale() == [] and health.readiness_reasons() == []
+    now[0] += 10.5  # never synced: counted from its start
+    assert [f["feed"] for f in health.stale()] == ["apps"]
+    assert "last success never" in health.readiness_reasons()[0]
+
+    health.synced("apps", 7)
+    for _ in range(5):
+        health.failed("apps", "HTTP 500: boom", "the list")
+    health.failed("apps", "HTTP 503: " + "x" * 1000, "the list")
+    (report,) = health.report()
+    assert report["errors"] == 6 and report["version"] == 7 and not report["stale"]
+    assert len(report["last_error"]) == 300 and report["last_error"].endswith("...")
+    lines = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(lines) == 2  # one per distinct failure, not one per retry
+    assert lines[0].startswith("svc-test: feed apps cannot apply the list: HTTP 500: boom")
+    assert "(version 7)" in lines[0]
+
+    now[0] += 10.5
+    (reason,) = health.readiness_reasons()
+    assert reason.startswith("feed `apps` is stale: no successful sync for 10.5 s (bound 10 s")
+    health.synced("apps", 8)
+    assert health.stale() == []
+    assert any(
+        "feed apps syncs again at version 8 after 6 failures" in r.getMessage()
+        for r in caplog.records
+    )
+    health.failed("apps", "HTTP 500: boom", "the list")  # the same failure after a recovery
+    assert len([r for r in caplog.records if r.levelno == logging.ERROR]) == 3

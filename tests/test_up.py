@@ -359,8 +359,10 @@ def test_the_decision_point_follows_the_challenge_services_containments(demo_up:
     with grpc.insecure_channel(demo_up.challenge.removeprefix("http://")) as channel:
         stub = pb_grpc.ChallengeServiceStub(channel)
         listed = stub.ListContainments(pb.ListContainmentsRequest(), metadata=md, timeout=30)
+        # Recorded under the caller that contained them (svc up's operator token), never the
+        # request's `author` (docs/auth.md#who-made-a-change).
         assert [(c.principal.id, c.author) for c in listed.containments] == [
-            (u, "svc-up-demo") for u in co.contained
+            (u, "svc-local") for u in co.contained
         ]
         assert all(contained(u) for u in co.contained)
         wait_until(lambda: answer(reader.user_name)["verdict"] == "allow", timeout=30)

@@ -234,7 +234,8 @@ def provision_context(
     )
 
 
-#: ``author`` of the demo's containments (the challenge service records who contained).
+#: ``author`` the demo's ``Contain`` requests name; the challenge service records the caller
+#: instead when it checks tokens (svc up's operator, ``svc-local``; docs/auth.md).
 CONTAIN_AUTHOR = "svc-up-demo"
 
 

@@ -12,7 +12,7 @@ The Connect routes have no OpenAPI document of their own; ``connect_document`` w
 the proto descriptors (the request message's fields as protobuf's JSON mapping names them).
 Intake and history have their own runs (tests/test_intake.py, tests/test_history.py).
 
-Budget: ``SVC_HARDENING_FUZZ_EXAMPLES`` (default 5) examples per operation and phase, so the
+Budget: ``SVC_HARDENING_FUZZ_EXAMPLES`` (default 10) examples per operation and phase, so the
 file runs in a few minutes on two cores; raise it for a longer run.
 """
 
@@ -49,7 +49,7 @@ from svc.policy.transport import SERVICE_NAME as POLICY
 from svc.policy.transport import PolicyMetrics
 from svc.policy.v1 import policy_pb2
 
-EXAMPLES = int(os.environ.get("SVC_HARDENING_FUZZ_EXAMPLES", "5"))
+EXAMPLES = int(os.environ.get("SVC_HARDENING_FUZZ_EXAMPLES", "10"))
 FUZZ = settings(apifuzz.FUZZ_SETTINGS, max_examples=EXAMPLES)
 CALLER = "svc-fuzz-admin"
 

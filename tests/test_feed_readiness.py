@@ -162,6 +162,7 @@ def test_a_broken_resources_feed_makes_the_decision_point_unready_until_it_heals
     context: tuple[Live, Breaker], tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="svc.feeds")
+    caplog.set_level(logging.INFO, logger="svc.pdp.context")
     live, breaker = context
     create_user(live, "dana@example.com", **{ENTERPRISE: {"department": "eng"}})
     put_docs(live, ("plan", "eng", "internal"))
@@ -237,6 +238,12 @@ def test_a_broken_resources_feed_makes_the_decision_point_unready_until_it_heals
         (line,) = _errors_logged(caplog, "resources")
         assert f"the resources changes after version {before}" in line
         assert "HTTP 500" in line
+        retries = [
+            r
+            for r in caplog.records
+            if r.name == "svc.pdp.context" and "/v1/resources/changes: HTTP 500" in r.getMessage()
+        ]
+        assert len(retries) == 1  # the reconnect policy's line too, once per window
 
         # Healed: the change is applied, the document is denied, and the process is ready.
         breaker.broken.clear()

@@ -50,11 +50,13 @@ from svc._pdp_core import Engine, RequestError, Server
 from svc.challenge.v1 import challenge_pb2 as pb
 from svc.challenge.v1 import challenge_pb2_grpc as pb_grpc
 from svc.common.retry import Reconnect
-from svc.pdp.feeds import FeedReporter
+from svc.pdp.feeds import FeedReporter, RepeatedRetries
 
 __all__ = ["ContainmentFollower", "ContainmentStatus", "follow_containments"]
 
 log = logging.getLogger("svc.pdp.containments")
+#: A feed failing the same way logs its reconnects once per window (``svc.pdp.feeds``).
+log.addFilter(RepeatedRetries())
 
 #: The feed's name in readiness, metrics and logs (``svc.pdp.feeds``).
 FEED = "containments"

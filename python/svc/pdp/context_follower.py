@@ -83,11 +83,13 @@ import httpx
 from svc._pdp_core import Engine, RequestError, Server
 from svc.common.auth import LocalIssuer
 from svc.common.retry import Reconnect
-from svc.pdp.feeds import FeedReporter
+from svc.pdp.feeds import FeedReporter, RepeatedRetries
 
 __all__ = ["BearerToken", "ContextFollower", "ContextStatus", "follow_context"]
 
 log = logging.getLogger("svc.pdp.context")
+#: A feed failing the same way logs its reconnects once per window (``svc.pdp.feeds``).
+log.addFilter(RepeatedRetries())
 
 #: The principal kinds of the snapshot that are Cedar entities of the store.
 ENTITY_KINDS = ("Human", "Group")

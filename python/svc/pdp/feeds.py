@@ -53,6 +53,7 @@ __all__ = [
     "FeedHealth",
     "FeedReporter",
     "FeedState",
+    "RepeatedRetries",
     "ServerFeeds",
     "bounded",
 ]
@@ -71,6 +72,52 @@ def bounded(text: str, limit: int = MAX_ERROR_TEXT) -> str:
     """`text` on one line, cut to `limit` characters (``...`` marks a cut)."""
     one = " ".join(text.split())
     return one if len(one) <= limit else one[: limit - 3] + "..."
+
+
+class RepeatedRetries(logging.Filter):
+    """Drops a reconnect line (``svc.common.retry.Reconnect``'s) that repeats a recent one.
+
+    ``Reconnect`` logs one WARNING per failed attempt, ``<what>: <error>; reconnecting in <s>
+    s``; a feed that fails the same way for hours would write one every backoff ceiling (10 s).
+    Its ERROR line (``FeedReporter.failed``), ``/readyz`` and the metrics say it already, so
+    the same ``<what>: <error>`` on the same logger is let through once per `window_secs`
+    (a reminder that it still fails); other lines pass untouched. Thread-safe; the followers'
+    loggers carry one (``svc.pdp.context``, ``svc.pdp.follower``, ``svc.pdp.containments``).
+
+    Args:
+        window_secs: how long a repeat is dropped after the line it repeats, seconds.
+        clock: the monotonic clock (``time.monotonic``; tests).
+
+    """
+
+    def __init__(self, window_secs: float = 300.0, clock: Any = time.monotonic) -> None:
+        super().__init__()
+        self.window_secs = window_secs
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._seen: dict[tuple[str, str], float] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """False for a reconnect line whose logger, target and error passed within the window."""
+        msg = record.msg
+        args = record.args
+        if not (
+            isinstance(msg, str)
+            and msg.endswith("; reconnecting in %.1f s")
+            and isinstance(args, tuple)
+            and len(args) == 3
+        ):
+            return True
+        key = (record.name, f"{args[0]}: {args[1]}")
+        now = self._clock()
+        with self._lock:
+            last = self._seen.get(key)
+            if last is not None and now - last < self.window_secs:
+                return False
+            if len(self._seen) >= 1024:  # a bound on distinct failures remembered
+                self._seen.clear()
+            self._seen[key] = now
+        return True
 
 
 class FeedReporter:

@@ -30,7 +30,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from svc._pdp_core import BundleError, Engine, RequestError, Server
 from svc.common.retry import Reconnect
-from svc.pdp.feeds import FeedReporter
+from svc.pdp.feeds import FeedReporter, RepeatedRetries
 from svc.policy import signing
 from svc.policy.v1 import policy_pb2 as pb
 from svc.policy.v1 import policy_pb2_grpc as pb_grpc
@@ -40,6 +40,8 @@ __all__ = ["CHANNEL_OPTIONS", "Follower", "FollowerStatus", "bundle_sources", "f
 
 
 log = logging.getLogger("svc.pdp.follower")
+#: A feed failing the same way logs its reconnects once per window (``svc.pdp.feeds``).
+log.addFilter(RepeatedRetries())
 
 
 class _StreamLost(Exception):

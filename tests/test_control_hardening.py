@@ -206,6 +206,18 @@ def write_routes(slot: str) -> dict[str, tuple[str, str, str]]:
     }
 
 
+#: Where the slot is an id or a name the decision point or the gateway matches: printable text.
+ID_SLOTS = frozenset(
+    {
+        "resources.id",
+        "resources.parents",
+        "work_items.links",
+        "trusted_apps",
+        "scim.user",
+        "scim.group",
+    }
+)
+
 #: Junk values (raw JSON) that every write route must refuse wherever they are put.
 JUNK: dict[str, str] = {
     **{f"surrogate{i}": s for i, s in enumerate(SURROGATES)},
@@ -230,6 +242,7 @@ def test_junk_to_every_write_route_leaves_every_feed_readable(
                 # Only what can be served back may be stored: a control character in free
                 # text (not an id) is valid JSON and valid Unicode.
                 assert junk_name == "control-chars", (route, junk_name, r.status_code)
+                assert route not in ID_SLOTS, (route, "an id with a control character")
                 stored.setdefault(junk_name, []).append(route)
                 continue
             assert_clean_refusal(r, sent=LONG if junk_name == "huge-900k" else "", ctx=route)

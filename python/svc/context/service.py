@@ -1066,12 +1066,16 @@ class ContextService:
 
         Raises:
             Problem: 400 ``invalid-batch`` naming every bad field (a name that is not
-                lowercase letters, digits and dashes; a JWKS URL that is not ``https://``).
+                lowercase letters, digits and dashes; a JWKS URL that is not ``https://``; a
+                control character or lone surrogate in ``iss``, ``jwks_url`` or ``aud``).
 
         """
         errors: list[FieldError] = []
         item = _validate(TrustedAppIn, raw, None, errors)
-        if item is None:
+        if item is not None:  # what the gateway compares tokens with: printable text only
+            for name in ("iss", "jwks_url", "aud"):
+                _check_ident(getattr(item, name), None, name, errors)
+        if item is None or errors:
             raise _bad_batch("trusted app", errors)
         with self.write() as tx:
             row = tx.session.get(TrustedAppRow, item.name)

@@ -446,6 +446,7 @@ def test_the_gateway_keeps_its_trusted_apps_and_says_the_feed_is_stale(
     context: tuple[Live, Breaker], caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="svc.feeds")
+    caplog.set_level(logging.INFO, logger="svc.gateway.feeds")
     live, breaker = context
     app = {
         "name": "ctxapp",
@@ -489,6 +490,8 @@ def test_the_gateway_keeps_its_trusted_apps_and_says_the_feed_is_stale(
             assert metric(text, "svc_gateway_feed_age_seconds", feed="trusted_apps") > BOUND_SECS
             (line,) = _errors_logged(caplog, "trusted_apps")
             assert "GET /v1/directory/trusted-apps" in line
+            retries = [r for r in caplog.records if r.name == "svc.gateway.feeds"]
+            assert len(retries) == 1 and "reconnecting" in retries[0].getMessage()
 
             breaker.broken.clear()
             wait_until(lambda: http.get("/readyz").status_code == 200, timeout=60)

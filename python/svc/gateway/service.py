@@ -53,7 +53,7 @@ from svc.common.retry import Reconnect
 from svc.gateway.relay import Relay, RelayTagging, UpstreamRelays, event_data, event_lines
 from svc.gateway.settings import GatewaySettings, ToolMapping, Upstream, read_token_file
 from svc.gateway.tokens import AgentIdentity, TrustedApps, parse_trusted_apps
-from svc.pdp.feeds import FeedHealth
+from svc.pdp.feeds import FeedHealth, RepeatedRetries
 
 __all__ = [
     "CALL",
@@ -75,6 +75,9 @@ __all__ = [
 ]
 
 log = logging.getLogger("svc.gateway")
+#: The feeds' reconnect lines; one that repeats the same failure is written once per window.
+feed_log = logging.getLogger("svc.gateway.feeds")
+feed_log.addFilter(RepeatedRetries())
 
 #: The action checked on the tool itself, and the entity type of tools (docs/gateway.md).
 CALL = "call"
@@ -2049,7 +2052,7 @@ class GatewayService:
         token = _token_reader(s.context_token_file, "context service")
         reconnect = Reconnect(
             "trusted apps (the last list stays)",
-            log,
+            feed_log,
             initial_secs=min(0.2, s.trust_refresh_secs),
             max_secs=s.trust_refresh_secs,
             retry_on=(httpx.HTTPError, OSError, ValueError),
@@ -2106,7 +2109,7 @@ class GatewayService:
         s = self.settings
         reconnect = Reconnect(
             "outage tiers (the last ones stay)",
-            log,
+            feed_log,
             initial_secs=min(0.2, s.fallback_refresh_secs),
             max_secs=s.fallback_refresh_secs,
         )

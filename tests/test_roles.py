@@ -590,6 +590,13 @@ def test_the_portal_client_names_who_it_acts_for(
         assert got.fallback.author == f"ana via {SUBJECTS[Role.PORTAL]}"
     finally:
         pol.close()
+    token = _token(issuer, Role.PORTAL, "svc-context")
+    for bad in ("%00", "x" * 257, "%20"):
+        r = context.get(
+            "/v1/directory/people",
+            headers={"authorization": f"Bearer {token}", PERSON_HEADER: bad},
+        )
+        assert r.status_code == 401 and "must name a person" in r.json()["detail"], bad
 
 
 def _read(rel: str) -> str:

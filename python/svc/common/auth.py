@@ -538,7 +538,7 @@ class Verifier:
                 f"caller `{_quoted_sub(caller.sub)}` has the role `{caller.role}`; only the "
                 f"portal may act for a person (`{PERSON_HEADER}`, docs/auth.md)",
             )
-        name = unquote(person.strip())
+        name = unquote(person).strip()
         if not name or len(name) > MAX_PERSON_CHARS or not name.isprintable():
             raise AuthError(
                 401,

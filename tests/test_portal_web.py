@@ -10,7 +10,9 @@ tests/test_challenge_page.py does) signs people in at the provider's form.
 Covered: a security admin signs in, finds a decision, reads its explanation (the deciding
 policy's source), contains a person from their page and the decision point denies them; an
 auditor sees decisions but the containment controls are disabled with the reason; an approver
-approves a pending challenge and the waiting agent's retry passes; the persisted-operations
+approves a pending challenge and the waiting agent's retry passes; a draft with a syntax error
+shows it under its line, and the fixed draft's diff is shown and it is published with a
+confirmation (an auditor may not save or publish); the persisted-operations
 rule (an operation of the app's by hash runs, any other text is refused) and the static files
 with the SPA fallback. Every page is checked with axe-core (no serious or critical violation)
 at 1280 and 390 px, and its screenshot compared with docs/images/portal-*.png the way the
@@ -164,6 +166,16 @@ def both(page: Page, name: str) -> None:
     page.set_viewport_size(size)
 
 
+def activate_the_bundle(world: World) -> int:
+    """The decision point's bundle made active at the policy service (once): explanations
+    show its text and drafts start from it. Returns the active version."""
+    policy = world.policy.service
+    if not policy.active_version():
+        files = {"schema.cedarschema": SCHEMA, "policies.cedar": POLICIES}
+        policy.publish(policy.create_draft(files, "ana").version, "ana")
+    return int(policy.active_version())
+
+
 def test_persisted_operations_only_and_the_spa_fallback(world: World) -> None:
     ana = world.sign_in("ana")
     manifest = json.loads((WEB_DIR / MANIFEST).read_text())
@@ -200,10 +212,7 @@ def test_a_security_admin_explains_a_decision_and_contains_a_person(
     cy = {"type": "Human", "id": "cy"}
     doc = {"type": "Document", "id": "plan"}
     assert world.check(cy, "read", doc)["verdict"] == "deny"
-    # The decision point's bundle, active at the policy service: explanations show its text.
-    policy = world.policy.service
-    files = {"schema.cedarschema": SCHEMA, "policies.cedar": POLICIES}
-    policy.publish(policy.create_draft(files, "ana").version, "ana")
+    activate_the_bundle(world)
     page = person(world, browser, "ana")
     # The access checks just made for ana are decisions of the portal-security-team policy.
     page.click("nav >> text=Decisions")
@@ -268,6 +277,14 @@ def test_an_auditor_sees_decisions_but_cannot_contain(world: World, browser: Bro
     assert "may not administer" in (button.get_attribute("title") or "")
     assert page.locator(".why:has-text('Not allowed')").count() == 1
     axe(page)
+    # Policies: viewed, but neither saved nor published.
+    activate_the_bundle(world)
+    page.goto(world.portal.url + "/policies/draft")
+    save = page.locator("button:has-text('Validate and save the draft')")
+    save.wait_for()
+    assert save.is_disabled()
+    assert "may not administer" in (save.get_attribute("title") or "")
+    axe(page)
     page.context.close()
 
 
@@ -313,4 +330,44 @@ def test_an_approver_approves_a_pending_challenge(world: World, browser: Browser
     assert waited.get("outcome") == "passed" and waited.get("retry") is True, waited
     after = world.check(agent, "write", doc)
     assert after["verdict"] == "allow" and "svc:challenge_passed" in after["policies"]
+    page.context.close()
+
+
+def test_a_draft_with_a_syntax_error_shows_it_at_its_line_and_a_fixed_one_is_published(
+    world: World, browser: Browser
+) -> None:
+    active = activate_the_bundle(world)
+    page = person(world, browser, "ana")
+    page.click("nav >> text=Policies")
+    page.wait_for_selector("#install-mode")
+    page.wait_for_selector(f"a:has-text('v{active}')")
+    both(page, "policies")
+    page.click("text=Edit a new draft")
+    page.click("[aria-label=Files] >> text=policies.cedar")
+    broken = "permit (principal, action, resource) when { principal. };"
+    text = POLICIES + "\n" + broken + "\n"
+    line = text.split("\n").index(broken) + 1
+    page.locator("textarea.editor").fill(text)
+    page.click("button:has-text('Validate and save the draft')")
+    invalid = page.locator("#problems pre.cedar .line.invalid")
+    invalid.first.wait_for()
+    assert invalid.first.locator(".ln").inner_text() == str(line)
+    note = page.locator("#problems .note").first.inner_text()
+    assert f"line {line}, column" in note, note
+    assert world.policy.service.active_version() == active
+    invalid.first.scroll_into_view_if_needed()
+    both(page, "policy-problems")
+    page.locator("textarea.editor").fill(POLICIES + "\n// reviewed in the portal\n")
+    page.get_by_label("Comment").fill("reviewed")
+    page.click("button:has-text('Validate and save the draft')")
+    page.wait_for_selector("h2:has-text('Difference from the active bundle')")
+    page.wait_for_selector("pre.diff .add:has-text('+// reviewed in the portal')")
+    version = int(page.url.rsplit("/", 1)[1])
+    assert version > active
+    page.locator("#diff-h").scroll_into_view_if_needed()
+    both(page, "policy-bundle")
+    page.click(f"button:has-text('Publish v{version}')")
+    page.click(f"button:has-text('Confirm: publish v{version}')")
+    page.wait_for_selector("#active-note")
+    assert world.policy.service.active_version() == version
     page.context.close()

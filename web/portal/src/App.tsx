@@ -6,6 +6,7 @@ import { graphql } from "./gql";
 import { ChallengesPage } from "./pages/Challenges";
 import { DecisionPage } from "./pages/Decision";
 import { DecisionsPage } from "./pages/Decisions";
+import { BundlePage, DraftPage, PoliciesPage } from "./pages/Policies";
 import { PrincipalPage } from "./pages/Principal";
 import { AccessContext, ErrorBox, Loading, type Access } from "./ui";
 
@@ -18,6 +19,7 @@ const AccessQuery = graphql(`
 
 const NAV: { to: string; label: string; area: string; own?: boolean }[] = [
   { to: "/decisions", label: "Decisions", area: "decisions" },
+  { to: "/policies", label: "Policies", area: "policies" },
   { to: "/challenges", label: "Challenges", area: "challenges", own: true },
 ];
 
@@ -79,6 +81,9 @@ export function App() {
           <Route path="/decisions" element={<DecisionsPage />} />
           <Route path="/decisions/:qid" element={<DecisionPage />} />
           <Route path="/principals/:type/:id" element={<PrincipalPage />} />
+          <Route path="/policies" element={<PoliciesPage />} />
+          <Route path="/policies/draft" element={<DraftPage />} />
+          <Route path="/policies/:version" element={<BundlePage />} />
           <Route path="/challenges" element={<ChallengesPage />} />
           <Route path="*" element={<NotFound />} />
         </Routes>

@@ -23,27 +23,50 @@ function tokens(line: string): ReactNode[] {
   return out;
 }
 
+/** A validation problem at a line and column (1-based) of the source. */
+export interface Note {
+  line: number;
+  column: number;
+  message: string;
+}
+
 export function CedarSource({
   text,
   marked,
   label,
+  notes = [],
 }: {
   text: string;
   marked?: Set<number>;
   label: string;
+  notes?: Note[];
 }) {
   const lines = text.replace(/\n$/, "").split("\n");
   return (
     <div className="scroll" tabIndex={0} role="region" aria-label={label}>
       <pre className="cedar">
-        {lines.map((l, i) => (
-          <div key={i} className={marked?.has(i + 1) ? "line marked" : "line"}>
-            <span className="ln" aria-hidden="true">
-              {i + 1}
-            </span>
-            <code>{tokens(l)}</code>
-          </div>
-        ))}
+        {lines.map((l, i) => {
+          const here = notes.filter((n) => n.line === i + 1);
+          return (
+            <div key={i}>
+              <div className={here.length ? "line invalid" : marked?.has(i + 1) ? "line marked" : "line"}>
+                <span className="ln" aria-hidden="true">
+                  {i + 1}
+                </span>
+                <code>{tokens(l)}</code>
+              </div>
+              {here.map((n, k) => (
+                <div key={k} className="note" role="note">
+                  <span className="ln" aria-hidden="true" />
+                  <span>
+                    <span className="caret" aria-hidden="true">{" ".repeat(Math.max(0, n.column - 1))}^</span>
+                    {` line ${n.line}, column ${n.column}: ${n.message}`}
+                  </span>
+                </div>
+              ))}
+            </div>
+          );
+        })}
       </pre>
     </div>
   );

@@ -34,9 +34,8 @@ import itertools
 import json
 import logging
 import math
-import socket
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -551,10 +550,7 @@ def _release(transport: Any, held: bool) -> None:
 
 
 async def _answer(send: Send, session_id: str, body: dict[str, Any], status: int = 200) -> None:
-    """An ``application/json`` response with one JSON-RPC message (no session: ``""``).
-
-    Its head and body leave in one TCP segment (``_corked``).
-    """
+    """An ``application/json`` response with one JSON-RPC message (no session: ``""``)."""
     data = json.dumps(body, separators=(",", ":")).encode()
     headers = [
         (b"content-type", b"application/json"),
@@ -562,43 +558,8 @@ async def _answer(send: Send, session_id: str, body: dict[str, Any], status: int
     ]
     if session_id:
         headers.append((b"mcp-session-id", session_id.encode()))
-    with _corked(send):
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": data})
-
-
-@contextlib.contextmanager
-def _corked(send: Send) -> Iterator[None]:
-    """Holds a response's writes on the agent's connection until the block ends, then sends them.
-
-    uvicorn's HTTP/1.1 protocol writes a response's head as soon as ``http.response.start``
-    comes and its body with ``http.response.body``: two writes, and with ``TCP_NODELAY`` (set
-    on every asyncio TCP transport) two segments, so the agent's client wakes for the head,
-    finds no body and sleeps again until the second segment comes (docs/gateway.md#fast-path:
-    a few tenths of a millisecond a call on a busy 2-core machine, more on an idle one, where a
-    wake-up costs most). ``TCP_CORK`` (Linux, tcp(7)) keeps partial segments back until it is
-    cleared, so head and body leave together. The socket is uvicorn's (the server ``svc
-    gateway`` runs, ``svc.common.connect.serve_asgi``), found through the ASGI ``send`` it
-    passes (a method of its request cycle, whose ``transport`` is the connection's); under
-    another server, or where the option is missing, the writes go out as before.
-    """
-    cork = getattr(socket, "TCP_CORK", None)
-    transport = getattr(getattr(send, "__self__", None), "transport", None)
-    sock = None
-    if cork is not None and transport is not None:
-        with contextlib.suppress(Exception):  # another transport: no socket to cork
-            sock = transport.get_extra_info("socket")
-    if sock is not None:
-        try:
-            sock.setsockopt(socket.IPPROTO_TCP, cork, 1)
-        except OSError:  # not a TCP socket (a test's transport): sent as it comes
-            sock = None
-    try:
-        yield
-    finally:
-        if sock is not None:
-            with contextlib.suppress(OSError):  # the agent hung up: nothing left to send
-                sock.setsockopt(socket.IPPROTO_TCP, cork, 0)
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": data})
 
 
 async def _events_end(send: Send, session_id: str) -> None:

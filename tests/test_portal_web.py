@@ -12,7 +12,9 @@ policy's source), contains a person from their page and the decision point denie
 auditor sees decisions but the containment controls are disabled with the reason; an approver
 approves a pending challenge and the waiting agent's retry passes; a draft with a syntax error
 shows it under its line, and the fixed draft's diff is shown and it is published with a
-confirmation (an auditor may not save or publish); the persisted-operations
+confirmation (an auditor may not save or publish); the overview and the containments page show
+a containment; the directory lists people, a trusted app and its agent (an auditor may not
+trust an app); the assistant without a model says so; the persisted-operations
 rule (an operation of the app's by hash runs, any other text is refused) and the static files
 with the SPA fallback. Every page is checked with axe-core (no serious or critical violation)
 at 1280 and 390 px, and its screenshot compared with docs/images/portal-*.png the way the
@@ -251,6 +253,16 @@ def test_a_security_admin_explains_a_decision_and_contains_a_person(
         ),
     )
     assert denied
+    # The overview and the containments page list it.
+    page.click("nav >> text=Overview")
+    page.wait_for_selector(
+        "section[aria-label='Active containments'] li:has-text('a stolen laptop')"
+    )
+    both(page, "overview")
+    page.click("nav >> text=Containments")
+    page.wait_for_selector("td:has-text('a stolen laptop')")
+    both(page, "containments")
+    page.goto(world.portal.url + "/principals/Human/cy")
     page.click("button:has-text('Lift containment')")
     page.click("button:has-text('Confirm: lift')")
     page.wait_for_selector("#containment-state:has-text('Not contained')")
@@ -370,4 +382,36 @@ def test_a_draft_with_a_syntax_error_shows_it_at_its_line_and_a_fixed_one_is_pub
     page.click(f"button:has-text('Confirm: publish v{version}')")
     page.wait_for_selector("#active-note")
     assert world.policy.service.active_version() == version
+    page.context.close()
+
+
+def test_the_directory_investigations_and_the_assistant_for_an_auditor(
+    world: World, browser: Browser
+) -> None:
+    r = world.context.http.post(
+        "/v1/service-accounts",
+        json={"service_accounts": [{"id": "copilot.helper", "owner": "dee", "ai": True}]},
+    )
+    assert r.status_code == 200, r.text
+    page = person(world, browser, "bo")
+    page.click("nav >> text=Directory")
+    page.wait_for_selector("#people-h")
+    for name in ("ana", "bo", "cy", "dee"):
+        assert page.locator(f"[aria-label=People] a:has-text('{name}')").count() == 1
+    assert page.locator("[aria-label='Trusted apps'] td:text-is('copilot')").count() == 1
+    agent = page.locator("[aria-label='Service accounts'] tr:has(a:text-is('copilot.helper'))")
+    assert agent.locator("a:text-is('dee')").count() == 1
+    trust = page.locator("button:has-text('Trust')").last
+    assert trust.is_disabled() and "may not administer" in (trust.get_attribute("title") or "")
+    both(page, "directory")
+    page.click("nav >> text=Investigations")
+    page.wait_for_selector("#inv-h ~ .empty, li.card")
+    both(page, "investigations")
+    # No model is configured here: the question is refused with what to do next.
+    page.click("nav >> text=Assistant")
+    page.get_by_label("Question").fill("Who was denied most today?")
+    page.click("button:has-text('Ask')")
+    page.wait_for_selector("[role=alert]")
+    assert "does not answer" in page.locator("[role=alert]").inner_text()
+    both(page, "assistant")
     page.context.close()

@@ -3,7 +3,12 @@ import { useQuery } from "@tanstack/react-query";
 import { NavLink, Route, Routes } from "react-router-dom";
 import { gql, loadSession, signOut } from "./api";
 import { graphql } from "./gql";
+import { AssistantPage } from "./pages/Assistant";
 import { ChallengesPage } from "./pages/Challenges";
+import { ContainmentsPage } from "./pages/Containments";
+import { DirectoryPage } from "./pages/Directory";
+import { InvestigationsPage } from "./pages/Investigations";
+import { OverviewPage } from "./pages/Overview";
 import { DecisionPage } from "./pages/Decision";
 import { DecisionsPage } from "./pages/Decisions";
 import { BundlePage, DraftPage, PoliciesPage } from "./pages/Policies";
@@ -18,9 +23,14 @@ const AccessQuery = graphql(`
 `);
 
 const NAV: { to: string; label: string; area: string; own?: boolean }[] = [
+  { to: "/overview", label: "Overview", area: "decisions" },
   { to: "/decisions", label: "Decisions", area: "decisions" },
   { to: "/policies", label: "Policies", area: "policies" },
   { to: "/challenges", label: "Challenges", area: "challenges", own: true },
+  { to: "/containments", label: "Containments", area: "containments" },
+  { to: "/investigations", label: "Investigations", area: "investigations" },
+  { to: "/directory", label: "Directory", area: "directory" },
+  { to: "/assistant", label: "Assistant", area: "assistant" },
 ];
 
 export function App() {
@@ -77,7 +87,12 @@ export function App() {
       </header>
       <main id="main" tabIndex={-1}>
         <Routes>
-          <Route path="/" element={access.decisions?.view ? <DecisionsPage /> : <ChallengesPage />} />
+          <Route path="/" element={access.decisions?.view ? <OverviewPage /> : <ChallengesPage />} />
+          <Route path="/overview" element={<OverviewPage />} />
+          <Route path="/containments" element={<ContainmentsPage />} />
+          <Route path="/investigations" element={<InvestigationsPage />} />
+          <Route path="/directory" element={<DirectoryPage />} />
+          <Route path="/assistant" element={<AssistantPage />} />
           <Route path="/decisions" element={<DecisionsPage />} />
           <Route path="/decisions/:qid" element={<DecisionPage />} />
           <Route path="/principals/:type/:id" element={<PrincipalPage />} />

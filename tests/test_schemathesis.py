@@ -162,7 +162,14 @@ def message_schema(d: Descriptor, depth: int = 0) -> dict[str, Any]:
                 continue
             one = message_schema(entry, depth + 1) if depth < 4 else {"type": "object"}
         elif f.type == FieldDescriptor.TYPE_ENUM:
-            one = {"type": "string", "enum": [v.name for v in f.enum_type.values]}
+            # A name or a number (protobuf's JSON mapping); Python's parser also reads a JSON
+            # boolean as 0 or 1 here, as bool is an int in Python.
+            one = {
+                "anyOf": [
+                    {"type": "string", "enum": [v.name for v in f.enum_type.values]},
+                    {"type": ["integer", "boolean"]},
+                ]
+            }
         else:
             one = _SCALARS.get(f.type, {})
         repeated = f.is_repeated

@@ -9,7 +9,10 @@ runs them (without the services around them, whose calls do not grow with the hi
 
 * ``settle``: the rollups of the days changed since the last cycle compared with the raw rows
   read with ``FINAL`` (the first cycle: every day; the second: today, after a new batch);
-* ``read``: ``read_days`` and ``read_sets`` (the aggregate queries over the rollups);
+* ``read``: ``read_days`` and ``read_sets`` (the aggregate queries over the rollups), and
+  ``read_rare_resources`` (the distinct principal-resource pairs of the raw rows, counted per
+  peer group); ``total_without_rare_secs`` is the cycle of the previous design (no rare
+  resources), measured in the same run;
 * ``score``: ``score_window`` over every principal, peers by department or app;
 * ``gate``: the containment gate for every principal.
 
@@ -29,7 +32,7 @@ from datetime import UTC, datetime, timedelta
 from svc import history
 from svc.history import rollups
 from svc.reasoner.gate import evaluate
-from svc.reasoner.scoring import Directory, Model, score_window
+from svc.reasoner.scoring import Directory, Model, peer_groups, score_window
 
 _DECISIONS = """
 INSERT INTO decisions (qid, at, call, transport, principal_type, principal_id,
@@ -115,16 +118,38 @@ def cycle(
     t1 = time.perf_counter()
     sets = rollups.read_sets(client, first, today, today - timedelta(days=model.recent_days - 1))  # type: ignore[arg-type]
     out["read_sets_secs"] = time.perf_counter() - t1
+    t1 = time.perf_counter()
+    recent = today - timedelta(days=model.recent_days - 1)
+    rare = rollups.read_rare_resources(
+        client,  # type: ignore[arg-type]
+        first,
+        today,
+        recent,
+        peer_groups(rows, directory, model),
+    )
+    out["read_rare_secs"] = time.perf_counter() - t1
     out["read_secs"] = time.perf_counter() - t0
+    # The previous design, in the same run: scored without the rare resources' query.
     t0 = time.perf_counter()
-    scores = score_window(rows, sets, directory, model)
+    score_window(rows, sets, directory, model)
+    out["score_without_rare_secs"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    scores = score_window(rows, sets, directory, model, rare)
     out["score_secs"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     passed = sum(1 for s in scores if evaluate(s, rows.days).passed)
     out["gate_secs"] = time.perf_counter() - t0
     out["principals"] = len(scores)
+    out["principals_with_rare"] = len(rare)
     out["gate_passed"] = passed
     out["total_secs"] = out["settle_secs"] + out["read_secs"] + out["score_secs"] + out["gate_secs"]
+    out["total_without_rare_secs"] = (
+        out["settle_secs"]
+        + out["read_secs"]
+        - out["read_rare_secs"]
+        + out["score_without_rare_secs"]
+        + out["gate_secs"]
+    )
     out["principals_per_sec"] = len(scores) / out["total_secs"]
     return {k: round(v, 3) if isinstance(v, float) else v for k, v in out.items()}
 

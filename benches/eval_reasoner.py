@@ -31,7 +31,7 @@ from svc.demo import month as months
 from svc.history import rollups
 from svc.history.schema import MOVING_OUT_ACTIONS
 from svc.reasoner.gate import GateSettings, evaluate
-from svc.reasoner.scoring import Model, peers_from_snapshot, score_window
+from svc.reasoner.scoring import Model, peer_groups, peers_from_snapshot, score_window
 
 
 def _at(rec: dict[str, Any]) -> datetime:
@@ -82,7 +82,11 @@ def run_seed(client: Any, seed: int, args: argparse.Namespace) -> dict[str, Any]
         sets = rollups.read_sets(
             client, first, today, today - timedelta(days=model.recent_days - 1)
         )
-        scores = score_window(rows, sets, peers, model)
+        recent = today - timedelta(days=model.recent_days - 1)
+        rare = rollups.read_rare_resources(
+            client, first, today, recent, peer_groups(rows, peers, model)
+        )
+        scores = score_window(rows, sets, peers, model, rare)
         for sc in sorted(scores, key=lambda s: -s.score):
             if sc.principal in contained or sc.score == 0:
                 continue

@@ -611,6 +611,32 @@ def test_the_demo_company_s_month_has_its_two_stories_flagged(chdb_root: str) ->
     assert {s.principal for s in top} == passed
 
 
+def test_the_demo_month_is_the_same_whatever_the_weekday_it_ends_on() -> None:
+    """The backfilled month lays its weeks out as if it ended on a Friday: made to end on a
+    Tuesday it is the same records, shifted in time (so svc up's first scores do not depend on
+    the day it starts)."""
+    from collections import Counter
+
+    from svc.demo.backfill import company_month
+    from svc.demo.company import generate
+
+    def by_offset(m: months.Month) -> Counter[tuple[int, str, str]]:
+        def day(r: dict[str, Any]) -> int:
+            return (m.end - datetime.fromisoformat(r["at"].replace("Z", "+00:00")).date()).days
+
+        return Counter(
+            (day(r), r["principal"]["id"], r["action"]) for r in [*m.decisions, *m.events]
+        )
+
+    friday = company_month(generate(), end=datetime(2026, 11, 27).date())
+    tuesday = company_month(generate(), end=datetime(2026, 12, 1).date())
+    assert friday.end.weekday() == 4 and tuesday.end.weekday() == 1
+    assert by_offset(friday) == by_offset(tuesday)
+    assert [(s.name, s.principal) for s in friday.stories] == [
+        (s.name, s.principal) for s in tuesday.stories
+    ]
+
+
 def test_the_app_runs_a_cycle_at_start_and_serves_its_probes(
     tmp_path: Path,
     shared_history: tuple[str, Client],
@@ -739,3 +765,101 @@ def test_a_learning_principal_is_scored_against_peers_and_never_contained(
     assert sc.score >= 50
     gate = evaluate(sc, rows.days)
     assert not gate.passed and gate.reasons[0].startswith("learning")
+
+
+# -- a cycle asked of a running reasoner (svc reasoner cycle --data-dir) -------------------------
+
+
+def test_cycle_with_data_dir_asks_the_running_reasoner(
+    tmp_path: Path,
+    the_month: months.Month,
+    shared_history: tuple[str, Client],
+    context: Live,
+    challenge: ChallengeServer,
+    policy: PolicyServer,
+) -> None:
+    """`svc reasoner cycle --data-dir` reaches a served reasoner (as under svc up, which owns
+    the chDB directory) through POST /v1/cycles with the data directory's caller token: the
+    cycle's JSON comes back; no token, another audience, a bad body, a cycle running and a
+    reasoner without the lease each get their problem."""
+    from svc.common.auth import LocalIssuer
+    from svc.common.inprocess import serve_http
+    from svc.reasoner.settings import ReasonerAuthSettings
+
+    issuer = LocalIssuer(tmp_path / "issuer", issuer="https://issuer.test")
+    auth = ReasonerAuthSettings(
+        auth="jwt", auth_issuer=issuer.issuer, auth_jwks=issuer.jwks_url, auth_callers=["op"]
+    )
+    data_dir = tmp_path / "up"
+    data_dir.mkdir()
+    token = issuer.mint("op", ["svc-context", "svc-reasoner"], 600)
+    (data_dir / "caller.token").write_text(token + "\n", encoding="utf-8")
+    lease = f"file://{tmp_path / 'reasoner.lease'}"
+    r = reasoner(shared_history[1], context, challenge, policy, lease_url=lease, cycle_secs=3600)
+    port = tcp_listener("127.0.0.1", 0)
+    free = port.getsockname()[1]
+    port.close()
+    url = f"http://127.0.0.1:{free}"
+    with serve_http(create_app(r.settings, r, auth), "127.0.0.1", free, "reasoner"):
+        deadline = datetime.now(UTC) + timedelta(seconds=120)
+        while r.status.cycles["ok"] == 0 and datetime.now(UTC) < deadline:
+            threading.Event().wait(0.2)
+        assert r.status.cycles["ok"] == 1
+
+        at = datetime.now(UTC).replace(microsecond=0)
+        out = CliRunner().invoke(
+            cli_app,
+            [
+                "reasoner",
+                "cycle",
+                "--data-dir",
+                str(data_dir),
+                "--url",
+                url,
+                "--at",
+                at.isoformat(),
+            ],
+        )
+        assert out.exit_code == 0, out.output
+        result = json.loads(out.stdout)
+        assert result["at"] == at.isoformat()
+        assert {"scores", "contained", "would_contain", "investigations"} <= set(result)
+        scored = {(s["principal"]["type"], s["principal"]["id"]) for s in result["scores"]}
+        assert set(stories(the_month, "contain")) <= scored
+        assert r.status.cycles["ok"] == 2  # the loop's own counters saw it
+
+        with httpx.Client(base_url=url, timeout=60) as http:
+            assert http.post("/v1/cycles").status_code == 401
+            other_aud = issuer.mint("op", ["svc-context"], 600)
+            refused = http.post("/v1/cycles", headers={"authorization": f"Bearer {other_aud}"})
+            assert refused.status_code == 401
+            bearer = {"authorization": f"Bearer {token}"}
+            bad = http.post("/v1/cycles", json={"at": "yesterday", "x": 1}, headers=bearer)
+            assert bad.status_code == 400 and "`x`" in bad.json()["detail"]
+            bad = http.post("/v1/cycles", json={"at": "2026-11-20T10:00:00"}, headers=bearer)
+            assert bad.status_code == 400 and "offset" in bad.json()["detail"]
+            # While a cycle runs (this process's cycle lock held), a second is refused.
+            assert r._cycle_lock.acquire(timeout=60)
+            try:
+                busy = http.post("/v1/cycles", json={}, headers=bearer)
+            finally:
+                r._cycle_lock.release()
+            assert busy.status_code == 409, busy.text
+            assert busy.json()["type"] == "urn:svc:problem:cycle-running"
+
+        # A reasoner that does not hold the lease runs nothing and says so.
+        other = reasoner(shared_history[1], context, challenge, policy, lease_url=lease)
+        other_app = create_app(other.settings, other, auth)
+        with TestClient(other_app) as probe:
+            no = probe.post("/v1/cycles", json={}, headers={"authorization": f"Bearer {token}"})
+            assert no.status_code == 409 and no.json()["type"] == "urn:svc:problem:no-lease"
+
+    # The command names a reasoner that does not answer, and a directory without a token.
+    out = CliRunner().invoke(
+        cli_app, ["reasoner", "cycle", "--data-dir", str(data_dir), "--url", url]
+    )
+    assert out.exit_code == 1 and "does not answer" in out.output
+    out = CliRunner().invoke(
+        cli_app, ["reasoner", "cycle", "--data-dir", str(tmp_path / "nowhere"), "--url", url]
+    )
+    assert out.exit_code == 2 and "caller.token" in out.output

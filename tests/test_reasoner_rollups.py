@@ -78,7 +78,7 @@ def db(chdb_root: str) -> Client:
     client = history.connect(
         f"{chdb_root}?database=r_{uuid.uuid4().hex[:12]}", create_database=True
     )
-    assert history.migrate(client) == [1, 2, 3, 4]
+    assert history.migrate(client) == [m.version for m in schema.MIGRATIONS]
     return client
 
 
@@ -146,7 +146,7 @@ def test_migrating_a_database_with_history_fills_the_rollups_once(db: Client) ->
     # A run that died after its first statements, then the whole version again.
     for stmt in schema.MIGRATIONS[3].statements[:4]:
         fresh.command(stmt)
-    assert history.migrate(fresh) == [4]
+    assert history.migrate(fresh) == [m.version for m in schema.MIGRATIONS[3:]]
     day = rollup(fresh)[TODAY]
     assert (day["decisions"], day["denies"], day["events"], day["rows_read"]) == (3, 1, 1, 4)
 
@@ -218,6 +218,37 @@ def test_read_days_and_sets_give_a_window_per_principal(db: Client) -> None:
     assert sets.users["tools"]["crm.search"] == [("Human", "bob")]
     with pytest.raises(ValueError):
         rollups.read_days(db, TODAY, first)
+
+
+def test_rare_resources_are_counted_among_the_principal_s_peers(db: Client) -> None:
+    """A resource first touched on the recent days that fewer than 10% of the principal's peer
+    group touched in the window is rare; a peer of another group does not make it common."""
+    old = NOW - timedelta(days=12)
+    decs = [decision(at=old, resource=f"old{n}") for n in range(3)]  # alice's usual, unshared
+    decs += [decision(at=old, resource="shared")]
+    evs = [event(resource=f"new{n}", rtype="File") for n in range(4)]  # today, new to alice
+    evs.append(event(resource="shared", rtype="Document"))  # recent, but seen by a peer
+    decs += [decision(who=w, at=old, resource="shared") for w in ("bob", "carol", "dan")]
+    decs.append(decision(who="bob", at=old, resource="old0"))  # a peer used one of her olds
+    evs.append(event(who="erin", resource="new0", rtype="File"))  # another group's
+    history.store(db, "decisions", records("d", decs))
+    history.store(db, "events", records("e", evs))
+    first, recent = TODAY - timedelta(days=29), TODAY - timedelta(days=6)
+    groups = {("Human", w): ("department:Eng", 4) for w in ("alice", "bob", "carol", "dan")} | {
+        ("Human", "erin"): ("department:Ops", 1)
+    }
+    got = rollups.read_rare_resources(db, first, TODAY, recent, groups)
+    alice = got[("Human", "alice")]
+    # new0..new3 are new and no Eng peer touched them (erin is not a peer); "shared" is not
+    # new to her (her baseline had it); of her baseline resources old1 and old2 are rare
+    # (old0: bob, 1 of 4 peers = 25%; "shared": everyone).
+    assert (alice.new_rare, alice.new_unshared, alice.base_rare) == (4, 4, 2)
+    assert sorted(alice.examples) == [f"File::new{n}" for n in range(4)]
+    assert ("Human", "bob") not in got  # nothing new to him
+    assert got[("Human", "erin")].new_rare == 1  # alone in Ops: new0 is new and unshared
+    assert rollups.read_rare_resources(db, first, TODAY, recent, {}) == {}
+    with pytest.raises(ValueError):
+        rollups.read_rare_resources(db, first, TODAY, TODAY + timedelta(days=1), groups)
 
 
 def test_settle_refills_a_past_day_the_rollup_lacks_and_lets_today_be(db: Client) -> None:

@@ -5,7 +5,9 @@ Under ``svc up`` it is served in a thread of its own on ``port + 5`` with a SQLi
 service, approvers checked with the decision point, and the challenge page people answer on:
 signed single-use links (key ``<data_dir>/challenge-link.key``) and OpenID Connect sign-in at
 the demo identity provider (``svc.challenge.dev_idp``, registered by ``svc.demo.component``). No
-chat webhook: notifications stay in its outbox (docs/challenges.md). Under ``svc topology`` it
+chat webhook: notifications stay in its outbox (docs/challenges.md). How challenges end
+(rejected, expired, verification failed) is posted to the intake as audit events
+(``svc.challenge.audit``) with ``<data_dir>/intake.token``. Under ``svc topology`` it
 is ``svc challenge serve`` on its PostgreSQL database.
 """
 
@@ -14,10 +16,11 @@ from __future__ import annotations
 import os
 import secrets
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from pathlib import Path
 
 from svc.challenge.app import ChallengeServer
+from svc.challenge.audit import IntakeAudit
 from svc.challenge.directory import ContextDirectory
 from svc.challenge.pdp_client import ApproverCheck
 from svc.challenge.service import ChallengeService
@@ -85,10 +88,17 @@ def _start(rt: UpRuntime) -> Iterator[ChallengeServer]:
         oidc_username_claim="sub",
         pdp_url=rt.url("pdp"),
     )
+    # How challenges end goes to the intake as audit events (the reasoner's family c).
+    intake_token = d / "intake.token"
+    audit = IntakeAudit(
+        rt.url("intake"), lambda: intake_token.read_text(encoding="utf-8").strip() or None
+    ).start()
+    rt.enter(closing(audit))
     service = ChallengeService(
         settings,
         directory=ContextDirectory(rt.url("context"), rt.token(Role.CHALLENGE, "context", 600)),
         approvers=ApproverCheck(rt.url("pdp"), rt.token(Role.CHALLENGE, "pdp", 600)),
+        audit=audit.put,
     )
     try:
         server = ChallengeServer(

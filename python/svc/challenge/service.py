@@ -31,6 +31,7 @@ import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import uuid_utils
 import webauthn
@@ -356,6 +357,9 @@ class ChallengeService:
             (``svc.challenge.pdp_client``); default: an ``ApproverCheck`` over
             ``settings.pdp_url`` (token from ``pdp_token_file``) when set, else none (approvers
             are not checked).
+        audit: called with one intake event when a challenge is rejected, found expired, or
+            its verification fails (``svc.challenge.audit``;
+            docs/reasoner.md#challenges-that-failed); None: no such events.
 
     On construction the database is migrated (``svc.challenge.migrate``).
 
@@ -371,8 +375,10 @@ class ChallengeService:
         directory: Directory | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         approvers: ApproverCheck | None = None,
+        audit: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         self.settings = settings
+        self.audit = audit
         self.clock = clock
         if db is None:
             connect_args = (
@@ -423,6 +429,34 @@ class ChallengeService:
 
     def _notify(self) -> None:
         self._subscribers.notify()
+
+    def _outcome_event(self, row: ChallengeRow, action: str, at: datetime) -> dict[str, Any]:
+        """The intake event telling how `row` ended (``svc.challenge.audit``)."""
+        event: dict[str, Any] = {
+            "at": _must_utc(at).isoformat(),
+            "system": "svc-challenge",
+            "principal": {"type": row.principal_type, "id": row.principal_id},
+            "action": action,
+            "resource": {"type": row.resource_type, "id": row.resource_id},
+            "outcome": "failure",
+            "attributes": {
+                "challenge_qid": row.qid,
+                "decision_qid": row.last_decision_qid or row.decision_qid,
+                "kinds": ",".join(row.kinds),
+            },
+        }
+        if row.obo_type and row.obo_id and _base_type(row.principal_type) == "ServiceAccount":
+            event["on_behalf_of"] = {"type": row.obo_type, "id": row.obo_id}
+        return event
+
+    def _emit(self, event: dict[str, Any] | None) -> None:
+        """Hands `event` to the audit hook; a failing hook is logged, never raised."""
+        if event is None or self.audit is None:
+            return
+        try:
+            self.audit(event)
+        except Exception:  # the answer stands whatever the audit does
+            log.exception("audit hook failed for %s", event.get("action"))
 
     # -- outbox
 
@@ -588,6 +622,7 @@ class ChallengeService:
         kinds = sorted(set(kinds))
         fp = fingerprint(principal, on_behalf_of, action, resource, kinds)
         answerers: tuple[str, str] | None = None
+        expired: dict[str, Any] | None = None
         for _ in range(5):
             now = self.clock()
             with Session(self.db) as s:
@@ -609,6 +644,10 @@ class ChallengeService:
                         return _info(row, now), False, state == "passed"
                     row.active_key = None  # retired: a retry opens a new challenge
                     s.add(row)
+                    if state == "expired":
+                        expired = self._outcome_event(
+                            row, "challenge.expired", _must_utc(row.expires_at)
+                        )
                 if answerers is None:
                     answerers = self._answerers(principal, on_behalf_of, kinds, approver)
                     # A lone agent's owner answers as its person, unchecked
@@ -657,6 +696,7 @@ class ChallengeService:
                 s.refresh(new)
                 info = _info(new, now)
             log.info("challenge %s opened for %s (%s)", info.qid, principal, ", ".join(kinds))
+            self._emit(expired)
             self._notify()
             return info, True, False
         raise ChallengeError("unavailable", "could not open the challenge; try again")
@@ -783,7 +823,11 @@ class ChallengeService:
             s.commit()
             s.refresh(row)
             info = _info(row, now)
+            rejected = (
+                self._outcome_event(row, "challenge.rejected", now) if event == "rejected" else None
+            )
         log.info("challenge %s: %s", qid, event)
+        self._emit(rejected)
         self._notify()
         return info
 
@@ -1495,9 +1539,19 @@ class ChallengeService:
             if "verification" in row.satisfied:
                 raise ChallengeError("failed_precondition", f"challenge `{qid}` is verified")
 
-        return self._answer(
-            qid, check, lambda row, now: self._satisfy(row, "verification", now), proof
-        )
+        try:
+            return self._answer(
+                qid, check, lambda row, now: self._satisfy(row, "verification", now), proof
+            )
+        except ChallengeError as e:
+            if e.code == "permission_denied" and "does not verify" in str(e):
+                with Session(self.db) as s:
+                    row = s.get(ChallengeRow, qid) if _findable(qid, 36) else None
+                    if row is not None:
+                        self._emit(
+                            self._outcome_event(row, "challenge.verification_failed", self.clock())
+                        )
+            raise
 
     def close(self) -> None:
         """Releases the database connections, the directory's and the decision point's clients."""

@@ -12,9 +12,11 @@ scores and flags them:
   listing and exporting far beyond its app's peers (an agent reading beyond its people).
 
 ``backfill(client, company)`` stores it in a history store, ending yesterday, so the first
-cycle of ``svc up`` sees a month of baseline and the stories in its last days. Under ``svc up``:
-``backfill(history_client, company)`` after ``svc history migrate`` and before the reasoner
-starts; the demo's hard-coded scores are then the reasoner's to make.
+cycle of ``svc up`` sees a month of baseline and the stories in its last days. Its weeks are
+laid out as if it ended on a Friday (``WEEKS_END``) whatever the weekday: the same month,
+shifted in time, so the first cycle's scores do not depend on the day ``svc up`` starts.
+Under ``svc up``: ``backfill(history_client, company)`` after ``svc history migrate`` and before
+the reasoner starts; the demo's hard-coded scores are then the reasoner's to make.
 """
 
 from __future__ import annotations
@@ -33,6 +35,11 @@ STORIES: tuple[str, ...] = ("exporter", "agent_misuse")
 
 #: The AI agent the ``agent_misuse`` story falls on (``docs.writer``, docs/demo.md).
 STORY_AGENT = "docs.writer"
+
+#: The month's weeks are laid out as if it ended on this day (a Friday), whatever day it ends
+#: on: its days of work and rest, and so the reasoner's scores of its first cycle, do not depend
+#: on the weekday ``svc up`` starts on (``svc.demo.month.simulate``'s ``weeks_end``).
+WEEKS_END = date(2026, 11, 27)
 
 #: Non-AI service accounts that move data every night (steady exporters, never a story).
 _NIGHTLY = ("backup", "billing")
@@ -98,7 +105,14 @@ def company_month(
     # The agent story falls on the first AI agent ``simulate`` meets: put the demo's drafting
     # agent first, so the agents the README and docs/demo.md walk through keep their plain days.
     actors.sort(key=lambda a: a.id != STORY_AGENT)
-    return simulate(actors, end=end, days=days, stories=stories, seed=rng.randrange(2**32))
+    return simulate(
+        actors,
+        end=end,
+        days=days,
+        stories=stories,
+        seed=rng.randrange(2**32),
+        weeks_end=WEEKS_END,
+    )
 
 
 def backfill(client: Any, company: Company, *, end: date | None = None) -> Month:

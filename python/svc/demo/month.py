@@ -419,6 +419,7 @@ def simulate(
     stories: Iterable[str] | None = None,
     seed: int = 7,
     gen: _Gen | None = None,
+    weeks_end: date | None = None,
 ) -> Month:
     """A month of `actors`' routine traffic with the chosen stories injected (module docs).
 
@@ -434,6 +435,10 @@ def simulate(
         stories: the story and decoy names (default: all).
         seed: the random seed when `gen` is not given.
         gen: the generator to continue (``month`` hands its own in).
+        weeks_end: lay the weekdays and weekends out as if the last day were this date
+            (default: `end` itself): a month made with the same `weeks_end` on any day has
+            the same days of work and rest relative to its end, so whatever today's weekday,
+            the same seed gives the same month shifted in time.
 
     Returns:
         The ``Month``.
@@ -513,9 +518,10 @@ def simulate(
                 )
             )
 
+    shift = (weeks_end - end) if weeks_end is not None else timedelta(0)
     for n in range(days):
         day = first + timedelta(days=n)
-        weekend = day.weekday() >= 5
+        weekend = (day + shift).weekday() >= 5
         for a in actors:
             role = special.get(a.id)
             if a.type == "Human":

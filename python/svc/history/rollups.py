@@ -17,6 +17,9 @@ tables read with ``FINAL`` and, where they differ, rebuilds the day's partition 
 * ``read_days(client, first, last)``: per principal and day, the counters (numpy arrays).
 * ``read_sets(client, first, last, recent)``: per principal, the values of the recent days its
   baseline days lack, the hours of activity, distinct resources; and who used those values.
+* ``read_rare_resources(client, first, last, recent, groups)``: per principal, the resources
+  first touched on the recent days that few of its peers touched in the window, and how many
+  such resources its baseline days held (Sentinel's "uncommon among peers").
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 import numpy as np
@@ -37,10 +40,12 @@ __all__ = [
     "SET_DIMENSIONS",
     "DayRows",
     "PrincipalSets",
+    "RareResources",
     "WindowSets",
     "changed_days",
     "day_totals",
     "read_days",
+    "read_rare_resources",
     "read_sets",
     "settle",
 ]
@@ -62,6 +67,7 @@ DAY_COUNTERS: tuple[str, ...] = (
     "rows_exported",
     "cloud_failures",
     "sensitive",
+    "challenges_failed",
 )
 
 #: The distinct-value states ``read_sets`` returns (baseline and recent).
@@ -422,3 +428,145 @@ def read_sets(client: Client, first: date, last: date, recent: date) -> WindowSe
             for v in used:
                 dim.setdefault(v, []).append((t, i))
     return WindowSets(out, users)
+
+
+#: The table ``read_rare_resources`` loads the peer groups into (one reader at a time: the
+#: reasoner is one replica), an in-memory table made when missing.
+PEER_GROUPS_TABLE = "reasoner_peer_groups"
+
+#: A resource is rare among a principal's peers when fewer than this share of them touched it.
+RARE_SHARE = 0.10
+
+
+@dataclass(frozen=True)
+class RareResources:
+    """One principal's resources that are uncommon among its peers (``read_rare_resources``).
+
+    Attributes:
+        new_rare: distinct resources first touched on the recent days (never on the baseline
+            days of the window) that fewer than ``RARE_SHARE`` of the peers touched in the
+            window.
+        new_unshared: of those, the ones no peer touched at all.
+        base_rare: distinct resources first touched on the baseline days that are rare among
+            the peers in the same sense (the principal's usual pace of rare resources).
+        examples: up to 10 of the new rare resources, ``Type::id``.
+
+    """
+
+    new_rare: int
+    new_unshared: int
+    base_rare: int
+    examples: tuple[str, ...]
+
+
+def read_rare_resources(
+    client: Client,
+    first: date,
+    last: date,
+    recent: date,
+    groups: dict[tuple[str, str], tuple[str, int]],
+) -> dict[tuple[str, str], RareResources]:
+    """Per principal, the resources it touched that few of its peers touched in the window.
+
+    The distinct (principal, resource) pairs of ``[first, last]`` come from the raw
+    ``decisions`` and ``events`` (the rollups hold a distinct count of resources, not the
+    resources); each pair is joined with the principal's peer group (loaded into
+    ``PEER_GROUPS_TABLE``), and a window function counts the group's members that touched the
+    same resource. Everything is aggregated in the engine: one row per principal with a rare
+    new resource comes back. Duplicated records do not matter (distinct pairs).
+
+    Args:
+        client: a client from ``svc.history.connect`` on a migrated database.
+        first: the window's first day.
+        last: its last day (today).
+        recent: the first recent day; a pair whose first day is `recent` or later is new.
+        groups: principal ``(type, id)`` -> (its peer group's name, the group's size): the
+            principals of another group are not its peers; principals not named are skipped.
+
+    Returns:
+        ``(type, id)`` -> ``RareResources``, only for principals with at least one new rare
+        resource.
+
+    Raises:
+        ValueError: `recent` is outside the window.
+        clickhouse_connect.driver.exceptions.ClickHouseError: a query failed.
+
+    """
+    if not first <= recent <= last:
+        raise ValueError(f"recent day {recent} outside the window {first}..{last}")
+    if not groups:
+        return {}
+    client.command(
+        f"CREATE TABLE IF NOT EXISTS {PEER_GROUPS_TABLE} (principal_type String, "
+        "principal_id String, pk UInt64 DEFAULT cityHash64(principal_type, principal_id), "
+        "grp UInt32, size UInt32) ENGINE = Memory"
+    )
+    client.command(f"TRUNCATE TABLE {PEER_GROUPS_TABLE}")
+    names: dict[str, int] = {}
+    client.insert(
+        PEER_GROUPS_TABLE,
+        [
+            [t, i, names.setdefault(g, len(names)), max(1, int(n))]
+            for (t, i), (g, n) in groups.items()
+        ],
+        column_names=["principal_type", "principal_id", "grp", "size"],
+        column_type_names=["String", "String", "UInt32", "UInt32"],
+    )
+    end = datetime.combine(last, datetime.min.time()) + timedelta(days=1)
+    params = {
+        "a": datetime.combine(first, datetime.min.time()),
+        "b": end,
+        "r": recent,
+        "share": RARE_SHARE,
+    }
+    # Pairs keyed by 64-bit hashes of (type, id): grouping 40 million rows by two integers is
+    # several times faster than by four strings; the names are kept with any().
+    window = "at >= {a:DateTime64(3)} AND at < {b:DateTime64(3)} AND resource_id != ''"
+    cols = (
+        "cityHash64(principal_type, principal_id) AS pk, "
+        "cityHash64(resource_type, resource_id) AS rk, toDate(at) AS d"
+    )
+    pairs = (
+        "SELECT pk, rk, min(d) AS first_day FROM ("
+        f"SELECT {cols} FROM decisions WHERE {window} AND principal_id != '' "
+        f"UNION ALL SELECT {cols} FROM events WHERE {window}) GROUP BY pk, rk"
+    )
+    rare = "(users - 1) < {share:Float64} * size"
+    found = client.query(
+        "SELECT any(pt), any(pid), "
+        f"countIf(first_day >= {{r:Date}} AND {rare}) AS new_rare, "
+        "countIf(first_day >= {r:Date} AND users = 1) AS new_unshared, "
+        f"countIf(first_day < {{r:Date}} AND {rare}) AS base_rare, "
+        f"groupArrayIf(10)(rk, first_day >= {{r:Date}} AND {rare}) AS examples "
+        "FROM (SELECT p.pk AS pk, p.rk AS rk, p.first_day AS first_day, g.size AS size, "
+        "g.principal_type AS pt, g.principal_id AS pid, "
+        "count() OVER (PARTITION BY g.grp, p.rk) AS users "
+        f"FROM ({pairs}) AS p INNER JOIN {PEER_GROUPS_TABLE} AS g ON p.pk = g.pk) "
+        "GROUP BY pk HAVING new_rare > 0",
+        parameters=params,
+    ).result_rows
+    if not found:
+        return {}
+    # The names of the examples: one look-up of at most 10 resources per principal found.
+    keys = sorted({int(k) for row in found for k in row[5]})
+    named: dict[int, str] = {}
+    for k in range(0, len(keys), 100_000):
+        part = keys[k : k + 100_000]
+        for rk, name in client.query(
+            "SELECT rk, any(name) FROM (SELECT cityHash64(resource_type, resource_id) AS rk, "
+            "concat(resource_type, '::', resource_id) AS name FROM events "
+            f"WHERE {window} AND rk IN {{ks:Array(UInt64)}} UNION ALL "
+            "SELECT cityHash64(resource_type, resource_id) AS rk, "
+            "concat(resource_type, '::', resource_id) AS name FROM decisions "
+            f"WHERE {window} AND rk IN {{ks:Array(UInt64)}}) GROUP BY rk",
+            parameters={**params, "ks": part},
+        ).result_rows:
+            named[int(rk)] = str(name)
+    rows = [
+        (t, i, nr, nu, br, [named.get(int(x), str(x)) for x in ex])
+        for t, i, nr, nu, br, ex in found
+    ]
+    return {
+        (str(t), str(i)): RareResources(int(nr), int(nu), int(br), tuple(str(x) for x in ex))
+        for t, i, nr, nu, br, ex in rows
+    }

@@ -57,6 +57,8 @@ from clickhouse_connect.driver.client import Client
 
 __all__ = [
     "ACCESS_WEIGHTS",
+    "CHALLENGE_FAILED_ACTIONS",
+    "CHALLENGE_SYSTEM",
     "DECISION_COLUMNS",
     "EVENT_COLUMNS",
     "INTAKE_COLUMNS",
@@ -489,6 +491,19 @@ SENSITIVE_ACTIONS: tuple[str, ...] = (
     "DeleteDetector",
 )
 
+#: The ``system`` of the challenge service's audit events (docs/reasoner.md#challenges-that-failed):
+#: how each challenge ended, one event for the principal that was challenged.
+CHALLENGE_SYSTEM = "svc-challenge"
+
+#: Those events' actions that count as a challenge failed (the reasoner's family (c)): rejected
+#: by the approver, expired unanswered, a security-key verification that failed. They are not
+#: counted again as ``failures``.
+CHALLENGE_FAILED_ACTIONS: tuple[str, ...] = (
+    "challenge.rejected",
+    "challenge.expired",
+    "challenge.verification_failed",
+)
+
 #: Weight of a row per kind of access in the weighted volume (docs/reasoner.md): a listed row
 #: counts a quarter of a read, an exported row four times (docs/architecture.md#components), and
 #: a written row as much as a read.
@@ -526,6 +541,7 @@ ROLLUP_COLUMNS: tuple[tuple[str, str], ...] = (
     ("tools", "AggregateFunction(groupUniqArray(256), String)"),
     ("source_ips", "AggregateFunction(groupUniqArray(256), String)"),
     ("acted_for", "AggregateFunction(groupUniqArray(1024), String)"),
+    ("challenges_failed", _SUM),
 )
 
 _ROLLUP = f"""
@@ -541,6 +557,8 @@ ORDER BY (principal_type, principal_id, day)
 def _sql_list(values: tuple[str, ...]) -> str:
     return ", ".join(f"'{v}'" for v in values)
 
+
+_CHALLENGE_FAILED = _sql_list(CHALLENGE_FAILED_ACTIONS)
 
 _MOVING = f"(action IN ({_sql_list(MOVING_OUT_ACTIONS)}) OR access = 'exported')"
 
@@ -573,7 +591,7 @@ SELECT
     principal_type,
     principal_id,
     count() AS events,
-    countIf(outcome = 'failure') AS failures,
+    countIf(outcome = 'failure' AND system != '{CHALLENGE_SYSTEM}') AS failures,
     countIf({_MOVING}) AS moved_out,
     sumIf(ifNull(row_count, 1), {_MOVING}) AS moved_out_rows,
     sumIf(ifNull(row_count, 1), access = 'listed') AS rows_listed,
@@ -590,7 +608,8 @@ SELECT
     groupUniqArrayState(256)(action) AS actions,
     groupUniqArrayStateIf(256)(tool, tool != '') AS tools,
     groupUniqArrayStateIf(256)(source_ip, source_ip != '') AS source_ips,
-    groupUniqArrayStateIf(1024)(on_behalf_of_id, on_behalf_of_id != '') AS acted_for
+    groupUniqArrayStateIf(1024)(on_behalf_of_id, on_behalf_of_id != '') AS acted_for,
+    countIf(system = '{CHALLENGE_SYSTEM}' AND action IN ({_CHALLENGE_FAILED})) AS challenges_failed
 FROM {{source}}
 GROUP BY day, principal_type, principal_id
 """
@@ -657,6 +676,19 @@ _V4_ROLLUPS: tuple[str, ...] = (
     *rollup_rebuild_statements(),
 )
 
+#: Schema version 6: ``principal_daily.challenges_failed``, the challenges of a principal's day
+#: that were rejected, expired or failed verification (the challenge service's audit events,
+#: ``CHALLENGE_FAILED_ACTIONS``), and ``failures`` without them; the events view is made again
+#: from the current SELECT. Days rolled up before keep 0 (no such events existed).
+_V6_CHALLENGES_FAILED: tuple[str, ...] = (
+    *(
+        f"ALTER TABLE {t} ADD COLUMN IF NOT EXISTS `challenges_failed` {_SUM}"
+        for t in (ROLLUP_TABLE, ROLLUP_STAGING)
+    ),
+    f"DROP VIEW IF EXISTS {ROLLUP_TABLE}_events_mv",
+    _rollup_views()[1],
+)
+
 #: Every schema version, oldest first. Add new versions at the end; never edit an applied one.
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(
@@ -685,6 +717,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(2, "decisions: not_in_directory, inline_ignored", _V2_DECISION_FIELDS),
     Migration(3, "decisions: search records (search, result_count)", _V3_SEARCH_RECORDS),
     Migration(4, "principal_daily: the reasoner's per-principal daily rollups", _V4_ROLLUPS),
+    Migration(6, "principal_daily: challenges failed, rejected or expired", _V6_CHALLENGES_FAILED),
 )
 
 #: Tables holding day partitions that retention drops (docs/history.md#retention).

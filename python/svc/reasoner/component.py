@@ -5,7 +5,9 @@ engine per process), reading principals and writing scores and investigations at
 service, containing through the challenge service and reading the mode for automated
 containments from the policy service, with ``<data_dir>/reasoner.token``; its first cycle runs
 at start, and ``svc up`` goes on once it ended (docs/reasoner.md). One process by construction,
-so no lease. Under ``svc topology`` it
+so no lease. Its ``POST /v1/cycles`` admits the operator's token (audience ``svc-reasoner``):
+``svc reasoner cycle --data-dir`` asks it for a cycle, since only this process may open the
+history's chDB directory. Under ``svc topology`` it
 is ``svc reasoner serve`` with a PostgreSQL advisory-lock lease; with chDB, whose directory only
 the history process opens, it reads the history only from a ClickHouse server, so the topology
 runs it when ``--history-dsn`` names one.
@@ -25,7 +27,7 @@ from svc.common.component import (
     svc_command,
 )
 from svc.common.inprocess import serve_http, wait_ready
-from svc.reasoner.settings import ReasonerSettings
+from svc.reasoner.settings import ReasonerAuthSettings, ReasonerSettings
 
 __all__ = ["REGISTRATION"]
 
@@ -53,7 +55,8 @@ def _start(rt: UpRuntime) -> Iterator[object]:
         policy_token_file=token,
     )
     service = from_settings(settings, history=rt.history)
-    with serve_http(create_app(settings, service), settings.host, settings.port, "reasoner"):
+    app = create_app(settings, service, ReasonerAuthSettings(**rt.auth("reasoner")))
+    with serve_http(app, settings.host, settings.port, "reasoner"):
         # Ready once the first cycle ended, so every decision after svc up's banner sees the
         # reasoner's scores (the demo's answers do not depend on when they are asked).
         wait_ready(rt.url("reasoner"), "reasoner")
@@ -65,7 +68,8 @@ def _processes(t: TopologyRuntime) -> list[Process]:
     if not t.history_dsn.startswith(("http://", "https://")):
         return []
     token = str(t.token_file(Role.REASONER))
-    env = {
+    env = t.auth_env("reasoner")
+    env |= {
         "SVC_REASONER_HISTORY_DSN": t.history_dsn,
         "SVC_REASONER_CONTEXT_URL": t.url("context"),
         "SVC_REASONER_CONTEXT_TOKEN_FILE": token,
@@ -89,7 +93,9 @@ def _banner(rt: UpRuntime) -> list[str]:
 REGISTRATION = Registration(
     name="reasoner",
     title="reasoner",
-    settings=(ReasonerSettings,),
+    settings=(ReasonerSettings, ReasonerAuthSettings),
+    audience="svc-reasoner",
+    callers=(Role.OPERATOR,),
     up_port=12,
     topology_ports={"reasoner": 15},
     depends_on=("context", "challenge", "policy", "history"),

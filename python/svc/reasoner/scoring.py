@@ -8,9 +8,10 @@ why, is docs/reasoner.md; in short:
   observed; the days before them are the **baseline**. A principal with fewer than
   ``learning_days`` active baseline days is **learning**: scored against peers only, and never
   contained (``Gate``).
-* Each daily metric (weighted row volume, data moved out, denies and failures, cloud failures,
-  sensitive cloud actions) is compared, in log space, with the principal's own baseline
-  (median and MAD of its active baseline days) and with its peers' (the median and MAD of the
+* Each daily metric (weighted row volume, data moved out, denies and failures, challenges
+  rejected, expired or failed, cloud failures, sensitive cloud actions) is compared, in log
+  space, with the principal's own baseline (median and MAD of its active baseline days) and
+  with its peers' (the median and MAD of the
   peers' own medians), each z with a floor on the spread; a day counts only above the metric's
   absolute floor, and the smaller of the two z (beyond **both** baselines) makes the strength,
   0 at z = 3 and 1 at z = 6. Its contribution is the family's weight times the strongest
@@ -36,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from svc.history.rollups import DayRows, PrincipalSets, WindowSets
+from svc.history.rollups import RARE_SHARE, DayRows, PrincipalSets, RareResources, WindowSets
 from svc.history.schema import ACCESS_WEIGHTS
 
 __all__ = [
@@ -45,6 +46,7 @@ __all__ = [
     "Factor",
     "Model",
     "Score",
+    "peer_groups",
     "peers_from_snapshot",
     "score_window",
 ]
@@ -55,11 +57,13 @@ FAMILIES: dict[str, str] = {
     "volume": "a",
     "moved_out": "b",
     "denies_failures": "c",
+    "challenges_failed": "c",
     "new_source_ips": "d",
     "new_actions": "d",
     "new_resource_types": "d",
     "new_tools": "d",
     "new_resources": "d",
+    "rare_resources": "d",
     "odd_hours": "d",
     "new_people_acted_for": "e",
     "cloud_failures": "f",
@@ -102,11 +106,13 @@ class Model:
             "moved_out": 60.0,
             "volume": 40.0,
             "denies_failures": 45.0,
+            "challenges_failed": 35.0,
             "sensitive_actions": 35.0,
             "new_people_acted_for": 40.0,
             "cloud_failures": 25.0,
             "new_source_ips": 25.0,
             "new_resources": 25.0,
+            "rare_resources": 25.0,
             "odd_hours": 25.0,
             "new_actions": 15.0,
             "new_resource_types": 15.0,
@@ -121,6 +127,7 @@ class Model:
             "volume": 200.0,
             "moved_out": 100.0,
             "denies_failures": 10.0,
+            "challenges_failed": 3.0,
             "cloud_failures": 5.0,
             "sensitive_actions": 1.0,
         }
@@ -282,6 +289,7 @@ def _metrics(rows: DayRows) -> dict[str, np.ndarray]:
         "volume": np.asarray(volume, dtype=float),
         "moved_out": c["moved_out_rows"],
         "denies_failures": c["denies"] + c["failures"],
+        "challenges_failed": c["challenges_failed"],
         "cloud_failures": c["cloud_failures"],
         "sensitive_actions": c["sensitive"],
         # for the gate only: the volume without exported rows (independent of family b)
@@ -331,6 +339,33 @@ def _assign_groups(
     return chosen, members
 
 
+def peer_groups(
+    rows: DayRows, directory: Directory, model: Model | None = None
+) -> dict[tuple[str, str], tuple[str, int]]:
+    """Each principal's peer group as ``score_window`` chooses it, with the group's size.
+
+    What ``svc.history.rollups.read_rare_resources`` needs to count a resource's users among
+    a principal's peers before the window is scored.
+
+    Args:
+        rows: the window's daily counters (``svc.history.rollups.read_days``).
+        directory: peer groups (``peers_from_snapshot``).
+        model: parameters (default ``Model()``).
+
+    Returns:
+        ``(type, id)`` -> (group name, members of the group with a baseline, at least 1).
+
+    """
+    model = model or Model()
+    split = len(rows.days) - model.recent_days
+    has_base = rows.active[:, : max(0, split)].sum(axis=1) > 0
+    group_of, members = _assign_groups(rows.principals, directory, has_base, model.min_peers)
+    return {
+        p: (group_of[i], max(1, len(members.get(group_of[i], []))))
+        for i, p in enumerate(rows.principals)
+    }
+
+
 def _peer_stats(
     own_med: dict[str, np.ndarray], members: dict[str, list[int]]
 ) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
@@ -359,6 +394,7 @@ def score_window(
     sets: WindowSets,
     directory: Directory,
     model: Model | None = None,
+    rare: Mapping[tuple[str, str], RareResources] | None = None,
 ) -> list[Score]:
     """Scores every principal of `rows` (docs/reasoner.md#the-score).
 
@@ -369,6 +405,9 @@ def score_window(
             (``svc.history.rollups.read_sets``).
         directory: peer groups (``peers_from_snapshot``).
         model: parameters (default ``Model()``).
+        rare: resources uncommon among each principal's peers
+            (``svc.history.rollups.read_rare_resources`` with ``peer_groups``); None: the
+            ``rare_resources`` factor is not computed.
 
     Returns:
         One ``Score`` per principal active in the window, in the order of ``rows.principals``.
@@ -433,7 +472,14 @@ def score_window(
     strengths["volume"] = np.maximum(strengths["volume_other"], 0.5 * strengths["volume"])
     metric_factors: dict[int, list[Factor]] = {}
     rows_n = np.arange(n)
-    for k in ("volume", "moved_out", "denies_failures", "cloud_failures", "sensitive_actions"):
+    for k in (
+        "volume",
+        "moved_out",
+        "denies_failures",
+        "challenges_failed",
+        "cloud_failures",
+        "sensitive_actions",
+    ):
         decayed = strengths[k] * decay[None, :]
         best_day = decayed.argmax(axis=1)
         best = decayed[rows_n, best_day]
@@ -495,6 +541,14 @@ def score_window(
             hf = _odd_hours(s, hours.get(g), learning[i], model)
             if hf is not None:
                 factors.append(hf)
+            rr = rare.get(p) if rare else None
+            if rr is not None:
+                active = rows.active[i]
+                rf = _rare_resources(
+                    rr, int(active[:split].sum()), int(active[split:].sum()), learning[i], model
+                )
+                if rf is not None:
+                    factors.append(rf)
             if p[0] == "ServiceAccount":
                 af = _acted_for(g, s, freq.get("acted_for", Counter()), learning[i], model)
                 if af is not None:
@@ -582,6 +636,30 @@ def _novelty(
         if strength > 0 and s.new_resources >= 25:
             points = model.weights["new_resources"] * strength
             yield Factor("new_resources", s.new_resources, s.base_resources, points)
+
+
+def _rare_resources(
+    r: RareResources, base_days: int, recent_days: int, learning: bool, model: Model
+) -> Factor | None:
+    """Resources first touched on the recent days that few of the peers touched.
+
+    Against the principal's own pace: the rare resources its active baseline days held per
+    active day, times its active recent days, is what is usual. Strength 0 at the larger of
+    10 and twice the usual, full at twice that (a learning principal: against 10 only, at half
+    weight). Sentinel's "uncommon among peers".
+    """
+    usual = 0.0 if learning else r.base_rare / max(1, base_days) * max(1, recent_days)
+    start = max(10.0, 2.0 * usual)
+    strength = min(1.0, max(0.0, (r.new_rare - start) / start)) * (0.5 if learning else 1.0)
+    if strength <= 0:
+        return None
+    return Factor(
+        "rare_resources",
+        {"count": r.new_rare, "touched_by_no_peer": r.new_unshared, "examples": list(r.examples)},
+        None if learning else round(usual, 1),
+        model.weights["rare_resources"] * strength,
+        peers={"rare_below_share": RARE_SHARE},
+    )
 
 
 def _odd_hours(

@@ -42,7 +42,7 @@ from svc.reasoner.clients import (
 )
 from svc.reasoner.gate import GateResult, evaluate
 from svc.reasoner.lease import Lease
-from svc.reasoner.scoring import Score, peers_from_snapshot, score_window
+from svc.reasoner.scoring import Score, peer_groups, peers_from_snapshot, score_window
 from svc.reasoner.settings import ReasonerSettings
 from svc.reasoner.summary import Summarizer
 
@@ -285,9 +285,6 @@ class ReasonerService:
         mine = [i for i in self.context.investigations() if i.get("opened_by") == s.author]
         contained = self.challenge.containments()
         mode = self.policy.containment_mode()
-        timings["read"] = time.perf_counter() - t0
-
-        t0 = time.perf_counter()
         keep = [k for k, p in enumerate(rows.principals) if p[0] in SCORED_TYPES]
         if len(keep) != len(rows.principals):
             rows = rollups.DayRows(
@@ -296,7 +293,18 @@ class ReasonerService:
                 {n: v[keep] for n, v in rows.counters.items()},
                 rows.active[keep],
             )
-        scores = score_window(rows, sets, peers_from_snapshot(snapshot), s.model())
+        directory = peers_from_snapshot(snapshot)
+        # Resources uncommon among peers (one aggregate query over the raw rows' distinct
+        # pairs; docs/reasoner.md#factors), peers as the scoring chooses them.
+        groups = peer_groups(rows, directory, s.model())
+        rare = self._history(
+            "reading resources rare among peers",
+            lambda: rollups.read_rare_resources(self.history, first, today, recent, groups),
+        )
+        timings["read"] = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        scores = score_window(rows, sets, directory, s.model(), rare)
         timings["score"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()

@@ -3,8 +3,9 @@
 One settings class for the component (docs/architecture.md#code-layout-and-conventions): where
 the history is (a DSN: the reasoner reads the rollups with aggregate queries, which the
 history's HTTP routes do not serve), the services it calls with a token file each, the cycle,
-the model's and the gate's parameters, the lease, and an optional model service. The API takes
-no caller tokens: it serves the probes only.
+the model's and the gate's parameters, the lease, and an optional model service.
+``ReasonerAuthSettings`` (``SVC_REASONER_AUTH*``, audience ``svc-reasoner``; docs/auth.md)
+guards the one route beside the probes, ``POST /v1/cycles`` (run a cycle now).
 """
 
 from __future__ import annotations
@@ -13,11 +14,12 @@ from pathlib import Path
 
 from pydantic import Field
 
+from svc.common.auth_settings import AuthSettings
 from svc.common.settings import ServiceSettings
 from svc.reasoner.gate import GateSettings
 from svc.reasoner.scoring import Model
 
-__all__ = ["ReasonerSettings", "read_token"]
+__all__ = ["ReasonerAuthSettings", "ReasonerSettings", "read_token"]
 
 
 class ReasonerSettings(ServiceSettings, component="reasoner"):
@@ -103,6 +105,18 @@ class ReasonerSettings(ServiceSettings, component="reasoner"):
             moved_out_floor=self.moved_out_floor,
             max_per_day=self.max_containments_per_day,
         )
+
+
+class ReasonerAuthSettings(AuthSettings, component="reasoner"):
+    """Bearer-token settings of ``POST /v1/cycles``: ``SVC_REASONER_AUTH*``, ``svc-reasoner``.
+
+    Callers (docs/reasoner.md#commands): the operator (``svc reasoner cycle --data-dir``).
+    With auth off the route is open, which only a loopback bind allows
+    (``AuthSettings.check_bind``).
+    """
+
+    auth_audience: str = "svc-reasoner"
+    """The ``aud`` a token must name."""
 
 
 def read_token(path: Path | None) -> str | None:

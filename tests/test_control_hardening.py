@@ -224,6 +224,9 @@ JUNK: dict[str, str] = {
     "deep-10000": deep(10_000),
     "deep-65": deep(65),
     "control-chars": '"a\\u0000b\\u001fc"',
+    # Python reads these as floats and writes them back as NaN/Infinity, which is not JSON.
+    "nan": "NaN",
+    "overflow": "1e400",
     "huge-900k": json.dumps(LONG),
 }
 
@@ -364,6 +367,10 @@ def test_parse_json_refuses_what_cannot_be_served_back() -> None:
         (b"\xef\xbb\xbf{}", "byte order mark"),
         (b"{", "not JSON"),
         (b"NaN-ish", "not JSON"),
+        (b"[NaN]", "not JSON"),
+        (b'{"a": Infinity}', "not JSON"),
+        (b"[1e400]", "out of a float's range"),
+        (b"[-1E+0309]", "out of a float's range"),
     ]:
         with pytest.raises(ValueError, match=why):
             parse_json(bad)

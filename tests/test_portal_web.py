@@ -189,6 +189,15 @@ def test_persisted_operations_only_and_the_spa_fallback(world: World) -> None:
     assert r.status_code == 200 and r.json()["data"]["me"]["user"] == "ana", r.text
     areas = {a["area"]: a for a in r.json()["data"]["access"]}
     assert areas["containments"]["administer"] is True
+    # cy may do nothing but answer their own challenges and keep their own keys; each refusal
+    # says why (the decision point's decision).
+    cy = world.sign_in("cy")
+    out = cy.post("/graphql", json={"extensions": {"persistedQuery": {"sha256Hash": access}}})
+    mine = {a["area"]: a for a in out.json()["data"]["access"]}
+    assert not any(a["view"] or a["administer"] for a in mine.values()), mine
+    assert mine["challenges"]["own"] and mine["keys"]["own"] and not mine["policies"]["own"]
+    assert "may not view the portal's policies" in mine["policies"]["viewReason"]
+    cy.close()
     # The same text sent as text runs (it is the app's); any other is refused.
     assert ana.post("/graphql", json={"query": manifest[access]}).json()["data"]["me"]
     r = ana.post("/graphql", json={"query": "{ me { user } }"})
@@ -239,6 +248,12 @@ def test_a_security_admin_explains_a_decision_and_contains_a_person(
     page.goto(world.portal.url + "/principals/Human/cy")
     page.wait_for_selector("#containment-state:has-text('Not contained')")
     page.wait_for_selector("h2:has-text('Profile') ~ dl")
+    page.wait_for_selector("#agents-h ~ .empty, #agents-h ~ ul")
+    # What cy can reach: the decision point's resource search answers (nothing, here).
+    page.locator("section[aria-labelledby=reach-h] button").click()
+    page.wait_for_selector("#reachable, section[aria-labelledby=reach-h] .empty")
+    assert page.locator("section[aria-labelledby=reach-h] [role=alert]").count() == 0
+    page.evaluate("window.scrollTo(0, 0)")
     both(page, "principal")
     page.fill("#cont-h ~ form input", "a stolen laptop")
     page.click("button:has-text('Contain')")
@@ -272,6 +287,11 @@ def test_a_security_admin_explains_a_decision_and_contains_a_person(
 def test_an_auditor_sees_decisions_but_cannot_contain(world: World, browser: Browser) -> None:
     page = person(world, browser, "bo", "narrow")
     assert page.locator("nav >> text=Decisions").count() == 1
+    # Keyboard: the first Tab reaches the skip link, which moves the focus to the content.
+    page.keyboard.press("Tab")
+    assert page.evaluate("document.activeElement.textContent") == "Skip to content"
+    page.keyboard.press("Enter")
+    assert page.evaluate("document.activeElement.id") == "main"
     page.goto(world.portal.url + "/decisions?subject=principal&type=Human&id=bo")
     until(
         "bo's checks in the history",

@@ -46,6 +46,21 @@ const Lift = graphql(`
   }
 `);
 
+const Reach = graphql(`
+  query Reachable($principal: EntityRefInput!, $action: String!, $resourceType: String!) {
+    reachable(principal: $principal, action: $action, resourceType: $resourceType, first: 50) {
+      results { type id }
+      nextToken
+      decisionQid
+    }
+  }
+`);
+const Keys = graphql(`
+  query SecurityKeys($person: String) {
+    securityKeys(person: $person) { credentialId name signCount createdAt lastUsedAt }
+  }
+`);
+
 export function PrincipalPage() {
   const { type = "", id = "" } = useParams();
   useTitle(`${type} ${id}`);
@@ -59,6 +74,9 @@ export function PrincipalPage() {
       {access.directory?.view ? <Profile type={type} id={id} /> : <Refused area="directory" />}
       {access.directory?.view && <Risk type={type} id={id} />}
       {access.containments?.view ? <Containment principal={principal} /> : <Refused area="containments" />}
+      {access.directory?.view && <Agents type={type} id={id} />}
+      {type === "Human" && access.keys?.view && <SecurityKeysPanel person={id} />}
+      {access.policies?.view ? <Reachable principal={principal} /> : <Refused area="policies" />}
       {access.decisions?.view ? <RecentDecisions principal={principal} /> : <Refused area="decisions" />}
     </>
   );
@@ -268,6 +286,95 @@ function RecentDecisions({ principal }: { principal: { type: string; id: string 
       <p>
         <Link to={search}>Search all of its decisions</Link>
       </p>
+    </section>
+  );
+}
+
+/** The agents acting for a person (service accounts it owns), or the person an agent acts for. */
+function Agents({ type, id }: { type: string; id: string }) {
+  const q = useQuery({ queryKey: ["accounts"], queryFn: () => gql(Accounts) });
+  if (type !== "Human") return null;
+  const mine = q.data?.serviceAccounts.filter((a) => a.owner === id) ?? [];
+  return (
+    <section aria-labelledby="agents-h">
+      <h2 id="agents-h">Agents acting for this person</h2>
+      {q.isPending && <Loading what="agents" />}
+      {q.isError && <ErrorBox error={q.error} retry={() => q.refetch()} />}
+      {q.data && mine.length === 0 && <Empty>No registered agent or service account names this person as its owner.</Empty>}
+      {mine.length > 0 && (
+        <ul className="plain">
+          {mine.map((a) => (
+            <li key={a.id}>
+              <Link to={`/principals/ServiceAccount/${encodeURIComponent(a.id)}`}>{a.id}</Link>{" "}
+              <span className="muted">
+                {a.ai ? "AI agent" : "service account"}
+                {a.app && ` of ${a.app}`}
+              </span>
+            </li>
+          ))}
+        </ul>
+      )}
+    </section>
+  );
+}
+
+function SecurityKeysPanel({ person }: { person: string }) {
+  const q = useQuery({ queryKey: ["keys", person], queryFn: () => gql(Keys, { person }) });
+  return (
+    <section aria-labelledby="keys-h">
+      <h2 id="keys-h">Security keys</h2>
+      {q.isPending && <Loading what="security keys" />}
+      {q.isError && <ErrorBox error={q.error} retry={() => q.refetch()} />}
+      {q.data && q.data.securityKeys.length === 0 && <Empty>No security key registered (verification challenges need one).</Empty>}
+      {q.data && q.data.securityKeys.length > 0 && (
+        <ul className="plain">
+          {q.data.securityKeys.map((k) => (
+            <li key={k.credentialId}>
+              {k.name || "a key"} <span className="muted">(registered <Time at={k.createdAt} />, last used <Time at={k.lastUsedAt} />)</span>
+            </li>
+          ))}
+        </ul>
+      )}
+    </section>
+  );
+}
+
+/** "What can this principal reach": the decision point's resource search for an action. */
+function Reachable({ principal }: { principal: { type: string; id: string } }) {
+  const [action, setAction] = useState("read");
+  const [resourceType, setResourceType] = useState("Document");
+  const m = useMutation({ mutationFn: () => gql(Reach, { principal, action, resourceType }) });
+  return (
+    <section aria-labelledby="reach-h">
+      <h2 id="reach-h">What it can reach</h2>
+      <form
+        className="inline"
+        onSubmit={(e: FormEvent) => {
+          e.preventDefault();
+          m.mutate();
+        }}
+      >
+        <label>
+          Action
+          <input value={action} onChange={(e) => setAction(e.target.value)} required />
+        </label>
+        <label>
+          Resource type
+          <input value={resourceType} onChange={(e) => setResourceType(e.target.value)} required />
+        </label>
+        <button type="submit" disabled={m.isPending}>
+          Search
+        </button>
+      </form>
+      {m.isPending && <Loading what="what it can reach" />}
+      {m.isError && <ErrorBox error={m.error} />}
+      {m.data && m.data.reachable.results.length === 0 && <Empty>Nothing of that type: every such resource is denied.</Empty>}
+      {m.data && m.data.reachable.results.length > 0 && (
+        <p id="reachable">
+          {m.data.reachable.results.map((r) => `${r.type}::"${r.id}"`).join(", ")}
+          {m.data.reachable.nextToken && " and more"}
+        </p>
+      )}
     </section>
   );
 }

@@ -1032,11 +1032,12 @@ def test_what_the_checks_carry_and_what_they_refuse(stack: Stack) -> None:
     assert here["blocked agent"].content[0].text == "pong"
 
 
-def test_a_decision_point_without_batch_check_gets_one_check_each(stack: Stack) -> None:
-    """A decision point of an older release (``BatchCheck`` ``UNIMPLEMENTED``, as a rolling
-    upgrade may leave one) is asked with one ``Check`` per check, and only asked once."""
-    from svc.authz.v1 import authz_pb2_grpc
-    from svc.gateway.service import PdpClient
+def test_the_checks_are_the_decision_points_http_evaluations(stack: Stack) -> None:
+    """A call's checks go as ``POST /v1/access/evaluation`` at once (docs/gateway.md#checks):
+    each decision is the one the decision point gives that request; a request it refuses (400,
+    a type the bundle's schema lacks) raises ``PdpRefused`` with its problem, and a decision
+    point that cannot be reached raises ``PdpUnreachable``."""
+    from svc.gateway.service import PdpClient, PdpRefused, PdpUnreachable
 
     who = {
         "principal": {"type": "ServiceAccount", "id": "copilot.assistant"},
@@ -1046,47 +1047,42 @@ def test_a_decision_point_without_batch_check_gets_one_check_each(stack: Stack) 
         {**who, "action": "call", "resource": {"type": "Tool", "id": "docs/read_doc"}},
         {**who, "action": "read", "resource": {"type": "Document", "id": "plan"}},
     ]
-    asked: list[str] = []
+    bad = {**who, "action": "read", "resource": {"type": "NoSuchType", "id": "x"}}
 
-    async def run() -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
-        async with grpc.aio.insecure_channel(stack.pdp_url.removeprefix("http://")) as channel:
-            real = authz_pb2_grpc.AuthorizerStub(channel)  # type: ignore[no-untyped-call]
-
-            class Older(authz_pb2_grpc.AuthorizerServicer):
-                """Serves ``Check`` from the real decision point, and no ``BatchCheck``."""
-
-                async def Check(self, request: Any, context: Any) -> Any:
-                    asked.append("Check")
-                    return await real.Check(request, timeout=10)
-
-                async def BatchCheck(self, request: Any, context: Any) -> Any:
-                    asked.append("BatchCheck")
-                    await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not implemented!")
-
-            server = grpc.aio.server()
-            authz_pb2_grpc.add_AuthorizerServicer_to_server(Older(), server)  # type: ignore[no-untyped-call]
-            port = server.add_insecure_port("127.0.0.1:0")
-            await server.start()
-            older = PdpClient(f"http://127.0.0.1:{port}", lambda: None, 10.0)
-            current = PdpClient(stack.pdp_url, lambda: None, 10.0)
+    async def run(nowhere: str) -> tuple[list[dict[str, Any]], BaseException, BaseException]:
+        pdp = PdpClient(stack.pdp_url, lambda: None, 10.0)
+        gone = PdpClient(nowhere, lambda: None, 2.0)
+        try:
+            got = await pdp.evaluate(requests)
             try:
-                first = await older.evaluate(requests)
-                again = await older.evaluate(requests)
-                want = await current.evaluate(requests)
-            finally:
-                await older.aclose()
-                await current.aclose()
-                await server.stop(None)
-            return first, again, want
+                await pdp.evaluate([requests[0], bad])
+            except PdpRefused as e:
+                refused: BaseException = e
+            try:
+                await gone.evaluate(requests)
+            except PdpUnreachable as e:
+                unreachable: BaseException = e
+        finally:
+            await pdp.aclose()
+            await gone.aclose()
+        return got, refused, unreachable
 
-    first, again, want = asyncio.run(run())
-    assert asked == ["BatchCheck", "Check", "Check", "Check", "Check"]
+    with tcp_listener("127.0.0.1", 0) as sock:  # bound, not listening: connections refused
+        got, refused, unreachable = asyncio.run(run(f"http://127.0.0.1:{sock.getsockname()[1]}"))
+    want = [
+        httpx.post(f"{stack.pdp_url}/v1/access/evaluation", json=r, timeout=10).json()
+        for r in requests
+    ]
 
-    def view(ds: list[dict[str, Any]]) -> list[tuple[str, list[str]]]:
-        return [(d["verdict"], d["policies"]) for d in ds]
+    def view(ds: list[dict[str, Any]]) -> list[tuple[str, list[str], str]]:
+        return [(d["verdict"], d["policies"], d["mode"]) for d in ds]
 
-    assert view(first) == view(again) == view(want)
-    assert [d["verdict"] for d in want] == ["allow", "allow"], want
+    assert view(got) == view(want)
+    assert [d["verdict"] for d in got] == ["allow", "allow"], got
+    assert all(d["qid"] for d in got) and got[0]["qid"] != want[0]["qid"]
+    assert isinstance(refused, PdpRefused) and refused.status == 400
+    assert "NoSuchType" in json.dumps(refused.body)
+    assert isinstance(unreachable, PdpUnreachable)
 
 
 def test_tiers_from_the_policy_service_and_containments_from_a_file(stack: Stack) -> None:

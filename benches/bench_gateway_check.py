@@ -5,17 +5,20 @@ resource), from asyncio. This measures one check from an asyncio client against 
 ``svc pdp`` process, over the two transports the decision point serves on one port:
 
 * ``grpc``: ``svc.authz.v1.Authorizer/Check`` over one ``grpc.aio`` channel (the transport
-  ``svc.gateway.service.PdpClient`` uses);
+  ``svc.gateway.service.PdpClient`` used until it sent each check as an HTTP evaluation over
+  ``aiohttp``, which is quicker than both: docs/gateway.md#checks);
 * ``http``: ``POST /v1/access/evaluation`` over one keep-alive ``httpx.AsyncClient``.
 
 Each transport runs ``--calls`` sequential checks after a warm-up, twice, interleaved; reported:
 p50 and p99 per run.
 
-Then a tool call's pair of checks (``call`` on the tool, ``read`` on the document), the way the
-gateway could send them over gRPC:
+Then a tool call's pair of checks (``call`` on the tool, ``read`` on the document), the ways the
+gateway could send them:
 
 * ``pair-gather``: two ``Check`` calls at once (``asyncio.gather``) on the channel;
-* ``pair-batch``: one ``BatchCheck`` carrying both (what ``PdpClient.evaluate`` sends);
+* ``pair-batch``: one ``BatchCheck`` carrying both (what ``PdpClient.evaluate`` sent);
+* ``pair-aiohttp``: two ``POST /v1/access/evaluation`` at once over one ``aiohttp`` session
+  (what ``PdpClient.evaluate`` sends now);
 
 each back to back and with ``--gap`` ms idle before every pair (the gateway between calls at a
 modest rate: the processes sleep, and waking them is part of the time).
@@ -34,6 +37,7 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import aiohttp
 import grpc
 import httpx
 
@@ -60,6 +64,10 @@ REQUEST = {
     "action": "read",
     "resource": {"type": "Document", "id": "plan"},
 }
+
+
+#: The tool of a call's first check (``call`` on it).
+TOOL = {"type": "Tool", "id": "docs/read"}
 
 
 def bundle(path: Path) -> Path:
@@ -110,8 +118,11 @@ def _messages() -> tuple[authz_pb2.CheckRequest, authz_pb2.CheckRequest]:
 
 
 async def pairs(port: int, calls: int, gap_ms: float) -> dict[str, list[float]]:
-    """Both ways of sending a pair, interleaved, `gap_ms` idle before each pair."""
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+    """Each way of sending a pair, interleaved, `gap_ms` idle before each pair."""
+    async with (
+        grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel,
+        aiohttp.ClientSession(f"http://127.0.0.1:{port}") as session,
+    ):
         stub = authz_pb2_grpc.AuthorizerStub(channel)  # type: ignore[no-untyped-call]
         tool, doc = _messages()
         batch = authz_pb2.BatchCheckRequest(checks=[tool, doc])
@@ -122,9 +133,25 @@ async def pairs(port: int, calls: int, gap_ms: float) -> dict[str, list[float]]:
         async def batched() -> object:
             return await stub.BatchCheck(batch, timeout=10)
 
+        bodies = [
+            json.dumps(
+                {**REQUEST, "action": "call", "resource": {"type": "Tool", "id": "docs/read"}}
+            ),
+            json.dumps(REQUEST),
+        ]
+
+        async def one(body: str) -> bytes:
+            headers = {"content-type": "application/json"}
+            async with session.post("/v1/access/evaluation", data=body, headers=headers) as r:
+                return await r.read()
+
+        async def over_aiohttp() -> object:
+            return await asyncio.gather(*(one(b) for b in bodies))
+
         ways: dict[str, Callable[[], Awaitable[object]]] = {
             "pair-gather": gather,
             "pair-batch": batched,
+            "pair-aiohttp": over_aiohttp,
         }
         out: dict[str, list[float]] = {name: [] for name in ways}
         for _ in range(200):

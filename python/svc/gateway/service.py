@@ -214,9 +214,9 @@ class PdpClient:
     A tool call's checks go at once, each an HTTP evaluation over one keep-alive ``aiohttp``
     session on the gateway's event loop (docs/gateway.md#checks). Measured in the whole gateway
     beside one sending both in a gRPC ``BatchCheck`` over ``grpc.aio``
-    (docs/benchmarks.md#mcp-gateway), this took 0.40 to 0.58 ms off each call at p50: grpc.aio
-    hands every answer from its poller thread to the event loop, a wake-up more per call, and
-    its calls cost the loop more CPU. Challenge waits, which hold for up to 25 s and are rare,
+    (docs/benchmarks.md#mcp-gateway), this took 0.19 to 0.58 ms off each call at p50 (three
+    runs): grpc.aio hands every answer from its poller thread to the event loop, a thread and a
+    wake-up more per call. Challenge waits, which hold for up to 25 s and are rare,
     use ``POST /v1/access/challenge``.
 
     Args:

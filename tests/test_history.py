@@ -47,6 +47,8 @@ REPO = Path(__file__).resolve().parent.parent
 NOW = datetime(2026, 11, 22, 10, 30, tzinfo=UTC)
 #: The history routes without caller authentication (tests/test_auth.py covers it).
 OPEN = HistoryAuthSettings(auth="none")
+#: Every schema version this release applies to a new database, oldest first.
+ALL_VERSIONS = [m.version for m in history.MIGRATIONS]
 
 
 # -- records
@@ -183,7 +185,7 @@ def dsn(chdb_dir: Path) -> str:
 @pytest.fixture
 def db(dsn: str) -> Client:
     client = history.connect(dsn, create_database=True)
-    assert history.migrate(client) == [1, 2, 3, 4]
+    assert history.migrate(client) == ALL_VERSIONS
     return client
 
 
@@ -310,14 +312,14 @@ def spread(n: int, start: datetime = NOW - timedelta(hours=6)) -> Iterator[datet
 
 def test_migrate_twice_is_a_noop(dsn: str) -> None:
     client = history.connect(dsn, create_database=True)
-    assert history.migrate(client) == [1, 2, 3, 4]
+    assert history.migrate(client) == ALL_VERSIONS
     tables = {r[0] for r in client.query("SHOW TABLES").result_rows}
     assert history.migrate(client) == []
     assert {r[0] for r in client.query("SHOW TABLES").result_rows} == tables
     assert set(history.RETAINED_TABLES) | {"schema_migrations", "decisions_intake"} <= tables
     versions = client.query("SELECT version FROM schema_migrations FINAL ORDER BY version")
-    assert versions.result_rows == [(1,), (2,), (3,), (4,)]
-    assert history.applied_versions(client) == {1, 2, 3, 4}
+    assert versions.result_rows == [(v,) for v in ALL_VERSIONS]
+    assert history.applied_versions(client) == set(ALL_VERSIONS)
 
 
 def test_migrate_finishes_a_run_that_failed_midway(dsn: str) -> None:
@@ -325,7 +327,7 @@ def test_migrate_finishes_a_run_that_failed_midway(dsn: str) -> None:
     # The first statements ran, then the job died before recording the version.
     for stmt in history.MIGRATIONS[0].statements[:4]:
         client.command(stmt)
-    assert history.migrate(client) == [1, 2, 3, 4]
+    assert history.migrate(client) == ALL_VERSIONS
     assert history.migrate(client) == []
 
 
@@ -436,7 +438,7 @@ def test_cli_migrate_is_idempotent(chdb_dir: Path) -> None:
     runner = CliRunner()
     first = runner.invoke(app, ["history", "migrate", "--dsn", dsn])
     assert first.exit_code == 0, first.output
-    assert "applied versions [1, 2, 3, 4]" in first.output
+    assert f"applied versions {ALL_VERSIONS}" in first.output
     again = runner.invoke(app, ["history", "migrate"], env={"SVC_HISTORY_DSN": dsn})
     assert again.exit_code == 0, again.output
     assert "up to date" in again.output
@@ -1589,3 +1591,163 @@ def test_history_serves_its_openapi(history_url: str) -> None:
 @apifuzz.FUZZ_SETTINGS
 def test_history_api_fuzz(case: Any, history_url: str) -> None:
     case.call_and_validate(base_url=history_url)
+
+
+# -- decision searches (queries.search_decisions, schema version 5)
+
+
+def _search_all(db: Client, start: datetime, end: datetime, **kw: Any) -> tuple[list[str], int]:
+    """Every page of a search, following ``end``: the qids in order and the pages read."""
+    seen: list[str] = []
+    after = None
+    for pages in range(1, 200):
+        page = queries.search_decisions(db, start, end, after=after, **kw)
+        seen += [d["qid"] for d in page.decisions]
+        assert len(page.decisions) <= kw.get("limit", 50)
+        if not page.more:
+            return seen, pages
+        assert page.end is not None and (after is None or page.end > after)
+        after = page.end
+    raise AssertionError("the search did not end")
+
+
+def test_search_filters_pushed_into_the_query_and_copies_dropped(db: Client) -> None:
+    """Every filter, alone and together, with and without a subject; a record stored twice
+    (at least once delivery, in two parts) is found once, and a plan is never a resource's."""
+    t0 = NOW - timedelta(days=2)
+    recs = [
+        decision(qid=f"s-{i:02d}", at=t0 + timedelta(minutes=7 * i), **kw)
+        for i, kw in enumerate(
+            [
+                {},
+                {"verdict": "deny"},
+                {"verdict": "deny", "mode": "monitor"},
+                {"principal": ("Human", "bob"), "verdict": "challenge", "action": "edit"},
+                {"resource": ("Document", "other"), "verdict": "deny"},
+                {"call": "plan", "verdict": None, "outcome": "always_denied",
+                 "resource": ("Document", None)},
+            ]
+        )
+    ]  # fmt: skip
+    recs[3]["policies"] = ["needs-approval", "policy0"]
+    history.store(db, "decisions", as_records("d", recs))
+    history.store(db, "decisions", as_records("d", recs[:3]))  # redelivered
+    start, end = t0, t0 + timedelta(hours=1)  # one window, with or without a subject
+
+    def qids(**kw: Any) -> list[str]:
+        page = queries.search_decisions(db, start, end, **kw)
+        assert not page.more
+        return [d["qid"] for d in page.decisions]
+
+    alice = ("Human", "alice")
+    assert qids(principal=alice) == ["s-00", "s-01", "s-02", "s-04", "s-05"]
+    assert qids(principal=alice, verdict="deny") == ["s-01", "s-02", "s-04"]
+    assert qids(principal=alice, verdict="always_denied") == ["s-05"]  # a plan's outcome
+    assert qids(principal=alice, verdict="deny", mode="monitor") == ["s-02"]
+    assert qids(resource="Document::design") == ["s-00", "s-01", "s-02", "s-03"]
+    assert qids(resource="Document::design", verdict="deny") == ["s-01", "s-02"]
+    assert qids(verdict="deny") == ["s-01", "s-02", "s-04"]
+    assert qids(policy="needs-approval") == ["s-03"]
+    assert qids(action="edit", verdict="challenge") == ["s-03"]
+    assert qids(mode="monitor") == ["s-02"]
+    assert qids(policy="policy0", principal=("Human", "bob")) == ["s-03"]
+    assert qids(verdict="allow", action="edit") == []
+    (row,) = queries.search_decisions(db, start, end, verdict="challenge").decisions
+    assert row == queries.decision_by_qid(db, "s-03")
+    with pytest.raises(ValueError, match="not both"):
+        queries.search_decisions(db, start, end, principal=alice, resource="Document::design")
+    with pytest.raises(ValueError, match="limit"):
+        queries.search_decisions(db, start, end, limit=0)
+
+
+def test_search_pages_neither_repeat_nor_skip_across_windows(db: Client) -> None:
+    """Keyset paging over records spread across days and sharing milliseconds: every page
+    follows the last, whatever the page size, and a search with no subject whose windows end
+    before the range does stops early with a cursor where they ended."""
+    base = NOW - timedelta(days=5)
+    recs = []
+    for i in range(60):
+        # Three records per instant, instants 97 minutes apart (five days), some redelivered.
+        at = base + timedelta(minutes=97 * (i // 3))
+        recs.append(decision(qid=f"p-{i:03d}", at=at, verdict="deny" if i % 4 else "allow"))
+    history.store(db, "decisions", as_records("d", recs))
+    history.store(db, "decisions", as_records("d", recs[10:40:3]))
+    start, end = base - timedelta(hours=1), NOW
+    want = [r["qid"] for r in recs]
+    denied = [r["qid"] for r in recs if r["verdict"] == "deny"]
+    for limit in (1, 4, 7, 50):
+        assert _search_all(db, start, end, principal="Human::alice", limit=limit)[0] == want
+        assert _search_all(db, start, end, resource="Document::design", limit=limit)[0] == want
+        assert _search_all(db, start, end, verdict="deny", limit=limit)[0] == denied
+    # One page with no subject reads 31 hours at most: over five days, pages end early.
+    first = queries.search_decisions(db, start, end, verdict="deny", limit=50)
+    assert first.more and first.reads == len(queries.SEARCH_WINDOWS["any"])
+    assert 0 < len(first.decisions) < len(denied) and first.end is not None
+    assert first.end[1] == "\uffff"
+    assert _search_all(db, start, end, verdict="deny", limit=50)[1] >= 4
+    # A principal's search reads the days its daily rollup says hold a page (the rollup counts
+    # the redelivered copies too, so the first window may fall short), then the rest.
+    one = queries.search_decisions(db, start, end, principal="Human::alice", limit=60)
+    assert [d["qid"] for d in one.decisions] == want and not one.more and one.reads <= 2
+    page = queries.search_decisions(db, start, end, principal="Human::alice", limit=3)
+    assert [d["qid"] for d in page.decisions] == want[:3] and page.more and page.reads == 1
+    # A principal the rollup does not know (no rows): the whole range in one read.
+    none = queries.search_decisions(db, start, end, principal="Human::nobody")
+    assert none.decisions == [] and not none.more and none.reads == 1
+    # A resource's reads the whole range at once.
+    one = queries.search_decisions(db, start, end, resource="Document::design", limit=60)
+    assert [d["qid"] for d in one.decisions] == want and not one.more and one.reads == 1
+
+
+def test_migrate_builds_the_search_projection_for_rows_already_stored(dsn: str) -> None:
+    """A history made by version 4 with rows in it: version 5 builds the ``by_time``
+    projection of the parts already stored, and a search with no subject reads it."""
+    client = history.connect(dsn, create_database=True)
+    assert history.migrate(client, history.MIGRATIONS[:4]) == [1, 2, 3, 4]
+    recs = [decision(at=NOW - timedelta(minutes=i), verdict="deny") for i in range(20)]
+    history.store(client, "decisions", as_records("d", recs))
+    assert history.migrate(client) == ALL_VERSIONS[4:]
+    rows = client.query(
+        "SELECT sum(rows) FROM system.projection_parts WHERE database = currentDatabase() "
+        "AND table = 'decisions' AND name = 'by_time' AND active"
+    ).result_rows
+    assert rows == [(20,)]
+    plan = "\n".join(
+        r[0]
+        for r in client.query(
+            "EXPLAIN SELECT qid FROM decisions WHERE verdict = 'deny' "
+            "AND at >= fromUnixTimestamp64Milli({t:Int64}, 'UTC') "
+            "ORDER BY at, qid LIMIT 1 BY qid LIMIT 10",
+            parameters={"t": queries._ms(NOW - timedelta(hours=1))},
+        ).result_rows
+    )
+    assert "ReadFromMergeTree (by_time)" in plan, plan
+    page = queries.search_decisions(
+        client, NOW - timedelta(hours=1), NOW + timedelta(seconds=1), verdict="deny"
+    )
+    assert sorted(d["qid"] for d in page.decisions) == sorted(r["qid"] for r in recs)
+
+
+def test_search_route_pages_and_refuses_bad_parameters(db: Client) -> None:
+    t0 = NOW - timedelta(hours=3)
+    recs = [decision(qid=f"r-{i}", at=t0 + timedelta(minutes=i)) for i in range(5)]
+    history.store(db, "decisions", as_records("d", recs))
+    http = TestClient(create_history_app(db, auth=OPEN, now=lambda: NOW))
+    q = {"principal": "Human::alice", "since": rfc3339(t0), "limit": 3}
+    first = http.get("/v1/history/decisions/search", params=q)
+    assert first.status_code == 200, first.text
+    body = first.json()
+    assert [d["qid"] for d in body["decisions"]] == ["r-0", "r-1", "r-2"] and body["more"]
+    assert body["end"] == {"at": queries._ms(t0 + timedelta(minutes=2)), "qid": "r-2"}
+    after = {"after_at": body["end"]["at"], "after_qid": body["end"]["qid"]}
+    rest = http.get("/v1/history/decisions/search", params={**q, **after}).json()
+    assert [d["qid"] for d in rest["decisions"]] == ["r-3", "r-4"] and not rest["more"]
+    for bad, param in (
+        ({**q, "resource": "Document::design"}, "resource"),
+        ({**q, "after_at": 5}, "after_at"),
+        ({**q, "verdict": "de\x00ny"}, "verdict"),
+        ({**q, "limit": 0}, "limit"),
+    ):
+        r = http.get("/v1/history/decisions/search", params=bad)
+        assert r.status_code == 400, (bad, r.text)
+        assert r.json()["errors"][0]["field"] == param, r.text

@@ -1,9 +1,10 @@
 """Reading the history: what the portal and the reasoner ask of it (docs/history.md#queries).
 
 Every query reads with ``FINAL``, so a record stored more than once (at least once delivery)
-is returned once. Time ranges are half-open, ``[start, end)``, on the record's ``at``; naive
-datetimes are taken as UTC. Principal and resource references are ``"Type::id"`` strings,
-``(type, id)`` pairs or ``{"type", "id"}`` mappings
+is returned once; ``search_decisions`` instead keeps one row per ``qid`` with ``LIMIT 1 BY``
+(docs/history.md#searching-decisions). Time ranges are half-open, ``[start, end)``, on the
+record's ``at``; naive datetimes are taken as UTC. Principal and resource references are
+``"Type::id"`` strings, ``(type, id)`` pairs or ``{"type", "id"}`` mappings
 (docs/architecture.md#entities-and-the-base-schema).
 
 Rows come back as dicts shaped like the broker records (docs/history.md#schema): ``principal``,
@@ -24,12 +25,14 @@ from typing import Any
 
 from clickhouse_connect.driver.client import Client
 
-from svc.history.schema import MOVING_OUT_ACTIONS
+from svc.history.schema import MOVING_OUT_ACTIONS, ROLLUP_TABLE
 
 __all__ = [
     "MOVING_OUT_ACTIONS",
+    "SEARCH_WINDOWS",
     "DailyCounts",
     "Ref",
+    "SearchPage",
     "daily_counts",
     "decision_by_qid",
     "decisions_between",
@@ -39,6 +42,7 @@ __all__ = [
     "events_of_resource",
     "parse_ref",
     "rejected_count",
+    "search_decisions",
     "verdict_counts",
 ]
 
@@ -453,6 +457,202 @@ def decisions_of_resource(
         limit,
     )
     return [_decision(r) for r in rows]
+
+
+_HOUR_MS = 3_600_000
+
+#: The time windows one page of ``search_decisions`` reads, by what it searches for, in
+#: milliseconds, one query each, each starting where the previous ended (``None``: the rest of
+#: the range). A query costs about as much for its first granule of each part as for the rest
+#: (docs/benchmarks.md, "Portal"), so the windows aim at one query per page. A principal's
+#: search reads first the days its daily rollup says hold a page (``_principal_span``), then
+#: the rest; a resource's (a few checks a week) reads the whole range at once; both are found by
+#: the primary key however wide the window. A search with neither reads 1, 6 and 24 hours of the
+#: ``by_time`` projection, 31 hours at most per page.
+SEARCH_WINDOWS: dict[str, tuple[int | None, ...]] = {
+    "resource": (None,),
+    "any": (_HOUR_MS, 6 * _HOUR_MS, 24 * _HOUR_MS),
+}
+
+_DAY_MS = 24 * _HOUR_MS
+
+
+def _principal_span(
+    client: Client, t: str, i: str, lo: int, hi: int, need: int, verdict: str | None
+) -> int | None:
+    """The length (ms from `lo`) of a principal's first search window, or None for all of it.
+
+    The window reaches the end of the first UTC day by which the principal's daily rollup
+    (``principal_daily``) counts `need` decisions (denies or challenges for those verdicts) in
+    ``[lo, hi)``; None when the rollup counts fewer. The counts are an estimate: they hold
+    every decision of the first day (also before `lo`) and ignore the other filters, so the
+    window may hold fewer matches than needed, and the search then reads the rest of the range;
+    it never skips a decision.
+    """
+    column = {"deny": "denies", "challenge": "challenges"}.get(verdict or "", "decisions")
+    rows = client.query(
+        f"SELECT day, sum({column}) FROM {ROLLUP_TABLE} "
+        "WHERE principal_type = {t:String} AND principal_id = {i:String} "
+        "AND day >= toDate(fromUnixTimestamp64Milli({lo:Int64}, 'UTC')) "
+        "AND day <= toDate(fromUnixTimestamp64Milli({hi:Int64}, 'UTC')) "
+        "GROUP BY day ORDER BY day",
+        parameters={"t": t, "i": i, "lo": lo, "hi": hi},
+    ).result_rows
+    total = 0
+    for day, count in rows:
+        total += int(count)
+        if total >= need:
+            end = _ms(datetime(day.year, day.month, day.day, tzinfo=UTC)) + _DAY_MS
+            return max(end - lo, 1)
+    return None
+
+
+#: The largest position a cursor names within one millisecond: past every qid of that instant.
+_PAST_QIDS = "\uffff"
+
+
+@dataclass(frozen=True)
+class SearchPage:
+    """One page of a decision search (``search_decisions``).
+
+    Attributes:
+        decisions: decision dicts (module docs), oldest first, at most the page size.
+        more: whether the range may hold further matches past ``end``: the page is full and
+            another match follows, or the page's windows ended before the range did.
+        end: the position ``(epoch ms, qid)`` the next page starts after (pass it as
+            ``after``): the last decision's, or the end of the last window read when the page
+            stopped early; None when nothing was read and there was no ``after``.
+        scanned: the rows the engine read for this page (its ``read_rows``, every window).
+        reads: queries run for this page (windows read).
+
+    """
+
+    decisions: list[dict[str, Any]]
+    more: bool
+    end: tuple[int, str] | None
+    scanned: int
+    reads: int
+
+
+def search_decisions(
+    client: Client,
+    start: datetime,
+    end: datetime,
+    *,
+    principal: Ref | None = None,
+    resource: Ref | None = None,
+    action: str | None = None,
+    verdict: str | None = None,
+    policy: str | None = None,
+    mode: str | None = None,
+    after: tuple[int, str] | None = None,
+    limit: int = 50,
+) -> SearchPage:
+    """One page of the decisions matching every filter given, in ``[start, end)``, oldest first.
+
+    The portal's decision search (docs/history.md#searching-decisions). A principal's search
+    reads ``decisions`` by its primary key, a resource's reads ``decisions_by_resource`` (checks
+    only: plans name no resource id), and a search with neither reads the ``by_time``
+    projection of ``decisions`` (schema version 5). Rows are read without ``FINAL`` and one row
+    per ``qid`` is kept (a record's copies are identical rows). The range is read in the time
+    windows of ``SEARCH_WINDOWS``, one query each, until the page is full; a page whose windows
+    end before the range does returns ``more`` with ``end`` at the last window's end, so no page
+    reads more than its windows (keyset paging: the next page starts after ``end``).
+
+    Args:
+        client: a client from ``svc.history.connect``.
+        start: first instant included.
+        end: first instant excluded.
+        principal: only decisions this principal made (not those made on its behalf).
+        resource: only checks on this resource.
+        action: only this action.
+        verdict: only this verdict (``allow``, ``deny``, ``challenge``) or plan outcome
+            (``conditional``, ``always_allowed``, ``always_denied``, ``challenge``).
+        policy: only decisions whose ``policies`` name this policy.
+        mode: only decisions made in this mode (``monitor`` or ``enforce``).
+        after: a previous page's ``end``: only decisions past it in ``(at, qid)`` order.
+        limit: the page size, 1 to 10,000.
+
+    Returns:
+        A ``SearchPage``.
+
+    Raises:
+        ValueError: a bad reference, both a principal and a resource, an empty range, or a
+            limit out of range.
+        clickhouse_connect.driver.exceptions.ClickHouseError: a query failed.
+
+    """
+    if principal is not None and resource is not None:
+        raise ValueError("give a principal or a resource, not both")
+    if not 1 <= limit <= _DEFAULT_LIMIT:
+        raise ValueError(f"limit {limit}: must be 1 to {_DEFAULT_LIMIT}")
+    params: dict[str, Any] = _range_params(start, end)
+    where: list[str] = []
+    table = "decisions"
+    if principal is not None:
+        params["t"], params["i"] = parse_ref(principal)
+        where.append(_who("principal", False))
+    elif resource is not None:
+        params["t"], params["i"] = parse_ref(resource)
+        where.append(f"{_who('resource', False)} AND call != 'plan'")
+        table = "decisions_by_resource"
+    for name, value, cond in (
+        ("action", action, "action = {action:String}"),
+        ("verdict", verdict, "(verdict = {verdict:String} OR outcome = {verdict:String})"),
+        ("policy", policy, "has(policies, {policy:String})"),
+        ("mode", mode, "mode = {mode:String}"),
+    ):
+        if value is not None:
+            params[name] = value
+            where.append(cond)
+    lo, hi_end = params["start"], params["end"]
+    if after is not None:
+        lo = max(lo, after[0])
+        params["after_ms"], params["after_qid"] = after
+        where.append(
+            "(at, qid) > (fromUnixTimestamp64Milli({after_ms:Int64}, 'UTC'), {after_qid:String})"
+        )
+    found: list[dict[str, Any]] = []
+    scanned = reads = 0
+    if principal is not None:
+        first = _principal_span(client, params["t"], params["i"], lo, hi_end, limit + 1, verdict)
+        windows: tuple[int | None, ...] = (first, None) if first is not None else (None,)
+    else:
+        windows = SEARCH_WINDOWS["resource" if resource is not None else "any"]
+    for span in windows:
+        if lo >= hi_end:
+            break
+        hi = hi_end if span is None else min(hi_end, lo + span)
+        result = client.query(
+            f"SELECT {_DECISION_SELECT} FROM {table} WHERE "
+            + " AND ".join(
+                [
+                    *where,
+                    "at >= fromUnixTimestamp64Milli({lo:Int64}, 'UTC')",
+                    "at < fromUnixTimestamp64Milli({hi:Int64}, 'UTC')",
+                ]
+            )
+            + f" ORDER BY at, qid LIMIT 1 BY qid LIMIT {limit + 1 - len(found)}",
+            parameters={**params, "lo": lo, "hi": hi},
+        )
+        reads += 1
+        scanned += int((result.summary or {}).get("read_rows", 0) or 0)
+        found += [_decision(r) for r in result.result_rows]
+        lo = hi
+        if len(found) > limit:
+            break
+    page = found[:limit]
+    if len(found) > limit:
+        return SearchPage(page, True, _position(page[-1]), scanned, reads)
+    if lo < hi_end:  # the windows ended first: the next page starts where they did
+        return SearchPage(page, True, (lo - 1, _PAST_QIDS), scanned, reads)
+    last = _position(page[-1]) if page else after
+    return SearchPage(page, False, last, scanned, reads)
+
+
+def _position(row: Mapping[str, Any]) -> tuple[int, str]:
+    """A decision's place in ``(at, qid)`` order: (epoch ms, qid)."""
+    return _ms(row["at"]), str(row["qid"])
 
 
 def decision_by_qid(client: Client, qid: str) -> dict[str, Any] | None:

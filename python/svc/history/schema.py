@@ -32,7 +32,9 @@ Dedup (at least once delivery): every table is a ``ReplacingMergeTree`` whose so
 the record's id (``qid``, ``ingest_id``; ``(topic, partition, offset)`` for ``rejected``). The
 copies of a record are identical rows with the same key in the same day partition, so merges
 collapse them, and every query in ``svc.history.queries`` reads with ``FINAL``, which collapses
-the rest at read time: counts are exact whether or not a merge has run.
+the rest at read time: counts are exact whether or not a merge has run. Decision searches are
+the exception: they read the table or its ``by_time`` projection (version 5) without ``FINAL``
+and keep one row per ``qid`` (``LIMIT 1 BY qid``), which is as exact for a page of rows.
 
 Reading records (what is required, what is lenient):
 
@@ -676,6 +678,25 @@ _V4_ROLLUPS: tuple[str, ...] = (
     *rollup_rebuild_statements(),
 )
 
+#: Schema version 5: decision searches (``svc.history.queries.search_decisions``,
+#: docs/history.md#searching-decisions). The projection ``by_time`` keeps a copy of every
+#: ``decisions`` part ordered by ``(at, qid)``, in granules of 1,024 rows, so a search without a
+#: principal or resource (a verdict or a policy over a time range) reads the few granules of its
+#: time window instead of every granule of the day's parts (ordered by principal). Searches
+#: read without ``FINAL`` (ClickHouse reads projections only then) and drop a record's copies
+#: with ``LIMIT 1 BY qid``. A ``ReplacingMergeTree`` takes a projection only with
+#: ``deduplicate_merge_projection_mode`` set: ``rebuild`` makes a merge that drops copies build
+#: the merged part's projection again. ``MATERIALIZE`` builds the projection of the parts the
+#: table already holds (a mutation, waited for), so a history made by an earlier release is
+#: served the same way. The projection holds the columns the table has now: a column added by a
+#: later version is read from the table itself until that version rebuilds the projection.
+_V5_SEARCH: tuple[str, ...] = (
+    "ALTER TABLE decisions MODIFY SETTING deduplicate_merge_projection_mode = 'rebuild'",
+    "ALTER TABLE decisions ADD PROJECTION IF NOT EXISTS by_time "
+    "(SELECT * ORDER BY at, qid) WITH SETTINGS (index_granularity = 1024)",
+    "ALTER TABLE decisions MATERIALIZE PROJECTION by_time SETTINGS mutations_sync = 1",
+)
+
 #: Schema version 6: ``principal_daily.challenges_failed``, the challenges of a principal's day
 #: that were rejected, expired or failed verification (the challenge service's audit events,
 #: ``CHALLENGE_FAILED_ACTIONS``), and ``failures`` without them; the events view is made again
@@ -717,6 +738,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(2, "decisions: not_in_directory, inline_ignored", _V2_DECISION_FIELDS),
     Migration(3, "decisions: search records (search, result_count)", _V3_SEARCH_RECORDS),
     Migration(4, "principal_daily: the reasoner's per-principal daily rollups", _V4_ROLLUPS),
+    Migration(5, "decisions: projection by_time for decision searches", _V5_SEARCH),
     Migration(6, "principal_daily: challenges failed, rejected or expired", _V6_CHALLENGES_FAILED),
 )
 

@@ -10,6 +10,10 @@ the way in from outside):
 * ``GET /v1/history/decisions?principal=Type::id`` (or ``resource=Type::id``, or ``qid=``),
   ``since``/``until`` (RFC 3339; default the last 24 hours), ``monitor_only``,
   ``include_on_behalf_of``, ``limit`` (1..10,000, default 100);
+* ``GET /v1/history/decisions/search``: one page of a decision search (``principal`` or
+  ``resource`` or neither, ``action``, ``verdict``, ``policy``, ``mode``, ``since``/``until``,
+  ``after_at``/``after_qid`` from the previous page's ``end``, ``limit``, default 50):
+  ``{"decisions", "more", "end", "scanned"}`` (``svc.history.queries.search_decisions``);
 * ``GET /v1/history/events?principal=...`` (or ``resource=...``), same range and limit;
 * ``GET /v1/history/counts?principal=...``: ``verdict_counts``;
 * ``GET /v1/history/totals``: rows in ``decisions``, ``events`` and ``rejected``;
@@ -134,7 +138,7 @@ _LATEST = datetime(2300, 1, 1, tzinfo=UTC)
 
 def _not_a_number(raw: object) -> object:
     """Refuses a bare number, which pydantic would read as a Unix time (RFC 3339 only)."""
-    if isinstance(raw, str) and re.fullmatch(r"\s*[+-]?\d+(\.\d*)?\s*", raw):
+    if isinstance(raw, str) and re.fullmatch(r"\s*[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?\s*", raw):
         raise ValueError(f"`{raw}` is not an RFC 3339 time")
     return raw
 
@@ -217,6 +221,11 @@ _Time = Annotated[
 _Limit = Annotated[int, Query(ge=1, le=_MAX_LIMIT, description="rows at most")]
 _Flag = Annotated[bool, Query(description="`true` or `false` (also `1`/`0`)")]
 _Qid = Annotated[str | None, Query(description="one decision by its id")]
+_Text = Annotated[str | None, Query(max_length=512, description="a value to match exactly")]
+_AfterAt = Annotated[
+    int | None,
+    Query(ge=0, le=10_413_792_000_000, description="a page's `end.at` (Unix ms), with `after_qid`"),
+]
 
 _ROWS = {
     "description": "rows, oldest first",
@@ -427,6 +436,60 @@ def create_app(
         if r is not None:
             return run(lambda: queries.decisions_of_resource(client, r, start, end, limit=limit))
         raise _bad("principal", "give `principal`, `resource` or `qid`")
+
+    @app.get("/v1/history/decisions/search", responses=unavailable, dependencies=guard)
+    def search(
+        principal: _Ref = None,
+        resource: _Ref = None,
+        action: _Text = None,
+        verdict: _Text = None,
+        policy: _Text = None,
+        mode: _Text = None,
+        since: _Time = None,
+        until: _Time = None,
+        after_at: _AfterAt = None,
+        after_qid: _Text = None,
+        limit: _Limit = 50,
+    ) -> dict[str, Any]:
+        """One page of a decision search (``queries.search_decisions``; docs/history.md)."""
+        p, r = _ref(principal, "principal"), _ref(resource, "resource")
+        if p is not None and r is not None:
+            raise _bad("resource", "give `principal` or `resource`, not both")
+        for name, value in (
+            ("action", action),
+            ("verdict", verdict),
+            ("policy", policy),
+            ("mode", mode),
+            ("after_qid", after_qid),
+        ):
+            why = None if value is None else identifier_problem(value)
+            if why is not None:
+                raise _bad(name, f"the value {why}")
+        if (after_at is None) != (after_qid is None):
+            raise _bad("after_at", "give both `after_at` and `after_qid`, or neither")
+        start, end = _range(since, until, now())
+        after = None if after_at is None or after_qid is None else (after_at, after_qid)
+        page = run(
+            lambda: queries.search_decisions(
+                client,
+                start,
+                end,
+                principal=p,
+                resource=r,
+                action=action,
+                verdict=verdict,
+                policy=policy,
+                mode=mode,
+                after=after,
+                limit=limit,
+            )
+        )
+        return {
+            "decisions": page.decisions,
+            "more": page.more,
+            "end": None if page.end is None else {"at": page.end[0], "qid": page.end[1]},
+            "scanned": page.scanned,
+        }
 
     @app.get("/v1/history/events", responses={200: _ROWS, **unavailable}, dependencies=guard)
     def events(

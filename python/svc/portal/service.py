@@ -194,10 +194,6 @@ class AgentIn(BaseModel):
     description: str = Field(default="", max_length=4096)
 
 
-#: Most history rows one page of a decision search reads before it ends early (``decisions``).
-SCAN_BUDGET = 50_000
-
-
 def _rfc3339(t: datetime) -> str:
     """An aware time as RFC 3339 in UTC with milliseconds."""
     return t.astimezone(UTC).isoformat(timespec="milliseconds")
@@ -236,22 +232,6 @@ def _decode_cursor(cursor: str) -> tuple[int, str]:
             [FieldError(None, "after", "not a cursor")],
         ) from None
     return ms, qid
-
-
-def _matches(
-    row: dict[str, Any],
-    action: str | None,
-    verdict: str | None,
-    policy: str | None,
-    mode: str | None,
-) -> bool:
-    """Whether a history row passes the search's filters."""
-    return (
-        (action is None or row.get("action") == action)
-        and (verdict is None or row.get("verdict") == verdict or row.get("outcome") == verdict)
-        and (policy is None or policy in (row.get("policies") or []))
-        and (mode is None or row.get("mode") == mode)
-    )
 
 
 def policy_texts(source: str) -> dict[str, str]:
@@ -640,16 +620,16 @@ class PortalService:
     ) -> dict[str, Any]:
         """Searches the decision history, oldest first, a page at a time (``view`` decisions).
 
-        The history's routes read one principal's or one resource's decisions over a time
-        range (docs/history.md#http-routes); the other filters are applied here, reading the
-        range in chunks from the cursor on. A page holds at most `first` decisions; when a
-        page's scan reaches ``SCAN_BUDGET`` rows without filling it, it ends early with
-        ``has_next_page`` and a cursor past what was read, so no page costs more than that.
+        One request to the history's search route (docs/history.md#searching-decisions), which
+        applies every filter in its query and reads the range in bounded time windows: a page
+        whose windows end before the range does comes back with fewer than `first` decisions,
+        ``has_next_page`` and a cursor where the windows ended (keyset paging on ``(at, qid)``,
+        so pages neither repeat nor skip a decision).
 
         Args:
             person: the signed-in user.
-            principal: ``{type, id}``: its decisions (also those it made on behalf of no one).
-            resource: ``{type, id}``: the decisions on it; exactly one of the two.
+            principal: ``{type, id}``: the decisions it made (not those made on its behalf).
+            resource: ``{type, id}``: the checks on it; at most one of the two.
             action: keep only decisions of that action.
             verdict: keep only that verdict (``allow``, ``deny``, ``challenge``; a plan's
                 ``outcome``).
@@ -662,76 +642,70 @@ class PortalService:
 
         Returns:
             ``{"decisions": [row], "end_cursor", "has_next_page", "scanned"}``: rows as the
-            history answers them (docs/history.md#queries).
+            history answers them (docs/history.md#queries); ``scanned`` is the history rows
+            the page read.
 
         Raises:
-            Problem: 400 for a missing or doubled subject, a bad cursor or range; 503 without
-                a history.
+            Problem: 400 for a principal with a resource, a search naming neither and no other
+                filter, a bad cursor or range; 503 without a history.
 
         """
         self.authorize(person, "view", "decisions")
         h = self._need(self.history, "history")
         first = self._page(first)
-        if (principal is None) == (resource is None):
+        if principal is not None and resource is not None:
             raise Problem(
                 400,
                 "invalid-argument",
                 "Invalid argument",
-                "give exactly one of `principal` and `resource`",
-                [FieldError(None, "principal", "exactly one of principal and resource")],
+                "give `principal` or `resource`, not both",
+                [FieldError(None, "principal", "at most one of principal and resource")],
             )
-        now = datetime.now(UTC)
-        end = until or now
+        if (
+            principal is None
+            and resource is None
+            and all(x is None for x in (action, verdict, policy, mode))
+        ):
+            raise Problem(
+                400,
+                "invalid-argument",
+                "Invalid argument",
+                "name what to search for: a principal, a resource, an action, a verdict, a "
+                "policy or a mode",
+                [FieldError(None, "principal", "a search names at least one filter")],
+            )
+        end = until or datetime.now(UTC)
         start = since or end - timedelta(days=1)
         cursor = _decode_cursor(after) if after else None
-        if cursor is not None:
-            start = max(start, datetime.fromtimestamp(cursor[0] / 1000, UTC))
-        if start >= end:
+        if start >= end or (cursor is not None and cursor[0] >= _ms(end)):
             return {"decisions": [], "end_cursor": after, "has_next_page": False, "scanned": 0}
-        subject = principal or resource
-        assert subject is not None
-        key = "principal" if principal is not None else "resource"
-        base = {key: f"{subject['type']}::{subject['id']}", "until": _rfc3339(end)}
-        # An unfiltered page needs `first + 1` rows; a filtered one likely more. Each further
-        # read of the range doubles, up to the history's limit.
-        filtered = any(x is not None for x in (action, verdict, policy, mode))
-        chunk = min(10_000, 4 * (first + 1) if filtered else first + 1)
-        found: list[dict[str, Any]] = []
-        scanned, exhausted, last = 0, False, cursor
-        while len(found) <= first and scanned < SCAN_BUDGET:
-            since_at = _rfc3339(start)
-            rows = self._run("history", partial(h.decisions, **base, since=since_at, limit=chunk))
-            moved = False
-            for row in rows:
-                pos = (_ms(row["at"]), str(row["qid"]))
-                if last is not None and pos <= last:
-                    continue
-                moved, last = True, pos
-                scanned += 1
-                if _matches(row, action, verdict, policy, mode):
-                    found.append(row)
-                    if len(found) > first:
-                        break
-            if len(rows) < chunk:
-                exhausted = True
-                break
-            if not moved:  # more than a chunk of rows in one millisecond: step past it
-                assert last is not None
-                last = (last[0], "\uffff")
-            assert last is not None
-            start = datetime.fromtimestamp(last[0] / 1000, UTC)
-            chunk = min(10_000, chunk * 2)
-        page = found[:first]
-        if len(found) > first:
-            end_pos: tuple[int, str] | None = (_ms(page[-1]["at"]), str(page[-1]["qid"]))
-            more = True
-        else:
-            end_pos, more = last, not exhausted
+
+        def ref(x: dict[str, str] | None) -> str | None:
+            return None if x is None else f"{x['type']}::{x['id']}"
+
+        out = self._run(
+            "history",
+            partial(
+                h.search_decisions,
+                principal=ref(principal),
+                resource=ref(resource),
+                action=action,
+                verdict=verdict,
+                policy=policy,
+                mode=mode,
+                since=_rfc3339(start),
+                until=_rfc3339(end),
+                after_at=None if cursor is None else cursor[0],
+                after_qid=None if cursor is None else cursor[1],
+                limit=first,
+            ),
+        )
+        pos = out.get("end")
         return {
-            "decisions": page,
-            "end_cursor": _encode_cursor(end_pos) if end_pos is not None else None,
-            "has_next_page": more,
-            "scanned": scanned,
+            "decisions": out["decisions"],
+            "end_cursor": _encode_cursor((int(pos["at"]), str(pos["qid"]))) if pos else after,
+            "has_next_page": bool(out["more"]),
+            "scanned": int(out.get("scanned", 0)),
         }
 
     def explain(self, person: str, qid: str) -> dict[str, Any] | None:

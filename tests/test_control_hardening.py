@@ -625,3 +625,50 @@ def test_log_fields_are_bounded(caplog: pytest.LogCaptureFixture) -> None:
     for line in lines:
         assert len(line) < 3 * MAX_LOG_FIELD_CHARS, len(line)
         assert "(900000 chars)" in line
+
+
+def test_the_intake_token_comes_before_path_and_body(kafka_bootstrap: str) -> None:
+    """Unknown intake paths without the intake token were 404 (docs/intake.md#routes): now 401."""
+    from svc.intake.app import create_app as intake_app
+    from svc.intake.settings import IntakeSettings
+
+    token = "intake-" + "i" * 40
+    settings = IntakeSettings(
+        kafka_url=kafka_bootstrap,
+        topic="svc-hardening-unused",
+        token=token,
+        transactional_id="svc-hardening-intake",
+        broker_timeout_secs=3.0,
+        max_body_bytes=1024 * 1024,
+    )
+    with apifuzz.serve(intake_app(settings)) as base:
+        for method, path, headers, body in [
+            ("GET", "/v1/no-such-route", {}, b""),
+            ("POST", "/no-such-route", {}, deep(10_000).encode()),
+            ("POST", "/v1/events", {}, b"[" * (8 * 1024 * 1024)),
+            ("POST", "/v1/events/cloud-audit-trail", {}, deep(10_000).encode()),
+            ("PUT", "/v1/events", {"Authorization": "Basic x"}, b"{}"),
+        ]:
+            r = httpx.request(
+                method,
+                base + path,
+                content=body,
+                headers={"content-type": "application/json", **headers},
+                timeout=120,
+            )
+            assert r.status_code == 401, (method, path, r.status_code, r.text[:200])
+            assert r.headers["content-type"].startswith(PROBLEM)
+            assert r.headers["www-authenticate"].startswith("Bearer")
+        wrong = httpx.post(
+            base + "/v1/events",
+            content=b"[" * (8 * 1024 * 1024),
+            headers={"Authorization": "Bearer " + "w" * 40},
+            timeout=120,
+        )
+        assert wrong.status_code == 403, wrong.text[:200]
+        right = {"Authorization": f"Bearer {token}"}
+        assert httpx.get(base + "/v1/no-such-route", headers=right).status_code == 404
+        big = httpx.post(base + "/v1/events", content=b"[" * (2 * 1024 * 1024), headers=right)
+        assert big.status_code == 413, big.text[:200]
+        for path in ("/healthz", "/version", "/metrics", "/openapi.json"):
+            assert httpx.get(base + path).status_code == 200, path

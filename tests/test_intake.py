@@ -584,10 +584,13 @@ def test_health_routes(shared_intake: Intake) -> None:
     assert m.status_code == 200
     assert "svc_intake_requests_total" in m.text
     assert 'svc_intake_events_rejected_total{route="events"}' in m.text
-    r = c.get("/v1/nope")
+    # The intake token comes first, even on a path that does not exist (issue 43).
+    assert c.get("/v1/nope").status_code == 401
+    assert c.get(EVENTS).status_code == 401
+    r = c.get("/v1/nope", headers=AUTH)
     assert r.status_code == 404
     assert r.json()["type"] == "urn:svc:problem:not-found"
-    assert c.get(EVENTS).status_code == 405
+    assert c.get(EVENTS, headers=AUTH).status_code == 405
 
 
 def test_missing_topic_is_not_ready(kafka_bootstrap: str) -> None:
@@ -1523,7 +1526,7 @@ def test_request_id_is_bounded_and_echoed(shared_intake: Intake, sent: str, kept
         c.get("/healthz", headers={"X-Request-ID": sent}),
         c.post(EVENTS, content=b"{}", headers={"X-Request-ID": sent}),  # 401
         shared_intake.post(EVENTS, content=b"[", headers={"X-Request-ID": sent}),  # 400
-        c.get("/nope", headers={"X-Request-ID": sent}),  # 404
+        c.get("/nope", headers={"X-Request-ID": sent, **AUTH}),  # 404
     ]
     assert [r.status_code for r in answers] == [200, 401, 400, 404]
     for r in answers:
@@ -1541,13 +1544,14 @@ def test_request_id_is_bounded_and_echoed(shared_intake: Intake, sent: str, kept
 def test_head_works_where_get_does(shared_intake: Intake) -> None:
     c = shared_intake.client
     for path in ("/healthz", "/readyz", "/version", "/openapi.json", "/metrics", "/nope", EVENTS):
-        get, head = c.get(path), c.head(path)
+        get, head = c.get(path, headers=AUTH), c.head(path, headers=AUTH)
         assert head.status_code == get.status_code, (path, head.status_code, get.status_code)
         assert head.content == b"", path
         assert head.headers["content-type"] == get.headers["content-type"], path
         if path != "/metrics":  # its counters move between the two requests
             assert head.headers["content-length"] == str(len(get.content)), path
-    assert c.head(EVENTS).headers["allow"] == "POST"
+    assert c.head(EVENTS, headers=AUTH).headers["allow"] == "POST"
+    assert c.head("/nope").status_code == c.get("/nope").status_code == 401
 
 
 # -- schemathesis over the intake's OpenAPI document, served by uvicorn: no 5xx, answers conform

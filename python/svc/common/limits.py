@@ -56,6 +56,7 @@ __all__ = [
     "OPEN_PATHS",
     "PROBE_MAX_BODY_BYTES",
     "PROBE_PATHS",
+    "Authenticate",
     "Guard",
     "Guarded",
     "JsonRejected",
@@ -83,6 +84,10 @@ MAX_ECHO_CHARS = 64
 #: A guard checks a request's ``Authorization`` header (``""`` when absent) and returns the
 #: problem to answer, or None to let the request through.
 Guard = Callable[[str], Awaitable[Problem | None]]
+#: An app's own credential check over the whole request head (its ASGI scope: path, headers,
+#: cookies), for credentials a ``Guard`` cannot see (a session cookie) or paths it cares
+#: about; returns the problem to answer, or None to let the request on to the guards.
+Authenticate = Callable[[Scope], Awaitable[Problem | None]]
 
 #: Digits as ``0``, ``e``/``E`` as ``e``, ``+`` kept, anything else a space: a number overflows
 #: a float only with an exponent of 3 digits or more or 309 digits in a row, found in the
@@ -326,6 +331,8 @@ class Guarded:
             the same for whole subtrees.
         max_json_depth: the deepest JSON nesting a body may have.
         check_json: whether JSON bodies are checked (step 3).
+        authenticate: the app's own credential check, run before the guards on every path
+            not open (``Authenticate``).
 
     """
 
@@ -340,8 +347,10 @@ class Guarded:
         open_prefixes: Sequence[str] = (),
         max_json_depth: int = DEFAULT_MAX_JSON_DEPTH,
         check_json: bool = True,
+        authenticate: Authenticate | None = None,
     ) -> None:
         self.app = app
+        self.authenticate = authenticate
         self.max_body_bytes = max_body_bytes
         self.setting = setting
         self.guards = list(guards)
@@ -365,6 +374,11 @@ class Guarded:
             return
         path: str = scope.get("path", "")
         if path not in self.open_paths and not path.startswith(self.open_prefixes):
+            if self.authenticate is not None:
+                refused = await self.authenticate(scope)
+                if refused is not None:
+                    await problem_response(refused)(scope, receive, send)
+                    return
             for prefix, guard in self.guards:
                 if path.startswith(prefix):
                     refused = await guard(_header(scope, b"authorization") or "")
@@ -540,6 +554,7 @@ def harden(
     open_prefixes: Sequence[str] = (),
     max_json_depth: int = DEFAULT_MAX_JSON_DEPTH,
     check_json: bool = True,
+    authenticate: Authenticate | None = None,
 ) -> None:
     """Installs ``Guarded`` in front of ``app``'s routes: one line per app (module docs).
 
@@ -556,6 +571,9 @@ def harden(
         open_prefixes: path prefixes served without a token (a login page, static files).
         max_json_depth: the deepest JSON nesting allowed.
         check_json: whether JSON bodies are checked before the app sees them.
+        authenticate: the app's own credential check over the request head, run first on
+            every path not open (a session cookie, a token a route checked itself before):
+            a request it refuses is answered before any body is read.
 
     It also bounds every log field of the process (``svc.common.logbounds``): what a caller
     sends reaches log lines only cut to a bounded size; and it makes the app's OpenAPI document
@@ -579,5 +597,6 @@ def harden(
             open_prefixes=tuple(open_prefixes),
             max_json_depth=max_json_depth,
             check_json=check_json,
+            authenticate=authenticate,
         )
     )

@@ -343,12 +343,28 @@ def create_app(settings: IntakeSettings | None = None) -> FastAPI:
         responses={"4XX": web.PROBLEM_RESPONSE},
     )
     web.install(app)
-    # Bodies bounded before they are read, no internals in a 500; the routes check the intake
-    # token and parse (gzip, NDJSON) themselves (docs/intake.md#routes).
+
+    async def token_first(header: str) -> Problem | None:
+        """The intake token on every path but the probes, before any body is read or routed."""
+        scheme, _, token = header.strip().partition(" ")
+        try:
+            authenticate(
+                HTTPAuthorizationCredentials(scheme="Bearer", credentials=token)
+                if scheme.lower() == "bearer"
+                else None
+            )
+        except Problem as p:
+            return p
+        return None
+
+    # The intake token first on every path (an unknown one too: 401 before 404), bodies bounded
+    # before they are read, no internals in a 500; the routes parse (gzip, NDJSON) themselves
+    # (docs/intake.md#routes).
     harden(
         app,
         max_body_bytes=settings.max_body_bytes,
         setting=settings.env_name("max_body_bytes"),
+        guards=[("/", token_first)],
         check_json=False,
     )
     app.state.settings = settings

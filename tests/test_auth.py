@@ -34,6 +34,7 @@ from cryptography.hazmat.primitives import serialization
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from serverkit import PROBLEM, metric, wait_until
+from svc import registry
 from svc.authz.v1 import authz_pb2, authz_pb2_grpc
 from svc.common.auth import (
     AuthConfigError,
@@ -42,6 +43,7 @@ from svc.common.auth import (
     PdpAuthSettings,
     is_loopback,
 )
+from svc.common.component import Role
 from svc.pdp import Engine, Server
 from svc.pdp.server import StandaloneOptions, serve_bundle
 from test_pdp_standalone import Pdp
@@ -514,13 +516,12 @@ def test_svc_up_writes_a_caller_token_for_both_components(up: Up) -> None:
     assert stat.S_IMODE((d / "issuer").stat().st_mode) == 0o700
     assert str(token_file) in "".join(up.stdout)
     got = jwt.decode(up.caller_token, options={"verify_signature": False})
-    assert got["sub"] == "svc-local" and set(got["aud"]) == {
-        "svc-pdp",
-        "svc-history",
-        "svc-policy",
-        "svc-context",
-        "svc-challenge",
-    }
+    # Every component that admits the operator, as the registry says; the five core ones at least.
+    assert got["sub"] == "svc-local"
+    assert set(got["aud"]) == set(registry.audiences_of(Role.OPERATOR))
+    assert {"svc-pdp", "svc-history", "svc-policy", "svc-context", "svc-challenge"} <= set(
+        got["aud"]
+    )
     assert got["exp"] - got["iat"] >= 8 * 3600  # a working day
     r = httpx.post(f"{up.pdp}/v1/access/evaluation", json=CHECK, headers=up.auth, timeout=10)
     assert r.status_code == 200, r.text

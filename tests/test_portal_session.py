@@ -136,3 +136,44 @@ def test_signing_in_again_opens_a_new_session_and_next_stays_on_site(world: Worl
     r = httpx.get(f"{world.portal.url}/api/v1/me", cookies={COOKIE: first})
     assert r.status_code == 401  # the old session is gone
     c.close()
+
+
+def test_credentials_come_before_the_body(world: World) -> None:
+    """GraphQL, the agents API and MCP refuse a caller without credentials before reading its
+    body (issue 43): a deep or oversized body gets 401, not 400 or 413; the web app's files,
+    sign-in and the probes stay open."""
+    base = world.portal.url
+    deep = ("[" * 10_000 + "]" * 10_000).encode()
+    huge = b"[" * (world.settings.max_body_bytes + 1024)
+    routes = [
+        ("POST", "/graphql"),
+        ("PUT", "/api/v1/agents/copilot.x"),
+        ("GET", "/api/v1/agents"),
+        ("DELETE", "/api/v1/agents/copilot.x"),
+        ("POST", "/mcp"),
+    ]
+    for method, path in routes:
+        for body in (deep, huge):
+            for headers in ({}, {"authorization": "Bearer not-a-jwt"}):
+                r = httpx.request(
+                    method,
+                    base + path,
+                    content=body,
+                    headers={"content-type": "application/json", **headers},
+                    timeout=60,
+                )
+                assert r.status_code == 401, (method, path, headers, r.status_code, r.text[:200])
+                assert slug(r) == "unauthenticated"
+    # With credentials the same bodies get their own refusals.
+    app = {"authorization": f"Bearer {world.copilot.mint('copilot', 'svc-portal')}"}
+    r = httpx.put(f"{base}/api/v1/agents/copilot.x", content=deep, headers=app)
+    assert r.status_code == 400 and slug(r) == "invalid-json", r.text[:200]
+    r = httpx.put(f"{base}/api/v1/agents/copilot.x", content=huge, headers=app, timeout=60)
+    assert r.status_code == 413 and slug(r) == "payload-too-large", r.text[:200]
+    ana = world.sign_in("ana")
+    r = ana.post("/graphql", content=deep, headers={"content-type": "application/json"})
+    assert r.status_code == 400 and slug(r) == "invalid-json", r.text[:200]
+    ana.close()
+    for path in ("/healthz", "/version", "/", "/decisions"):
+        assert httpx.get(base + path).status_code == 200, path
+    assert httpx.get(f"{base}/auth/login").status_code in (302, 303)

@@ -41,7 +41,7 @@ from starlette.exceptions import WebSocketException
 from starlette.middleware.sessions import SessionMiddleware
 from starlette.requests import HTTPConnection
 from starlette.routing import Route
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Scope
 from strawberry.subscriptions import GRAPHQL_TRANSPORT_WS_PROTOCOL
 
 from svc import __version__, web
@@ -72,68 +72,8 @@ log = logging.getLogger("svc.portal")
 COMPONENT = "svc-portal"
 
 
-class BodyLimit:
-    """ASGI middleware: a request body over `limit` bytes gets a 413 problem, unread.
-
-    A declared ``Content-Length`` over the limit is refused at once; a body sent without one
-    (chunked) is counted as it arrives and refused once past the limit.
-    """
-
-    def __init__(self, app: ASGIApp, limit: int) -> None:
-        self.app = app
-        self.limit = limit
-
-    def _problem(self) -> Problem:
-        return Problem(
-            413,
-            "payload-too-large",
-            "Payload too large",
-            f"the request body is larger than {self.limit} bytes (SVC_PORTAL_MAX_BODY_BYTES)",
-        )
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        for name, value in scope.get("headers", []):
-            if name == b"content-length":
-                try:
-                    declared = int(value)
-                except ValueError:
-                    declared = 0
-                if declared > self.limit:
-                    await problem_response(self._problem())(scope, receive, send)
-                    return
-        seen = 0
-        started = False
-
-        async def counted() -> Message:
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.limit:
-                    raise _TooLarge
-            return message
-
-        async def sending(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
-        try:
-            await self.app(scope, counted, sending)
-        except _TooLarge:
-            if not started:
-                await problem_response(self._problem())(scope, receive, send)
-
-
 #: The agents API's JSON body, any shape: the service layer names what is wrong with it.
 _BODY = Body()
-
-
-class _TooLarge(Exception):
-    """A body went past the limit while it was read."""
 
 
 def build_service(settings: PortalSettings) -> PortalService:
@@ -223,10 +163,15 @@ def create_app(settings: PortalSettings, service: PortalService) -> FastAPI:
         detail = "; ".join(f"`{e.field}`: {e.message}" for e in errors) or "invalid request"
         return problem_response(Problem(400, "invalid-request", "Invalid request", detail, errors))
 
-    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
-    # JSON checked (UTF-8, depth, no lone surrogate) and no internals in a 500 (svc.common.limits);
-    # people and apps sign in their own ways, checked by the routes.
-    harden(app, max_body_bytes=settings.max_body_bytes, setting=settings.env_name("max_body_bytes"))
+    # Credentials first (``credentials_first``), then bodies bounded and JSON checked (UTF-8,
+    # depth, no lone surrogate), no internals in a 500 (svc.common.limits); the routes check the
+    # credentials again as they use them.
+    harden(
+        app,
+        max_body_bytes=settings.max_body_bytes,
+        setting=settings.env_name("max_body_bytes"),
+        authenticate=lambda scope: credentials_first(scope),
+    )
 
     registry = CollectorRegistry(auto_describe=True)
     agent_calls = Counter(
@@ -317,8 +262,14 @@ def create_app(settings: PortalSettings, service: PortalService) -> FastAPI:
 
     bearer_dep = Depends(bearer)
 
-    async def calling_app(credentials: HTTPAuthorizationCredentials | None = bearer_dep) -> str:
-        """The name of the trusted app whose own token the request carries (401 otherwise)."""
+    async def app_caller(credentials: HTTPAuthorizationCredentials | None) -> str:
+        """The name of the trusted app whose own token the request carries.
+
+        Raises:
+            Problem: 401 ``unauthenticated`` without a token or with one the trusted apps'
+                keys do not verify; 503 when the trusted apps cannot be read.
+
+        """
         try:
             if credentials is None or not credentials.credentials.strip():
                 raise AppTokenError(
@@ -343,6 +294,43 @@ def create_app(settings: PortalSettings, service: PortalService) -> FastAPI:
                 headers={"Retry-After": "1"},
             ) from None
         return trusted.name
+
+    async def calling_app(
+        request: Request, credentials: HTTPAuthorizationCredentials | None = bearer_dep
+    ) -> str:
+        """The calling trusted app (``app_caller``), as ``credentials_first`` verified it."""
+        name = request.scope.get(_APP_CALLER)
+        return name if isinstance(name, str) else await app_caller(credentials)
+
+    async def credentials_first(scope: Scope) -> Problem | None:
+        """The credentials of the agents API, GraphQL and MCP, before any body is read.
+
+        ``/api/v1/agents``: a trusted app's own token (the app put in the scope for
+        ``calling_app``); ``/graphql``: a live session cookie; ``/mcp``: a person's or an
+        agent's JWT (``McpEndpoint.caller``). Anything else (the web app's files, sign-in and
+        sign-out, ``/api/v1/me``, the probes) is left to its route.
+
+        Returns:
+            The refusal to answer (401, or 503 when the trusted apps cannot be read), or None.
+
+        """
+        path: str = scope.get("path", "")
+        try:
+            if path == "/api/v1/agents" or path.startswith("/api/v1/agents/"):
+                scheme, _, token = (_header(scope, b"authorization") or "").partition(" ")
+                creds = (
+                    HTTPAuthorizationCredentials(scheme=scheme, credentials=token)
+                    if scheme.lower() == "bearer"
+                    else None
+                )
+                scope[_APP_CALLER] = await app_caller(creds)
+            elif path == "/graphql" or path.startswith("/graphql/"):
+                signed_in(Request(scope))
+            elif path == "/mcp" or path.startswith("/mcp/"):
+                await mcp.caller(scope)
+        except Problem as p:
+            return p
+        return None
 
     caller_dep = Depends(calling_app)
 
@@ -388,6 +376,17 @@ def create_app(settings: PortalSettings, service: PortalService) -> FastAPI:
 
     install_web(app, web_dir)  # last: its catch-all GET serves the app's own routes
     return app
+
+
+#: The ASGI scope key of the trusted app ``credentials_first`` verified.
+_APP_CALLER = "svc.portal.app_caller"
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for k, v in scope.get("headers", ()):
+        if k == name:
+            return bytes(v).decode("latin-1")
+    return None
 
 
 def _origin(url: str) -> str:

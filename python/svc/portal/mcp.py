@@ -431,6 +431,10 @@ def _jsonable(value: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+#: The ASGI scope key of the caller ``McpEndpoint.caller`` verified.
+_CALLER_KEY = "svc.portal.mcp_caller"
+
+
 class McpEndpoint:
     """The ASGI app of ``/mcp``: the caller's token checked, then the SDK's transport.
 
@@ -482,8 +486,17 @@ class McpEndpoint:
             log.warning("the trusted apps cannot be read now: %s", e)
         return self.verifier.verify(token)
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Verifies the bearer token, then hands the request to the SDK's transport."""
+    async def caller(self, scope: Scope) -> AgentIdentity:
+        """The verified caller of a request; kept in ``scope`` so it is verified once.
+
+        Raises:
+            Problem: 401 ``unauthenticated`` without a bearer token, with one that does not
+                verify, or with an agent acting alone.
+
+        """
+        known = scope.get(_CALLER_KEY)
+        if isinstance(known, AgentIdentity):
+            return known
         headers = dict(scope.get("headers", []))
         raw = headers.get(b"authorization", b"").decode("latin-1")
         scheme, _, token = raw.partition(" ")
@@ -504,13 +517,21 @@ class McpEndpoint:
                 if e.missing
                 else 'Bearer realm="svc-portal", error="invalid_token"'
             )
-            p = Problem(
+            raise Problem(
                 401,
                 "unauthenticated",
                 "Authentication required",
                 e.detail,
                 headers={"WWW-Authenticate": challenge},
-            )
+            ) from None
+        scope[_CALLER_KEY] = ident
+        return ident
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Verifies the bearer token (``caller``), then hands the request to the SDK's transport."""
+        try:
+            ident = await self.caller(scope)
+        except Problem as p:
             await problem_response(p)(scope, receive, send)
             return
         reset = CALLER.set(ident)

@@ -48,6 +48,7 @@ from svc.common.auth import (
     LocalIssuer,
     PdpAuthSettings,
     PolicyAuthSettings,
+    Verifier,
 )
 from svc.common.component import Role
 from svc.common.roles import METHODS, ROLES, SERVICES, allowed, roles_of
@@ -303,6 +304,38 @@ def test_context_service_routes_by_role(context: httpx.Client, issuer: LocalIssu
         token = _token(issuer, role, "svc-context")
         for method in METHODS["context"]:
             _check_http("context", method, role, _http_call(context, method, token))
+
+
+def test_a_request_verifies_its_token_once(
+    tmp_path: Path, issuer: LocalIssuer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The guard that checks the token before the body (svc.common.limits) hands the verified
+    caller to the route's role check, which does not verify the same token again."""
+    calls: list[str] = []
+    verify = Verifier.verify
+
+    def counting(self: Verifier, token: str) -> Any:
+        calls.append(token)
+        return verify(self, token)
+
+    monkeypatch.setattr(Verifier, "verify", counting)
+    settings = _context_settings(tmp_path)
+    service = ContextService(settings)
+    app = create_context_app(service, settings, ContextAuthSettings(**_auth(issuer)))
+    try:
+        with apifuzz.serve(app) as base:
+            token = _token(issuer, Role.PORTAL, "svc-context")
+            r = httpx.get(f"{base}/v1/principals", headers={"authorization": f"Bearer {token}"})
+            assert r.status_code == 200, r.text
+            assert calls == [token]
+            # A role the method does not admit is still refused after the one verification.
+            calls.clear()
+            token = _token(issuer, Role.DEMO, "svc-context")
+            r = httpx.get(f"{base}/v1/principals", headers={"authorization": f"Bearer {token}"})
+            assert r.status_code == 403, r.text
+            assert calls == [token]
+    finally:
+        service.close()
 
 
 def _free_port() -> int:

@@ -46,7 +46,13 @@ from pydantic_core import from_json
 from starlette.middleware import Middleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from svc.common.auth import MISSING_TOKEN, AuthConfigError, AuthError, Verifier
+from svc.common.auth import (
+    MISSING_TOKEN,
+    AuthConfigError,
+    AuthError,
+    Verifier,
+    remember_verified,
+)
 from svc.common.logbounds import install_log_bounds
 from svc.common.problems import Problem, problem_response
 from svc.web import PROBLEM_RESPONSE, PROBLEM_SCHEMA
@@ -251,7 +257,8 @@ def bearer_guard(verifier: Verifier) -> Guard:
         try:
             if scheme.lower() != "bearer" or not token.strip():
                 raise AuthError(401, MISSING_TOKEN, missing=True)
-            await anyio.to_thread.run_sync(verifier.verify, token.strip())
+            caller = await anyio.to_thread.run_sync(verifier.verify, token.strip())
+            remember_verified(verifier, token.strip(), caller)
         except AuthError as e:
             if e.status == 403:
                 return Problem(403, "caller-not-allowed", "The caller is not allowed", e.detail)

@@ -404,7 +404,7 @@ impl Authenticator {
             return Ok(sub);
         }
         Err(Refusal::Forbidden(format!(
-            "caller `{}` is not allowed to call {}; the allowed callers are a setting of this service (SVC_PDP_AUTH_CALLERS, docs/auth.md)",
+            "caller `{}` is not allowed to call {}; the allowed callers and their roles are a setting of this service (SVC_PDP_AUTH_ROLES, docs/auth.md#roles-and-methods)",
             bounded(sub.to_string()),
             self.config.audience
         )))

@@ -508,8 +508,8 @@ class Verifier:
             raise AuthError(
                 403,
                 f"caller `{_quoted_sub(sub)}` is not allowed to call {s.auth_audience}; the "
-                f"allowed callers are a setting of this service ({s.env_name('auth_roles')}, "
-                "docs/auth.md)",
+                "allowed callers and their roles are a setting of this service "
+                f"({s.env_name('auth_roles')}, docs/auth.md#roles-and-methods)",
             )
         return Caller(sub, claims, self.roles[sub])
 

@@ -1,6 +1,7 @@
 // The shell: who is signed in, navigation by what the person may view, sign-out, the pages.
 import { useQuery } from "@tanstack/react-query";
-import { NavLink, Route, Routes } from "react-router-dom";
+import { useEffect, useRef } from "react";
+import { NavLink, Route, Routes, useLocation } from "react-router-dom";
 import { gql, loadSession, signOut } from "./api";
 import { graphql } from "./gql";
 import { AssistantPage } from "./pages/Assistant";
@@ -33,7 +34,22 @@ const NAV: { to: string; label: string; area: string; own?: boolean }[] = [
   { to: "/assistant", label: "Assistant", area: "assistant" },
 ];
 
+/** After a navigation inside the app the focus goes to the new page's content (as a page load
+ * would put it at the top), so keyboard and screen-reader users start on the page they chose. */
+function useFocusOnNavigation() {
+  const { pathname } = useLocation();
+  const first = useRef(true);
+  useEffect(() => {
+    if (first.current) {
+      first.current = false;
+      return;
+    }
+    document.getElementById("main")?.focus();
+  }, [pathname]);
+}
+
 export function App() {
+  useFocusOnNavigation();
   const q = useQuery({
     queryKey: ["access"],
     queryFn: async () => {

@@ -41,6 +41,8 @@ export function ErrorBox({ error, retry }: { error: unknown; retry?: () => void 
     next = "Your access does not include this. Ask a security administrator if you need it.";
   if (e?.code === "SERVICE_UNAVAILABLE" || e?.code === "HTTP_503")
     next = "A service the portal calls does not answer; try again shortly.";
+  if (e?.message.includes("SVC_PORTAL_"))
+    next = "The portal is not set up for this: ask whoever runs svc to set the setting named above.";
   if (e?.code === "PERSISTED_QUERY_NOT_FOUND" || e?.code === "HTTP_400")
     next = "The portal may have been upgraded: reload the page.";
   return (

@@ -45,7 +45,12 @@ export function ChallengesPage() {
   const [mine, setMine] = useState(!everyone);
   const [state, setState] = useState<ChallengeState>("PENDING");
   const client = useQueryClient();
-  const q = useQuery({ queryKey: ["challenges", mine, state], queryFn: () => gql(List, { mine, state }) });
+  // The queue refreshes itself every 5 s while the page is in view (new requests appear).
+  const q = useQuery({
+    queryKey: ["challenges", mine, state],
+    queryFn: () => gql(List, { mine, state }),
+    refetchInterval: 5_000,
+  });
   const [reasons, setReasons] = useState<Record<string, string>>({});
   const m = useMutation({
     mutationFn: (v: { qid: string; approve: boolean }) =>

@@ -1139,7 +1139,21 @@ def test_tiers_from_the_policy_service_and_containments_from_a_file(stack: Stack
 
 
 def test_unknown_upstreams_and_routes(stack: Stack) -> None:
-    r = httpx.post(f"{stack.gateway.url}/mcp/nope", json={}, timeout=30)
+    # The agent token comes before the path and the body, an unknown upstream's too (issue 43):
+    # a deep or oversized body without a valid token is 401, never 400 or 413.
+    for body in (b"[" * 10_000 + b"]" * 10_000, b"[" * (1 << 20)):
+        for headers in ({}, {"authorization": "Bearer not-a-jwt"}):
+            r = httpx.post(
+                f"{stack.gateway.url}/mcp/nope",
+                content=body,
+                headers={"content-type": "application/json", **headers},
+                timeout=30,
+            )
+            assert r.status_code == 401, (headers, r.status_code, r.text[:200])
+            assert r.headers["www-authenticate"].startswith("Bearer")
+    token = stack.copilot.mint("ana", AUD, act="copilot.assistant")
+    auth = {"authorization": f"Bearer {token}"}
+    r = httpx.post(f"{stack.gateway.url}/mcp/nope", json={}, headers=auth, timeout=30)
     assert r.status_code == 404
     assert r.json()["type"] == "urn:svc:problem:not-found"
     v = httpx.get(f"{stack.gateway.url}/version", timeout=30).json()

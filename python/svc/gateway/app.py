@@ -808,14 +808,16 @@ def create_app(
                 if refused is not None:
                     await problem_response(refused)(scope, receive, send)
                     return
+                # The agent token first on every /mcp/ path, an unknown upstream's included,
+                # before anything reads the body (issue 43).
+                try:
+                    ident = await authenticate(verifier, scope, service)
+                except Problem as p:
+                    await problem_response(p)(scope, receive, send)
+                    return
                 name = path[5:].rstrip("/")
                 proxy = proxies.get(name)
                 if proxy is not None:
-                    try:
-                        ident = await authenticate(verifier, scope, service)
-                    except Problem as p:
-                        await problem_response(p)(scope, receive, send)
-                        return
                     _bind_caller(scope, ident)
                     await proxy.fast.serve(
                         ident,

@@ -699,3 +699,30 @@ def test_a_failure_half_way_stops_what_started_and_stop_is_idempotent(tmp_path: 
     # The second start ran every component again (their threads), and its stops ended them.
     assert {"svc-up-intake", "svc-up-history", "svc-history-loader"} <= set(out["started_again"])
     assert out["threads_after_stops"] == []
+
+
+def test_data_files_holding_secrets_are_private(corp_up: Up) -> None:
+    """The databases holding live tokens, the issuer's key and the caller tokens are 0600 in
+    0700 directories (issue 43: challenge.db, context.db and policy.db were world-readable)."""
+    d = corp_up.data_dir
+    secret_names = {"challenge.db", "context.db", "policy.db", "caller.token", "intake.token"}
+    found = {
+        p
+        for p in d.rglob("*")
+        if p.is_file()
+        and (
+            p.name in secret_names
+            or p.name.endswith((".token", ".key"))
+            or (p.parent.name == "issuer" and "pub" not in p.name and p.suffix != ".json")
+        )
+    }
+    names = {p.name for p in found}
+    listing = sorted(f"{oct(p.stat().st_mode & 0o777)} {p.relative_to(d)}" for p in d.rglob("*"))
+    assert {"challenge.db", "context.db", "policy.db", "caller.token"} <= names, listing
+    assert d / "issuer" / "key.pem" in found, listing
+    for p in found:
+        assert p.stat().st_mode & 0o777 == 0o600, (str(p.relative_to(d)), listing)
+        for parent in (p.parent, *p.parent.parents):
+            if parent == d.parent:
+                break
+            assert parent.stat().st_mode & 0o777 == 0o700, (str(parent), listing)

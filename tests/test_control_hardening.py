@@ -672,3 +672,46 @@ def test_the_intake_token_comes_before_path_and_body(kafka_bootstrap: str) -> No
         assert big.status_code == 413, big.text[:200]
         for path in ("/healthz", "/version", "/metrics", "/openapi.json"):
             assert httpx.get(base + path).status_code == 200, path
+
+
+def test_a_900kb_document_id_makes_no_900kb_log_line_in_the_decision_point(
+    context: tuple[Context, str], issuer: LocalIssuer, tmp_path: Path
+) -> None:
+    """One agent's 900 KB ``document_id`` became a 900 KB line of the decision point's log: its
+    follower named the whole id when the context service refused to fetch it. Rerun through
+    ``svc pdp`` as a process, following the context service; its standard error is read."""
+    from test_context_follow import POLICIES, SCHEMA
+    from test_pdp_standalone import Pdp
+
+    _, base = context
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / "schema.cedarschema").write_text(SCHEMA)
+    (bundle / "policies.cedar").write_text(POLICIES)
+    token_file = tmp_path / "context.token"
+    token_file.write_text(issuer.mint(CALLER, "svc-context", 3600) + "\n")
+    pdp = Pdp(
+        "--bundle", str(bundle), "--port", "0", "--no-watch",
+        "--context", base, "--context-token-file", str(token_file),
+        "--context-fetch-timeout-ms", "30000",
+    )  # fmt: skip
+    document_id = "d" * 900_000
+    try:
+        url = f"http://127.0.0.1:{pdp.port()}/v1/access/evaluation"
+        r = httpx.post(
+            url,
+            json={
+                "principal": {"type": "Human", "id": "ana"},
+                "action": "read",
+                "resource": {"type": "Document", "id": document_id},
+            },
+            timeout=60,
+        )
+        assert r.status_code < 500, r.text[:300]
+        assert len(r.content) < MAX_ERROR_BYTES + 2048, len(r.content)
+    finally:
+        assert pdp.stop() == 0, pdp.log[-2000:]
+    lines = pdp.log.splitlines()
+    assert any("fetch" in line for line in lines), pdp.log[-2000:]  # the refusal was logged
+    longest = max(len(line) for line in lines)
+    assert longest < 3 * MAX_LOG_FIELD_CHARS, (longest, max(lines, key=len)[:300])

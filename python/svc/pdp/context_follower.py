@@ -82,6 +82,8 @@ import httpx
 
 from svc._pdp_core import Engine, RequestError, Server
 from svc.common.auth import LocalIssuer
+from svc.common.limits import bounded
+from svc.common.logbounds import MAX_LOG_FIELD_CHARS
 from svc.common.retry import Reconnect
 from svc.pdp.feeds import FeedReporter, RepeatedRetries
 
@@ -1013,8 +1015,17 @@ class ContextFollower:
             except (_FeedError, KeyError, TypeError, ValueError) as e:
                 with self._cond:
                     self.status.fetch_errors += 1
-                log.warning("context service: fetching %s failed: %s", resources or work_items, e)
-                raise RuntimeError(str(e) or type(e).__name__) from e
+                # The ids are a check's, as long as its caller made them: named cut (issue 43).
+                first = resources[0] if resources else work_items[0] if work_items else ""
+                log.warning(
+                    "context service: fetching %d resources and %d work items (first %s) "
+                    "failed: %s",
+                    len(resources),
+                    len(work_items),
+                    bounded(first),
+                    bounded(e, MAX_LOG_FIELD_CHARS),
+                )
+                raise RuntimeError(bounded(str(e) or type(e).__name__, MAX_LOG_FIELD_CHARS)) from e
             with self._engine_lock:
                 fresh = [
                     f for f in found if (f["uid"]["type"], f["uid"]["id"]) not in self._touched

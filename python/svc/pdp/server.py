@@ -598,7 +598,13 @@ def run_standalone(
     Raises:
         AuthConfigError, BundleError, RequestError, OSError, ValueError: as ``serve_bundle``.
 
+    Every log field of the process is bounded first (``svc.common.logbounds``): a check's ids
+    are the caller's, and reach log lines only cut to a bounded size.
+
     """
+    from svc.common.logbounds import install_log_bounds
+
+    install_log_bounds()
     with serve_bundle(bundle_dir, options) as server:
         a = options.auth
         log.info(

@@ -120,6 +120,17 @@ LONG = "x" * 900_000
 SURROGATES = ['"\\ud800"', '"a\\udfffb"', '{"\\ud800": 1}', '["ok", "\\udbff\\u0041"]']
 
 
+def assert_scim_error(r: httpx.Response, status: int) -> dict[str, Any]:
+    """``r`` is a short SCIM ``Error`` document of ``status`` (RFC 7644 section 3.12)."""
+    assert r.status_code == status, (r.status_code, r.text[:300])
+    assert r.headers["content-type"].startswith("application/scim+json"), r.headers
+    assert len(r.content) <= MAX_ERROR_BYTES and not INTERNALS.search(r.text), r.text[:300]
+    body: dict[str, Any] = r.json()
+    assert body["schemas"] == ["urn:ietf:params:scim:api:messages:2.0:Error"], body
+    assert body["status"] == str(status) and body["detail"], body
+    return body
+
+
 def deep(n: int) -> str:
     return "[" * n + "]" * n
 
@@ -315,13 +326,30 @@ def test_the_token_comes_before_the_body(context: tuple[Context, str]) -> None:
             timeout=120,
         )
         assert r.status_code == 401, (path, headers, r.status_code, r.text[:200])
-        assert r.headers["content-type"].startswith(PROBLEM)
+        if path.startswith("/scim/v2/"):
+            assert_scim_error(r, 401)
+        else:
+            assert r.headers["content-type"].startswith(PROBLEM)
         assert r.headers["www-authenticate"].startswith("Bearer")
-    # With the right token, the same junk gets the body's own refusal, never a 5xx.
+    # With the right token, the same junk gets the body's own refusal, never a 5xx; on SCIM's
+    # paths as a SCIM Error document (RFC 7644 section 3.12).
     deep_scim = httpx.post(
         f"{base}/scim/v2/Users", content=deep(10_000).encode(), headers=ctx.scim_headers
     )
-    assert assert_clean_refusal(deep_scim)["type"] == "urn:svc:problem:invalid-json"
+    assert assert_scim_error(deep_scim, 400)["scimType"] == "invalidSyntax"
+    surrogate = httpx.post(
+        f"{base}/scim/v2/Users",
+        content=b'{"schemas": ["urn:ietf:params:scim:schemas:core:2.0:User"], "userName": "\\ud800"}',
+        headers=ctx.scim_headers,
+    )
+    assert "surrogate" in assert_scim_error(surrogate, 400)["detail"]
+    big_scim = httpx.post(
+        f"{base}/scim/v2/Groups",
+        content=b"[" * (3 * 1024 * 1024),
+        headers=ctx.scim_headers,
+        timeout=120,
+    )
+    assert "SVC_CONTEXT_MAX_BODY_BYTES" in assert_scim_error(big_scim, 413)["detail"]
     big = httpx.post(
         f"{base}/v1/risk",
         content=b"[" * (3 * 1024 * 1024),

@@ -10,7 +10,8 @@ this order, before the app reads a byte of the body:
    header (``bearer_guard``: the component's ``svc.common.auth.Verifier``; ``static_guard``: a
    shared secret such as the SCIM token). A request with no token or a bad one gets its 401
    (or 403) problem whatever its body or path, so an unauthenticated caller cannot make the
-   service read, parse or route anything.
+   service read, parse or route anything. An app's own ``authenticate`` check over the request
+   head (a session cookie, an app's token on some paths) runs before the guards.
 2. **The size.** A declared ``Content-Length`` over the app's limit gets a 413 problem at once;
    a body sent without one is counted while it arrives and refused past the limit.
 3. **The JSON.** A JSON body (``application/json``, ``application/*+json``, or no content type
@@ -28,8 +29,9 @@ this order, before the app reads a byte of the body:
 codec of ``svc.common.connect``). ``validation_problem`` (used by
 ``svc.common.problems.install_problem_handlers``) answers FastAPI's request validation errors
 as a 400 problem naming each bad field briefly, with no input echoed. ``bounded`` shortens any
-caller-supplied text for an error detail or a log line. ``harden`` also installs
-``svc.common.logbounds`` (every log field of the process bounded).
+caller-supplied text for an error detail or a log line. On the SCIM API's paths
+(``scim_prefix``) every refusal is a SCIM ``Error`` document (``scim_error_response``).
+``harden`` also installs ``svc.common.logbounds`` (every log field of the process bounded).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from typing import Any
 
 import anyio.to_thread
 from fastapi import FastAPI
+from fastapi.responses import JSONResponse
 from pydantic_core import from_json
 from starlette.middleware import Middleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -62,6 +65,7 @@ __all__ = [
     "OPEN_PATHS",
     "PROBE_MAX_BODY_BYTES",
     "PROBE_PATHS",
+    "SCIM_ERROR_SCHEMA",
     "Authenticate",
     "Guard",
     "Guarded",
@@ -70,6 +74,7 @@ __all__ = [
     "bounded",
     "harden",
     "parse_json",
+    "scim_error_response",
     "static_guard",
 ]
 
@@ -317,6 +322,34 @@ def static_guard(secret: Callable[[], str | None], realm: str, setting: str) -> 
     return guard
 
 
+#: The schema URN of a SCIM error document (RFC 7644 section 3.12).
+SCIM_ERROR_SCHEMA = "urn:ietf:params:scim:api:messages:2.0:Error"
+#: SCIM's media type (RFC 7644 section 8.1).
+SCIM_JSON = "application/scim+json"
+
+
+def scim_error_response(p: Problem) -> JSONResponse:
+    """``p`` as a SCIM ``Error`` document (RFC 7644 section 3.12), for the SCIM API's paths.
+
+    Args:
+        p: the refusal (its status, detail and headers, ``WWW-Authenticate`` included, kept).
+
+    Returns:
+        An ``application/scim+json`` answer ``{"schemas": [SCIM_ERROR_SCHEMA], "status":
+        "<status as a string>", "detail": ...}``, with ``scimType`` ``invalidSyntax`` for a
+        body that is not acceptable JSON (400 ``invalid-json``).
+
+    """
+    body: dict[str, Any] = {
+        "schemas": [SCIM_ERROR_SCHEMA],
+        "status": str(p.status),
+        "detail": p.detail or p.title,
+    }
+    if p.status == 400 and p.slug == "invalid-json":
+        body["scimType"] = "invalidSyntax"
+    return JSONResponse(body, status_code=p.status, headers=p.headers, media_type=SCIM_JSON)
+
+
 def _header(scope: Scope, name: bytes) -> str | None:
     for k, v in scope.get("headers", ()):
         if k == name:
@@ -340,6 +373,8 @@ class Guarded:
         check_json: whether JSON bodies are checked (step 3).
         authenticate: the app's own credential check, run before the guards on every path
             not open (``Authenticate``).
+        scim_prefix: a path prefix (``/scim/v2``) whose refusals are SCIM ``Error`` documents
+            (``scim_error_response``) rather than problems, as the rest of SCIM answers.
 
     """
 
@@ -355,9 +390,11 @@ class Guarded:
         max_json_depth: int = DEFAULT_MAX_JSON_DEPTH,
         check_json: bool = True,
         authenticate: Authenticate | None = None,
+        scim_prefix: str | None = None,
     ) -> None:
         self.app = app
         self.authenticate = authenticate
+        self.scim_prefix = scim_prefix
         self.max_body_bytes = max_body_bytes
         self.setting = setting
         self.guards = list(guards)
@@ -384,13 +421,13 @@ class Guarded:
             if self.authenticate is not None:
                 refused = await self.authenticate(scope)
                 if refused is not None:
-                    await problem_response(refused)(scope, receive, send)
+                    await self._answer(scope, receive, send, refused)
                     return
             for prefix, guard in self.guards:
                 if path.startswith(prefix):
                     refused = await guard(_header(scope, b"authorization") or "")
                     if refused is not None:
-                        await problem_response(refused)(scope, receive, send)
+                        await self._answer(scope, receive, send, refused)
                         return
                     break
         length = _header(scope, b"content-length")
@@ -416,6 +453,10 @@ class Guarded:
         await self._streamed(scope, receive, send)
 
     async def _answer(self, scope: Scope, receive: Receive, send: Send, p: Problem) -> None:
+        path: str = scope.get("path", "")
+        if self.scim_prefix and path.startswith(self.scim_prefix):
+            await scim_error_response(p)(scope, receive, send)
+            return
         await problem_response(p)(scope, receive, send)
 
     async def _checked(self, scope: Scope, receive: Receive, send: Send, json_type: bool) -> None:
@@ -562,6 +603,7 @@ def harden(
     max_json_depth: int = DEFAULT_MAX_JSON_DEPTH,
     check_json: bool = True,
     authenticate: Authenticate | None = None,
+    scim_prefix: str | None = None,
 ) -> None:
     """Installs ``Guarded`` in front of ``app``'s routes: one line per app (module docs).
 
@@ -581,6 +623,8 @@ def harden(
         authenticate: the app's own credential check over the request head, run first on
             every path not open (a session cookie, a token a route checked itself before):
             a request it refuses is answered before any body is read.
+        scim_prefix: the SCIM API's path prefix (``/scim/v2``): its refusals are SCIM
+            ``Error`` documents (``scim_error_response``).
 
     It also bounds every log field of the process (``svc.common.logbounds``): what a caller
     sends reaches log lines only cut to a bounded size; and it makes the app's OpenAPI document
@@ -605,5 +649,6 @@ def harden(
             max_json_depth=max_json_depth,
             check_json=check_json,
             authenticate=authenticate,
+            scim_prefix=scim_prefix,
         )
     )

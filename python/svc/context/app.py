@@ -123,7 +123,7 @@ def create_app(
         return settings.scim_token.get_secret_value() if settings.scim_token else None
 
     # The token first, then bounded bodies and checked JSON, on every route but the probes
-    # (SCIM's discovery document is public, RFC 7644 section 4).
+    # (SCIM's discovery document is public, RFC 7644 section 4); SCIM refusals in its own shape.
     harden(
         app,
         max_body_bytes=settings.max_body_bytes,
@@ -131,6 +131,7 @@ def create_app(
         guards=[("/scim/", static_guard(token, "scim", settings.env_name("scim_token")))],
         verifier=verifier,
         open_prefixes=["/scim/v2/ServiceProviderConfig"],
+        scim_prefix="/scim/v2",  # its refusals are SCIM Error documents (RFC 7644 section 3.12)
     )
 
     registry = CollectorRegistry(auto_describe=True)

@@ -13,7 +13,8 @@ auditor sees decisions but the containment controls are disabled with the reason
 approves a pending challenge and the waiting agent's retry passes; a draft with a syntax error
 shows it under its line, and the fixed draft's diff is shown and it is published with a
 confirmation (an auditor may not save or publish); the overview and the containments page show
-a containment; the directory lists people, a trusted app and its agent (an auditor may not
+a containment, and the overview charts decisions per hour by verdict (the history's
+aggregate) with the most denied principals; the directory lists people, a trusted app and its agent (an auditor may not
 trust an app); the assistant without a model says so; the persisted-operations
 rule (an operation of the app's by hash runs, any other text is refused) and the static files
 with the SPA fallback. Every page is checked with axe-core (no serious or critical violation)
@@ -273,6 +274,32 @@ def test_a_security_admin_explains_a_decision_and_contains_a_person(
     page.wait_for_selector(
         "section[aria-label='Active containments'] li:has-text('a stolen laptop')"
     )
+    # The charts: decisions per hour by verdict over the day and the week from the history's
+    # aggregate (decisionStats), cy among the most denied, the figures also as a table.
+    activity = "section[aria-label='Decisions and intake']"
+
+    def charted() -> bool:
+        page.reload()
+        page.wait_for_selector(
+            f"{activity} figure.chart, {activity} .empty, {activity} [role=alert]"
+        )
+        return page.locator(f"{activity} ol.ranked li:has-text('Human::\"cy\"')").count() == 1
+
+    until("cy's denial in the overview's charts", charted)
+    charts = page.locator(f"{activity} figure.chart")
+    assert charts.count() >= 2
+    for i in range(2):
+        label = charts.nth(i).locator("svg[role=img]").get_attribute("aria-label") or ""
+        assert "denied" in label and "allowed" in label, label
+        assert charts.nth(i).locator("svg rect").count() > 0
+    assert "Decisions per hour, last 24 hours" in charts.nth(0).inner_text()
+    charts.nth(0).locator("summary").click()
+    rows = charts.nth(0).locator("tbody tr")
+    assert rows.count() == 24
+    denied = (rows.nth(i).locator("td").nth(2).inner_text().replace(",", "") for i in range(24))
+    assert sum(map(int, denied)) >= 1
+    charts.nth(0).locator("summary").click()
+    page.evaluate("window.scrollTo(0, 0)")
     both(page, "overview")
     page.click("nav >> text=Containments")
     page.wait_for_selector("td:has-text('a stolen laptop')")

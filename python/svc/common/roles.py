@@ -163,6 +163,7 @@ METHODS: dict[str, dict[str, frozenset[str]]] = {
         "GET /v1/history/decisions/search": _ADMIN,
         "GET /v1/history/events": _ADMIN,
         "GET /v1/history/counts": _ADMIN,
+        "GET /v1/history/stats": _ADMIN,
     },
     # Run a cycle now (``svc reasoner cycle --data-dir``: svc up's reasoner owns the history's
     # chDB directory, so the command asks it; docs/reasoner.md#commands).

@@ -30,11 +30,13 @@ from svc.history.schema import MOVING_OUT_ACTIONS, ROLLUP_TABLE
 __all__ = [
     "MOVING_OUT_ACTIONS",
     "SEARCH_WINDOWS",
+    "STATS_BUCKETS",
     "DailyCounts",
     "Ref",
     "SearchPage",
     "daily_counts",
     "decision_by_qid",
+    "decision_stats",
     "decisions_between",
     "decisions_of_principal",
     "decisions_of_resource",
@@ -902,3 +904,76 @@ def rejected_count(client: Client, topic: str | None = None) -> int:
         f"SELECT count() FROM rejected FINAL{where}", parameters={"t": topic or ""}
     ).result_rows
     return int(rows[0][0])
+
+
+#: Bucket widths ``decision_stats`` accepts, in seconds (an hour, a day).
+STATS_BUCKETS: dict[str, int] = {"hour": 3600, "day": 86400}
+
+
+def decision_stats(
+    client: Client, start: datetime, end: datetime, bucket: str = "hour", top: int = 5
+) -> dict[str, Any]:
+    """Decisions and events per time bucket, and the most denied principals and resources.
+
+    The portal's overview charts (docs/portal.md#the-web-app): every figure is one ClickHouse
+    aggregate (``GROUP BY`` the bucket; ``FINAL`` so copies count once), never rows in Python.
+    A principal's denials are its checks with verdict ``deny`` and its plans
+    ``always_denied``; a resource's, the checks on it with verdict ``deny`` (a plan names no
+    resource id).
+
+    Args:
+        client: a client from ``svc.history.connect``.
+        start: first instant included.
+        end: first instant excluded.
+        bucket: ``"hour"`` or ``"day"`` (UTC), a key of ``STATS_BUCKETS``.
+        top: how many principals and resources to rank, 1 to 100.
+
+    Returns:
+        ``{"buckets": [{"at", "allow", "deny", "challenge", "would_deny", "would_challenge",
+        "plans", "events"}], "top_denied_principals": [{"type", "id", "count"}],
+        "top_denied_resources": [...same...]}``: buckets oldest first, only those with a
+        decision or an event (``at`` an aware UTC datetime, the bucket's start); rankings most
+        denied first, ties by type and id.
+
+    Raises:
+        ValueError: an unknown bucket, `top` out of range, or an empty range.
+        clickhouse_connect.driver.exceptions.ClickHouseError: a query failed.
+
+    """
+    if bucket not in STATS_BUCKETS:
+        raise ValueError(f"bucket `{bucket}`: expected one of {sorted(STATS_BUCKETS)}")
+    if not 1 <= top <= 100:
+        raise ValueError(f"top {top}: must be 1 to 100")
+    params = {**_range_params(start, end), "n": top}
+    trunc = "toStartOfHour(at)" if bucket == "hour" else "toStartOfDay(at)"
+    out: dict[datetime, dict[str, Any]] = {}
+    for at, *counts in client.query(
+        f"SELECT {trunc} AS b, {_VERDICT_COUNTS} FROM decisions FINAL WHERE {_RANGE} GROUP BY b",
+        parameters=params,
+    ).result_rows:
+        out[_utc(at)] = dict(zip(_VERDICT_KEYS, map(int, counts), strict=True))
+    for at, n in client.query(
+        f"SELECT {trunc} AS b, count() FROM events FINAL WHERE {_RANGE} GROUP BY b",
+        parameters=params,
+    ).result_rows:
+        out.setdefault(_utc(at), {})["events"] = int(n)
+
+    def ranking(prefix: str, table: str, denied: str) -> list[dict[str, Any]]:
+        rows = client.query(
+            f"SELECT {prefix}_type AS t, {prefix}_id AS i, count() AS n FROM {table} FINAL "
+            f"WHERE {_RANGE} AND {denied} GROUP BY t, i ORDER BY n DESC, t, i LIMIT {{n:UInt32}}",
+            parameters=params,
+        ).result_rows
+        return [{"type": t, "id": i, "count": int(n)} for t, i, n in rows]
+
+    zero = dict.fromkeys((*_VERDICT_KEYS, "events"), 0)
+    return {
+        "buckets": [{"at": at, **zero, **out[at]} for at in sorted(out)],
+        "top_denied_principals": ranking(
+            "principal", "decisions", "(verdict = 'deny' OR outcome = 'always_denied')"
+        ),
+        # A plan names a resource type only: resources rank by their denied checks.
+        "top_denied_resources": ranking(
+            "resource", "decisions_by_resource", "(verdict = 'deny' AND resource_id != '')"
+        ),
+    }

@@ -17,6 +17,9 @@ the way in from outside):
 * ``GET /v1/history/events?principal=...`` (or ``resource=...``), same range and limit;
 * ``GET /v1/history/counts?principal=...``: ``verdict_counts``;
 * ``GET /v1/history/totals``: rows in ``decisions``, ``events`` and ``rejected``;
+* ``GET /v1/history/stats``: decisions by verdict and events per ``bucket`` (``hour`` or
+  ``day``) over ``since``/``until``, and the ``top`` most denied principals and resources
+  (``svc.history.queries.decision_stats``);
 * ``GET /openapi.json``: the OpenAPI document of these routes and their parameters.
 
 Bad parameters get RFC 9457 problem details naming the parameter
@@ -46,7 +49,7 @@ import re
 import threading
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 from urllib.parse import unquote_to_bytes
 
 from clickhouse_connect.driver.client import Client
@@ -526,5 +529,20 @@ def create_app(
             raise _bad("principal", "`principal` is required")
         start, end = _range(since, until, now())
         return run(lambda: queries.verdict_counts(client, p, start, end))
+
+    @app.get("/v1/history/stats", responses=unavailable, dependencies=guard)
+    def stats(
+        since: _Time = None,
+        until: _Time = None,
+        bucket: Annotated[
+            Literal["hour", "day"], Query(description="bucket width, UTC hours or days")
+        ] = "hour",
+        top: Annotated[
+            int, Query(ge=1, le=100, description="most denied principals and resources")
+        ] = 5,
+    ) -> Any:
+        """``decision_stats`` over the range: per-bucket counts and the most denied."""
+        start, end = _range(since, until, now())
+        return run(lambda: queries.decision_stats(client, start, end, bucket, top))
 
     return app

@@ -558,6 +558,23 @@ class HistoryClient(_Http):
         )
         return out
 
+    def stats(self, **params: Any) -> dict[str, Any]:
+        """``GET /v1/history/stats``: decisions by verdict per bucket and the most denied.
+
+        Args:
+            params: ``since``, ``until`` (RFC 3339), ``bucket`` (``hour`` or ``day``), ``top``
+                (1 to 100); None values are left out.
+
+        Returns:
+            ``{"buckets": [...], "top_denied_principals": [...], "top_denied_resources": [...]}``
+            (``svc.history.queries.decision_stats``).
+
+        """
+        out: dict[str, Any] = self.request(
+            "GET", "/v1/history/stats", params={k: v for k, v in params.items() if v is not None}
+        )
+        return out
+
     def decision(self, qid: str) -> dict[str, Any] | None:
         """``GET /v1/history/decisions?qid=``: one decision, or None when unknown."""
         try:

@@ -390,6 +390,79 @@ class DecisionPage:
     scanned: int = strawberry.field(description="History rows this page read.")
 
 
+class StatsBucket(enum.Enum):
+    HOUR = "hour"
+    DAY = "day"
+
+
+@strawberry.type(description="One time bucket of the decision history (UTC).")
+class DecisionBucket:
+    at: datetime = strawberry.field(description="The bucket's start.")
+    allow: int = strawberry.field(description="Checks allowed.")
+    deny: int = strawberry.field(description="Checks denied.")
+    challenge: int = strawberry.field(description="Checks challenged.")
+    would_deny: int = strawberry.field(
+        description="Monitor-mode checks and plans that enforcement would have denied."
+    )
+    would_challenge: int = strawberry.field(
+        description="Monitor-mode checks and plans that enforcement would have challenged."
+    )
+    plans: int = strawberry.field(description="Query plans made.")
+    events: int = strawberry.field(description="Events taken in by the intake.")
+
+
+@strawberry.type(description="A principal or resource and how many of its decisions denied.")
+class DeniedCount:
+    entity: EntityRef
+    count: int
+
+
+@strawberry.type(
+    description="Decisions by verdict and events per bucket, and the most denied principals "
+    "and resources, over a range (docs/portal.md#the-web-app)."
+)
+class DecisionStats:
+    buckets: list[DecisionBucket] = strawberry.field(
+        description="Oldest first; only buckets with a decision or an event."
+    )
+    top_denied_principals: list[DeniedCount]
+    top_denied_resources: list[DeniedCount]
+
+
+def _stats(d: dict[str, Any]) -> DecisionStats:
+    def ranked(rows: list[dict[str, Any]]) -> list[DeniedCount]:
+        return [
+            DeniedCount(entity=EntityRef(type=r["type"], id=r["id"]), count=int(r["count"]))
+            for r in rows
+        ]
+
+    buckets = []
+    for b in d["buckets"]:
+        at = b["at"]
+        buckets.append(
+            DecisionBucket(
+                at=at if isinstance(at, datetime) else datetime.fromisoformat(str(at)),
+                **{
+                    k: int(b[k])
+                    for k in (
+                        "allow",
+                        "deny",
+                        "challenge",
+                        "would_deny",
+                        "would_challenge",
+                        "plans",
+                        "events",
+                    )
+                },
+            )
+        )
+    return DecisionStats(
+        buckets=buckets,
+        top_denied_principals=ranked(d["top_denied_principals"]),
+        top_denied_resources=ranked(d["top_denied_resources"]),
+    )
+
+
 @strawberry.type(description="A policy that decided, with its text in the active bundle.")
 class DecidingPolicy:
     name: str
@@ -739,6 +812,28 @@ class Query:
             has_next_page=out["has_next_page"],
             scanned=out["scanned"],
         )
+
+    @strawberry.field(
+        description="Decisions by verdict and events per bucket, and the `top` most denied "
+        "principals and resources, over `[since, until)` (default the last day). One aggregate "
+        "in the history. Area `decisions`."
+    )
+    async def decision_stats(
+        self,
+        info: Info[Context, None],
+        since: datetime | None = None,
+        until: datetime | None = None,
+        bucket: StatsBucket = StatsBucket.HOUR,
+        top: int = 5,
+    ) -> DecisionStats:
+        svc = info.context.service
+
+        def run(person: str) -> dict[str, Any]:
+            return svc.decision_stats(
+                person, since=_aware(since), until=_aware(until), bucket=bucket.value, top=top
+            )
+
+        return _stats(await _call(info, run))
 
     @strawberry.field(
         description="A decision and why: the policies that decided with their text, and the "

@@ -708,6 +708,62 @@ class PortalService:
             "scanned": int(out.get("scanned", 0)),
         }
 
+    def decision_stats(
+        self,
+        person: str,
+        *,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        bucket: str = "hour",
+        top: int = 5,
+    ) -> dict[str, Any]:
+        """Decisions by verdict and events per bucket, and the most denied (``view`` decisions).
+
+        One request to the history's aggregate route (``GET /v1/history/stats``); the
+        overview's charts (docs/portal.md#the-web-app).
+
+        Args:
+            person: the signed-in user.
+            since: the range's first instant (aware); default a day before ``until``.
+            until: the first instant past the range; default now.
+            bucket: ``hour`` or ``day``.
+            top: how many denied principals and resources to rank, 1 to 100.
+
+        Returns:
+            ``{"buckets": [{"at", "allow", "deny", "challenge", "would_deny",
+            "would_challenge", "plans", "events"}], "top_denied_principals": [{"type", "id",
+            "count"}], "top_denied_resources": [...]}``, buckets oldest first.
+
+        Raises:
+            Problem: 400 for an empty range, an unknown bucket or `top` out of range; 503
+                without a history.
+
+        """
+        self.authorize(person, "view", "decisions")
+        h = self._need(self.history, "history")
+        bad = []
+        if bucket not in ("hour", "day"):
+            bad.append(FieldError(None, "bucket", "expected `hour` or `day`"))
+        if not 1 <= top <= 100:
+            bad.append(FieldError(None, "top", "out of range (1 to 100)"))
+        end = until or datetime.now(UTC)
+        start = since or end - timedelta(days=1)
+        if start >= end:
+            bad.append(FieldError(None, "since", "must be before `until`"))
+        if bad:
+            raise Problem(
+                400,
+                "invalid-argument",
+                "Invalid argument",
+                "; ".join(f"`{e.field}` {e.message}" for e in bad),
+                bad,
+            )
+        out: dict[str, Any] = self._run(
+            "history",
+            partial(h.stats, since=_rfc3339(start), until=_rfc3339(end), bucket=bucket, top=top),
+        )
+        return out
+
     def explain(self, person: str, qid: str) -> dict[str, Any] | None:
         """A decision and why (``view`` on ``decisions``).
 

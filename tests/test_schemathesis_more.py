@@ -13,6 +13,7 @@ tests/test_schemathesis.py.
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 import uuid
@@ -27,6 +28,8 @@ from clickhouse_connect.driver.client import Client
 from hypothesis import settings
 
 import apifuzz
+from gwkit import Issuer, JwksServer
+from serverkit import wait_until
 from svc import history
 from svc.challenge.app import ChallengeServer
 from svc.challenge.settings import ChallengeAuthSettings, ChallengeSettings
@@ -38,6 +41,11 @@ from svc.connectors.settings import ConnectorsSettings
 from svc.context.app import create_app as context_app
 from svc.context.service import ContextService
 from svc.context.settings import ContextAuthSettings, ContextSettings
+from svc.gateway.app import create_app as gateway_app
+from svc.gateway.app import health_app as gateway_health
+from svc.gateway.service import GatewayService
+from svc.gateway.settings import GatewaySettings
+from svc.gateway.tokens import AgentTokenVerifier
 from svc.history.service import create_app as history_app
 from svc.policy.app import PolicyServer
 from svc.policy.settings import PolicySettings
@@ -48,10 +56,13 @@ from svc.reasoner.settings import ReasonerAuthSettings, ReasonerSettings
 from svc.reporter.app import create_app as reporter_app
 from svc.reporter.service import Reporter
 from svc.reporter.settings import ReporterSettings
+from svc.web import PROBLEM_RESPONSE, PROBLEM_SCHEMA
+from test_pdp_standalone import Pdp
 
 EXAMPLES = int(os.environ.get("SVC_HARDENING_FUZZ_EXAMPLES", "10"))
 FUZZ = settings(apifuzz.FUZZ_SETTINGS, max_examples=EXAMPLES)
 CALLER = "svc-fuzz-admin"
+CORP = Path(__file__).parent / "testdata" / "bundles" / "corp"
 NOW = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)
 
 _ISSUER_DIR = Path(tempfile.mkdtemp(prefix="svc-fuzz-issuer-"))
@@ -219,3 +230,248 @@ def test_connectors_probes_fuzz(case: Any, connectors_url: str) -> None:
 @FUZZ
 def test_reporter_probes_fuzz(case: Any, reporter_url: str) -> None:
     case.call_and_validate(base_url=reporter_url)
+
+
+# -- the decision point's HTTP API, from a document written here ------------------------------
+
+#: The decision point serves no OpenAPI document; this one says what docs/api.md ("HTTP
+#: routes", "AuthZEN 1.0", "Challenge waits") does, no stricter.
+_REF = {
+    "type": "object",
+    "required": ["type", "id"],
+    "properties": {"type": {"type": "string"}, "id": {"type": "string"}},
+}
+_PROPS = {"type": "object"}
+_ZEN_ENTITY = {
+    "type": "object",
+    "required": ["type", "id"],
+    "properties": {"type": {"type": "string"}, "id": {"type": "string"}, "properties": _PROPS},
+}
+_ZEN_ACTION = {"type": "object", "required": ["name"], "properties": {"name": {"type": "string"}}}
+_PAGE = {
+    "type": "object",
+    "properties": {"token": {"type": "string"}, "limit": {"type": "integer", "minimum": 1}},
+}
+_PDP_BODIES: dict[str, dict[str, Any]] = {
+    "/v1/access/evaluation": {
+        "type": "object",
+        "required": ["principal", "action", "resource"],
+        "properties": {
+            "principal": _REF,
+            "action": {"type": "string"},
+            "resource": _REF,
+            "on_behalf_of": _REF,
+            "context": {"type": "object"},
+            "entities": {"type": "array", "items": {"type": "object"}},
+        },
+    },
+    "/v1/access/plan": {"type": "object"},
+    "/v1/access/challenge": {
+        "type": "object",
+        "required": ["challenge_qid", "principal"],
+        "properties": {
+            "challenge_qid": {"type": "string"},
+            "principal": _REF,
+            "on_behalf_of": _REF,
+            "wait_secs": {"type": "integer", "minimum": 0, "maximum": 1},
+        },
+    },
+    "/access/v1/evaluation": {
+        "type": "object",
+        "required": ["subject", "action", "resource"],
+        "properties": {
+            "subject": _ZEN_ENTITY,
+            "action": _ZEN_ACTION,
+            "resource": _ZEN_ENTITY,
+            "context": {"type": "object"},
+        },
+    },
+    # The top-level members are defaults each item takes; they are checked as part of an item,
+    # and an invalid item is an error entry of a 200 answer, not a 400 of the batch.
+    "/access/v1/evaluations": {
+        "type": "object",
+        "properties": {
+            "subject": {},
+            "action": {},
+            "resource": {},
+            "context": {},
+            "evaluations": {"type": "array", "maxItems": 20, "items": {"type": "object"}},
+            "options": {"type": "object"},
+        },
+    },
+    "/access/v1/search/subject": {
+        "type": "object",
+        "required": ["subject", "action", "resource"],
+        "properties": {
+            "subject": {"type": "object", "properties": {"type": {"type": "string"}}},
+            "action": _ZEN_ACTION,
+            "resource": _ZEN_ENTITY,
+            "page": _PAGE,
+        },
+    },
+    "/access/v1/search/resource": {
+        "type": "object",
+        "required": ["subject", "action", "resource"],
+        "properties": {
+            "subject": _ZEN_ENTITY,
+            "action": _ZEN_ACTION,
+            "resource": {"type": "object", "properties": {"type": {"type": "string"}}},
+            "page": _PAGE,
+        },
+    },
+    "/access/v1/search/action": {
+        "type": "object",
+        "required": ["subject", "resource"],
+        "properties": {"subject": _ZEN_ENTITY, "resource": _ZEN_ENTITY, "page": _PAGE},
+    },
+}
+_JSON_ANSWER = {"content": {"application/json": {"schema": {"type": "object"}}}}
+
+
+def pdp_document() -> dict[str, Any]:
+    """An OpenAPI 3.1 document of the decision point's JSON routes and probes (docs/api.md)."""
+    problem = {"description": "a problem", **PROBLEM_RESPONSE}
+    paths: dict[str, Any] = {}
+    for path, body in _PDP_BODIES.items():
+        paths[path] = {
+            "post": {
+                "operationId": path.strip("/").replace("/", "_"),
+                "security": [{"bearer": []}],
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": body}},
+                },
+                "responses": {
+                    "200": {"description": "the answer", **_JSON_ANSWER},
+                    "4XX": problem,
+                },
+            }
+        }
+    for path in ("/healthz", "/version", "/.well-known/authzen-configuration"):
+        paths[path] = {
+            "get": {
+                "operationId": path.strip("/").replace("/", "_"),
+                "responses": {"200": {"description": "the answer", **_JSON_ANSWER}, "4XX": problem},
+            }
+        }
+    paths["/readyz"] = {
+        "get": {
+            "operationId": "readyz",
+            "responses": {
+                "200": {"description": "ready", **_JSON_ANSWER},
+                "503": {"description": "not ready", **PROBLEM_RESPONSE},
+            },
+        }
+    }
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "svc-pdp", "version": "1"},
+        "paths": paths,
+        "components": {
+            "schemas": {"Problem": PROBLEM_SCHEMA},
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+    }
+
+
+PDP_TOKEN = ISSUER.mint(CALLER, ["svc-pdp"], 24 * 3600)
+pdp_schema = apifuzz.load(pdp_document(), headers={"Authorization": f"Bearer {PDP_TOKEN}"})
+
+
+@pytest.fixture(scope="module")
+def pdp_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    data = tmp_path_factory.mktemp("pdp")
+    chal_settings = ChallengeSettings(
+        port=0,
+        database_url=f"sqlite:///{data / 'challenge.db'}",
+        link_key_file=str(data / "link.key"),
+    )
+    challenge = ChallengeServer(
+        chal_settings, auth=ChallengeAuthSettings(auth="none"), outbox=False
+    ).start()
+    proc = Pdp(
+        "--bundle", str(CORP), "--port", "0", "--no-watch", "--challenge", challenge.url,
+        "--auth-issuer", ISSUER.issuer, "--auth-jwks", ISSUER.jwks_url, "--auth-callers", CALLER,
+    )  # fmt: skip
+    try:
+        base = f"http://127.0.0.1:{proc.port()}"
+        wait_until(lambda: httpx.get(f"{base}/readyz").status_code == 200, timeout=60)
+        yield base
+    finally:
+        assert proc.stop() == 0, proc.log
+        challenge.stop()
+        challenge.service.close()
+
+
+def test_the_decision_point_decides_for_its_caller_only(pdp_url: str) -> None:
+    check = {
+        "principal": {"type": "Human", "id": "alice"},
+        "action": "view",
+        "resource": {"type": "Document", "id": "design"},
+    }
+    url = f"{pdp_url}/v1/access/evaluation"
+    assert httpx.post(url, json=check).status_code == 401
+    r = httpx.post(url, json=check, headers={"Authorization": f"Bearer {PDP_TOKEN}"})
+    assert r.status_code == 200 and r.json()["verdict"] in ("allow", "deny", "challenge"), r.text
+
+
+@pdp_schema.parametrize()
+@FUZZ
+def test_pdp_api_fuzz(case: Any, pdp_url: str) -> None:
+    case.call_and_validate(base_url=pdp_url)
+
+
+# -- the gateway's own routes: the probes and the challenge wait, with an agent's token -------
+
+#: A trusted app's key; its agent token is what the challenge wait takes (docs/gateway.md).
+COPILOT = Issuer("https://copilot.example.com", "RS256")
+AGENT_TOKEN = COPILOT.mint("ana", "svc-gateway", act="copilot.assistant", lifetime=24 * 3600)
+
+
+def _gateway_document() -> dict[str, Any]:
+    service = GatewayService(GatewaySettings(port=0))
+    verifier = AgentTokenVerifier(service.settings, service.apps)
+    return dict(gateway_health(service, verifier).openapi())
+
+
+gateway_schema = apifuzz.load(
+    _gateway_document(), headers={"Authorization": f"Bearer {AGENT_TOKEN}"}
+)
+
+
+@pytest.fixture(scope="module")
+def gateway_url(pdp_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The gateway (no upstream) trusting COPILOT, waiting on challenges at the decision point."""
+    tmp = tmp_path_factory.mktemp("gw")
+    jwks = JwksServer(tmp)
+    apps = tmp / "apps.json"
+    app = {"name": "copilot", "iss": COPILOT.iss, "jwks_url": jwks.publish("copilot", COPILOT)}
+    apps.write_text(json.dumps([{**app, "aud": "svc-gateway"}]))
+    pdp_token = tmp / "pdp.token"
+    pdp_token.write_text(PDP_TOKEN)
+    settings = GatewaySettings(
+        port=0,
+        pdp_url=pdp_url,
+        pdp_token_file=str(pdp_token),
+        trusted_apps_file=str(apps),
+        jwks_ca_file=str(jwks.ca_file),
+    )
+    try:
+        with apifuzz.serve(gateway_app(GatewayService(settings))) as base:
+            wait_until(lambda: httpx.get(f"{base}/readyz").status_code == 200, timeout=60)
+            yield base
+    finally:
+        jwks.close()
+
+
+def test_the_gateway_s_challenge_wait_takes_the_agent_s_token(gateway_url: str) -> None:
+    url = f"{gateway_url}/mcp/challenges/01a202af-c813-7a31-b2c4-0d5e6f708192"
+    assert httpx.get(url).status_code == 401
+    r = httpx.get(url, headers={"Authorization": f"Bearer {AGENT_TOKEN}"})
+    assert r.status_code == 404 and r.json()["type"] == "urn:svc:problem:challenge-not-found"
+
+
+@gateway_schema.parametrize()
+@FUZZ
+def test_gateway_routes_fuzz(case: Any, gateway_url: str) -> None:
+    case.call_and_validate(base_url=gateway_url)

@@ -1,6 +1,6 @@
 """How challenges end, from the challenge service to the reasoner's family (c).
 
-A real challenge service (SQLite) whose audit hook is ``svc.challenge.audit.IntakeAudit``
+A real challenge service (SQLite) whose audit hook is ``svc.common.intake_client.IntakeSender``
 posting to a real intake on Kafka: a rejected and an expired challenge become intake events
 (``system`` ``svc-challenge``, the decision's qid in ``attributes``); those records, stored in
 the history (chDB), are counted per principal and day by the rollups
@@ -23,9 +23,9 @@ from clickhouse_connect.driver.client import Client
 
 from kafka_fixture import create_topics
 from svc import history
-from svc.challenge.audit import IntakeAudit
 from svc.challenge.service import Ref
 from svc.common.inprocess import serve_http
+from svc.common.intake_client import IntakeSender
 from svc.common.net import tcp_listener
 from svc.history import rollups
 from svc.history.store import _clients
@@ -79,7 +79,7 @@ def test_rejected_and_expired_challenges_reach_the_history_and_the_score(
     tmp_path: Path, kafka_bootstrap: str, intake: tuple[str, str], db: Client
 ) -> None:
     url, topic = intake
-    audit = IntakeAudit(url, lambda: TOKEN).start()
+    audit = IntakeSender(url, lambda: TOKEN, what="challenge outcomes").start()
     clock = Clock()
     service = make_service(f"sqlite:///{tmp_path / 'challenge.db'}", clock)
     service.audit = audit.put

@@ -29,6 +29,7 @@ from svc import __version__, web
 from svc.challenge.models import ChallengeRow
 from svc.challenge.notify import OutboxWorker
 from svc.challenge.page import install_page
+from svc.challenge.pdp_client import token_file_reader
 from svc.challenge.service import ChallengeService
 from svc.challenge.settings import ChallengeAuthSettings, ChallengeSettings
 from svc.challenge.transport import SERVICE_NAME, ChallengeConnectApp, ChallengeMetrics
@@ -40,6 +41,7 @@ from svc.common.connect import (
     verifier_of,
 )
 from svc.common.health import Readiness, probe_router
+from svc.common.intake_client import IntakeSender
 from svc.common.limits import harden
 from svc.common.problems import install_problem_handlers
 
@@ -189,11 +191,24 @@ def serve(
     service = service or ChallengeService(settings)
     app = create_app(service, auth)
     worker = OutboxWorker(service).start() if outbox and settings.webhook_url else None
+    # How challenges end, as audit events at the intake (unless the caller's service has its
+    # own hook already).
+    sender = None
+    if settings.intake_url and service.audit is None:
+        sender = IntakeSender(
+            settings.intake_url,
+            token_file_reader(settings.intake_token_file),
+            what="challenge outcomes",
+        ).start()
+        service.audit = sender.put
     try:
         serve_asgi(app, settings.host, settings.port, "svc-challenge", ready=ready, stop=stop)
     finally:
         if worker is not None:
             worker.stop()
+        if sender is not None:
+            service.audit = None
+            sender.close()
 
 
 class ChallengeServer(ThreadedServer):

@@ -7,8 +7,8 @@ signed single-use links (key ``<data_dir>/challenge-link.key``) and OpenID Conne
 the demo identity provider (``svc.challenge.dev_idp``, registered by ``svc.demo.component``). No
 chat webhook: notifications stay in its outbox (docs/challenges.md). How challenges end
 (rejected, expired, verification failed) is posted to the intake as audit events
-(``svc.challenge.audit``) with ``<data_dir>/intake.token``. Under ``svc topology`` it
-is ``svc challenge serve`` on its PostgreSQL database.
+(docs/challenges.md#audit-events) with ``<data_dir>/intake.token``. Under ``svc topology`` it
+is ``svc challenge serve`` on its PostgreSQL database, posting to the topology's intake.
 """
 
 from __future__ import annotations
@@ -16,11 +16,10 @@ from __future__ import annotations
 import os
 import secrets
 from collections.abc import Iterator
-from contextlib import closing, contextmanager
+from contextlib import contextmanager
 from pathlib import Path
 
 from svc.challenge.app import ChallengeServer
-from svc.challenge.audit import IntakeAudit
 from svc.challenge.directory import ContextDirectory
 from svc.challenge.pdp_client import ApproverCheck
 from svc.challenge.service import ChallengeService
@@ -87,18 +86,14 @@ def _start(rt: UpRuntime) -> Iterator[ChallengeServer]:
         # The demo provider's `sub` is the user name typed in its form.
         oidc_username_claim="sub",
         pdp_url=rt.url("pdp"),
+        # How challenges end goes to the intake as audit events (the reasoner's family c).
+        intake_url=rt.url("intake"),
+        intake_token_file=str(d / "intake.token"),
     )
-    # How challenges end goes to the intake as audit events (the reasoner's family c).
-    intake_token = d / "intake.token"
-    audit = IntakeAudit(
-        rt.url("intake"), lambda: intake_token.read_text(encoding="utf-8").strip() or None
-    ).start()
-    rt.enter(closing(audit))
     service = ChallengeService(
         settings,
         directory=ContextDirectory(rt.url("context"), rt.token(Role.CHALLENGE, "context", 600)),
         approvers=ApproverCheck(rt.url("pdp"), rt.token(Role.CHALLENGE, "pdp", 600)),
-        audit=audit.put,
     )
     try:
         server = ChallengeServer(
@@ -132,6 +127,10 @@ def _processes(t: TopologyRuntime) -> list[Process]:
         t.url("pdp-1"),
         "--pdp-token-file",
         token,
+        "--intake-url",
+        t.url("intake"),
+        "--intake-token-file",
+        str(t.secrets / "intake.token"),
     )
     return [Process("challenge", argv, t.port("challenge"), t.auth_env("challenge"))]
 

@@ -56,7 +56,7 @@ def token_file_reader(path: str | None) -> Callable[[], str | None]:
         try:
             return Path(path).read_text(encoding="utf-8").strip() or None
         except OSError as e:
-            log.error("cannot read the decision point's token file %s: %s", path, e)
+            log.error("cannot read the token file %s: %s", path, e)
             return None
 
     return token

@@ -358,8 +358,8 @@ class ChallengeService:
             ``settings.pdp_url`` (token from ``pdp_token_file``) when set, else none (approvers
             are not checked).
         audit: called with one intake event when a challenge is rejected, found expired, or
-            its verification fails (``svc.challenge.audit``;
-            docs/reasoner.md#challenges-that-failed); None: no such events.
+            its verification fails (docs/reasoner.md#challenges-that-failed); None: no such
+            events (``serve`` sets an ``IntakeSender``'s when ``settings.intake_url`` is set).
 
     On construction the database is migrated (``svc.challenge.migrate``).
 
@@ -431,7 +431,7 @@ class ChallengeService:
         self._subscribers.notify()
 
     def _outcome_event(self, row: ChallengeRow, action: str, at: datetime) -> dict[str, Any]:
-        """The intake event telling how `row` ended (``svc.challenge.audit``)."""
+        """The intake event telling how `row` ended (docs/reasoner.md#challenges-that-failed)."""
         event: dict[str, Any] = {
             "at": _must_utc(at).isoformat(),
             "system": "svc-challenge",

@@ -58,6 +58,12 @@ class ChallengeSettings(ServiceSettings, component="challenge"):
     pdp_token_file: str | None = None
     """File holding the bearer token sent to the decision point (audience ``svc-pdp``; read at
     each call)."""
+    intake_url: str | None = None
+    """The intake (``http://host:port``) how challenges end is sent to as audit events
+    (rejected, expired, verification failed: docs/reasoner.md#challenges-that-failed, which
+    the reasoner scores); unset: no events."""
+    intake_token_file: str | None = None
+    """File holding the intake token (docs/intake.md; read at each batch)."""
     rp_id: str = "localhost"
     """The WebAuthn relying party id: the host name of the page people touch their key on
     (WebAuthn Level 3, section 5.1.4)."""

@@ -48,6 +48,7 @@ from svc import __version__, web
 from svc.common.auth_settings import is_loopback
 from svc.common.connect import ThreadedServer, serve_asgi
 from svc.common.health import Readiness, probe_router
+from svc.common.intake_client import IntakeSender
 from svc.common.limits import harden
 from svc.common.problems import FieldError, Problem, install_problem_handlers, problem_response
 from svc.portal.apptokens import AppTokenError, AppTokenVerifier, TrustedAppsUnavailable
@@ -60,7 +61,7 @@ from svc.portal.clients import (
     token_reader,
 )
 from svc.portal.gql import Context, make_schema
-from svc.portal.mcp import IntakeSink, McpEndpoint, make_mcp_server
+from svc.portal.mcp import McpEndpoint, make_mcp_server
 from svc.portal.service import PortalService
 from svc.portal.sessions import COOKIE, LOGIN_COOKIE, Session, SessionStore, load_session_key
 from svc.portal.settings import PortalSettings, read_token_file
@@ -125,7 +126,11 @@ def create_app(settings: PortalSettings, service: PortalService) -> FastAPI:
         leeway_secs=settings.leeway_secs,
     )
     sink = (
-        IntakeSink(settings.intake_url, token_reader(settings.intake_token_file, "intake"))
+        IntakeSender(
+            settings.intake_url,
+            token_reader(settings.intake_token_file, "intake"),
+            what="MCP calls",
+        )
         if settings.intake_url
         else None
     )

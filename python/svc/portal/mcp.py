@@ -21,8 +21,8 @@ agent acting for a person, served with the ``mcp`` SDK (``MCPServer`` tools behi
   ``administer``), ``resource`` ``PortalArea::"<area>"``, ``tool`` ``portal/<tool>``,
   ``outcome`` ``success`` or ``failure``, ``attributes.decision_qid`` (the check's decision,
   allowed or not), so the decision's explanation lists the event. Events are queued and
-  posted in batches by a thread (``IntakeSink``); past its bound new events are dropped and
-  logged, never blocking a call.
+  posted in batches by a thread (``svc.common.intake_client.IntakeSender``); past its bound
+  new events are dropped and logged, never blocking a call.
 """
 
 from __future__ import annotations
@@ -30,9 +30,6 @@ from __future__ import annotations
 import contextvars
 import json
 import logging
-import queue
-import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -40,21 +37,20 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import anyio.to_thread
-import httpx
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 from starlette.types import Receive, Scope, Send
 
+from svc.common.intake_client import IntakeSender
 from svc.common.problems import Problem, problem_response
 from svc.gateway.settings import GatewaySettings
 from svc.gateway.tokens import AgentIdentity, AgentTokenVerifier, TokenError, TrustedApps
-from svc.portal.clients import TokenFn
 from svc.portal.service import ACTING_AGENT, LAST_CHECK, Denied, PortalService
 from svc.portal.settings import PortalSettings
 
-__all__ = ["IntakeSink", "McpEndpoint", "make_mcp_server"]
+__all__ = ["McpEndpoint", "make_mcp_server"]
 
 log = logging.getLogger("svc.portal.mcp")
 T = TypeVar("T")
@@ -65,106 +61,13 @@ CALLER: contextvars.ContextVar[AgentIdentity | None] = contextvars.ContextVar(
 )
 
 
-class IntakeSink:
-    """Posts the MCP calls' events to the intake in batches, from a thread of its own.
-
-    Args:
-        url: the intake (``http://host:port``); ``POST /v1/events`` (docs/intake.md).
-        token: returns the intake token.
-        bound: most events held while the intake is slow or down; past it new ones are dropped.
-        batch_max: most events per request.
-        flush_secs: longest wait of an event for its batch.
-
-    """
-
-    def __init__(
-        self,
-        url: str,
-        token: TokenFn,
-        bound: int = 10_000,
-        batch_max: int = 500,
-        flush_secs: float = 1.0,
-    ) -> None:
-        self._client = httpx.Client(base_url=url.rstrip("/"), timeout=10)
-        self._token = token
-        self._queue: queue.Queue[dict[str, Any]] = queue.Queue(bound)
-        self.batch_max = batch_max
-        self.flush_secs = flush_secs
-        self.sent = 0
-        self.dropped = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="svc-portal-intake", daemon=True)
-
-    def start(self) -> None:
-        """Starts the sending thread (the app's lifespan does; events queue until then)."""
-        self._thread.start()
-
-    def put(self, event: dict[str, Any]) -> None:
-        """Queues an event; drops it (counted, logged) when the queue is full."""
-        try:
-            self._queue.put_nowait(event)
-        except queue.Full:
-            self.dropped += 1
-            log.warning("intake queue full: an MCP call's event is dropped")
-
-    def _post(self, batch: list[dict[str, Any]]) -> bool:
-        headers = {}
-        token = self._token()
-        if token:
-            headers["authorization"] = f"Bearer {token}"
-        try:
-            r = self._client.post("/v1/events", json={"events": batch}, headers=headers)
-        except httpx.HTTPError as e:
-            log.warning("the intake does not answer: %s", e)
-            return False
-        if r.status_code == 202:
-            self.sent += len(batch)
-            return True
-        if 400 <= r.status_code < 500:
-            log.error("the intake refused %d events: %s", len(batch), r.text[:500])
-            return True  # a refusal for good: retrying changes nothing
-        return False
-
-    def _run(self) -> None:
-        backoff = 0.2
-        batch: list[dict[str, Any]] = []
-        while not (self._stop.is_set() and self._queue.empty() and not batch):
-            if not batch:
-                try:
-                    batch.append(self._queue.get(timeout=0.2))
-                except queue.Empty:
-                    continue
-            deadline = time.monotonic() + self.flush_secs
-            while len(batch) < self.batch_max:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                try:
-                    batch.append(self._queue.get(timeout=left))
-                except queue.Empty:
-                    break
-            if self._post(batch):
-                batch, backoff = [], 0.2
-            elif self._stop.wait(backoff):
-                break
-            else:
-                backoff = min(backoff * 2, 10.0)
-
-    def close(self) -> None:
-        """Sends what is queued (a last try) and stops the thread."""
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(15)
-        self._client.close()
-
-
 @dataclass(frozen=True)
 class _Tool:
     area: str
     action: str
 
 
-def make_mcp_server(service: PortalService, sink: IntakeSink | None) -> MCPServer[Any]:
+def make_mcp_server(service: PortalService, sink: IntakeSender | None) -> MCPServer[Any]:
     """The MCP server and its tools (module docs).
 
     Args:

@@ -706,7 +706,8 @@ def _banner(stack: Stack, seconds: float) -> str:
         [
             *lines,
             f"  caller token    {stack.caller_token_path} (Authorization: Bearer, for the "
-            "decision point, the history, and the policy, context and challenge services)",
+            "decision point, the history, the reasoner, and the policy, context and challenge "
+            "services)",
             f"  bundle          version {active} active, from {stack.bundle_dir} (change it "
             "with svc policy draft and publish)",
             f"  mode            {o.mode}",

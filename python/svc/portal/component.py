@@ -115,9 +115,9 @@ def _processes(t: TopologyRuntime) -> list[Process]:
 
 def _banner(rt: UpRuntime) -> list[str]:
     return [
-        f"  portal          {public_url(rt)}   GraphQL at /graphql, MCP at /mcp, agents API at "
-        f"/api/v1/agents (sign in at {rt.url('idp')} as {DEMO_ADMIN}, of the security team, "
-        f"or {DEMO_AUDITOR}, an auditor)"
+        f"  portal          {public_url(rt)}   the web app: open it first and sign in (at "
+        f"{rt.url('idp')}) as {DEMO_ADMIN}, of the security team, or {DEMO_AUDITOR}, an "
+        "auditor; GraphQL at /graphql, MCP at /mcp, agents API at /api/v1/agents"
     ]
 
 

@@ -10,7 +10,8 @@ tests/test_challenge_page.py does) signs people in at the provider's form.
 Covered: a security admin signs in, finds a decision, reads its explanation (the deciding
 policy's source), contains a person from their page and the decision point denies them; an
 auditor sees decisions but the containment controls are disabled with the reason; an approver
-approves a pending challenge and the waiting agent's retry passes; a draft with a syntax error
+approves a pending challenge, the waiting agent's retry passes and the agent's page lists
+the challenge passed; a draft with a syntax error
 shows it under its line, and the fixed draft's diff is shown and it is published with a
 confirmation (an auditor may not save or publish); the overview and the containments page show
 a containment, and the overview charts decisions per hour by verdict (the history's
@@ -389,6 +390,14 @@ def test_an_approver_approves_a_pending_challenge(world: World, browser: Browser
     assert waited.get("outcome") == "passed" and waited.get("retry") is True, waited
     after = world.check(agent, "write", doc)
     assert after["verdict"] == "allow" and "svc:challenge_passed" in after["policies"]
+    # The agent's page lists the challenge and its outcome, linked to the decision it opened.
+    page.goto(world.portal.url + "/principals/ServiceAccount/copilot.web")
+    row = page.locator(
+        f"section[aria-labelledby=pch-h] tr:has(a[href='/decisions/{first['qid']}'])"
+    )
+    row.wait_for()
+    assert "passed" in row.inner_text() and "by ana" in row.inner_text(), row.inner_text()
+    axe(page)
     page.context.close()
 
 

@@ -970,7 +970,8 @@ class Query:
 
     @strawberry.field(
         description="Challenges, newest first: with `mine`, those the signed-in person answers "
-        "or approves (checked with `context.own`). Area `challenges`."
+        "or approves (checked with `context.own`); with `principal`, only those of that "
+        "principal's requests. Area `challenges`."
     )
     async def challenges(
         self,
@@ -978,11 +979,13 @@ class Query:
         mine: bool = True,
         state: ChallengeState = ChallengeState.ANY,
         first: int = 50,
+        principal: EntityRefInput | None = None,
     ) -> list[Challenge]:
         svc = info.context.service
+        of = principal.as_dict() if principal is not None else None
 
         def run(person: str) -> list[Any]:
-            return svc.challenges(person, mine=mine, state=state.value, first=first)
+            return svc.challenges(person, mine=mine, state=state.value, first=first, principal=of)
 
         rows = await _call(info, run)
         return [_challenge(m) for m in rows]

@@ -1200,7 +1200,15 @@ class PortalService:
 
     # challenges
 
-    def challenges(self, person: str, *, mine: bool, state: int = 0, first: int = 50) -> list[Any]:
+    def challenges(
+        self,
+        person: str,
+        *,
+        mine: bool,
+        state: int = 0,
+        first: int = 50,
+        principal: dict[str, str] | None = None,
+    ) -> list[Any]:
         """Challenges, newest first: ``Challenge`` messages.
 
         Args:
@@ -1209,12 +1217,29 @@ class PortalService:
                 ``context.own``); else everyone's (``view`` on ``challenges``).
             state: a ``ChallengeState`` value (0: any).
             first: most challenges, 1 to ``max_page_size``.
+            principal: ``{type, id}``: only the challenges of this principal's requests (the
+                challenge service's ``ListChallenges`` filter; a principal's page).
+
+        Raises:
+            Problem: 400 for a principal without a type or an id; 503 without a challenge
+                service.
 
         """
         self.authorize(person, "view", "challenges", own=mine)
         c = self._need(self.challenge, "challenge service")
+        if principal is not None and not (principal.get("type") and principal.get("id")):
+            raise Problem(
+                400,
+                "invalid-argument",
+                "Invalid argument",
+                "a principal names its type and its id",
+                [FieldError(None, "principal", "a type and an id")],
+            )
         req = c.pb.ListChallengesRequest(
-            person=person if mine else "", state=state, limit=self._page(first)
+            principal=c.pb.EntityRef(**principal) if principal is not None else None,
+            person=person if mine else "",
+            state=state,
+            limit=self._page(first),
         )
         out = self._run("challenge service", c.call, "ListChallenges", req)
         return list(out.challenges)

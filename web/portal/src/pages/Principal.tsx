@@ -30,6 +30,13 @@ const Recent = graphql(`
     }
   }
 `);
+const OwnChallenges = graphql(`
+  query PrincipalChallenges($principal: EntityRefInput!) {
+    challenges(mine: false, principal: $principal, first: 20) {
+      qid state action resource { type id } kinds approver decidedBy reason decisionQid createdAt
+    }
+  }
+`);
 const Containments = graphql(`
   query Containments {
     containments { principal { type id } reason author containedAt }
@@ -74,6 +81,7 @@ export function PrincipalPage() {
       {access.directory?.view ? <Profile type={type} id={id} /> : <Refused area="directory" />}
       {access.directory?.view && <Risk type={type} id={id} />}
       {access.containments?.view ? <Containment principal={principal} /> : <Refused area="containments" />}
+      {access.challenges?.view ? <PrincipalChallenges principal={principal} /> : <Refused area="challenges" />}
       {access.directory?.view && <Agents type={type} id={id} />}
       {type === "Human" && access.keys?.view && <SecurityKeysPanel person={id} />}
       {access.policies?.view ? <Reachable principal={principal} /> : <Refused area="policies" />}
@@ -286,6 +294,51 @@ function RecentDecisions({ principal }: { principal: { type: string; id: string 
       <p>
         <Link to={search}>Search all of its decisions</Link>
       </p>
+    </section>
+  );
+}
+
+/** The principal's recent challenges and what became of them (newest first). */
+function PrincipalChallenges({ principal }: { principal: { type: string; id: string } }) {
+  const q = useQuery({ queryKey: ["principal-challenges", principal], queryFn: () => gql(OwnChallenges, { principal }) });
+  return (
+    <section aria-labelledby="pch-h">
+      <h2 id="pch-h">Challenges</h2>
+      {q.isPending && <Loading what="challenges" />}
+      {q.isError && <ErrorBox error={q.error} retry={() => q.refetch()} />}
+      {q.data && q.data.challenges.length === 0 && <Empty>No challenge for this principal.</Empty>}
+      {q.data && q.data.challenges.length > 0 && (
+        <div className="scroll" tabIndex={0} role="region" aria-label="The principal's challenges">
+          <table>
+            <thead>
+              <tr>
+                <th scope="col">When</th>
+                <th scope="col">Request</th>
+                <th scope="col">Asked for</th>
+                <th scope="col">Outcome</th>
+                <th scope="col">Decision</th>
+              </tr>
+            </thead>
+            <tbody>
+              {q.data.challenges.map((c) => (
+                <tr key={c.qid}>
+                  <td><Time at={c.createdAt} /></td>
+                  <td className="wrap">
+                    {c.action} {c.resource ? `${c.resource.type}::"${c.resource.id}"` : "—"}
+                  </td>
+                  <td>{c.kinds.join(", ") || "—"}{c.approver ? ` (approver ${c.approver})` : ""}</td>
+                  <td>
+                    <span className={`badge ${c.state.toLowerCase()}`}>{c.state.toLowerCase()}</span>
+                    {c.decidedBy && <span className="muted"> by {c.decidedBy}</span>}
+                    {c.reason && <span className="muted">: {c.reason}</span>}
+                  </td>
+                  <td>{c.decisionQid ? <Link to={`/decisions/${c.decisionQid}`}>Explain</Link> : "—"}</td>
+                </tr>
+              ))}
+            </tbody>
+          </table>
+        </div>
+      )}
     </section>
   );
 }

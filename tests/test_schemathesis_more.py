@@ -25,10 +25,13 @@ from typing import Any
 import httpx
 import pytest
 from clickhouse_connect.driver.client import Client
-from hypothesis import settings
+from hypothesis import given, settings
+from hypothesis.errors import Unsatisfiable
+from schemathesis.generation import GenerationMode
 
 import apifuzz
 from gwkit import Issuer, JwksServer
+from portalkit import World, pg_schema
 from serverkit import wait_until
 from svc import history
 from svc.challenge.app import ChallengeServer
@@ -49,6 +52,7 @@ from svc.gateway.tokens import AgentTokenVerifier
 from svc.history.service import create_app as history_app
 from svc.policy.app import PolicyServer
 from svc.policy.settings import PolicySettings
+from svc.portal.app import create_app as portal_app
 from svc.reasoner.app import create_app as reasoner_app
 from svc.reasoner.clients import ChallengeClient, ContextClient, PolicyClient
 from svc.reasoner.service import ReasonerService
@@ -475,3 +479,68 @@ def test_the_gateway_s_challenge_wait_takes_the_agent_s_token(gateway_url: str) 
 @FUZZ
 def test_gateway_routes_fuzz(case: Any, gateway_url: str) -> None:
     case.call_and_validate(base_url=gateway_url)
+
+
+# -- the portal's REST routes: the agents API with an app's token, the session's with a person's
+
+
+@pytest.fixture(scope="module")
+def portal(postgres_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    """The portal with what it calls (tests/portalkit.py), the apps copilot and billing trusted."""
+    with pg_schema(postgres_url) as url:
+        w = World(url, tmp_path_factory.mktemp("portal"))
+        try:
+            yield w
+        finally:
+            w.close()
+
+
+@pytest.fixture(scope="module")
+def portal_headers(portal: World) -> dict[str, str]:
+    """An app token of copilot and the session (cookie, CSRF token) of ana, who signed in."""
+    session = portal.sign_in("ana")
+    cookie = "; ".join(f"{k}={v}" for k, v in session.cookies.items())
+    return {
+        "Authorization": f"Bearer {portal.copilot.mint('copilot', 'svc-portal', lifetime=86400)}",
+        "Cookie": cookie,
+        "X-CSRF-Token": session.headers["x-csrf-token"],
+    }
+
+
+def test_the_portal_s_agents_api_takes_the_app_s_token(
+    portal: World, portal_headers: dict[str, str]
+) -> None:
+    url = f"{portal.portal.url}/api/v1/agents/copilot.fuzz"
+    body = {"owner": "ana", "ai": True}
+    assert httpx.put(url, json=body).status_code == 401
+    token = {"Authorization": portal_headers["Authorization"]}
+    assert httpx.put(url, json=body, headers=token).status_code in (200, 201)
+    me = httpx.get(f"{portal.portal.url}/api/v1/me", headers=portal_headers)
+    assert me.status_code == 200 and me.json()["user"] == "ana", me.text
+
+
+def test_portal_api_fuzz(portal: World, portal_headers: dict[str, str]) -> None:
+    """Every operation of the portal's document, data that fits it and data that does not.
+
+    The document is the app's own (the one it serves in dev mode); it needs a running portal's
+    settings, so the operations are walked here rather than parametrized at import.
+    """
+    document = dict(portal_app(portal.settings, portal.service).openapi())
+    schema = apifuzz.load(document)
+    labels = []
+    for result in schema.get_all_operations():
+        op = result.ok()
+        labels.append(op.label)
+        for mode in GenerationMode:
+
+            @given(case=op.as_strategy(generation_mode=mode))
+            @FUZZ
+            def run(case: Any) -> None:
+                case.call_and_validate(base_url=portal.portal.url, headers=portal_headers)
+
+            try:
+                run()
+            except Unsatisfiable:
+                # No parameter and no body: nothing in the request can break the document.
+                assert mode is GenerationMode.NEGATIVE, op.label
+    assert "PUT /api/v1/agents/{agent_id}" in labels and "GET /api/v1/me" in labels, labels

@@ -544,3 +544,60 @@ def test_portal_api_fuzz(portal: World, portal_headers: dict[str, str]) -> None:
                 # No parameter and no body: nothing in the request can break the document.
                 assert mode is GenerationMode.NEGATIVE, op.label
     assert "PUT /api/v1/agents/{agent_id}" in labels and "GET /api/v1/me" in labels, labels
+
+
+def _auth_document() -> dict[str, Any]:
+    """The portal's sign-in routes (docs/portal.md), which its own document leaves out."""
+    problem = {"description": "a problem", **PROBLEM_RESPONSE}
+
+    def query(*names: str) -> list[dict[str, Any]]:
+        return [{"name": n, "in": "query", "schema": {"type": "string"}} for n in names]
+
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "svc-portal sign-in", "version": "1"},
+        "paths": {
+            "/auth/login": {
+                "get": {
+                    "operationId": "login",
+                    "parameters": query("next"),
+                    "responses": {"302": {"description": "to the provider"}, "4XX": problem},
+                }
+            },
+            "/auth/callback": {
+                "get": {
+                    "operationId": "callback",
+                    "parameters": query("code", "state", "error", "iss"),
+                    "responses": {"303": {"description": "signed in"}, "4XX": problem},
+                }
+            },
+            "/auth/logout": {
+                # The web app's catch-all route matches every GET, so `Allow` names GET too;
+                # it answers 404 for a path under /auth/ (svc.portal.webapp).
+                "get": {"operationId": "logout_get", "responses": {"4XX": problem}},
+                "post": {
+                    "operationId": "logout",
+                    "responses": {"204": {"description": "signed out"}, "4XX": problem},
+                },
+            },
+        },
+        "components": {"schemas": {"Problem": PROBLEM_SCHEMA}},
+    }
+
+
+portal_auth_schema = apifuzz.load(_auth_document())
+
+
+@pytest.fixture(scope="module")
+def bo_session(portal: World) -> dict[str, str]:
+    """Another person's session (cookie and CSRF token): the fuzzed sign-out revokes it."""
+    session = portal.sign_in("bo")
+    cookie = "; ".join(f"{k}={v}" for k, v in session.cookies.items())
+    return {"Cookie": cookie, "X-CSRF-Token": session.headers["x-csrf-token"]}
+
+
+@portal_auth_schema.parametrize()
+@FUZZ
+def test_portal_sign_in_routes_fuzz(case: Any, portal: World, bo_session: dict[str, str]) -> None:
+    headers = bo_session if case.path == "/auth/logout" else None
+    case.call_and_validate(base_url=portal.portal.url, headers=headers, allow_redirects=False)

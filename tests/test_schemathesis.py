@@ -1,7 +1,7 @@
 """schemathesis over every HTTP API of the control plane and the Connect routes (issue 43).
 
-The context service's OpenAPI document (its ``/v1`` routes), the probes of the policy, the
-challenge, the connectors, the reasoner and the reporter apps, and the unary methods of the
+The context service's OpenAPI document (its ``/v1`` routes), the probes of the policy and the
+challenge apps, and the unary methods of the
 policy and challenge services over Connect's JSON protocol (POST
 ``/<service>/<Method>``, https://connectrpc.com/docs/protocol/), each served for real on
 127.0.0.1 with bearer tokens on and requests carrying a valid one, so every request reaches
@@ -10,7 +10,9 @@ documented (an error is an RFC 9457 problem, or a Connect error ``{code, message
 
 The Connect routes have no OpenAPI document of their own; ``connect_document`` writes one from
 the proto descriptors (the request message's fields as protobuf's JSON mapping names them).
-Intake and history have their own runs (tests/test_intake.py, tests/test_history.py).
+Intake and history have their own runs (tests/test_intake.py, tests/test_history.py); the
+other HTTP APIs (history with tokens on, reasoner, connectors, reporter, gateway, decision
+point, portal) are in tests/test_schemathesis_more.py.
 
 Budget: ``SVC_HARDENING_FUZZ_EXAMPLES`` (default 10) examples per operation and phase, so the
 file runs in a few minutes on two cores; raise it for a longer run.

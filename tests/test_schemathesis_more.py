@@ -1,14 +1,23 @@
 """schemathesis over the HTTP APIs tests/test_schemathesis.py leaves out (issue 43).
 
-The history's routes (``/v1/history``) with bearer tokens on, the reasoner's app (its probes
-and ``POST /v1/cycles``, with the context, challenge and policy services it reads served for
-real and the history on chDB), and the probe apps of the connectors and the reporter. Each is
-served by uvicorn on 127.0.0.1 (``apifuzz.serve``) and every request carries a valid token,
-so it reaches past the token check. Every built-in check runs (``apifuzz.load``): no 5xx, every
-answer as the app's own OpenAPI document says (an error is an RFC 9457 problem).
+* the history's routes (``/v1/history``) with bearer tokens on;
+* the reasoner's app (its probes and ``POST /v1/cycles``), with the context, challenge and
+  policy services it reads served for real and the history on chDB;
+* the probe apps of the connectors and the reporter;
+* the gateway's own routes (probes, the challenge wait) with a trusted app's agent token, the
+  wait answered by the decision point;
+* the decision point's HTTP API (``svc pdp`` with tokens on), from a document written here
+  after docs/api.md: it serves none of its own;
+* the portal's REST routes (the agents API with a trusted app's token, ``/api/v1/me`` with a
+  signed-in session; tests/portalkit.py starts it with what it calls) and its sign-in routes.
+
+Each is served for real on 127.0.0.1 (uvicorn through ``apifuzz.serve``, or the component's
+own server) and every request carries a valid credential, so it reaches past the check. Every
+built-in check runs (``apifuzz.load``): no 5xx, every answer as the document says (an error is
+an RFC 9457 problem).
 
 Budget: ``SVC_HARDENING_FUZZ_EXAMPLES`` (default 10) examples per operation and phase, as in
-tests/test_schemathesis.py.
+tests/test_schemathesis.py; the file runs in about 40 s on the shared two cores.
 """
 
 from __future__ import annotations

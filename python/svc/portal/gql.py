@@ -770,9 +770,10 @@ class Query:
             raise GraphQLError(p.detail, extensions={"code": code, "status": p.status}) from None
 
     @strawberry.field(
-        description="Searches the decision history of one principal or one resource, oldest "
-        "first, with filters and cursor paging (`after`: the previous page's `endCursor`). "
-        "Area `decisions`."
+        description="Searches the decision history, oldest first: one principal's or one "
+        "resource's decisions (at most one of the two), or, naming neither, those matching at "
+        "least one other filter; with cursor paging (`after`: the previous page's "
+        "`endCursor`). Area `decisions`."
     )
     async def decisions(
         self,

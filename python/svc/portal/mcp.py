@@ -141,7 +141,10 @@ def make_mcp_server(service: PortalService, sink: IntakeSender | None) -> MCPSer
     def ref(type_: str | None, id_: str | None) -> dict[str, str] | None:
         return {"type": type_, "id": id_} if type_ and id_ else None
 
-    @server.tool(description="Search one principal's or one resource's recorded decisions.")
+    @server.tool(
+        description="Search recorded decisions: one principal's or one resource's (not both), "
+        "or, naming neither, those matching another filter (action, verdict, policy)."
+    )
     async def search_decisions(
         principal_type: str | None = None,
         principal_id: str | None = None,

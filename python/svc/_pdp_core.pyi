@@ -534,8 +534,11 @@ class Server:
 
     @property
     def ready(self) -> bool:
-        """Whether ``/readyz`` answers ready (bundle, containment list and principals loaded,
-        and no followed feed stale)."""
+        """Whether ``/readyz`` answers ready.
+
+        Ready: a bundle, the containment list and the principals loaded, and no followed feed
+        stale.
+        """
 
     def set_ready(
         self,
@@ -697,8 +700,9 @@ class Server:
         """
 
     def unfollow_feed(self, feed: str) -> None:
-        """Stops following `feed` (no longer counted for readiness; its series leave
-        ``/metrics``); an unknown name is ignored.
+        """Stops following `feed`; an unknown name is ignored.
+
+        The feed no longer counts for readiness, and its series leave ``/metrics``.
 
         Raises:
             RuntimeError: the server is not running.
@@ -706,8 +710,10 @@ class Server:
         """
 
     def feed_synced(self, feed: str, version: int | None = None) -> bool:
-        """Records a successful sync of `feed` now, and the `version` it applied (None keeps
-        the last). Returns False when `feed` is not followed (nothing recorded).
+        """Records a successful sync of `feed` now, and the `version` it applied.
+
+        `version` None keeps the last one. Returns False when `feed` is not followed (nothing
+        recorded).
 
         Raises:
             RuntimeError: the server is not running.
@@ -716,8 +722,9 @@ class Server:
         """
 
     def feed_failed(self, feed: str, error: str) -> bool:
-        """Records a failure of `feed` (`error` is cut to 300 bytes on ``/readyz``), counted in
-        ``svc_pdp_feed_errors_total``. Returns False when `feed` is not followed.
+        """Records a failure of `feed`, counted in ``svc_pdp_feed_errors_total``.
+
+        `error` is cut to 300 bytes on ``/readyz``. Returns False when `feed` is not followed.
 
         Raises:
             RuntimeError: the server is not running.
@@ -726,9 +733,11 @@ class Server:
 
     @property
     def feeds(self) -> list[dict[str, Any]]:
-        """The followed feeds as ``/readyz`` sees them now, by name: ``feed``, ``age_secs``,
-        ``max_staleness_secs``, ``stale``, ``last_success_ms``, ``last_error``, ``errors``,
-        ``version``. Empty when the server is not running."""
+        """The followed feeds as ``/readyz`` sees them now, by name.
+
+        Each: ``feed``, ``age_secs``, ``max_staleness_secs``, ``stale``, ``last_success_ms``,
+        ``last_error``, ``errors``, ``version``. Empty when the server is not running.
+        """
 
 @final
 class LogBatch:

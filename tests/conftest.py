@@ -68,3 +68,20 @@ def postgres_url() -> str:
     if os.environ.get("CI"):
         pytest.fail(reason)
     pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def chdb_root(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The directory of the in-process embedded history stores, as ``chdb:///dir``.
+
+    chDB opens one directory per process (``svc.history.store``): a module opening a directory
+    of its own after another module opened one fails. So every in-process store lives in the
+    directory already open (a new one when none is), each test in a database of its own
+    (``f"{chdb_root}?database=..."``).
+    """
+    from svc.history.store import _clients
+
+    for dsn in list(_clients):
+        if dsn.startswith("chdb:///"):
+            return dsn.split("?", 1)[0]
+    return f"chdb://{tmp_path_factory.mktemp('chdb')}"

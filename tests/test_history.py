@@ -173,8 +173,9 @@ JUNK_EVENTS: list[bytes] = [
 
 
 @pytest.fixture(scope="session")
-def chdb_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("chdb")
+def chdb_dir(chdb_root: str) -> Path:
+    """The process's chDB directory (conftest's ``chdb_root``), which every module shares."""
+    return Path(chdb_root.removeprefix("chdb://"))
 
 
 @pytest.fixture

@@ -24,12 +24,11 @@ from test_history import OPEN, as_records, decision, event
 T0 = datetime(2026, 11, 20, 10, 0, tzinfo=UTC)
 
 
-@pytest.fixture(scope="module")
-def db(tmp_path_factory: pytest.TempPathFactory) -> Client:
-    """One store for the module (chDB opens one path per process), the rows stored twice."""
-    path = tmp_path_factory.mktemp("chdb")
+@pytest.fixture
+def db(chdb_root: str) -> Client:
+    """A store in the process's chDB directory (conftest's ``chdb_root``), rows stored twice."""
     client = history.connect(
-        f"chdb://{path}?database=s_{uuid.uuid4().hex[:12]}", create_database=True
+        f"{chdb_root}?database=s_{uuid.uuid4().hex[:12]}", create_database=True
     )
     history.migrate(client)
     alice, bob = ("Human", "alice"), ("Human", "bob")

@@ -38,7 +38,6 @@ from svc.cli import app as cli_app
 from svc.common.net import tcp_listener
 from svc.demo import month as months
 from svc.history import rollups
-from svc.history.store import _clients
 from svc.pdp import Engine, Server
 from svc.pdp.containment_follower import follow_containments
 from svc.policy.app import PolicyServer
@@ -73,14 +72,6 @@ def schema_url(postgres_url: str, prefix: str) -> Iterator[str]:
     )
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
-
-
-@pytest.fixture(scope="module")
-def chdb_root(tmp_path_factory: pytest.TempPathFactory) -> str:
-    for dsn in list(_clients):
-        if dsn.startswith("chdb:///"):
-            return dsn.split("?", 1)[0]
-    return f"chdb://{tmp_path_factory.mktemp('chdb')}"
 
 
 def new_history(chdb_root: str) -> tuple[str, Client]:

@@ -28,7 +28,6 @@ from svc.common.inprocess import serve_http
 from svc.common.intake_client import IntakeSender
 from svc.common.net import tcp_listener
 from svc.history import rollups
-from svc.history.store import _clients
 from svc.intake import IntakeSettings, create_app
 from svc.reasoner.scoring import Directory, score_window
 from test_challenge import Clock, make_service
@@ -36,14 +35,6 @@ from test_intake import read_topic
 from test_reasoner_rollups import event
 
 TOKEN = "t" * 40
-
-
-@pytest.fixture(scope="module")
-def chdb_root(tmp_path_factory: pytest.TempPathFactory) -> str:
-    for dsn in list(_clients):
-        if dsn.startswith("chdb:///"):
-            return dsn.split("?", 1)[0]
-    return f"chdb://{tmp_path_factory.mktemp('chdb')}"
 
 
 @pytest.fixture

@@ -264,10 +264,10 @@ class ContainmentFollower:
                 self._call = call
             if self._stop.is_set():
                 call.cancel()
-            watchdog = self._watch(call)
+            watchdog = self._watch(call, channel)
             for msg in call:
                 watchdog.cancel()
-                watchdog = self._watch(call)
+                watchdog = self._watch(call, channel)
                 event = msg.WhichOneof("event")
                 if event == "list":
                     self._apply_list(msg.list)
@@ -298,14 +298,21 @@ class ContainmentFollower:
             raise _StreamLost(error)
         log.warning("challenge service: %s; reconnecting", error)
 
-    def _watch(self, call: Any) -> threading.Timer:
-        """A timer that cancels ``call`` when it stays silent for ``stale_secs``."""
+    def _watch(self, call: Any, channel: grpc.Channel) -> threading.Timer:
+        """A timer that ends ``call`` when it stays silent for ``stale_secs``.
+
+        The call is cancelled and its channel closed too (grpc cancels every RPC of a closed
+        channel), so a stream still connecting when it is cancelled cannot hang the follower.
+        """
 
         def expire() -> None:
-            log.warning("no message from the challenge service for %.1f s", self.stale_secs)
             with self._cond:
                 self.status.stale += 1
-            call.cancel()
+            try:
+                call.cancel()
+                channel.close()
+            finally:
+                log.warning("no message from the challenge service for %.1f s", self.stale_secs)
 
         timer = threading.Timer(self.stale_secs, expire)
         timer.daemon = True

@@ -293,17 +293,22 @@ class Follower:
         if self.feeds is not None and self.pending is None and self.status.version > 0:
             self.feeds.synced("bundle", self.status.version)
 
-    def _watch(self, call: grpc.Future) -> threading.Timer:
-        """A timer that cancels ``call`` when it stays silent for ``stale_secs``.
+    def _watch(self, call: grpc.Future, channel: grpc.Channel) -> threading.Timer:
+        """A timer that ends ``call`` when it stays silent for ``stale_secs``.
 
         The service sends a heartbeat while nothing changes, so silence means a connection that
-        died without closing (a host gone, a partition): the stream counts as lost.
+        died without closing (a host gone, a partition): the stream counts as lost. The call is
+        cancelled and its channel closed too (grpc cancels every RPC of a closed channel), so a
+        stream still connecting when it is cancelled cannot keep the follower waiting.
         """
 
         def expire() -> None:
-            log.warning("no message from the policy service for %.1f s", self.stale_secs)
             self.status.stale += 1
-            call.cancel()
+            try:
+                call.cancel()
+                channel.close()
+            finally:
+                log.warning("no message from the policy service for %.1f s", self.stale_secs)
 
         timer = threading.Timer(self.stale_secs, expire)
         timer.daemon = True
@@ -336,10 +341,10 @@ class Follower:
                 self._call = call
                 if self._stop.is_set():
                     call.cancel()
-            watchdog = self._watch(call)
+            watchdog = self._watch(call, channel)
             for msg in call:
                 watchdog.cancel()
-                watchdog = self._watch(call)
+                watchdog = self._watch(call, channel)
                 delivered = True
                 if not self.status.connected:
                     self.status.connected = True

@@ -65,14 +65,6 @@ def records(topic: str, values: list[dict[str, Any]], start: int = 0) -> list[hi
     return [(topic, 0, start + n, b"", json.dumps(v).encode()) for n, v in enumerate(values)]
 
 
-@pytest.fixture(scope="module")
-def chdb_root(tmp_path_factory: pytest.TempPathFactory) -> str:
-    for dsn in list(_clients):
-        if dsn.startswith("chdb:///"):
-            return dsn.split("?", 1)[0]
-    return f"chdb://{tmp_path_factory.mktemp('chdb')}"
-
-
 @pytest.fixture
 def db(chdb_root: str) -> Client:
     client = history.connect(

@@ -88,11 +88,6 @@ def auth_of(cls: Any) -> Any:
     return cls(auth_issuer=ISSUER.issuer, auth_jwks=ISSUER.jwks_url, auth_callers=[CALLER])
 
 
-@pytest.fixture(scope="module")
-def chdb_root(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return f"chdb://{tmp_path_factory.mktemp('chdb')}"
-
-
 def _history_client(chdb_root: str) -> Client:
     client = history.connect(
         f"{chdb_root}?database=fz_{uuid.uuid4().hex[:8]}", create_database=True

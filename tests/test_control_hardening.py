@@ -524,7 +524,9 @@ def test_connect_errors_are_short_and_safe(policy: PolicyServer, tmp_path: Path)
 def test_unauthenticated_paths_of_the_policy_service_get_401_first(
     tmp_path: Path, issuer: LocalIssuer
 ) -> None:
-    settings = PolicySettings(port=0, data_dir=tmp_path)
+    settings = PolicySettings(
+        port=0, data_dir=tmp_path, database_url=f"sqlite:///{tmp_path / 'policy.db'}"
+    )
     auth = PolicyAuthSettings(
         auth_issuer=issuer.issuer, auth_jwks=issuer.jwks_url, auth_callers=[CALLER]
     )

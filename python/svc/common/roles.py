@@ -103,6 +103,10 @@ METHODS: dict[str, dict[str, frozenset[str]]] = {
         "SetOutageFallback": _ADMIN,
         "BreakGlassRollback": _ADMIN,
         "DryRun": _ADMIN,
+        "SaveTest": _ADMIN,
+        "ListTests": _ADMIN,
+        "DeleteTest": _ADMIN,
+        "RunTests": _ADMIN,
     },
     "challenge": {
         "Resolve": _FOLLOW,

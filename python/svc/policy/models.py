@@ -2,8 +2,10 @@
 
 ``bundles`` (drafts, the active bundle, superseded ones), ``enforcement_changes`` (every mode
 change; the latest per scope is the mode in force), ``outage_fallbacks`` (a tier per MCP tool
-pattern) and ``break_glass_events`` (accepted break-glass rollbacks; ``nonce`` is unique, which
-is what refuses a replay). The schema itself is made by the Alembic migrations in
+pattern), ``break_glass_events`` (accepted break-glass rollbacks; ``nonce`` is unique, which
+is what refuses a replay), ``policy_tests`` (saved decisions every dry run and publish decides
+again, docs/policy.md#policy-tests) and ``publishes`` (every publish, with the failing tests
+its author accepted). The schema itself is made by the Alembic migrations in
 ``svc/policy/migrations`` (``svc.policy.migrate``), never by ``create_all``.
 
 Times are stored in UTC (``DateTime(timezone=True)``; SQLite keeps them naive, read back as UTC).
@@ -17,7 +19,15 @@ from typing import Any
 from sqlalchemy import JSON, BigInteger, Column, DateTime, Integer, LargeBinary, String, Text
 from sqlmodel import Field, SQLModel
 
-__all__ = ["BreakGlassEvent", "BundleRow", "EnforcementChangeRow", "OutageFallbackRow", "utc"]
+__all__ = [
+    "BreakGlassEvent",
+    "BundleRow",
+    "EnforcementChangeRow",
+    "OutageFallbackRow",
+    "PolicyTestRow",
+    "PublishRow",
+    "utc",
+]
 
 
 #: Row ids: BIGINT, except on SQLite, where only INTEGER PRIMARY KEY numbers rows by itself.
@@ -97,3 +107,42 @@ class BreakGlassEvent(SQLModel, table=True):
     issued_at: int = Field(sa_column=Column(BigInteger, nullable=False))
     reason: str = Field(default="", sa_column=Column(Text, nullable=False))
     signature: bytes = Field(sa_column=Column(LargeBinary, nullable=False))
+
+
+class PolicyTestRow(SQLModel, table=True):
+    """A saved policy test (docs/policy.md#policy-tests): a request and its expected verdict.
+
+    ``request`` is ``{principal, action, resource, context, on_behalf_of?}``; ``entities`` the
+    Cedar entities (JSON entity shape) it is decided with, a snapshot taken when it was saved;
+    ``contained`` the principals contained then and ``risk_scores`` ``[{principal, score}]``;
+    ``expect`` is ``allow``, ``deny`` or ``challenge``.
+    """
+
+    __tablename__ = "policy_tests"
+
+    name: str = Field(sa_column=Column(String(128), primary_key=True))
+    request: dict[str, Any] = Field(sa_column=Column(JSON, nullable=False))
+    entities: list[Any] = Field(sa_column=Column(JSON, nullable=False))
+    contained: list[Any] = Field(sa_column=Column(JSON, nullable=False))
+    risk_scores: list[Any] = Field(sa_column=Column(JSON, nullable=False))
+    expect: str = Field(sa_column=Column(String(16), nullable=False))
+    saved_by: str = Field(sa_column=Column(String(256), nullable=False))
+    from_decision: str = Field(default="", sa_column=Column(String(128), nullable=False))
+    created_at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
+
+
+class PublishRow(SQLModel, table=True):
+    """One publish of a bundle version: who, when, how many tests ran, the failures accepted.
+
+    ``accepted_failures`` is ``[{name, expected, got}]``: the tests that failed under the
+    version and that the author named as accepted (docs/policy.md#policy-tests).
+    """
+
+    __tablename__ = "publishes"
+
+    id: int | None = Field(default=None, sa_column=Column(_ID, primary_key=True))
+    version: int = Field(sa_column=Column(BigInteger, nullable=False, index=True))
+    at: datetime = Field(sa_column=Column(DateTime(timezone=True), nullable=False))
+    author: str = Field(sa_column=Column(String(256), nullable=False))
+    tests_run: int = Field(default=0, sa_column=Column(Integer, nullable=False))
+    accepted_failures: list[Any] = Field(sa_column=Column(JSON, nullable=False))

@@ -3,8 +3,9 @@
 ``PolicyService`` keeps bundles, the enforcement modes, outage fallbacks and break-glass events
 in its relational database (``svc.policy.models``, migrated on start), validates drafts through
 the decision core (``svc._pdp_core``), signs bundles on publish (``svc.policy.signing``), decides
-recorded decisions again for dry runs (``svc.history``), and tells subscribers (the
-``WatchActive`` streams) after every change of the active bundle or a mode.
+recorded decisions again for dry runs (``svc.history``), keeps policy tests and decides them on
+every dry run and publish (``svc.policy.policytests``, docs/policy.md#policy-tests), and tells
+subscribers (the ``WatchActive`` streams) after every change of the active bundle or a mode.
 
 Errors are ``PolicyError`` with a gRPC-style ``code`` the transport maps
 (docs/architecture.md#identifiers-and-errors); an invalid draft lists every problem in
@@ -39,7 +40,17 @@ from svc.policy.models import (
     BundleRow,
     EnforcementChangeRow,
     OutageFallbackRow,
+    PolicyTestRow,
+    PublishRow,
     utc,
+)
+from svc.policy.policytests import (
+    MAX_TESTS,
+    PolicyTest,
+    TestResult,
+    TestRun,
+    check_test,
+    run_tests,
 )
 from svc.policy.settings import PolicySettings
 
@@ -58,6 +69,10 @@ __all__ = [
     "OutageFallback",
     "PolicyError",
     "PolicyService",
+    "PolicyTest",
+    "TestResult",
+    "TestRun",
+    "TestsFailed",
     "Violation",
     "bundle_engine",
 ]
@@ -81,6 +96,31 @@ class PolicyError(ServiceError):
     (https://grpc.io/docs/guides/status-codes/); ``violations`` names every bad field or bundle
     problem (a ``google.rpc.BadRequest`` on the wire).
     """
+
+
+class TestsFailed(PolicyError):
+    """A publish refused because saved policy tests fail under the bundle.
+
+    ``code`` is ``failed_precondition``; ``violations`` has one entry per failing test not
+    accepted (``tests[<name>]``: expected and got); ``run`` is the whole run.
+    """
+
+    def __init__(self, run: TestRun, refused: list[TestResult]) -> None:
+        names = ", ".join(r.name for r in refused[:10])
+        more = f" and {len(refused) - 10} more" if len(refused) > 10 else ""
+        super().__init__(
+            "failed_precondition",
+            f"{len(refused)} policy tests fail under version {run.version}: {names}{more}; "
+            "name them in `accept_failing_tests` to publish anyway",
+            [Violation(f"tests[{r.name}]", _failure_text(r)) for r in refused],
+        )
+        self.run = run
+
+
+def _failure_text(r: TestResult) -> str:
+    by = f" (by {', '.join(r.policies)})" if r.policies else ""
+    why = f": {r.error}" if r.error else ""
+    return f"expected {r.expected}, got {r.got}{by}{why}"
 
 
 @dataclass(frozen=True)
@@ -169,6 +209,7 @@ class DryRunResult:
     errors: int = 0
     sample: list[ChangedDecision] = field(default_factory=list)
     truncated: bool = False
+    tests: TestRun | None = None
 
 
 def _now() -> datetime:
@@ -206,6 +247,20 @@ def _change(row: EnforcementChangeRow) -> EnforcementChange:
 
 def _fallback(row: OutageFallbackRow) -> OutageFallback:
     return OutageFallback(row.tool, row.tier, row.author, utc(row.updated_at), row.reason)
+
+
+def _test(row: PolicyTestRow) -> PolicyTest:
+    return PolicyTest(
+        name=row.name,
+        request=dict(row.request),
+        entities=list(row.entities),
+        expect=row.expect,
+        saved_by=row.saved_by,
+        created_at=utc(row.created_at) or _now(),
+        from_decision=row.from_decision,
+        contained=list(row.contained),
+        risk_scores=list(row.risk_scores),
+    )
 
 
 def bundle_engine(files: Mapping[str, str]) -> Engine:
@@ -412,22 +467,102 @@ class PolicyService:
                 continue
         raise PolicyError("unavailable", "could not assign a version; try again")
 
-    def publish(self, version: int, author: str) -> BundleInfo:
-        """Signs bundle ``version`` and makes it the active bundle.
+    def publish(
+        self, version: int, author: str, accept_failing_tests: Sequence[str] = ()
+    ) -> BundleInfo:
+        """Signs bundle ``version`` and makes it the active bundle, once its tests pass.
 
+        ``publish_tested`` without the test run in the answer.
+
+        Raises:
+            TestsFailed, PolicyError: as ``publish_tested``.
+
+        """
+        return self.publish_tested(version, author, accept_failing_tests)[0]
+
+    def publish_tested(
+        self, version: int, author: str, accept_failing_tests: Sequence[str] = ()
+    ) -> tuple[BundleInfo, TestRun | None]:
+        """Signs bundle ``version`` and makes it the active bundle, once its tests pass.
+
+        Every saved policy test is decided under the bundle first (``run_tests``); a test that
+        fails and is not named in `accept_failing_tests` refuses the publish. The publish is
+        recorded (``publishes``: who, when, how many tests ran, the failures accepted).
         A bundle is signed on its first publish, and again when the service's key changed since
         (key rotation); otherwise its stored signature is kept. The bundle active before becomes
         ``superseded``. Publishing the active version again changes nothing. Watchers are told.
 
+        Args:
+            version: the bundle version (a draft, or a superseded version: a rollback).
+            author: who publishes (the verified caller).
+            accept_failing_tests: names of tests the author knows fail and accepts; names of
+                tests that pass or do not exist are ignored.
+
+        Returns:
+            The bundle now active, and the tests decided under it (None when it was active
+            already and nothing changed).
+
         Raises:
+            TestsFailed: tests fail that `accept_failing_tests` does not name (nothing changes).
             PolicyError: ``invalid_argument`` without an author; ``not_found`` for an unknown
                 version.
 
         """
         _require(author, "author")
+        if self.get_bundle(version).state == "active":
+            return self._activate(version, expect=("draft", "superseded")), None
+        run = self.run_tests(version)
+        accepted = set(accept_failing_tests)
+        refused = [r for r in run.failed if r.name not in accepted]
+        if refused:
+            raise TestsFailed(run, refused)
         info = self._activate(version, expect=("draft", "superseded"))
-        log.info("version %d published by %s", version, author)
-        return info
+        failures = [{"name": r.name, "expected": r.expected, "got": r.got} for r in run.failed]
+        with Session(self.db) as s:
+            s.add(
+                PublishRow(
+                    version=version,
+                    at=_now(),
+                    author=author,
+                    tests_run=len(run.results),
+                    accepted_failures=failures,
+                )
+            )
+            s.commit()
+        log.info(
+            "version %d published by %s (%d tests, %d failures accepted%s)",
+            version,
+            author,
+            len(run.results),
+            len(failures),
+            f": {', '.join(f['name'] for f in failures)}" if failures else "",
+        )
+        return info, run
+
+    def publishes(self, version: int = 0, limit: int = 100) -> list[dict[str, Any]]:
+        """Recorded publishes, newest first (of one version, or all for 0).
+
+        Returns:
+            ``[{"id", "version", "at", "author", "tests_run", "accepted_failures"}]``, each
+            accepted failure ``{"name", "expected", "got"}``.
+
+        """
+        with Session(self.db) as s:
+            q = select(PublishRow)
+            if version:
+                q = q.where(PublishRow.version == version)
+            rows = s.exec(q.order_by(col(PublishRow.id).desc()).limit(_limit(limit))).all()
+            return [
+                {
+                    "id": r.id,
+                    "version": r.version,
+                    "at": utc(r.at),
+                    "author": r.author,
+                    "tests_run": r.tests_run,
+                    "accepted_failures": list(r.accepted_failures),
+                }
+                for r in rows
+            ]
 
     def _activate(self, version: int, expect: Sequence[str]) -> BundleInfo:
         """Makes ``version`` active (signing it when unsigned); returns it."""
@@ -751,7 +886,8 @@ class PolicyService:
         none (docs/policy.md#dry-runs).
 
         Returns:
-            Counts of verdict changes and up to ``sample`` changed decisions, oldest first.
+            Counts of verdict changes and up to ``sample`` changed decisions, oldest first,
+            and every saved policy test decided under the bundle (``tests``).
 
         Raises:
             PolicyError: ``not_found`` for an unknown version; ``invalid_argument`` for an empty
@@ -774,6 +910,7 @@ class PolicyService:
             )
         bundle = self.get_bundle(version)
         engine = bundle_engine(bundle.files)
+        tests = run_tests(version, bundle_engine(bundle.files), self.list_tests())
         from clickhouse_connect.driver.exceptions import ClickHouseError
 
         from svc import history
@@ -784,7 +921,7 @@ class PolicyService:
         except (ClickHouseError, OSError) as e:
             log.error("dry run: the history store failed: %s", e)
             raise PolicyError("unavailable", "the history store does not answer") from None
-        out = DryRunResult(version=version, truncated=len(records) > limit)
+        out = DryRunResult(version=version, truncated=len(records) > limit, tests=tests)
         for rec in records[:limit]:
             recorded = rec.get("verdict") or ""
             request: dict[str, Any] = {
@@ -827,6 +964,134 @@ class PolicyService:
                     )
                 )
         return out
+
+    # -- policy tests
+
+    def save_test(
+        self,
+        name: str,
+        request: Mapping[str, Any],
+        entities: Sequence[Mapping[str, Any]],
+        expect: str,
+        saved_by: str,
+        from_decision: str = "",
+        contained: Sequence[Mapping[str, str]] = (),
+        risk_scores: Sequence[Mapping[str, Any]] = (),
+    ) -> tuple[PolicyTest, TestResult | None]:
+        """Saves a policy test (docs/policy.md#policy-tests) and decides it under the active bundle.
+
+        Args:
+            name: the test's name, unique (``policytests.check_test`` says what is allowed).
+            request: ``{principal, action, resource, context?, on_behalf_of?}``.
+            entities: the Cedar entities to decide it with (a snapshot; the bundle's own
+                ``entities.json`` is loaded under them).
+            expect: ``allow``, ``deny`` or ``challenge``.
+            saved_by: the verified caller (``svc.common.auth.author_of``).
+            from_decision: the qid of the decision it was saved from, if any.
+            contained: principals contained when it was saved.
+            risk_scores: ``[{principal, score}]`` when it was saved.
+
+        Returns:
+            The stored test, and its result under the active bundle (None before the first
+            publish), so the caller sees at once whether it passes today.
+
+        Raises:
+            PolicyError: ``invalid_argument`` naming every bad field;
+                ``failed_precondition`` for a name in use (field ``name``) or when
+                ``MAX_TESTS`` tests are kept already.
+
+        """
+        bad = check_test(name, request, entities, expect, from_decision, contained, risk_scores)
+        if not saved_by.strip():
+            bad.append(Violation("saved_by", "must not be empty"))
+        if bad:
+            raise PolicyError("invalid_argument", f"bad policy test: {len(bad)} problems", bad)
+        req = {k: request[k] for k in ("principal", "action", "resource") if k in request}
+        req["context"] = dict(request.get("context") or {})
+        if request.get("on_behalf_of"):
+            req["on_behalf_of"] = dict(request["on_behalf_of"])
+        row = PolicyTestRow(
+            name=name,
+            request=req,
+            entities=[dict(e) for e in entities],
+            contained=[dict(c) for c in contained],
+            risk_scores=[dict(r) for r in risk_scores],
+            expect=expect,
+            saved_by=saved_by,
+            from_decision=from_decision,
+            created_at=_now(),
+        )
+        with self._write, Session(self.db) as s:
+            count = s.exec(select(func.count()).select_from(PolicyTestRow)).one()
+            if int(count) >= MAX_TESTS:
+                raise PolicyError(
+                    "failed_precondition",
+                    f"{MAX_TESTS} policy tests are kept already: delete one first",
+                )
+            if s.get(PolicyTestRow, name) is not None:
+                raise PolicyError(
+                    "failed_precondition",
+                    f"a policy test named `{name}` exists",
+                    [Violation("name", "in use: delete that test first or pick another name")],
+                )
+            s.add(row)
+            try:
+                s.commit()
+            except IntegrityError:  # another replica saved the same name meanwhile
+                raise PolicyError(
+                    "failed_precondition",
+                    f"a policy test named `{name}` exists",
+                    [Violation("name", "in use")],
+                ) from None
+            s.refresh(row)
+            test = _test(row)
+        log.info("policy test %r saved by %s (expects %s)", name, saved_by, expect)
+        active = self.get_active()
+        if active is None:
+            return test, None
+        return test, run_tests(active.version, bundle_engine(active.files), [test]).results[0]
+
+    def list_tests(self) -> list[PolicyTest]:
+        """Every saved policy test, by name."""
+        with Session(self.db) as s:
+            rows = s.exec(select(PolicyTestRow).order_by(col(PolicyTestRow.name))).all()
+            return [_test(r) for r in rows]
+
+    def delete_test(self, name: str, author: str) -> None:
+        """Deletes a policy test.
+
+        Raises:
+            PolicyError: ``not_found`` for an unknown name.
+
+        """
+        with self._write, Session(self.db) as s:
+            row = s.get(PolicyTestRow, name)
+            if row is None:
+                raise PolicyError(
+                    "not_found", f"no policy test named `{name}`", [Violation("name", "unknown")]
+                )
+            s.delete(row)
+            s.commit()
+        log.info("policy test %r deleted by %s", name, author)
+
+    def run_tests(self, version: int = 0) -> TestRun:
+        """Decides every saved test under bundle `version` (0: the active one).
+
+        Each test is decided with the decision core loaded from the bundle's files, the test's
+        entity snapshot on top of the bundle's own entities (``policytests.decide_test``).
+
+        Raises:
+            PolicyError: ``not_found`` for an unknown version, or 0 before the first publish.
+
+        """
+        if version == 0:
+            active = self.get_active()
+            if active is None:
+                raise PolicyError("not_found", "nothing is published yet")
+            bundle = active
+        else:
+            bundle = self.get_bundle(version)
+        return run_tests(bundle.version, bundle_engine(bundle.files), self.list_tests())
 
     def state(self) -> tuple[BundleInfo | None, Enforcement]:
         """The active bundle (with files) and the modes: what ``WatchActive`` sends."""

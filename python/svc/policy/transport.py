@@ -24,6 +24,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import anyio.to_thread
+from google.protobuf import json_format, struct_pb2
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from svc.common.auth import Verifier, author_of
@@ -40,6 +41,8 @@ __all__ = [
     "bundle_message",
     "mode_name",
     "mode_value",
+    "policy_test_message",
+    "tests_message",
 ]
 
 log = logging.getLogger("svc.policy")
@@ -110,6 +113,76 @@ def _fallback(f: svc_service.OutageFallback) -> pb.OutageFallback:
     )
 
 
+def _whole(value: Any) -> Any:
+    """A Struct's JSON with whole numbers as ints (Struct keeps every number as a double)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _whole(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_whole(v) for v in value]
+    return value
+
+
+def _struct(value: Mapping[str, Any]) -> struct_pb2.Struct:
+    out = struct_pb2.Struct()
+    out.update(value)
+    return out
+
+
+def _ref_dict(ref: pb.EntityRef) -> dict[str, str]:
+    return {"type": ref.type, "id": ref.id}
+
+
+def policy_test_message(t: svc_service.PolicyTest) -> pb.PolicyTest:
+    """A ``PolicyTest`` as its message (entities and context as ``Struct``s)."""
+    req = t.request
+    request = pb.TestRequest(
+        principal=pb.EntityRef(**req["principal"]),
+        action=req["action"],
+        resource=pb.EntityRef(**req["resource"]),
+        context=_struct(req.get("context") or {}),
+    )
+    if req.get("on_behalf_of"):
+        request.on_behalf_of.CopyFrom(pb.EntityRef(**req["on_behalf_of"]))
+    return pb.PolicyTest(
+        name=t.name,
+        request=request,
+        entities=[_struct(e) for e in t.entities],
+        expect=t.expect,
+        saved_by=t.saved_by,
+        from_decision=t.from_decision,
+        created_at=timestamp(t.created_at),
+        contained=[pb.EntityRef(**c) for c in t.contained],
+        risk_scores=[
+            pb.TestRiskScore(principal=pb.EntityRef(**r["principal"]), score=r["score"])
+            for r in t.risk_scores
+        ],
+    )
+
+
+def _result(r: svc_service.TestResult) -> pb.TestResult:
+    return pb.TestResult(
+        name=r.name,
+        passed=r.passed,
+        expected=r.expected,
+        got=r.got,
+        policies=r.policies,
+        error=r.error,
+        notes=r.notes,
+    )
+
+
+def tests_message(run: svc_service.TestRun) -> pb.TestRun:
+    """A ``TestRun`` as its message."""
+    return pb.TestRun(
+        version=run.version,
+        passed=run.passed,
+        failed=len(run.failed),
+        results=[_result(r) for r in run.results],
+    )
+
+
 class PolicyMetrics:
     """The service's Prometheus metrics (docs/policy.md#metrics), on a registry of their own."""
 
@@ -162,9 +235,60 @@ class _Handlers(ServiceHandlers):
 
     async def Publish(self, req: pb.PublishRequest) -> pb.PublishResponse:
         author = author_of(req.author)
-        info = await self._call("Publish", lambda: self.service.publish(req.version, author))
+        accepted = list(req.accept_failing_tests)
+        info, run = await self._call(
+            "Publish", lambda: self.service.publish_tested(req.version, author, accepted)
+        )
         self.metrics.active_version.set(info.version)
-        return pb.PublishResponse(bundle=bundle_message(info))
+        out = pb.PublishResponse(bundle=bundle_message(info))
+        if run is not None:
+            out.tests.CopyFrom(tests_message(run))
+        return out
+
+    async def SaveTest(self, req: pb.SaveTestRequest) -> pb.SaveTestResponse:
+        t = req.test
+        request: dict[str, Any] = {
+            "principal": _ref_dict(t.request.principal),
+            "action": t.request.action,
+            "resource": _ref_dict(t.request.resource),
+            "context": _whole(json_format.MessageToDict(t.request.context)),
+        }
+        if t.request.HasField("on_behalf_of"):
+            request["on_behalf_of"] = _ref_dict(t.request.on_behalf_of)
+        entities = [_whole(json_format.MessageToDict(e)) for e in t.entities]
+        contained = [_ref_dict(c) for c in t.contained]
+        scores = [{"principal": _ref_dict(r.principal), "score": r.score} for r in t.risk_scores]
+        saved_by = author_of(t.saved_by)
+        test, active = await self._call(
+            "SaveTest",
+            lambda: self.service.save_test(
+                t.name,
+                request,
+                entities,
+                t.expect,
+                saved_by,
+                t.from_decision,
+                contained,
+                scores,
+            ),
+        )
+        out = pb.SaveTestResponse(test=policy_test_message(test))
+        if active is not None:
+            out.active.CopyFrom(_result(active))
+        return out
+
+    async def ListTests(self, req: pb.ListTestsRequest) -> pb.ListTestsResponse:
+        tests = await self._call("ListTests", self.service.list_tests)
+        return pb.ListTestsResponse(tests=[policy_test_message(t) for t in tests])
+
+    async def DeleteTest(self, req: pb.DeleteTestRequest) -> pb.DeleteTestResponse:
+        author = author_of("")
+        await self._call("DeleteTest", lambda: self.service.delete_test(req.name, author))
+        return pb.DeleteTestResponse()
+
+    async def RunTests(self, req: pb.RunTestsRequest) -> pb.RunTestsResponse:
+        run = await self._call("RunTests", lambda: self.service.run_tests(req.version))
+        return pb.RunTestsResponse(tests=tests_message(run))
 
     async def GetActive(self, req: pb.GetActiveRequest) -> pb.GetActiveResponse:
         def get() -> BundleInfo:
@@ -277,6 +401,7 @@ class _Handlers(ServiceHandlers):
                 )
                 for c in r.sample
             ],
+            tests=tests_message(r.tests) if r.tests is not None else None,
         )
 
     async def WatchActive(

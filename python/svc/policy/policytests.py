@@ -1,10 +1,11 @@
 """Policy tests: saved decisions a bundle must still decide as expected (docs/policy.md).
 
-A policy test (docs/policy.md#policy-tests) is a request (principal, action, resource, context, ``on_behalf_of``), the entities
-needed to decide it (a snapshot taken when it was saved, so the test does not drift with the
-directory), the principals contained then, the principal's risk score then, and the verdict
-expected (``allow``, ``deny`` or ``challenge``). Cerbos's policy tests, AWS Verified Permissions'
-test bench and Styra DAS's decision replay are the models.
+A policy test (docs/policy.md#policy-tests) is a request (principal, action, resource,
+context, ``on_behalf_of``), the entities needed to decide it (a snapshot taken when it was
+saved, so the test does not drift with the directory), the principals contained then, the
+principal's risk score then, and the verdict expected (``allow``, ``deny`` or ``challenge``).
+Cerbos's policy tests, AWS Verified Permissions' test bench and Styra DAS's decision replay are
+the models.
 
 This module holds what does not need the database: ``check_test`` (every bad field of a test to
 save, as ``Violation``s) and ``run_tests`` (deciding tests with the decision core,

@@ -191,6 +191,28 @@ def wait_port(port: int, proc: subprocess.Popen[bytes]) -> None:
             time.sleep(0.05)
 
 
+def print_waits(metrics: str) -> None:
+    """Prints where part 1's calls through the gateway waited, from its histograms' means.
+
+    ``svc_gateway_check_seconds`` (the checks at the decision point) and
+    ``svc_gateway_upstream_seconds`` (forwarded until the upstream's first message back), both
+    eras together: what is left of the added time is the gateway's own work and the extra hop.
+    """
+    sums: dict[str, float] = {}
+    for line in metrics.splitlines():
+        name, _, value = line.partition(" ")
+        base = name.split("{", 1)[0]
+        if base.endswith(("_sum", "_count")):
+            sums[base] = sums.get(base, 0.0) + float(value)
+    for name, what in (
+        ("svc_gateway_check_seconds", "the checks at the decision point"),
+        ("svc_gateway_upstream_seconds", "the upstream's answer"),
+    ):
+        if sums.get(f"{name}_count"):
+            mean = 1000 * sums[f"{name}_sum"] / sums[f"{name}_count"]
+            print(f"part 1 through the gateway, mean wait for {what}: {mean:.3f} ms")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--calls", type=int, default=2000, help="calls per path at the steady rate")
@@ -280,6 +302,7 @@ def main() -> None:
                         for q in (0.5, 0.9, 0.99)
                     ]
                     print(f"{era} {label:11} " + " ".join(f"{v:9.3f}" for v in added))
+        print_waits(httpx2.get(f"http://127.0.0.1:{gw_port}/metrics", timeout=10).text)
 
         for era in ERAS:
             t0 = time.perf_counter()

@@ -34,6 +34,7 @@ import itertools
 import json
 import logging
 import math
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -383,8 +384,12 @@ class FastPath:
                 self._running[key] = cancel
                 try:
                     async with contextlib.AsyncExitStack() as stack:
+                        sent = time.perf_counter()
                         messages = await self._post(stack, message, timeout, extra)
                         first = await anext(messages, None)
+                        self.service.metrics.upstream_seconds.labels(self.name).observe(
+                            time.perf_counter() - sent
+                        )
                         if first is None:
                             raise UpstreamUnavailable(
                                 f"upstream `{self.name}` answered the call with nothing"

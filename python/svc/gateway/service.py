@@ -154,6 +154,14 @@ class GatewayMetrics:
             registry=self.registry,
             buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 2.5),
         )
+        self.upstream_seconds = Histogram(
+            "svc_gateway_upstream_seconds",
+            "Time from forwarding a tool call on the fast path to the upstream's first message "
+            "back (docs/gateway.md#fast-path).",
+            ["upstream"],
+            registry=self.registry,
+            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 2.5, 10.0),
+        )
         self.events_sent = Counter(
             "svc_gateway_events_sent",
             "Intake events accepted by the intake.",

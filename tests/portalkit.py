@@ -226,6 +226,9 @@ class World:
     Args:
         database_url: the context service's database.
         tmp: a directory for the bundle and the CA file.
+        pdp_args: more options of the decision point.
+        policy_history: a history client (``svc.history.connect``) for the policy service's
+            dry runs; none: a dry run answers that no history is configured.
         portal: more portal settings.
 
     """
@@ -236,10 +239,12 @@ class World:
         tmp: Path,
         *,
         pdp_args: tuple[str, ...] = (),
+        policy_history: Any = None,
         **portal: Any,
     ) -> None:
         self.tmp = tmp
         self.pdp_args = pdp_args
+        self.policy_history = policy_history
         self.context = Live(database_url)
         self.scim_ids: dict[str, str] = {}
         try:
@@ -280,7 +285,9 @@ class World:
         policy_settings = PolicySettings(
             port=0, data_dir=tmp, database_url=f"sqlite:///{tmp / 'policy.db'}"
         )
-        self.policy = PolicyServer(policy_settings, PolicyService(policy_settings)).start()
+        self.policy = PolicyServer(
+            policy_settings, PolicyService(policy_settings, history=self.policy_history)
+        ).start()
         self.pdp = Pdp(
             "--bundle", str(bundle), "--port", "0", "--no-watch", "--context", self.context.url,
             "--challenge", self.challenge.url, "--challenge-timeout-ms", "30000",

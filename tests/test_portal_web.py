@@ -29,6 +29,7 @@ import json
 import threading
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +38,10 @@ import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
 
 import test_challenge_page as shots
+import test_history as hist
 from kafka_fixture import create_topics
 from portalkit import POLICIES, SCHEMA, HistoryLoader, World, pg_schema, until
+from svc import history as svc_history
 from svc.portal.webapp import MANIFEST, WEB_DIR
 
 CHROMIUM = "/usr/bin/chromium"
@@ -62,28 +65,55 @@ def _built() -> None:
     assert AXE.is_file(), f"no {AXE}: run `make web` (npm ci installs axe-core)"
 
 
+#: The decision log's topic of this module's world (the ``world`` fixture sets it).
+DECISIONS: dict[str, str] = {}
+
+
 @pytest.fixture(scope="module")
 def world(
-    postgres_url: str, kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory
+    postgres_url: str,
+    kafka_bootstrap: str,
+    chdb_root: str,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[World]:
     _built()
     tmp = tmp_path_factory.mktemp("portal-web")
     suffix = uuid.uuid4().hex[:8]
     decisions, events = f"portal.web.decisions.{suffix}", f"portal.web.events.{suffix}"
     create_topics(kafka_bootstrap, decisions, events)
+    DECISIONS.update(topic=decisions, bootstrap=kafka_bootstrap)
     history = HistoryLoader(tmp, kafka_bootstrap, decisions, events)
+    # The policy service's dry runs read the same decision log, loaded by a loader of this
+    # process into the chDB directory the process already has open (conftest's chdb_root).
+    dry = svc_history.connect(f"{chdb_root}?database=portal_web_{suffix}", create_database=True)
+    svc_history.migrate(dry)
+    loader = svc_history.Loader(
+        dry, kafka_bootstrap, decisions_topic=decisions, events_topic=None,
+        group_id=f"portal-web-dry-{suffix}", batch_ms=100,
+    )  # fmt: skip
+    loading = threading.Thread(target=loader.run, name="dry-run-history", daemon=True)
+    loading.start()
     try:
         with pg_schema(postgres_url) as url:
             pdp_args = (
                 "--kafka", f"kafka://{kafka_bootstrap}", "--decisions-topic", decisions,
                 "--spool-dir", str(tmp / "spool"),
             )  # fmt: skip
-            w = World(url, tmp, pdp_args=pdp_args, history_url=history.url, allow_any_query=False)
+            w = World(
+                url,
+                tmp,
+                pdp_args=pdp_args,
+                policy_history=dry,
+                history_url=history.url,
+                allow_any_query=False,
+            )
             try:
                 yield w
             finally:
                 w.close()
     finally:
+        loader.stop()
+        loading.join(60)
         history.stop()
 
 
@@ -409,6 +439,7 @@ def test_a_draft_with_a_syntax_error_shows_it_at_its_line_and_a_fixed_one_is_pub
     page.click("nav >> text=Policies")
     page.wait_for_selector("#install-mode")
     page.wait_for_selector(f"a:has-text('v{active}')")
+    page.wait_for_selector("#install-impact li[data-hours='168']")
     both(page, "policies")
     page.click("text=Edit a new draft")
     page.click("[aria-label=Files] >> text=policies.cedar")
@@ -471,4 +502,72 @@ def test_the_directory_investigations_and_the_assistant_for_an_auditor(
     said = page.locator("[role=alert]").inner_text()
     assert "SVC_PORTAL_MODEL_URL" in said and "ask whoever runs svc" in said, said
     both(page, "assistant")
+    page.context.close()
+
+
+def test_the_modes_show_what_enforcing_would_have_denied(world: World, browser: Browser) -> None:
+    """Beside each mode switch, what monitor mode recorded over the last day and week (the
+    history's would-deny/would-challenge, the reasoner's would-contains); a switch's
+    confirmation says the number."""
+    now = datetime.now(UTC)
+    mo = ("Human", "mo")
+    records = [
+        hist.decision(principal=mo, verdict="deny", mode="monitor", at=now - timedelta(minutes=5)),
+        hist.decision(principal=mo, verdict="deny", mode="monitor", at=now - timedelta(minutes=6)),
+        hist.decision(
+            principal=mo, verdict="challenge", mode="monitor", at=now - timedelta(minutes=7)
+        ),
+        hist.decision(principal=mo, verdict="deny", mode="monitor", at=now - timedelta(days=3)),
+        hist.decision(principal=mo, verdict="deny", mode="enforce", at=now - timedelta(minutes=8)),
+    ]
+    hist.produce(DECISIONS["bootstrap"], DECISIONS["topic"], records)
+    r = world.context.http.post(
+        "/v1/investigations",
+        json={
+            "principal": {"type": "Human", "id": "mo"},
+            "reason": "would contain (monitor mode): score 95 (moved_out)",
+            "opened_by": "svc-reasoner",
+            "kind": "would_contain",
+        },
+    )
+    assert r.status_code == 201, r.text
+    page = person(world, browser, "ana")
+    page.click("nav >> text=Policies")
+    day = "#install-impact li[data-hours='24']"
+    week = "#install-impact li[data-hours='168']"
+
+    def counted() -> bool:
+        page.reload()
+        page.wait_for_selector(f"{day}, #install-impact .error-text")
+        return "2 decisions would have been denied" in page.locator(day).inner_text()
+
+    until("the monitor-mode records in the history", counted)
+    assert "and 1 challenged" in page.locator(day).inner_text()
+    assert "3 decisions would have been denied and 1 challenged" in page.locator(week).inner_text()
+    assert "since" in page.locator(day).inner_text()
+    contain = page.locator("#containment-impact li[data-hours='24']").inner_text()
+    assert "1 principal would have been contained" in contain, contain
+    # The install enforces: switching to enforce is not offered; containments are monitored.
+    assert page.locator("button:has-text('Install: enforce')").is_disabled()
+    page.click("button:has-text('Automated containments: enforce')")
+    said = page.locator("#confirm-impact").inner_text()
+    assert "last 24 hours: 1 principal would have been contained" in said, said
+    page.click(".confirm button:has-text('Cancel')")
+    page.click("button:has-text('Install: monitor')")
+    page.get_by_label("Reason for a change").fill("watch before enforcing again")
+    page.click("button:has-text('Confirm: monitor')")
+    page.wait_for_selector("#install-mode:text-is('monitor')")
+    page.click("button:has-text('Install: enforce')")
+    said = page.locator("#confirm-impact").inner_text()
+    assert "last 24 hours: 2 decisions would have been denied and 1 challenged" in said, said
+    assert "last 7 days: 3 decisions would have been denied" in said, said
+    axe(page)
+    page.click("button:has-text('Confirm: enforce')")
+    page.wait_for_selector("#install-mode:text-is('enforce')")
+    assert (
+        page.locator(
+            "[aria-label='Mode changes'] td:has-text('install: monitor → enforce')"
+        ).count()
+        == 1
+    )
     page.context.close()

@@ -294,9 +294,14 @@ class ContextClient(_Http):
         out: list[dict[str, Any]] = self.request("GET", "/v1/risk", params=params)["scores"]
         return out
 
-    def investigations(self, status: str | None = None) -> list[dict[str, Any]]:
-        """``GET /v1/investigations[?status=]``: newest first."""
-        params = {"status": status} if status else None
+    def investigations(
+        self, status: str | None = None, kind: str | None = None
+    ) -> list[dict[str, Any]]:
+        """``GET /v1/investigations[?status=&kind=]``: newest first.
+
+        `kind` is ``manual``, ``contain``, ``would_contain`` or ``score`` (docs/context.md).
+        """
+        params = {k: v for k, v in (("status", status), ("kind", kind)) if v} or None
         out: list[dict[str, Any]] = self.request("GET", "/v1/investigations", params=params)[
             "investigations"
         ]

@@ -463,6 +463,27 @@ def _stats(d: dict[str, Any]) -> DecisionStats:
     )
 
 
+@strawberry.type(
+    description="What switching a mode scope from monitor to enforce would have turned into "
+    "denials over one window (docs/portal.md#the-web-app)."
+)
+class ModeImpact:
+    hours: int = strawberry.field(description="The window: this hour and the `hours - 1` before.")
+    since: datetime = strawberry.field(description="The window's first instant (a full hour).")
+    until: datetime
+    would_deny: int = strawberry.field(
+        description="Install scope: monitor-mode checks and plans enforcement would have denied."
+    )
+    would_challenge: int = strawberry.field(
+        description="Install scope: monitor-mode checks and plans enforcement would have "
+        "challenged."
+    )
+    would_contain: int | None = strawberry.field(
+        description="Containment scope: the reasoner's would-contains (investigations of kind "
+        "`would_contain`) opened in the window; null for one who may not view investigations."
+    )
+
+
 @strawberry.type(description="A policy that decided, with its text in the active bundle.")
 class DecidingPolicy:
     name: str
@@ -1071,6 +1092,18 @@ class Query:
     @strawberry.field(description="The enforcement modes. Area `enforcement`.")
     async def enforcement(self, info: Info[Context, None]) -> Enforcement:
         return _enforcement(await _call(info, info.context.service.enforcement))
+
+    @strawberry.field(
+        description="Per window of the last `hours` (default 24 and 168): the decisions monitor "
+        "mode recorded as would-deny or would-challenge and the reasoner's would-contains, what "
+        "switching to enforce would have turned into denials or containments. Areas "
+        "`enforcement` and `decisions` (and `investigations` for the would-contains)."
+    )
+    async def enforcement_impact(
+        self, info: Info[Context, None], hours: list[int] | None = None
+    ) -> list[ModeImpact]:
+        rows = await _call(info, info.context.service.enforcement_impact, tuple(hours or (24, 168)))
+        return [ModeImpact(**r) for r in rows]
 
     @strawberry.field(description="The modes' change log, newest first. Area `enforcement`.")
     async def enforcement_changes(

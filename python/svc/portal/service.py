@@ -31,7 +31,7 @@ import difflib
 import json
 import logging
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import partial
@@ -1503,6 +1503,91 @@ class PortalService:
             "%s set the %s mode to %s", person, "containment" if containment else "install", mode
         )
         return out.enforcement
+
+    def enforcement_impact(
+        self, person: str, hours: Sequence[int] = (24, 168), *, now: datetime | None = None
+    ) -> list[dict[str, Any]]:
+        """What switching each mode scope from monitor to enforce would have turned into denials.
+
+        For each window of the last `hours` (docs/portal.md#the-web-app): the install scope's
+        monitor-mode checks and plans that enforcement would have denied or challenged
+        (``would_deny``/``would_challenge`` of the history's aggregate, one ``GET
+        /v1/history/stats`` by the hour over the longest window, summed per window), and the
+        containment scope's would-contains (the reasoner's ``would_contain`` investigations
+        opened in the window, docs/reasoner.md). A window of ``h`` hours is the current hour
+        and the ``h - 1`` before it, so it starts at a full hour (``since``).
+
+        Args:
+            person: the signed-in user (``view`` on ``enforcement`` and ``decisions``; the
+                would-contains need ``view`` on ``investigations``, else they are None).
+            hours: the windows, 1 to 24 * 90 hours each, at most 8 of them.
+            now: the current time (default: the clock).
+
+        Returns:
+            One ``{"hours", "since", "until", "would_deny", "would_challenge",
+            "would_contain"}`` per window, in the order given (``since``/``until`` aware
+            UTC datetimes; ``would_contain`` None when the person may not view investigations).
+
+        Raises:
+            Problem: 400 for a window out of range; 503 without a history or a context service
+                that does not answer.
+
+        """
+        self.authorize(person, "view", "enforcement")
+        self.authorize(person, "view", "decisions")
+        h = self._need(self.history, "history")
+        if not 1 <= len(hours) <= 8 or any(not 1 <= x <= 24 * 90 for x in hours):
+            raise Problem(
+                400,
+                "invalid-argument",
+                "Invalid argument",
+                "`hours`: 1 to 8 windows of 1 to 2160 hours each",
+                [FieldError(None, "hours", "1 to 8 windows of 1 to 2160 hours")],
+            )
+        end = now or datetime.now(UTC)
+        hour = end.replace(minute=0, second=0, microsecond=0)
+        starts = {x: hour - timedelta(hours=x - 1) for x in hours}
+        stats: dict[str, Any] = self._run(
+            "history",
+            partial(
+                h.stats,
+                since=_rfc3339(min(starts.values())),
+                until=_rfc3339(end),
+                bucket="hour",
+                top=1,
+            ),
+        )
+        buckets = [
+            (b["at"] if isinstance(b["at"], datetime) else datetime.fromisoformat(str(b["at"])), b)
+            for b in stats["buckets"]
+        ]
+        contains: list[datetime] | None
+        try:
+            self.authorize(person, "view", "investigations")
+        except Denied:
+            contains = None
+        else:
+            rows = self._run(
+                "context service", partial(self.context.investigations, kind="would_contain")
+            )
+            contains = [datetime.fromisoformat(r["opened_at"]) for r in rows if r.get("opened_at")]
+        out = []
+        for x in hours:
+            since = starts[x]
+            inside = [b for at, b in buckets if at >= since]
+            out.append(
+                {
+                    "hours": x,
+                    "since": since,
+                    "until": end,
+                    "would_deny": sum(int(b.get("would_deny", 0)) for b in inside),
+                    "would_challenge": sum(int(b.get("would_challenge", 0)) for b in inside),
+                    "would_contain": None
+                    if contains is None
+                    else sum(1 for t in contains if since <= t <= end),
+                }
+            )
+        return out
 
     def close(self) -> None:
         """Closes the clients' connections."""

@@ -6,6 +6,7 @@ import { useEffect, useState, type FormEvent } from "react";
 import { Link, useNavigate, useParams } from "react-router-dom";
 import { gql } from "../api";
 import { CedarSource, type Note } from "../cedar";
+import "../policies.css";
 import { graphql } from "../gql";
 import type { Mode } from "../gql/graphql";
 import { Empty, ErrorBox, Guarded, Loading, Time, useAccess, useTitle } from "../ui";
@@ -66,10 +67,40 @@ export function PoliciesPage() {
   );
 }
 
+const Impact = graphql(`
+  query EnforcementImpact {
+    enforcementImpact(hours: [24, 168]) { hours since until wouldDeny wouldChallenge wouldContain }
+  }
+`);
+
+type ImpactRow = { hours: number; since: string; wouldDeny: number; wouldChallenge: number; wouldContain?: number | null };
+
+const WINDOW: Record<number, string> = { 24: "last 24 hours", 168: "last 7 days" };
+
+function plural(n: number, one: string, many = `${one}s`) {
+  return `${n.toLocaleString()} ${n === 1 ? one : many}`;
+}
+
+/** What enforcing would have changed in one window, as a sentence. */
+function impactText(r: ImpactRow, containment: boolean): string {
+  const w = WINDOW[r.hours] ?? `last ${r.hours} hours`;
+  if (containment)
+    return r.wouldContain == null
+      ? `${w}: not shown (you may not view investigations)`
+      : `${w}: ${plural(r.wouldContain, "principal")} would have been contained`;
+  return `${w}: ${plural(r.wouldDeny, "decision")} would have been denied and ${plural(r.wouldChallenge, "challenged", "challenged")}`;
+}
+
 function ModesPanel() {
   const { access } = useAccess();
   const client = useQueryClient();
   const q = useQuery({ queryKey: ["modes"], queryFn: () => gql(Modes), enabled: !!access.enforcement?.view });
+  // Separate from the modes: the history's aggregate over a week may take a moment, the modes not.
+  const impact = useQuery({
+    queryKey: ["enforcement-impact"],
+    queryFn: () => gql(Impact),
+    enabled: !!access.enforcement?.view && !!access.decisions?.view,
+  });
   const [reason, setReason] = useState("");
   const [pending, setPending] = useState<{ mode: Mode; containment: boolean } | null>(null);
   const m = useMutation({
@@ -87,6 +118,18 @@ function ModesPanel() {
         <p className="why">Not shown: {access.enforcement?.viewReason}</p>
       </section>
     );
+  const rows = impact.data?.enforcementImpact ?? [];
+  const scopes = q.data
+    ? [
+        { containment: false, name: "Install", id: "install", mode: q.data.enforcement.mode},
+        {
+          containment: true,
+          name: "Automated containments",
+          id: "containment",
+          mode: q.data.enforcement.containmentMode,
+        },
+      ]
+    : [];
   return (
     <section aria-labelledby="modes-h">
       <h2 id="modes-h">Enforcement modes</h2>
@@ -94,41 +137,65 @@ function ModesPanel() {
       {q.isError && <ErrorBox error={q.error} retry={() => q.refetch()} />}
       {q.data && (
         <>
-          <dl>
-            <dt>Install</dt>
-            <dd id="install-mode">{q.data.enforcement.mode.toLowerCase()}</dd>
-            <dt>Automated containments</dt>
-            <dd>{q.data.enforcement.containmentMode.toLowerCase()}</dd>
-          </dl>
           <p className="hint">
-            In monitor mode denials are recorded as “would deny” and allowed; enforcing turns them into denials (search
-            the decisions with mode monitor to see them first).
+            In monitor mode denials are recorded as “would deny” and allowed, and the reasoner records “would
+            contain” instead of containing; enforcing turns them into denials and containments. Beside each switch:
+            what monitor mode recorded that enforcing would have turned into denials (search the decisions with mode
+            monitor to see them).
           </p>
-          <form className="inline" onSubmit={(e) => e.preventDefault()}>
-            <label>
-              Reason for a change
-              <input value={reason} onChange={(e) => setReason(e.target.value)} maxLength={500} />
-            </label>
-            {(["ENFORCE", "MONITOR"] as Mode[]).map((mode) => (
-              <Guarded
-                key={mode}
-                area="enforcement"
-                type="button"
-                disabled={q.data.enforcement.mode === mode}
-                onClick={() => setPending({ mode, containment: false })}
-              >
-                Install: {mode.toLowerCase()}
-              </Guarded>
+          <label className="reason">
+            Reason for a change
+            <input value={reason} onChange={(e) => setReason(e.target.value)} maxLength={500} />
+          </label>
+          <div className="scopes">
+            {scopes.map((sc) => (
+              <div className="scope" key={sc.id} role="group" aria-labelledby={`${sc.id}-mode-h`}>
+                <h3 id={`${sc.id}-mode-h`}>
+                  {sc.name}: <span id={`${sc.id}-mode`}>{sc.mode.toLowerCase()}</span>
+                </h3>
+                <ul className="impact" id={`${sc.id}-impact`} aria-live="polite">
+                  {!access.decisions?.view && <li className="why">Counts not shown: {access.decisions?.viewReason}</li>}
+                  {impact.isPending && access.decisions?.view && <li className="loading">Counting monitor mode's would-{sc.containment ? "contains" : "denies"}…</li>}
+                  {impact.isError && <li className="error-text">The counts are not available: {String(impact.error.message)}</li>}
+                  {rows.map((r) => (
+                    <li key={r.hours} data-hours={r.hours}>
+                      {impactText(r, sc.containment)} <span className="muted">(since <Time at={r.since} />)</span>
+                    </li>
+                  ))}
+                </ul>
+                <div className="inline">
+                  {(["ENFORCE", "MONITOR"] as Mode[]).map((mode) => (
+                    <Guarded
+                      key={mode}
+                      area="enforcement"
+                      type="button"
+                      disabled={sc.mode === mode}
+                      onClick={() => setPending({ mode, containment: sc.containment })}
+                    >
+                      {sc.name}: {mode.toLowerCase()}
+                    </Guarded>
+                  ))}
+                </div>
+              </div>
             ))}
-          </form>
+          </div>
           {pending && (
-            <div className="confirm" role="alertdialog" aria-labelledby="confirm-mode">
+            <div className="confirm" role="alertdialog" aria-labelledby="confirm-mode" aria-describedby="confirm-impact">
               <p id="confirm-mode">
-                Switch the install to <strong>{pending.mode.toLowerCase()}</strong>? Every decision point applies it within
-                seconds.
+                Switch {pending.containment ? "automated containments" : "the install"} to{" "}
+                <strong>{pending.mode.toLowerCase()}</strong>? Every decision point applies it within seconds.
               </p>
-              <button type="button" className="danger" onClick={() => m.mutate(pending)}>
-                Confirm
+              <p id="confirm-impact">
+                {pending.mode === "ENFORCE"
+                  ? rows.length
+                    ? `Had it been enforced: ${rows.map((r) => impactText(r, pending.containment)).join("; ")}.`
+                    : "The would-deny counts are not available: search the decisions with mode monitor first."
+                  : pending.containment
+                    ? "From now on the reasoner records would-contains instead of containing anyone."
+                    : "From now on denials are recorded as would-deny and allowed."}
+              </p>
+              <button type="button" className="danger" onClick={() => m.mutate(pending)} disabled={m.isPending}>
+                Confirm: {pending.mode.toLowerCase()}
               </button>{" "}
               <button type="button" onClick={() => setPending(null)}>
                 Cancel

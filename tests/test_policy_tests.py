@@ -123,7 +123,6 @@ def doc_test(name: str, doc: str, public: bool, expect: str = "allow") -> pb.Pol
         ],
         expect=expect,
         from_decision="0190b0c0-0000-7000-8000-000000000001",
-        saved_by="ana",  # with callers' tokens off, the request names who saves
     )
 
 
@@ -138,7 +137,7 @@ def test_saved_tests_decide_with_their_snapshot_under_any_version(
     stub.Publish(pb.PublishRequest(version=public, author="ana"))
     # The bundle holds no Doc "report": only the snapshot says it is public.
     saved = stub.SaveTest(
-        pb.SaveTestRequest(test=doc_test("alice reads the report", "report", True))
+        pb.SaveTestRequest(author="ana", test=doc_test("alice reads the report", "report", True))
     )
     assert saved.test.name == "alice reads the report" and saved.test.saved_by == "ana"
     assert saved.test.from_decision == "0190b0c0-0000-7000-8000-000000000001"
@@ -149,11 +148,15 @@ def test_saved_tests_decide_with_their_snapshot_under_any_version(
         ["public"],
     )
     # Another test's snapshot holds a Doc of the same id, not public: each test sees its own.
-    stub.SaveTest(pb.SaveTestRequest(test=doc_test("draft stays hidden", "report", False, "deny")))
+    stub.SaveTest(
+        pb.SaveTestRequest(
+            author="ana", test=doc_test("draft stays hidden", "report", False, "deny")
+        )
+    )
     # A request the bundle cannot decide: the schema has no `edit` action.
     odd = doc_test("edits are decided", "report", True)
     odd.request.action = "edit"
-    stub.SaveTest(pb.SaveTestRequest(test=odd))
+    stub.SaveTest(pb.SaveTestRequest(author="ana", test=odd))
 
     listed = stub.ListTests(pb.ListTestsRequest()).tests
     assert [t.name for t in listed] == [
@@ -181,13 +184,13 @@ def test_saved_tests_decide_with_their_snapshot_under_any_version(
     # 0 is the active version.
     assert stub.RunTests(pb.RunTestsRequest()).tests.version == public
 
-    stub.DeleteTest(pb.DeleteTestRequest(name="edits are decided"))
+    stub.DeleteTest(pb.DeleteTestRequest(author="ana", name="edits are decided"))
     assert [t.name for t in stub.ListTests(pb.ListTestsRequest()).tests] == [
         "alice reads the report",
         "draft stays hidden",
     ]
     with pytest.raises(grpc.RpcError) as e:
-        stub.DeleteTest(pb.DeleteTestRequest(name="edits are decided"))
+        stub.DeleteTest(pb.DeleteTestRequest(author="ana", name="edits are decided"))
     assert e.value.code() == grpc.StatusCode.NOT_FOUND  # type: ignore[attr-defined]
     with pytest.raises(grpc.RpcError) as e:
         stub.RunTests(pb.RunTestsRequest(version=999))
@@ -200,8 +203,12 @@ def test_publish_refuses_failing_tests_unless_accepted_and_records_them(
     public, closed = draft(stub, PUBLIC_ONLY), draft(stub, CLOSED_ONLY)
     first = stub.Publish(pb.PublishRequest(version=public, author="ana"))
     assert first.tests.version == public and not first.tests.results  # no tests yet
-    stub.SaveTest(pb.SaveTestRequest(test=doc_test("alice reads the report", "report", True)))
-    stub.SaveTest(pb.SaveTestRequest(test=doc_test("secrets stay hidden", "s", False, "deny")))
+    stub.SaveTest(
+        pb.SaveTestRequest(author="ana", test=doc_test("alice reads the report", "report", True))
+    )
+    stub.SaveTest(
+        pb.SaveTestRequest(author="ana", test=doc_test("secrets stay hidden", "s", False, "deny"))
+    )
 
     with pytest.raises(grpc.RpcError) as e:
         stub.Publish(pb.PublishRequest(version=closed, author="ana"))
@@ -263,7 +270,7 @@ def test_bad_tests_are_refused_naming_every_field_and_nothing_is_stored(
         risk_scores=[pb.TestRiskScore(principal=pb.EntityRef(type="User", id="a"), score=101)],
     )
     with pytest.raises(grpc.RpcError) as e:
-        stub.SaveTest(pb.SaveTestRequest(test=bad))
+        stub.SaveTest(pb.SaveTestRequest(author="ana", test=bad))
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
     fields = dict(violations(e.value))
     assert "control character U+0007" in fields["name"]
@@ -278,17 +285,19 @@ def test_bad_tests_are_refused_naming_every_field_and_nothing_is_stored(
     assert fields["risk_scores[0].score"] == "expected a whole number 0 to 100"
     assert not stub.ListTests(pb.ListTestsRequest()).tests
 
-    stub.SaveTest(pb.SaveTestRequest(test=doc_test("once", "r", True)))
+    stub.SaveTest(pb.SaveTestRequest(author="ana", test=doc_test("once", "r", True)))
     with pytest.raises(grpc.RpcError) as e:
-        stub.SaveTest(pb.SaveTestRequest(test=doc_test("once", "other", False, "deny")))
+        stub.SaveTest(
+            pb.SaveTestRequest(author="ana", test=doc_test("once", "other", False, "deny"))
+        )
     assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION  # type: ignore[attr-defined]
     assert [f for f, _ in violations(e.value)] == ["name"]
     (kept,) = stub.ListTests(pb.ListTestsRequest()).tests
     assert kept.expect == "allow" and kept.request.resource.id == "r"
     # Before anything is published a test is saved, with no result yet.
-    assert not stub.SaveTest(pb.SaveTestRequest(test=doc_test("twice", "r", True))).HasField(
-        "active"
-    )
+    assert not stub.SaveTest(
+        pb.SaveTestRequest(author="ana", test=doc_test("twice", "r", True))
+    ).HasField("active")
 
 
 def test_saved_by_is_the_verified_caller_and_the_portals_person(
@@ -306,16 +315,14 @@ def test_saved_by_is_the_verified_caller_and_the_portals_person(
     stub = pb_grpc.PolicyServiceStub(channel)  # type: ignore[no-untyped-call]
     try:
         portal = [("authorization", f"Bearer {issuer.mint('svc-portal', 'svc-policy', 60)}")]
-        test = doc_test("mine", "r", True)
-        test.saved_by = "mallory"
         saved = stub.SaveTest(
-            pb.SaveTestRequest(test=test), metadata=[*portal, (PERSON_HEADER, "ana")]
+            pb.SaveTestRequest(author="ana", test=doc_test("mine", "r", True)),
+            metadata=[*portal, (PERSON_HEADER, "ana")],
         )
         assert saved.test.saved_by == "ana via svc-portal"
         ops = [("authorization", f"Bearer {issuer.mint('ops', 'svc-policy', 60)}")]
-        other = doc_test("theirs", "r", True)
-        other.saved_by = "mallory"
-        assert stub.SaveTest(pb.SaveTestRequest(test=other), metadata=ops).test.saved_by == "ops"
+        other = pb.SaveTestRequest(author="mallory", test=doc_test("theirs", "r", True))
+        assert stub.SaveTest(other, metadata=ops).test.saved_by == "ops"
         with pytest.raises(grpc.RpcError) as e:
             stub.ListTests(pb.ListTestsRequest())
         assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED  # type: ignore[attr-defined]
@@ -356,9 +363,8 @@ v1 = stub.CreateDraft(pb.CreateDraftRequest(files=files(old), author="ana")).bun
 stub.Publish(pb.PublishRequest(version=v1, author="ana"))
 entity = struct_pb2.Struct()
 entity.update({"uid": {"type": "Doc", "id": "open"}, "attrs": {"public": True}, "parents": []})
-stub.SaveTest(pb.SaveTestRequest(test=pb.PolicyTest(
+stub.SaveTest(pb.SaveTestRequest(author="ana", test=pb.PolicyTest(
     name="open stays open", expect="allow", from_decision=rec["qid"], entities=[entity],
-    saved_by="ana",
     request=pb.TestRequest(principal=pb.EntityRef(type="User", id="alice"), action="view",
                            resource=pb.EntityRef(type="Doc", id="open")))))
 v2 = stub.CreateDraft(pb.CreateDraftRequest(files=files(new), author="ana")).bundle.version

@@ -258,7 +258,7 @@ class _Handlers(ServiceHandlers):
         entities = [_whole(json_format.MessageToDict(e)) for e in t.entities]
         contained = [_ref_dict(c) for c in t.contained]
         scores = [{"principal": _ref_dict(r.principal), "score": r.score} for r in t.risk_scores]
-        saved_by = author_of(t.saved_by)
+        saved_by = author_of(req.author)
         test, active = await self._call(
             "SaveTest",
             lambda: self.service.save_test(
@@ -282,7 +282,7 @@ class _Handlers(ServiceHandlers):
         return pb.ListTestsResponse(tests=[policy_test_message(t) for t in tests])
 
     async def DeleteTest(self, req: pb.DeleteTestRequest) -> pb.DeleteTestResponse:
-        author = author_of("")
+        author = author_of(req.author)
         await self._call("DeleteTest", lambda: self.service.delete_test(req.name, author))
         return pb.DeleteTestResponse()
 

@@ -42,6 +42,10 @@ docs/history.md#retention): at start
 and every ``retention_interval`` seconds the loader reads the setting again (``retention_days``
 may be a callable) and drops the whole day partitions older than it
 (``svc.history.store.apply_retention``).
+
+Hourly rollups (docs/history.md#hourly-rollups): every ``hourly_interval`` seconds (60) the
+loader settles the overview's hourly rollups (``svc.history.hourly.settle``), so the hours
+written since their last pass are read from the rollups again.
 """
 
 from __future__ import annotations
@@ -67,6 +71,7 @@ from svc.broker import Consumer, ConsumerLike, MessageLike
 from svc.common.retry import Reconnect, Stopped
 from svc.common.settings import ComponentSettings, kafka_url_field
 from svc.common.topics import DECISIONS_TOPIC, EVENTS_TOPIC
+from svc.history import hourly
 from svc.history.store import (
     Kind,
     Record,
@@ -144,6 +149,8 @@ class LoaderStats:
             (also counted in ``rejected``).
         retention_runs: retention passes that completed.
         dropped_partitions: (table, day) partitions dropped by retention.
+        settle_runs: passes of ``svc.history.hourly.settle`` that completed.
+        hours_settled: hours those passes marked settled.
 
     """
 
@@ -157,6 +164,8 @@ class LoaderStats:
     refused: int = 0
     retention_runs: int = 0
     dropped_partitions: int = 0
+    settle_runs: int = 0
+    hours_settled: int = 0
 
 
 class LoaderHealthSettings(ComponentSettings, component="history"):
@@ -360,6 +369,10 @@ class Loader:
             read again at each retention pass (it may change at any time;
             docs/history.md#retention).
         retention_interval: seconds between retention passes (one also runs at start).
+        hourly_interval: seconds between passes that settle the hourly rollups (the first
+            one this long after start).
+        settle_margin: seconds an hour's last write must be old before a pass compares it
+            (``svc.history.hourly.SETTLE_MARGIN``).
         consumer_overrides: more librdkafka settings (security, timeouts); they win.
         after_store: called with the batch after it is stored and before its offsets are
             committed (a test hook: raising there is a crash between store and commit).
@@ -386,6 +399,8 @@ class Loader:
         batch_ms: int = 1000,
         retention_days: int | Callable[[], int] = 0,
         retention_interval: float = 3600.0,
+        hourly_interval: float = 60.0,
+        settle_margin: float = hourly.SETTLE_MARGIN,
         consumer_overrides: dict[str, Any] | None = None,
         after_store: Callable[[Batch], None] | None = None,
         now: Callable[[], datetime] = lambda: datetime.now(UTC),
@@ -405,6 +420,8 @@ class Loader:
         self.batch_ms = batch_ms
         self.retention_days = retention_days
         self.retention_interval = retention_interval
+        self.hourly_interval = hourly_interval
+        self.settle_margin = settle_margin
         self.after_store = after_store
         self.now = now
         self.health_settings = health if health is not None else LoaderHealthSettings()
@@ -421,6 +438,7 @@ class Loader:
         self._worker: ThreadPoolExecutor | None = None
         self._stop = threading.Event()
         self._last_retention: float | None = None
+        self._last_settle = time.monotonic()
         conf = consumer_config(bootstrap, group_id)
         conf["error_cb"] = self._on_error
         conf.update(consumer_overrides or {})
@@ -775,6 +793,34 @@ class Loader:
                 self.retention_interval,
             )
 
+    def settle_hourly(self) -> hourly.Settled:
+        """Runs one pass of ``svc.history.hourly.settle`` (docs/history.md#hourly-rollups).
+
+        Returns:
+            What the pass did.
+
+        Raises:
+            clickhouse_connect.driver.exceptions.ClickHouseError: a query or rebuild failed.
+
+        """
+        self._last_settle = time.monotonic()
+        done = hourly.settle(self.client, margin=self.settle_margin)
+        self.stats.settle_runs += 1
+        self.stats.hours_settled += done.marked
+        return done
+
+    def _maybe_settle(self) -> None:
+        if time.monotonic() - self._last_settle < self.hourly_interval:
+            return
+        try:
+            self.settle_hourly()
+        except ClickHouseError as e:
+            log.error(
+                "history loader: settling the hourly rollups failed (%s); next in %ss",
+                e,
+                self.hourly_interval,
+            )
+
     def lag(self) -> int | None:
         """Records on the assigned partitions not yet committed by this loader.
 
@@ -903,6 +949,7 @@ class Loader:
                 if self._retention_due():
                     self._finish()  # no drop while a batch may still write into a day
                     self._maybe_retention()
+                self._maybe_settle()
                 self._measure_lag()
                 if until_caught_up and self._inflight is None and self._caught_up():
                     break

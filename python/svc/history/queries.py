@@ -25,6 +25,7 @@ from typing import Any
 
 from clickhouse_connect.driver.client import Client
 
+from svc.history import hourly
 from svc.history.schema import MOVING_OUT_ACTIONS, ROLLUP_TABLE
 
 __all__ = [
@@ -37,6 +38,7 @@ __all__ = [
     "daily_counts",
     "decision_by_qid",
     "decision_stats",
+    "decision_stats_raw",
     "decisions_between",
     "decisions_of_principal",
     "decisions_of_resource",
@@ -915,11 +917,14 @@ def decision_stats(
 ) -> dict[str, Any]:
     """Decisions and events per time bucket, and the most denied principals and resources.
 
-    The portal's overview charts (docs/portal.md#the-web-app): every figure is one ClickHouse
-    aggregate (``GROUP BY`` the bucket; ``FINAL`` so copies count once), never rows in Python.
-    A principal's denials are its checks with verdict ``deny`` and its plans
-    ``always_denied``; a resource's, the checks on it with verdict ``deny`` (a plan names no
-    resource id).
+    The portal's overview charts (docs/portal.md#the-web-app), read from the hourly rollups
+    of schema version 7 for the settled whole hours of the range and from the raw rows for the
+    rest (``svc.history.hourly.read_stats``, docs/history.md#hourly-rollups): its cost follows
+    the hours of the range, not the rows. Every figure is one ClickHouse aggregate, never rows
+    in Python, and equals what ``decision_stats_raw`` counts from the raw rows (each record
+    once though stored twice). A principal's denials are its checks with verdict ``deny`` and
+    its plans ``always_denied``; a resource's, the checks on it with verdict ``deny`` (a plan
+    names no resource id).
 
     Args:
         client: a client from ``svc.history.connect``.
@@ -940,10 +945,28 @@ def decision_stats(
         clickhouse_connect.driver.exceptions.ClickHouseError: a query failed.
 
     """
+    _check_stats(start, end, bucket, top)
+    return hourly.read_stats(client, _utc(start), _utc(end), bucket, top)
+
+
+def _check_stats(start: datetime, end: datetime, bucket: str, top: int) -> None:
     if bucket not in STATS_BUCKETS:
         raise ValueError(f"bucket `{bucket}`: expected one of {sorted(STATS_BUCKETS)}")
     if not 1 <= top <= 100:
         raise ValueError(f"top {top}: must be 1 to 100")
+    _range_params(start, end)
+
+
+def decision_stats_raw(
+    client: Client, start: datetime, end: datetime, bucket: str = "hour", top: int = 5
+) -> dict[str, Any]:
+    """``decision_stats`` counted from the raw rows read with ``FINAL`` (no rollup).
+
+    Reads every decision and event of the range (its cost grows with the rows): the reference
+    the rollups must equal (tests/test_history_stats.py) and the peer of the portal's
+    benchmark (docs/benchmarks.md). Same arguments, result and errors as ``decision_stats``.
+    """
+    _check_stats(start, end, bucket, top)
     params = {**_range_params(start, end), "n": top}
     trunc = "toStartOfHour(at)" if bucket == "hour" else "toStartOfDay(at)"
     out: dict[datetime, dict[str, Any]] = {}

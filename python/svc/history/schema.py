@@ -62,10 +62,20 @@ __all__ = [
     "CHALLENGE_FAILED_ACTIONS",
     "CHALLENGE_SYSTEM",
     "DECISION_COLUMNS",
+    "DENIED_PRINCIPALS_TABLE",
+    "DENIED_RESOURCES_TABLE",
     "EVENT_COLUMNS",
+    "HOURLY_COUNTERS",
+    "HOURLY_SELECTS",
+    "HOURLY_SETTLED_TABLE",
+    "HOURLY_STAGING",
+    "HOURLY_TABLE",
+    "HOURLY_TABLES",
     "INTAKE_COLUMNS",
     "MIGRATIONS",
     "MOVING_OUT_ACTIONS",
+    "PRINCIPAL_DENIED",
+    "RESOURCE_DENIED",
     "RETAINED_TABLES",
     "ROLLUP_COLUMNS",
     "ROLLUP_SELECTS",
@@ -74,6 +84,7 @@ __all__ = [
     "SENSITIVE_ACTIONS",
     "Migration",
     "applied_versions",
+    "hourly_rebuild_statements",
     "migrate",
     "rollup_rebuild_statements",
 ]
@@ -710,6 +721,178 @@ _V6_CHALLENGES_FAILED: tuple[str, ...] = (
     _rollup_views()[1],
 )
 
+#: The overview's hourly rollups (schema version 7, docs/history.md#hourly-rollups): decisions
+#: and events per UTC hour by verdict, and per hour the denials of each principal and resource.
+#: ``svc.history.hourly`` settles and reads them.
+HOURLY_TABLE = "decisions_hourly"
+DENIED_PRINCIPALS_TABLE = "denied_principals_hourly"
+DENIED_RESOURCES_TABLE = "denied_resources_hourly"
+
+#: When each hour of ``decisions_hourly`` was last found equal to the raw rows (one row per
+#: hour; the latest ``settled_at`` wins). An hour whose rollup row was written after its mark
+#: (``inserted_at``) is read from the raw rows.
+HOURLY_SETTLED_TABLE = "decisions_hourly_settled"
+
+#: The three rollup tables of version 7, in the order a settled day is swapped in (the table
+#: that carries ``inserted_at`` last).
+HOURLY_TABLES: tuple[str, ...] = (DENIED_PRINCIPALS_TABLE, DENIED_RESOURCES_TABLE, HOURLY_TABLE)
+
+#: Where a day of each hourly rollup is rebuilt before it replaces the day's partition.
+HOURLY_STAGING: dict[str, str] = {t: f"{t}_rebuild" for t in HOURLY_TABLES}
+
+#: The counters of ``decisions_hourly``: every decision (checks, plans, searches), the checks
+#: by verdict, monitor mode's would-deny / would-challenge (checks by verdict, plans by
+#: outcome), plans, and events.
+HOURLY_COUNTERS: tuple[str, ...] = (
+    "decisions",
+    "allow",
+    "deny",
+    "challenge",
+    "would_deny",
+    "would_challenge",
+    "plans",
+    "events",
+)
+
+_HOURLY = f"""
+CREATE TABLE IF NOT EXISTS {{name}} (
+    `hour` DateTime('UTC'),
+    {", ".join(f"`{c}` {_SUM}" for c in HOURLY_COUNTERS)},
+    `inserted_at` SimpleAggregateFunction(max, DateTime64(3, 'UTC'))
+)
+ENGINE = AggregatingMergeTree
+PARTITION BY toDate(hour)
+ORDER BY hour
+"""
+
+_DENIED = f"""
+CREATE TABLE IF NOT EXISTS {{name}} (
+    `hour` DateTime('UTC'),
+    `type` LowCardinality(String),
+    `id` String,
+    `denies` {_SUM}
+)
+ENGINE = AggregatingMergeTree
+PARTITION BY toDate(hour)
+ORDER BY (hour, type, id)
+"""
+
+_HOURLY_SETTLED = f"""
+CREATE TABLE IF NOT EXISTS {HOURLY_SETTLED_TABLE} (
+    `hour` DateTime('UTC'),
+    `settled_at` DateTime64(3, 'UTC')
+)
+ENGINE = ReplacingMergeTree(settled_at)
+PARTITION BY toDate(hour)
+ORDER BY hour
+"""
+
+#: A decision a principal was denied: a check denied or a plan ``always_denied``.
+PRINCIPAL_DENIED = "(verdict = 'deny' OR outcome = 'always_denied')"
+#: A decision a resource was denied: a check on it denied (a plan names no resource id).
+RESOURCE_DENIED = "(verdict = 'deny' AND resource_id != '')"
+
+#: Each hourly rollup's SELECT from a raw table, ``{source}`` the table (or a deduplicated
+#: subquery to rebuild), keyed by (rollup table, raw table).
+HOURLY_SELECTS: dict[tuple[str, str], str] = {
+    (HOURLY_TABLE, "decisions"): (
+        "SELECT toStartOfHour(at) AS hour, count() AS decisions, "
+        "countIf(call != 'plan' AND verdict = 'allow') AS allow, "
+        "countIf(call != 'plan' AND verdict = 'deny') AS deny, "
+        "countIf(call != 'plan' AND verdict = 'challenge') AS challenge, "
+        "countIf(mode = 'monitor' AND (verdict = 'deny' OR outcome = 'always_denied')) "
+        "AS would_deny, "
+        "countIf(mode = 'monitor' AND (verdict = 'challenge' OR outcome = 'challenge')) "
+        "AS would_challenge, "
+        "countIf(call = 'plan') AS plans, now64(3) AS inserted_at "
+        "FROM {source} GROUP BY hour"
+    ),
+    (HOURLY_TABLE, "events"): (
+        "SELECT toStartOfHour(at) AS hour, count() AS events, now64(3) AS inserted_at "
+        "FROM {source} GROUP BY hour"
+    ),
+    (DENIED_PRINCIPALS_TABLE, "decisions"): (
+        "SELECT toStartOfHour(at) AS hour, principal_type AS type, principal_id AS id, "
+        f"count() AS denies FROM {{source}} WHERE {PRINCIPAL_DENIED} GROUP BY hour, type, id"
+    ),
+    (DENIED_RESOURCES_TABLE, "decisions"): (
+        "SELECT toStartOfHour(at) AS hour, resource_type AS type, resource_id AS id, "
+        f"count() AS denies FROM {{source}} WHERE {RESOURCE_DENIED} GROUP BY hour, type, id"
+    ),
+}
+
+
+def _hourly_view_name(table: str, raw: str) -> str:
+    return f"{table}_{raw}_mv"
+
+
+def hourly_rebuild_statements(where: str = "", staging: bool = False) -> tuple[str, ...]:
+    """Statements that fill the hourly rollups from the raw tables read with ``FINAL``.
+
+    Args:
+        where: a condition on the raw rows (for example ``toDate(at) = '2026-11-20'``); empty
+            for every row.
+        staging: fill the staging copies (``HOURLY_STAGING``) instead of the rollups.
+
+    Returns:
+        One ``INSERT ... SELECT`` per (rollup, raw table) of ``HOURLY_SELECTS``. They add to
+        what the tables hold: clear the days they cover first.
+
+    """
+    out = []
+    for (table, raw), select in HOURLY_SELECTS.items():
+        source = f"(SELECT * FROM {raw} FINAL" + (f" WHERE {where}" if where else "") + ")"
+        into = HOURLY_STAGING[table] if staging else table
+        names = select.split(" FROM ", 1)[0].removeprefix("SELECT ")
+        cols = ", ".join(f"`{item.rsplit(' AS ', 1)[1]}`" for item in _split_top(names))
+        out.append(f"INSERT INTO {into} ({cols}) " + select.format(source=source))
+    return tuple(out)
+
+
+def _split_top(items: str) -> list[str]:
+    """Splits a SELECT list at its top-level commas."""
+    out, depth, cur = [], 0, ""
+    for ch in items:
+        if ch == "," and depth == 0:
+            out.append(cur.strip())
+            cur = ""
+            continue
+        depth += ch == "("
+        depth -= ch == ")"
+        cur += ch
+    out.append(cur.strip())
+    return out
+
+
+#: Marks every hour of every day the raw tables hold as settled now (the backfill of version 7
+#: made them equal; the loader must not be running, as for every migration).
+_MARK_ALL_SETTLED = (
+    f"INSERT INTO {HOURLY_SETTLED_TABLE} (hour, settled_at) "
+    "SELECT toDateTime(d, 'UTC') + 3600 * arrayJoin(range(24)) AS hour, now64(3) "
+    "FROM (SELECT DISTINCT toDate(at) AS d FROM decisions "
+    "UNION DISTINCT SELECT DISTINCT toDate(at) AS d FROM events)"
+)
+
+#: Schema version 7: the overview's hourly rollups (``decisions_hourly``, the denied
+#: principals and resources per hour), fed by views on every insert into ``decisions`` and
+#: ``events``, filled once from the raw rows read with ``FINAL`` (truncated first, so a run
+#: that died midway counts nothing twice) and marked settled.
+_V7_HOURLY: tuple[str, ...] = (
+    _HOURLY.format(name=HOURLY_TABLE),
+    _DENIED.format(name=DENIED_PRINCIPALS_TABLE),
+    _DENIED.format(name=DENIED_RESOURCES_TABLE),
+    *(f"CREATE TABLE IF NOT EXISTS {s} AS {t}" for t, s in HOURLY_STAGING.items()),
+    _HOURLY_SETTLED,
+    *(
+        f"CREATE MATERIALIZED VIEW IF NOT EXISTS {_hourly_view_name(t, raw)} TO {t} AS "
+        + select.format(source=raw)
+        for (t, raw), select in HOURLY_SELECTS.items()
+    ),
+    *(f"TRUNCATE TABLE IF EXISTS {t}" for t in (*HOURLY_TABLES, HOURLY_SETTLED_TABLE)),
+    *hourly_rebuild_statements(),
+    _MARK_ALL_SETTLED,
+)
+
 #: Every schema version, oldest first. Add new versions at the end; never edit an applied one.
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(
@@ -740,6 +923,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(4, "principal_daily: the reasoner's per-principal daily rollups", _V4_ROLLUPS),
     Migration(5, "decisions: projection by_time for decision searches", _V5_SEARCH),
     Migration(6, "principal_daily: challenges failed, rejected or expired", _V6_CHALLENGES_FAILED),
+    Migration(7, "decisions_hourly and the denied per hour: the overview's rollups", _V7_HOURLY),
 )
 
 #: Tables holding day partitions that retention drops (docs/history.md#retention).
@@ -750,6 +934,8 @@ RETAINED_TABLES: tuple[str, ...] = (
     "events_by_resource",
     "rejected",
     ROLLUP_TABLE,
+    *HOURLY_TABLES,
+    HOURLY_SETTLED_TABLE,
 )
 
 

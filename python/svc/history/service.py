@@ -281,6 +281,8 @@ def create_app(
             ("split_inserts", "INSERTs split (too many day partitions, or a refused record)"),
             ("refused", "Records the store refused for good, moved to the rejected table"),
             ("retention_runs", "Retention passes completed"),
+            ("settle_runs", "Passes that settled the hourly rollups"),
+            ("hours_settled", "Hours of the hourly rollups marked settled"),
         )
     }
     health_gauges = {

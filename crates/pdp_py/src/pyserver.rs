@@ -588,7 +588,10 @@ impl ChallengeSource for PyChallenges {
                     on_behalf_of.as_ref().map(parts),
                 );
                 if let Err(e) = src.call_method1(py, "follow", args) {
-                    eprintln!("svc pdp: following challenge {qid} failed: {e}");
+                    pdp_server::logline::warn(
+                        "challenge-follow",
+                        format_args!("following challenge {qid} failed: {e}"),
+                    );
                 }
             });
         }));

@@ -372,9 +372,9 @@ impl Challenges {
             Ok(f) => f,
             Err((outcome, e)) => {
                 metrics.challenge_call(outcome);
-                eprintln!(
-                    "svc pdp: resolving the challenge of decision {} failed: {e}",
-                    d.qid
+                crate::logline::warn(
+                    "challenge-resolve",
+                    format_args!("resolving the challenge of decision {} failed: {e}", d.qid),
                 );
                 return None;
             }

@@ -26,6 +26,7 @@
 //! * [`bundle_dir`]: reads a bundle directory into [`pdp_core::BundleSources`]
 //!   (docs/bundles.md).
 //! * `clock`: the wall clock in milliseconds.
+//! * [`logline`]: lines on standard error, at most one a minute per kind of failure.
 //! * [`pb`]: the code generated from the proto (`build.rs`).
 //! * [`problem`]: RFC 9457 problem details and bounded error texts, for every HTTP answer.
 //! * [`metrics`]: Prometheus metrics.
@@ -48,6 +49,7 @@ mod clock;
 pub mod decision_log;
 pub mod grpc;
 pub mod http;
+pub mod logline;
 pub mod metrics;
 pub mod pb;
 pub mod problem;

@@ -279,7 +279,10 @@ impl Fetcher {
             let outcome = match tokio::time::timeout_at(deadline, task).await {
                 Ok(Ok(None)) | Err(_) => CallOutcome::Timeout,
                 Ok(Err(e)) => {
-                    eprintln!("svc pdp: fetching missing resources failed: {e}");
+                    crate::logline::warn(
+                        "resource-fetch",
+                        format_args!("fetching missing resources failed: {e}"),
+                    );
                     CallOutcome::Failed
                 }
                 Ok(Ok(Some(Ok(absent)))) => {
@@ -297,7 +300,10 @@ impl Fetcher {
                     CallOutcome::Ok
                 }
                 Ok(Ok(Some(Err(e)))) => {
-                    eprintln!("svc pdp: fetching missing resources failed: {e}");
+                    crate::logline::warn(
+                        "resource-fetch",
+                        format_args!("fetching missing resources failed: {e}"),
+                    );
                     CallOutcome::Failed
                 }
             };

@@ -296,7 +296,10 @@ impl Shared {
             Ok(value) => self.log_record(uid_key(principal).into_bytes(), value),
             Err(e) => {
                 self.metrics.record_error();
-                eprintln!("svc pdp: the decision record of `{qid}` is not written: {e}");
+                crate::logline::warn(
+                    "record-unserialisable",
+                    format_args!("the decision record of `{qid}` is not written: {e}"),
+                );
                 Logged(None)
             }
         }

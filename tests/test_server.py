@@ -276,6 +276,14 @@ def test_authzen_batch_refuses_a_non_object_item(corp: Served) -> None:
     assert_problem(r, 400, "evaluations[1]")
 
 
+@pytest.mark.parametrize("field", ["subject", "action", "resource", "context"])
+def test_authzen_batch_refuses_a_default_that_is_not_an_object(corp: Served, field: str) -> None:
+    """A top-level default of the wrong type is the request's fault: one 400 naming it, not an
+    error in every item that would have taken it (AuthZEN 1.0 section 7.1)."""
+    r = corp.post(AZS, {field: "alice", "evaluations": [az("alice", "view", "design")]})
+    assert_problem(r, 400, field)
+
+
 # -------------------------------------------------------------------------------------------
 # 2. AuthZEN specifics
 

@@ -623,6 +623,15 @@ async fn authzen_evaluations(
             )));
         }
     }
+    // A default of the wrong type is the request's fault, not each item's: one 400 naming it.
+    for k in ["subject", "action", "resource", "context"] {
+        if o.get(k).is_some_and(|d| !d.is_object() && !d.is_null()) {
+            return Err(Problem::request(&RequestError::new(
+                k,
+                "expected an object",
+            )));
+        }
+    }
     let items = match o.get("evaluations") {
         None | Some(Value::Null) => None,
         Some(Value::Array(a)) if a.is_empty() => None,

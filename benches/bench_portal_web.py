@@ -20,7 +20,9 @@ the first load, as for a person coming back. Prints p50/p99 per page in ms.
 
 The peer, run in the same session on the same data: the history's own answer to the page's
 heaviest read (``GET /v1/history/stats`` over 7 days for the overview, a decision search for
-the decisions page), so the ratio says what the app adds over the store's answer.
+the decisions page), so the ratio says what the app adds over the store's answer; and for the
+overview the previous design's query too (``decision_stats_raw``: every row of the week read
+with ``FINAL``, before the hourly rollups of schema version 7).
 
 Needs the web app built (``make web``) and PostgreSQL (``scripts/dev-postgres.sh``, or
 ``SVC_TEST_POSTGRES_URL``).
@@ -49,6 +51,7 @@ from bench_history import decisions, encode
 from bench_portal import serve
 from svc import history
 from svc.common.auth_settings import HistoryAuthSettings
+from svc.history import hourly, queries
 from svc.history.service import create_app as history_app
 from svc.portal.webapp import MANIFEST, WEB_DIR
 
@@ -114,6 +117,9 @@ def main() -> None:
     client = history.connect(f"chdb://{data}", create_database=True)
     history.migrate(client)
     fill(client, args.rows)
+    # What the loader does within a minute of storing rows (docs/history.md#hourly-rollups).
+    settled = hourly.settle(client, margin=0)
+    print(f"hourly rollups: {settled.marked} hours settled, {len(settled.rebuilt)} days rebuilt")
     lo, hi = client.query(
         "SELECT toUnixTimestamp64Milli(min(at)), toUnixTimestamp64Milli(max(at)) FROM decisions"
     ).result_rows[0]
@@ -206,6 +212,21 @@ def main() -> None:
                             peer()
                             peer_ms.append((time.perf_counter() - t) * 1000)
                     report(name, ms, peer_ms or None)
+                    if name == "overview":
+                        week_range = (datetime.fromisoformat(week["since"]),
+                                      datetime.fromisoformat(week["until"]))  # fmt: skip
+                        prev = []
+                        for _ in range(args.loads):
+                            t = time.perf_counter()
+                            queries.decision_stats_raw(client, *week_range)
+                            prev.append((time.perf_counter() - t) * 1000)
+                        print(
+                            f"  overview, the previous design's query (raw rows, FINAL): p50 "
+                            f"{pct(prev, 0.5):.0f} ms, p99 {pct(prev, 0.99):.0f} ms "
+                            f"({pct(prev, 0.5) / max(pct(peer_ms, 0.5), 0.001):.1f}x the "
+                            "rollups' answer)",
+                            flush=True,
+                        )
                 browser.close()
         finally:
             world.close()

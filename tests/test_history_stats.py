@@ -285,6 +285,23 @@ def test_the_rollups_equal_a_raw_count_through_late_rows_and_retention(settled: 
     with pytest.raises(ValueError, match="margin"):
         hourly.settle(db, margin=-1)
 
+    # The rankings group by a 64-bit hash of (type, id): a clash (made here by a rollup row
+    # that gives another resource the hash of Document::budget) is caught, and the ranking is
+    # made again by name.
+    key = db.query(
+        f"SELECT any(key) FROM {schema.DENIED_RESOURCES_TABLE} WHERE id = 'budget'"
+    ).result_rows[0][0]
+    db.command(
+        f"INSERT INTO {schema.DENIED_RESOURCES_TABLE} (hour, type, id, denies, key) "
+        "VALUES ({h:DateTime('UTC')}, 'Document', 'clash', 5, {k:UInt64})",
+        parameters={"h": T0, "k": key},
+    )
+    ranked = queries.decision_stats(db, start, end, top=2)["top_denied_resources"]
+    assert ranked == [
+        {"type": "Document", "id": "clash", "count": 5},
+        {"type": "Document", "id": "budget", "count": 2},
+    ]
+
 
 def test_a_store_of_version_6_is_migrated_in_place_and_backfilled(chdb_root: str) -> None:
     client = _new_store(chdb_root)

@@ -365,27 +365,53 @@ def read_stats(
     ).result_rows
 
     def ranking(table: str, prefix: str, denied: str) -> list[dict[str, Any]]:
-        ranked = []
-        if rolled:
-            ranked.append(
-                f"SELECT type AS t, id AS i, sum(denies) AS n FROM {table} WHERE {rolled} "
-                "GROUP BY t, i"
-            )
-        if raw:
-            cols = f"{prefix}_type, {prefix}_id, verdict, outcome"
-            if prefix == "principal":
-                cols += ", resource_id"
-            ranked.append(
-                f"SELECT {prefix}_type AS t, {prefix}_id AS i, count() AS n FROM "
-                f"{dedup('decisions', 'qid', cols)} WHERE {denied} GROUP BY t, i"
-            )
-        rows = client.query(
-            "SELECT t, i, sum(n) AS c FROM ("
-            + " UNION ALL ".join(ranked)
-            + ") GROUP BY t, i ORDER BY c DESC, t, i LIMIT {n:UInt32}",
+        # Grouped by the 64-bit hash of (type, id) (``key``); the groups returned are checked to
+        # hold one (type, id) each. Two that shared a hash would only add up (a group outside
+        # the top holds nothing that belongs in it), so a clash can only show in the top, where
+        # it is caught and the ranking made again by (type, id).
+        raw_key = f"cityHash64({prefix}_type, {prefix}_id)"
+        cols = f"{prefix}_type, {prefix}_id, verdict, outcome" + (
+            ", resource_id" if prefix == "principal" else ""
+        )
+
+        def rows(only_keys: bool) -> str:
+            parts = []
+            pick = " AND key IN {ks:Array(UInt64)}" if only_keys else ""
+            if rolled:
+                parts.append(
+                    f"SELECT key AS g, denies AS n, type AS t, id AS i FROM {table} "
+                    f"WHERE {rolled}{pick}"
+                )
+            if raw:
+                parts.append(
+                    f"SELECT {raw_key} AS g, toUInt64(1) AS n, {prefix}_type AS t, "
+                    f"{prefix}_id AS i FROM {dedup('decisions', 'qid', cols)} WHERE {denied}"
+                    + pick.replace("key", raw_key)
+                )
+            return " UNION ALL ".join(parts)
+
+        top_rows = client.query(
+            f"SELECT sum(n) AS c, any(t) AS t, any(i) AS i, g FROM ({rows(False)}) "
+            "GROUP BY g ORDER BY c DESC, t, i LIMIT {n:UInt32}",
             parameters=params,
         ).result_rows
-        return [{"type": t, "id": i, "count": int(c)} for t, i, c in rows]
+        keys = [int(row[3]) for row in top_rows]
+        clash = (
+            keys
+            and client.query(
+                f"SELECT count() FROM (SELECT g FROM ({rows(True)}) GROUP BY g "
+                "HAVING uniqExact(t, i) > 1)",
+                parameters={**params, "ks": keys},
+            ).result_rows[0][0]
+        )
+        if clash:
+            log.warning("history stats: a hash clash among the most denied; ranking by name")
+            top_rows = client.query(
+                f"SELECT sum(n) AS c, t, i FROM ({rows(False)}) "
+                "GROUP BY t, i ORDER BY c DESC, t, i LIMIT {n:UInt32}",
+                parameters=params,
+            ).result_rows
+        return [{"type": row[1], "id": row[2], "count": int(row[0])} for row in top_rows]
 
     return {
         "buckets": [

@@ -722,8 +722,9 @@ _V6_CHALLENGES_FAILED: tuple[str, ...] = (
 )
 
 #: The overview's hourly rollups (schema version 7, docs/history.md#hourly-rollups): decisions
-#: and events per UTC hour by verdict, and per hour the denials of each principal and resource.
-#: ``svc.history.hourly`` settles and reads them.
+#: and events per UTC hour by verdict, and per hour the denials of each principal and resource
+#: (with ``key``, ``cityHash64(type, id)``, which the rankings group by: an integer is grouped
+#: several times faster than two strings). ``svc.history.hourly`` settles and reads them.
 HOURLY_TABLE = "decisions_hourly"
 DENIED_PRINCIPALS_TABLE = "denied_principals_hourly"
 DENIED_RESOURCES_TABLE = "denied_resources_hourly"
@@ -770,7 +771,8 @@ CREATE TABLE IF NOT EXISTS {{name}} (
     `hour` DateTime('UTC'),
     `type` LowCardinality(String),
     `id` String,
-    `denies` {_SUM}
+    `denies` {_SUM},
+    `key` SimpleAggregateFunction(any, UInt64)
 )
 ENGINE = AggregatingMergeTree
 PARTITION BY toDate(hour)
@@ -813,11 +815,13 @@ HOURLY_SELECTS: dict[tuple[str, str], str] = {
     ),
     (DENIED_PRINCIPALS_TABLE, "decisions"): (
         "SELECT toStartOfHour(at) AS hour, principal_type AS type, principal_id AS id, "
-        f"count() AS denies FROM {{source}} WHERE {PRINCIPAL_DENIED} GROUP BY hour, type, id"
+        "count() AS denies, cityHash64(type, id) AS key "
+        f"FROM {{source}} WHERE {PRINCIPAL_DENIED} GROUP BY hour, type, id"
     ),
     (DENIED_RESOURCES_TABLE, "decisions"): (
         "SELECT toStartOfHour(at) AS hour, resource_type AS type, resource_id AS id, "
-        f"count() AS denies FROM {{source}} WHERE {RESOURCE_DENIED} GROUP BY hour, type, id"
+        "count() AS denies, cityHash64(type, id) AS key "
+        f"FROM {{source}} WHERE {RESOURCE_DENIED} GROUP BY hour, type, id"
     ),
 }
 

@@ -37,6 +37,7 @@ import httpx
 import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
 
+import svc.context.service as context_service
 import test_challenge_page as shots
 import test_history as hist
 from kafka_fixture import create_topics
@@ -454,6 +455,28 @@ def test_a_draft_with_a_syntax_error_shows_it_at_its_line_and_a_fixed_one_is_pub
     note = page.locator("#problems .note").first.inner_text()
     assert f"line {line}, column" in note, note
     assert world.policy.service.active_version() == active
+    # The editor itself: the text highlighted under the textarea, the problem's line marked in
+    # the gutter and its column underlined, the textarea invalid and described by the list.
+    editor = page.locator(".cedar-editor")
+    assert editor.locator(".gutter .invalid").inner_text() == str(line)
+    assert editor.locator(".highlight .tok-k:text-is('permit')").count() >= 5
+    err = editor.locator(".highlight .line.invalid .err")
+    assert err.count() == 1
+    column = int(note.split("column ")[1].split(":")[0])
+    before = editor.locator(".highlight .line.invalid").inner_text()
+    assert len(before.rstrip("\n")) >= column - 1
+    area = page.locator("textarea.editor")
+    assert area.get_attribute("aria-invalid") == "true"
+    assert area.get_attribute("aria-describedby") == "problems"
+    # Scrolled to the end, the layer follows the textarea.
+    area.evaluate("t => { t.scrollTop = t.scrollHeight; t.dispatchEvent(new Event('scroll')); }")
+    page.wait_for_function(
+        "() => { const t = document.querySelector('textarea.editor'), "
+        "h = document.querySelector('.cedar-editor .highlight'); "
+        "return t.scrollTop > 0 && Math.abs(h.scrollTop - t.scrollTop) < 1; }"
+    )
+    page.locator(".cedar-editor").scroll_into_view_if_needed()
+    both(page, "policy-editor")
     invalid.first.scroll_into_view_if_needed()
     both(page, "policy-problems")
     page.locator("textarea.editor").fill(POLICIES + "\n// reviewed in the portal\n")
@@ -570,4 +593,50 @@ def test_the_modes_show_what_enforcing_would_have_denied(world: World, browser: 
         ).count()
         == 1
     )
+    page.context.close()
+
+
+def test_a_principals_page_charts_its_30_day_risk_history(
+    world: World, browser: Browser, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reasoner's scores of several days, as the context service keeps them per day
+    (docs/context.md#risk-scores), drawn on the person's page with its table."""
+    now = datetime.now(UTC)
+    for days_ago, score in ((12, 35), (6, 95), (6, 72), (1, 40)):
+        when = now - timedelta(days=days_ago)
+        monkeypatch.setattr(context_service, "_now", lambda when=when: when)
+        world.context.service.put_risk_scores(
+            [
+                {
+                    "principal": {"type": "Human", "id": "dee"},
+                    "score": score,
+                    "reason": "moved_out",
+                    "factors": [
+                        {"name": "moved_out", "family": "b", "observed": 1942.0,
+                         "baseline": 12.0, "peers": 3.0, "contribution": 60.0},
+                    ],
+                }
+            ]
+        )  # fmt: skip
+    monkeypatch.undo()
+    page = person(world, browser, "ana")
+    page.goto(world.portal.url + "/principals/Human/dee")
+    chart = page.locator("#risk-history figure.chart")
+    chart.wait_for()
+    label = chart.locator("svg[role=img]").get_attribute("aria-label") or ""
+    assert "highest 95" in label and "now 40" in label, label
+    assert "at 90 (deny) or above" in label, label
+    assert chart.locator("svg rect").count() == 13  # from the first score on
+    chart.locator("summary").click()
+    rows = chart.locator("tbody tr")
+    assert rows.count() == 30
+    six = rows.nth(29 - 6).locator("td")
+    assert [six.nth(i).inner_text() for i in range(1, 4)] == ["95", "72", "yes"]
+    five = rows.nth(29 - 5).locator("td")
+    assert [five.nth(i).inner_text() for i in range(1, 4)] == ["72", "72", "no"]
+    assert page.locator("[aria-label='Risk factors'] th:has-text('moved_out')").count() == 1
+    axe(page)
+    chart.locator("summary").click()
+    page.locator("#risk-h").scroll_into_view_if_needed()
+    both(page, "principal-risk")
     page.context.close()

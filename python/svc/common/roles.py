@@ -149,6 +149,7 @@ METHODS: dict[str, dict[str, frozenset[str]]] = {
         "POST /v1/risk": _r(Role.OPERATOR, Role.REASONER),
         "GET /v1/risk": _ADMIN | {Role.REASONER},
         "GET /v1/risk/{principal_type}/{principal_id}": _ADMIN | {Role.REASONER},
+        "GET /v1/risk-history/{principal_type}/{principal_id}": _ADMIN,
         "GET /v1/directory/people": _ADMIN | {Role.CHALLENGE, Role.CONNECTORS},
         "GET /v1/directory/people/{user_name}": _ADMIN | {Role.CHALLENGE, Role.CONNECTORS},
         "GET /v1/directory/groups": _ADMIN | {Role.CHALLENGE, Role.CONNECTORS},

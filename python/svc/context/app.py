@@ -335,6 +335,19 @@ def create_app(
         """The scores with their factors, highest first: ``{"scores": [...]}``."""
         return {"scores": await run(service.risk_scores, min_score, limit)}
 
+    @app.get(
+        "/v1/risk-history/{principal_type}/{principal_id:path}",
+        dependencies=guard,
+        tags=["risk"],
+    )
+    async def get_risk_history(
+        principal_type: str,
+        principal_id: str,
+        days: Annotated[int, Query(ge=1, le=3660, description="UTC days, today included")] = 30,
+    ) -> Any:
+        """One principal's score per UTC day, oldest first (docs/context.md#risk-scores)."""
+        return await run(service.risk_history, Ref(type=principal_type, id=principal_id), days)
+
     @app.get("/v1/risk/{principal_type}/{principal_id:path}", dependencies=guard, tags=["risk"])
     async def get_risk(principal_type: str, principal_id: str) -> Any:
         """One principal's score with its factors (404 when it has none)."""

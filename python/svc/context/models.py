@@ -12,7 +12,8 @@
   writers commit in ``seq`` order (docs/context.md#versions-and-feeds).
 * ``service_accounts``, ``risk_scores``, ``trusted_apps``, ``investigations``: the records of
   their routes; ``service_account_changes`` every registration, change and retirement of a
-  service account with its author.
+  service account with its author; ``risk_score_days`` each principal's score per UTC day on
+  which the reasoner published one (the 30-day risk history, docs/context.md#risk-scores).
 
 The schema itself is made by the Alembic migrations in ``svc/context/migrations``
 (``svc.context.migrate``), never by ``create_all``. Times are stored in UTC.
@@ -20,10 +21,10 @@ The schema itself is made by the Alembic migrations in ``svc/context/migrations`
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Boolean, Column, DateTime, Integer, String, Text
+from sqlalchemy import JSON, BigInteger, Boolean, Column, Date, DateTime, Integer, String, Text
 from sqlmodel import Field, SQLModel
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "MemberRow",
     "PrincipalRow",
     "ResourceRow",
+    "RiskScoreDayRow",
     "RiskScoreRow",
     "ScimGroupRow",
     "ScimUserRow",
@@ -199,6 +201,24 @@ class RiskScoreRow(SQLModel, table=True):
     """The top contributing factors ``{name, observed, baseline, contribution, ...}``."""
     details: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
     """What else the reasoner says of the score (``learning``, ``peer_group``, ``window``)."""
+
+
+class RiskScoreDayRow(SQLModel, table=True):
+    """A principal's score on one UTC day on which the reasoner published a score for it.
+
+    ``score`` is the last one published that day, ``high`` the highest; a day without a row
+    kept the score of the day before (the reasoner publishes a score only when it changes,
+    docs/reasoner.md#a-cycle). Rows older than ``risk_history_days`` are dropped, but for each
+    principal's newest one, which still holds the score in force.
+    """
+
+    __tablename__ = "risk_score_days"
+
+    principal: str = Field(sa_column=Column(String(1024), primary_key=True))
+    day: date = Field(sa_column=Column(Date, primary_key=True))
+    score: int = Field(sa_column=Column(Integer, nullable=False))
+    high: int = Field(sa_column=Column(Integer, nullable=False))
+    updated_at: datetime = Field(sa_column=Column(_TZ, nullable=False))
 
 
 class TrustedAppRow(SQLModel, table=True):

@@ -31,12 +31,13 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime, timedelta
 from typing import Any, Literal, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from sqlalchemy import Engine, Text, bindparam, create_engine, func, text
+from sqlalchemy import Engine, Text, bindparam, case, create_engine, func, text
 from sqlalchemy import cast as sql_cast
+from sqlalchemy import delete as sa_delete
 from sqlalchemy import insert as sa_insert
 from sqlalchemy import select as sa_select
 from sqlalchemy import update as sa_update
@@ -51,6 +52,7 @@ from svc.context.models import (
     MemberRow,
     PrincipalRow,
     ResourceRow,
+    RiskScoreDayRow,
     RiskScoreRow,
     ScimGroupRow,
     ScimUserRow,
@@ -302,6 +304,7 @@ class ContextService:
         self.revision = migrate(engine)
         self._listeners: list[Callable[[], None]] = []
         self._lock = threading.Lock()
+        self._risk_pruned: date | None = None  # the UTC day risk_score_days was last pruned
 
     # -- Transactions and the change feeds --------------------------------
 
@@ -1009,7 +1012,144 @@ class ContextService:
                     .values(value=bindparam("value"), removed=bindparam("removed")),
                     [{**r, "b_id": r["id"]} for r in old_records],
                 )
+            self._record_risk_days(conn, keys, [i.score for i in items], now)
         return {"stored": len(items), "principals_version": tx.last_principals_seq()}
+
+    def _record_risk_days(
+        self, conn: Any, keys: Sequence[str], scores: Sequence[int], now: datetime
+    ) -> None:
+        """Records each score in its principal's row of today (UTC) in ``risk_score_days``.
+
+        The day's ``score`` becomes the new one and ``high`` the larger of the two; once a day
+        the rows older than ``risk_history_days`` go, but for each principal's newest, which
+        holds the score in force before the kept days (docs/context.md#risk-scores).
+        """
+        days_t = RiskScoreDayRow.__table__  # type: ignore[attr-defined]
+        today = now.date()
+        have: set[str] = set()
+        for chunk in _chunks(keys):
+            have.update(
+                conn.execute(
+                    sa_select(days_t.c.principal).where(
+                        days_t.c.day == today, days_t.c.principal.in_(chunk)
+                    )
+                ).scalars()
+            )
+        new = [
+            {"principal": k, "day": today, "score": v, "high": v, "updated_at": now}
+            for k, v in zip(keys, scores, strict=True)
+            if k not in have
+        ]
+        old = [
+            {"b_principal": k, "b_day": today, "score": v, "s_high": v, "updated_at": now}
+            for k, v in zip(keys, scores, strict=True)
+            if k in have
+        ]
+        if new:
+            conn.execute(sa_insert(days_t), new)
+        if old:
+            conn.execute(
+                sa_update(days_t)
+                .where(
+                    days_t.c.principal == bindparam("b_principal"),
+                    days_t.c.day == bindparam("b_day"),
+                )
+                .values(
+                    score=bindparam("score"),
+                    high=case(
+                        (days_t.c.high > bindparam("s_high"), days_t.c.high),
+                        else_=bindparam("s_high"),
+                    ),
+                    updated_at=bindparam("updated_at"),
+                ),
+                old,
+            )
+        if self._risk_pruned != today:
+            horizon = today - timedelta(days=self.settings.risk_history_days)
+            later = days_t.alias("later")
+            gone = conn.execute(
+                sa_delete(days_t).where(
+                    days_t.c.day < horizon,
+                    sa_select(later.c.principal)
+                    .where(
+                        later.c.principal == days_t.c.principal,
+                        later.c.day > days_t.c.day,
+                        later.c.day <= horizon,
+                    )
+                    .exists(),
+                )
+            ).rowcount
+            self._risk_pruned = today
+            if gone:
+                log.info("risk history: %d days older than %s dropped", gone, horizon)
+
+    def risk_history(
+        self, principal: Ref, days: int = 30, *, now: datetime | None = None
+    ) -> dict[str, Any]:
+        """A principal's risk score per UTC day over the last `days` days, today included.
+
+        From ``risk_score_days`` (docs/context.md#risk-scores): a day without a published score
+        kept the score of the day before; days before anything was known have none.
+
+        Args:
+            principal: the principal.
+            days: how many days, 1 to ``risk_history_days``.
+            now: the current time (default: the clock).
+
+        Returns:
+            ``{"principal": {type, id}, "days": [{"day": "YYYY-MM-DD", "score", "high",
+            "published"}]}``, oldest first, exactly `days` of them: ``score`` the score in force
+            at the day's end (now, for today), ``high`` the highest in force during the day,
+            both 0..100 or None when nothing is known yet; ``published`` whether the reasoner
+            published a score that day.
+
+        Raises:
+            Problem: 400 ``invalid-argument`` for `days` out of range.
+
+        """
+        if not 1 <= days <= self.settings.risk_history_days:
+            raise Problem(
+                400,
+                "invalid-argument",
+                "Invalid argument",
+                f"`days` must be 1 to {self.settings.risk_history_days} "
+                "(SVC_CONTEXT_RISK_HISTORY_DAYS)",
+                [FieldError(None, "days", "out of range")],
+            )
+        key = principal_key(principal.type, principal.id)
+        today = (now or _now()).astimezone(UTC).date()
+        first = today - timedelta(days=days - 1)
+        with self.read() as s:
+            by_day = {
+                r.day: (r.score, r.high)
+                for r in s.exec(
+                    select(RiskScoreDayRow)
+                    .where(col(RiskScoreDayRow.principal) == key)
+                    .where(col(RiskScoreDayRow.day) >= first)
+                    .where(col(RiskScoreDayRow.day) <= today)
+                )
+            }
+            before = s.exec(
+                select(RiskScoreDayRow.score)
+                .where(col(RiskScoreDayRow.principal) == key)
+                .where(col(RiskScoreDayRow.day) < first)
+                .order_by(col(RiskScoreDayRow.day).desc())
+                .limit(1)
+            ).first()
+        carry: int | None = before
+        out = []
+        for n in range(days):
+            d = first + timedelta(days=n)
+            r = by_day.get(d)
+            if r is None:
+                score, high = carry, carry
+            else:
+                score, high = r[0], r[1] if carry is None else max(r[1], carry)
+            out.append(
+                {"day": d.isoformat(), "score": score, "high": high, "published": r is not None}
+            )
+            carry = score
+        return {"principal": {"type": principal.type, "id": principal.id}, "days": out}
 
     @staticmethod
     def _risk_json(row: RiskScoreRow) -> dict[str, Any]:

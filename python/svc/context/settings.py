@@ -40,6 +40,9 @@ class ContextSettings(ServiceSettings, component="context"):
     max_risk_scores: int = Field(default=200_000, ge=1, le=10_000_000)
     """Most scores in one ``POST /v1/risk``: the reasoner sends a whole cycle's in one request
     (docs/reasoner.md#publishing)."""
+    risk_history_days: int = Field(default=90, ge=30, le=3660)
+    """UTC days of each principal's risk score history kept (``GET /v1/risk-history``; the
+    portal shows 30, the least); older days go once a day, but for each principal's newest."""
     max_body_bytes: int = Field(default=64 * 1024 * 1024, ge=1024, le=1024 * 1024 * 1024)
     """Largest request body, SCIM included: a larger one gets a 413 problem before it is read,
     and only after the caller's token is checked (docs/context.md#limits). The default fits a

@@ -294,6 +294,18 @@ class ContextClient(_Http):
         out: list[dict[str, Any]] = self.request("GET", "/v1/risk", params=params)["scores"]
         return out
 
+    def risk_history(self, principal_type: str, principal_id: str, days: int) -> dict[str, Any]:
+        """``GET /v1/risk-history/{type}/{id}?days=``: the score per UTC day, oldest first.
+
+        Returns:
+            ``{"principal", "days": [{"day", "score", "high", "published"}]}``
+            (docs/context.md#risk-scores).
+
+        """
+        path = f"/v1/risk-history/{quote(principal_type, safe='')}/{quote(principal_id, safe='')}"
+        out: dict[str, Any] = self.request("GET", path, params={"days": days})
+        return out
+
     def investigations(
         self, status: str | None = None, kind: str | None = None
     ) -> list[dict[str, Any]]:

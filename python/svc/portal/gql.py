@@ -211,6 +211,19 @@ class RiskScore:
     updated_at: datetime | None
 
 
+@strawberry.type(description="A principal's risk score on one UTC day.")
+class RiskDay:
+    day: str = strawberry.field(description="The UTC day, `YYYY-MM-DD`.")
+    score: int | None = strawberry.field(
+        description="The score in force at the day's end (now, for today); null before any."
+    )
+    high: int | None = strawberry.field(description="The highest score in force that day.")
+    published: bool = strawberry.field(
+        description="Whether the reasoner published a score that day (else it kept the "
+        "day before's)."
+    )
+
+
 @strawberry.type(description="An investigation of a principal.")
 class Investigation:
     id: str
@@ -943,6 +956,17 @@ class Query:
             )
             for r in rows
         ]
+
+    @strawberry.field(
+        description="A principal's risk score per UTC day over the last `days` (default 30), "
+        "oldest first, from the context service's per-day history "
+        "(docs/context.md#risk-scores). Area `directory`."
+    )
+    async def risk_history(
+        self, info: Info[Context, None], principal: EntityRefInput, days: int = 30
+    ) -> list[RiskDay]:
+        out = await _call(info, info.context.service.risk_history, principal.as_dict(), days)
+        return [RiskDay(**d) for d in out["days"]]
 
     @strawberry.field(description="Investigations, newest first. Area `investigations`.")
     async def investigations(

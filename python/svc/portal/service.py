@@ -1032,6 +1032,45 @@ class PortalService:
         )
         return out
 
+    def risk_history(
+        self, person: str, principal: dict[str, str], days: int = 30
+    ) -> dict[str, Any]:
+        """A principal's risk score per UTC day (``view`` directory), as ``risk_scores``.
+
+        Args:
+            person: the signed-in user.
+            principal: ``{type, id}``.
+            days: how many UTC days, today included, 1 to 366.
+
+        Returns:
+            ``{"principal", "days": [{"day": "YYYY-MM-DD", "score", "high", "published"}]}``
+            oldest first, from the context service's per-day history
+            (``GET /v1/risk-history``, docs/context.md#risk-scores): ``score`` in force at the
+            day's end, ``high`` the highest during it, None before anything is known.
+
+        Raises:
+            Problem: 400 for `days` out of range (the context service's own bound too); 503
+                when the context service does not answer.
+
+        """
+        self.authorize(person, "view", "directory")
+        if not 1 <= days <= 366:
+            raise Problem(
+                400,
+                "invalid-argument",
+                "Invalid argument",
+                "`days` must be 1 to 366",
+                [FieldError(None, "days", "out of range")],
+            )
+        out: dict[str, Any] = self._run(
+            "context service",
+            self.context.risk_history,
+            principal["type"],
+            principal["id"],
+            days,
+        )
+        return out
+
     # investigations
 
     def investigations(self, person: str, status: str | None = None) -> list[dict[str, Any]]:

@@ -1,6 +1,7 @@
-// Plain SVG charts of the decision history per hour (docs/portal.md#the-web-app): stacked bars,
-// one per bucket, with a text summary for screen readers (role="img" and its label) and the
-// same figures as a table under a disclosure. No chart library: a stacked bar chart is a few
+// Plain SVG charts (docs/portal.md#the-web-app): the decision history per hour as stacked bars,
+// one per bucket, and a risk score per day against its thresholds (DailyScores); each with a
+// text summary for screen readers (role="img" and its label) and the same figures as a table
+// under a disclosure. No chart library: a stacked bar chart is a few
 // rectangles, and the app stays small.
 import { useId } from "react";
 
@@ -106,6 +107,103 @@ export function StackedBars({ title, buckets, series }: { title: string; buckets
                   {series.map((s) => (
                     <td key={s.key}>{Number(b[s.key] ?? 0).toLocaleString()}</td>
                   ))}
+                </tr>
+              ))}
+            </tbody>
+          </table>
+        </div>
+      </details>
+    </figure>
+  );
+}
+
+/** One UTC day of a risk score (GraphQL `riskHistory`). */
+export interface ScoreDay {
+  day: string;
+  score?: number | null;
+  high?: number | null;
+  published: boolean;
+}
+
+const fmtDay = new Intl.DateTimeFormat(undefined, { day: "numeric", month: "short", timeZone: "UTC" });
+const dayOf = (d: string) => fmtDay.format(new Date(`${d}T00:00:00Z`));
+
+/** A score's colour: at or above the deny line, the step-up line, or below both. */
+function scoreColor(v: number, lines: { at: number }[]): string {
+  const [stepUp, deny] = [...lines].map((l) => l.at).sort((a, b) => a - b);
+  if (deny !== undefined && v >= deny) return "#cf222e";
+  if (stepUp !== undefined && v >= stepUp) return "#bf8700";
+  return "#0969da";
+}
+
+/**
+ * A 0 to 100 score per UTC day: one bar per day at the day's highest score, the score at the
+ * day's end as a dot, dashed lines at `lines` (the policies' thresholds), a text summary for
+ * screen readers and the same figures as a table.
+ */
+export function DailyScores({ title, days, lines = [] }: { title: string; days: ScoreDay[]; lines?: { at: number; label: string }[] }) {
+  const id = useId();
+  const W = 720;
+  const H = 160;
+  const bw = W / Math.max(1, days.length);
+  const y = (v: number) => H - (v / 100) * (H - 4);
+  const known = days.filter((d) => d.high != null);
+  const peak = known.reduce<ScoreDay | null>((p, d) => (p && (p.high ?? 0) >= (d.high ?? 0) ? p : d), null);
+  const last = days.length ? days[days.length - 1] : null;
+  const over = lines.map((l) => ({ ...l, days: known.filter((d) => (d.high ?? 0) >= l.at).length }));
+  const summary = !known.length
+    ? `${title}: no score in these ${days.length} days.`
+    : `${title}: highest ${peak?.high} on ${dayOf(peak!.day)}, now ${last?.score ?? "none"}; ` +
+      over.map((l) => `${l.days} of ${days.length} days at ${l.at} (${l.label}) or above`).join(", ") + ".";
+  return (
+    <figure className="chart" aria-labelledby={`${id}-cap`}>
+      <figcaption id={`${id}-cap`}>
+        <strong>{title}</strong>{" "}
+        <span className="muted">
+          (UTC days; bars: the day's highest, dots: at the day's end
+          {over.map((l) => `; ${l.label} at ${l.at}`).join("")})
+        </span>
+      </figcaption>
+      <svg viewBox={`0 0 ${W} ${H}`} preserveAspectRatio="none" role="img" aria-label={summary} data-volatile="">
+        <line x1="0" y1={H - 0.5} x2={W} y2={H - 0.5} stroke="#8c959f" />
+        {lines.map((l) => (
+          <line key={l.at} x1="0" x2={W} y1={y(l.at)} y2={y(l.at)} stroke={scoreColor(l.at, lines)} strokeDasharray="6 4" />
+        ))}
+        {days.map((d, i) =>
+          d.high == null ? null : (
+            <g key={d.day}>
+              <rect x={i * bw + bw * 0.15} width={bw * 0.7} y={y(d.high)} height={H - y(d.high)} fill={scoreColor(d.high, lines)} opacity={0.75} />
+              {d.score != null && <circle cx={i * bw + bw / 2} cy={y(d.score)} r={Math.min(4, bw / 4)} fill="#1d232b" />}
+            </g>
+          ),
+        )}
+      </svg>
+      <div className="axis" aria-hidden="true" data-volatile="">
+        <span>{days.length ? dayOf(days[0].day) : ""}</span>
+        <span>{last ? dayOf(last.day) : ""}</span>
+      </div>
+      <details>
+        <summary>The figures as a table</summary>
+        <div className="scroll">
+          <table>
+            <caption>{title}, day by day (UTC)</caption>
+            <thead>
+              <tr>
+                <th scope="col">Day</th>
+                <th scope="col">Highest</th>
+                <th scope="col">At the day's end</th>
+                <th scope="col">Published that day</th>
+              </tr>
+            </thead>
+            <tbody>
+              {days.map((d) => (
+                <tr key={d.day}>
+                  <td>
+                    <time dateTime={d.day}>{dayOf(d.day)}</time>
+                  </td>
+                  <td>{d.high ?? "—"}</td>
+                  <td>{d.score ?? "—"}</td>
+                  <td>{d.published ? "yes" : "no"}</td>
                 </tr>
               ))}
             </tbody>

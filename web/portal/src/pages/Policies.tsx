@@ -5,7 +5,7 @@ import { useMutation, useQuery, useQueryClient } from "@tanstack/react-query";
 import { useEffect, useState, type FormEvent } from "react";
 import { Link, useNavigate, useParams } from "react-router-dom";
 import { gql } from "../api";
-import { CedarSource, type Note } from "../cedar";
+import { CedarEditor, CedarSource, type Note } from "../cedar";
 import "../policies.css";
 import { graphql } from "../gql";
 import type { Mode } from "../gql/graphql";
@@ -514,20 +514,18 @@ export function DraftPage() {
           {files.map((f, i) => (
             <button key={f.name} type="button" aria-pressed={i === current} onClick={() => setCurrent(i)}>
               {f.name}
-              {byFile.has(f.name) && ` (${byFile.get(f.name)!.length} problems)`}
+              {byFile.has(f.name) && ` (${byFile.get(f.name)!.length} problem${byFile.get(f.name)!.length > 1 ? "s" : ""})`}
             </button>
           ))}
         </div>
         {file && (
-          <label>
-            {file.name}
-            <textarea
-              className="editor"
-              spellCheck={false}
-              value={file.content}
-              onChange={(e) => setFiles(files.map((f, i) => (i === current ? { ...f, content: e.target.value } : f)))}
-            />
-          </label>
+          <CedarEditor
+            label={`Source of ${file.name}`}
+            value={file.content}
+            notes={byFile.get(file.name)}
+            describedBy={byFile.has(file.name) ? "problems" : undefined}
+            onChange={(text) => setFiles(files.map((f, i) => (i === current ? { ...f, content: text } : f)))}
+          />
         )}
         <form
           className="inline"

@@ -1,9 +1,10 @@
-// A principal's page: profile and groups, risk score and its factors, recent decisions, and
-// containment (contain or lift, with a reason).
+// A principal's page: profile and groups, risk score with its factors and its 30-day history,
+// recent decisions, and containment (contain or lift, with a reason).
 import { useMutation, useQuery, useQueryClient } from "@tanstack/react-query";
 import { useState, type FormEvent } from "react";
 import { Link, useParams } from "react-router-dom";
 import { gql } from "../api";
+import { DailyScores } from "../chart";
 import { graphql } from "../gql";
 import { Empty, ErrorBox, Guarded, Loading, Time, Verdict, useAccess, useTitle } from "../ui";
 
@@ -156,10 +157,30 @@ function Profile({ type, id }: { type: string; id: string }) {
   );
 }
 
+const History = graphql(`
+  query RiskHistory($principal: EntityRefInput!) {
+    riskHistory(principal: $principal, days: 30) { day score high published }
+  }
+`);
+
+/** The thresholds the shipped policies apply to `context.risk_score` (docs/reasoner.md). */
+const RISK_LINES = [
+  { at: 70, label: "step-up" },
+  { at: 90, label: "deny" },
+];
+
+type Factor = { name?: string; family?: string; observed?: number; baseline?: number; peers?: number; contribution?: number; day?: string };
+
+function num(v: unknown): string {
+  return typeof v === "number" ? v.toLocaleString(undefined, { maximumFractionDigits: 1 }) : "—";
+}
+
 function Risk({ type, id }: { type: string; id: string }) {
   const q = useQuery({ queryKey: ["risks"], queryFn: () => gql(Risks) });
+  const h = useQuery({ queryKey: ["risk-history", type, id], queryFn: () => gql(History, { principal: { type, id } }) });
   const r = q.data?.riskScores.find((x) => x.principal.type === type && x.principal.id === id);
-  const factors = r && typeof r.factors === "object" && r.factors ? Object.entries(r.factors as Record<string, unknown>) : [];
+  const factors: Factor[] = r && Array.isArray(r.factors) ? (r.factors as Factor[]) : [];
+  const days = h.data?.riskHistory ?? [];
   return (
     <section aria-labelledby="risk-h">
       <h2 id="risk-h">Risk</h2>
@@ -173,19 +194,51 @@ function Risk({ type, id }: { type: string; id: string }) {
             {r.updatedAt && <> (scored <Time at={r.updatedAt} />)</>}
           </p>
           {factors.length > 0 && (
-            <table>
-              <caption>Factors</caption>
-              <tbody>
-                {factors.map(([k, v]) => (
-                  <tr key={k}>
-                    <th scope="row">{k}</th>
-                    <td>{typeof v === "object" ? JSON.stringify(v) : String(v)}</td>
+            <div className="scroll" tabIndex={0} role="region" aria-label="Risk factors">
+              <table>
+                <caption>Factors, largest first (observed on the day against the usual)</caption>
+                <thead>
+                  <tr>
+                    <th scope="col">Factor</th>
+                    <th scope="col">Points</th>
+                    <th scope="col">Observed</th>
+                    <th scope="col">Own usual</th>
+                    <th scope="col">Peers' usual</th>
+                    <th scope="col">Day</th>
                   </tr>
-                ))}
-              </tbody>
-            </table>
+                </thead>
+                <tbody>
+                  {factors.map((f, i) => (
+                    <tr key={`${f.name}-${i}`}>
+                      <th scope="row">
+                        {f.name ?? "—"}
+                        {f.family && <span className="muted"> ({f.family})</span>}
+                      </th>
+                      <td>{num(f.contribution)}</td>
+                      <td>{num(f.observed)}</td>
+                      <td>{num(f.baseline)}</td>
+                      <td>{num(f.peers)}</td>
+                      <td>{f.day ?? "—"}</td>
+                    </tr>
+                  ))}
+                </tbody>
+              </table>
+            </div>
           )}
         </>
+      )}
+      <h3 id="risk-history-h">The last 30 days</h3>
+      {h.isPending && <Loading what="the risk history" />}
+      {h.isError && <ErrorBox error={h.error} retry={() => h.refetch()} />}
+      {h.data && !days.some((d) => d.high != null) && <Empty>No score in the last 30 days.</Empty>}
+      {h.data && days.some((d) => d.high != null) && (
+        <div id="risk-history">
+          <DailyScores title="Risk score per day, last 30 days" days={days} lines={RISK_LINES} />
+          <p className="hint">
+            The lines are where the shipped policies step a check up (70) and deny it (90); a day without a new score kept
+            the day before's.
+          </p>
+        </div>
       )}
     </section>
   );

@@ -23,6 +23,7 @@ from os import PathLike
 from typing import Any, Final, Literal, TypeVar, final
 
 from svc.pdp.challenge_client import ChallengeSource
+from svc.pdp.outline_shapes import PolicyOutline
 from svc.pdp.shapes import Decision, DecisionRecord, Plan
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "RequestError",
     "Server",
     "__version__",
+    "outline_policies",
     "set_limits",
 ]
 
@@ -57,6 +59,32 @@ def set_limits(
 
     Returns:
         The limits now in force, ``(max_entity_depth, max_inline_entities)``.
+
+    """
+
+def outline_policies(
+    text: str, file: str = "policies.cedar", first_index: int = 0
+) -> list[PolicyOutline]:
+    """Outlines every policy and template of one ``.cedar`` file, from Cedar's own parse.
+
+    The Rust decision core parses the text with ``cedar-policy`` and walks each statement's AST
+    (``pdp_core::outline``, docs/portal.md#explanations); no text is scanned.
+
+    Args:
+        text: the file's text.
+        file: its name, for errors.
+        first_index: how many statements the bundle's earlier ``.cedar`` files hold (in file-name
+            order), so an unnamed policy gets its bundle name ``policyN``
+            (docs/bundles.md#policy-names).
+
+    Returns:
+        One ``PolicyOutline`` (``svc.pdp.outline_shapes``) per statement, in file order: its
+        name, effect, text as written, lines, scope, the attribute paths it reads (whole:
+        ``resource.owner.manager``) and the entity literals it names.
+
+    Raises:
+        BundleError: the text does not parse; ``errors`` holds Cedar's errors with ``file``,
+            ``line`` and ``column``.
 
     """
 

@@ -12,6 +12,7 @@
 //! * [`limits`]: bounds on inline entities and on hierarchy depth, process-wide settings.
 //! * [`residual_filter`]: partial-evaluation residuals to filter trees; [`plan_outcome`]: what
 //!   they mean together (outcomes, challenges, agent and person), and the plan cache.
+//! * [`outline`]: what each policy of a Cedar file is and reads (the portal's explanations).
 //! * [`search`]: the AuthZEN 1.0 searches (subject, resource, action) and their page tokens
 //!   (docs/search.md).
 //!
@@ -28,6 +29,7 @@ pub mod limits;
 mod lookups;
 mod maps;
 mod memo;
+pub mod outline;
 pub mod plan_outcome;
 pub mod request;
 pub mod residual_filter;

@@ -4,9 +4,9 @@
 //! releases the GIL around every evaluation. `svc.pdp` is the public wrapper; the stub
 //! `python/svc/_pdp_core.pyi` documents every class and method.
 //!
-//! * this file: `Engine` (checks, plans, store writes), `set_limits`, the exceptions, and
-//!   `evaluate_many`'s batch scheduler (`Batch`), which decides a batch on a thread pool while
-//!   the calling thread reads the requests from Python;
+//! * this file: `Engine` (checks, plans, store writes), `set_limits`, `outline_policies`, the
+//!   exceptions, and `evaluate_many`'s batch scheduler (`Batch`), which decides a batch on a
+//!   thread pool while the calling thread reads the requests from Python;
 //! * `pyplan`: query plans as Python objects;
 //! * `pyserver`: `Server`, the listener of [`pdp_server`];
 //! * `pylog`: `DecisionLog` and `LogBatch`, over [`pdp_server::decision_log`].
@@ -991,12 +991,32 @@ fn set_limits(
     )
 }
 
+/// Outlines the policies and templates of one `.cedar` file (`pdp_core::outline`): per statement
+/// its name, effect, text, lines, scope, the attribute paths it reads and the entity literals it
+/// names, as dicts. `first_index` counts the statements of the bundle's earlier files, so
+/// unnamed policies get their bundle names. A syntax error raises `BundleError` with Cedar's
+/// errors at their lines and columns.
+#[pyfunction]
+#[pyo3(signature = (text, file="policies.cedar", first_index=0))]
+fn outline_policies<'py>(
+    py: Python<'py>,
+    text: &str,
+    file: &str,
+    first_index: usize,
+) -> PyResult<Bound<'py, PyAny>> {
+    let out =
+        pdp_core::outline::outline(file, text, first_index).map_err(|e| bundle_err(py, &e))?;
+    let value = serde_json::to_value(&out).map_err(|e| PyValueError::new_err(e.to_string()))?;
+    to_py(py, &value)
+}
+
 #[pymodule]
 fn _pdp_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     tune_allocator();
     let py = m.py();
     m.add_class::<Engine>()?;
     m.add_function(wrap_pyfunction!(set_limits, m)?)?;
+    m.add_function(wrap_pyfunction!(outline_policies, m)?)?;
     m.add_class::<pyserver::Server>()?;
     m.add_class::<pylog::DecisionLog>()?;
     m.add_class::<pylog::LogBatch>()?;

@@ -149,7 +149,11 @@ def test_hourly_and_daily_buckets_and_the_most_denied(store: Client) -> None:
     with pytest.raises(ValueError, match="bucket"):
         queries.decision_stats(db, T0, T0 + timedelta(days=1), "minute")
     with pytest.raises(ValueError, match="top"):
-        queries.decision_stats(db, T0, T0 + timedelta(days=1), top=0)
+        queries.decision_stats(db, T0, T0 + timedelta(days=1), top=101)
+    # top 0: the buckets alone (the rankings' denials not read).
+    bare = queries.decision_stats(db, T0, T0 + timedelta(days=2), "hour", top=0)
+    assert bare == {"buckets": out["buckets"], "top_denied_principals": [],
+                    "top_denied_resources": []}  # fmt: skip
 
 
 def test_the_stats_route(db: Client) -> None:
@@ -172,7 +176,8 @@ def test_the_stats_route(db: Client) -> None:
         assert len(r.json()["top_denied_resources"]) == 1
         for params, name in (
             ({"bucket": "minute"}, "bucket"),
-            ({"top": "0"}, "top"),
+            ({"top": "-1"}, "top"),
+            ({"top": "101"}, "top"),
             ({"since": "yesterday"}, "since"),
             ({"since": "2026-11-21T00:00:00Z", "until": "2026-11-20T00:00:00Z"}, "since"),
         ):

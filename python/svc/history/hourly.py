@@ -305,7 +305,8 @@ def read_stats(
         start: first instant included (aware).
         end: first instant excluded (aware), after `start`.
         bucket: ``"hour"`` or ``"day"``.
-        top: how many principals and resources to rank (checked by the caller).
+        top: how many principals and resources to rank, 0 (none: no query of the denials) to
+            100 (checked by the caller).
 
     Returns:
         ``{"buckets": [{"at", ...STATS_KEYS}], "top_denied_principals": [{"type", "id",
@@ -365,14 +366,14 @@ def read_stats(
     ).result_rows
 
     def ranking(table: str, prefix: str, denied: str) -> list[dict[str, Any]]:
+        if top == 0:
+            return []
         # Grouped by the 64-bit hash of (type, id) (``key``); the groups returned are checked to
         # hold one (type, id) each. Two that shared a hash would only add up (a group outside
         # the top holds nothing that belongs in it), so a clash can only show in the top, where
         # it is caught and the ranking made again by (type, id).
         raw_key = f"cityHash64({prefix}_type, {prefix}_id)"
-        cols = f"{prefix}_type, {prefix}_id, verdict, outcome" + (
-            ", resource_id" if prefix == "principal" else ""
-        )
+        cols = f"{prefix}_type, {prefix}_id, verdict, outcome"
 
         def rows(only_keys: bool) -> str:
             parts = []

@@ -931,7 +931,8 @@ def decision_stats(
         start: first instant included.
         end: first instant excluded.
         bucket: ``"hour"`` or ``"day"`` (UTC), a key of ``STATS_BUCKETS``.
-        top: how many principals and resources to rank, 1 to 100.
+        top: how many principals and resources to rank, 0 to 100 (0: no rankings, which
+            saves reading the denials: the buckets alone are one row per hour).
 
     Returns:
         ``{"buckets": [{"at", "allow", "deny", "challenge", "would_deny", "would_challenge",
@@ -952,8 +953,8 @@ def decision_stats(
 def _check_stats(start: datetime, end: datetime, bucket: str, top: int) -> None:
     if bucket not in STATS_BUCKETS:
         raise ValueError(f"bucket `{bucket}`: expected one of {sorted(STATS_BUCKETS)}")
-    if not 1 <= top <= 100:
-        raise ValueError(f"top {top}: must be 1 to 100")
+    if not 0 <= top <= 100:
+        raise ValueError(f"top {top}: must be 0 to 100")
     _range_params(start, end)
 
 

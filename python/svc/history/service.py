@@ -540,7 +540,8 @@ def create_app(
             Literal["hour", "day"], Query(description="bucket width, UTC hours or days")
         ] = "hour",
         top: Annotated[
-            int, Query(ge=1, le=100, description="most denied principals and resources")
+            int,
+            Query(ge=0, le=100, description="most denied principals and resources (0: none)"),
         ] = 5,
     ) -> Any:
         """``decision_stats`` over the range: per-bucket counts and the most denied."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -224,3 +225,104 @@ def test_an_explanation_names_the_policies_text_and_the_challenge(
     }
     forbidden(people["cy"].refused(EXPLAIN, {"q": d["qid"]}), "decisions", "view")
     assert UUID7.match(d["qid"])
+
+
+READS = """
+query($q: String!) {
+  explainDecision(qid: $q) {
+    decision { qid at verdict policies }
+    policies {
+      name file effect startLine endLine entities
+      reads { path read has lines status value source asOf note }
+    }
+  }
+}
+"""
+
+
+def test_an_explanation_names_what_its_policies_read_with_values(
+    world: World, people: dict[str, Gql]
+) -> None:
+    """Each deciding policy's reads from the decision core's outline, with the directory's
+    current value (``asOf`` when the portal read it) or ``unknown`` for the unrecorded context.
+    """
+    draft = "mutation($f: [BundleFileInput!]!) { createDraft(files: $f) { bundle { version } } }"
+    files = [
+        {"name": "schema.cedarschema", "content": SCHEMA},
+        {"name": "policies.cedar", "content": POLICIES},
+    ]
+    version = people["ana"].ok(draft, {"f": files})["createDraft"]["bundle"]["version"]
+    people["ana"].ok(f"mutation {{ publishBundle(version: {version}) {{ state }} }}")
+    agent = {"type": "ServiceAccount", "id": "copilot.reader"}
+
+    def register(ai: bool) -> None:
+        r = world.context.http.post(
+            "/v1/service-accounts",
+            json={"service_accounts": [{"id": agent["id"], "owner": "ana", "ai": ai}]},
+        )
+        assert r.status_code == 200, r.text
+
+    register(True)
+    area = {"type": "PortalArea", "id": "decisions"}
+    d = until(
+        "the agent registered at the decision point",
+        lambda: (x := world.check(agent, "view", area))["verdict"] == "allow" and x,
+    )
+    assert d["policies"] == ["portal-ai-agents-view-for-their-person"]
+    out = until(
+        "the agent's check loaded",
+        lambda: people["bo"].raw(READS, {"q": d["qid"]})["data"]["explainDecision"],
+    )
+    (policy,) = out["policies"]
+    lines = POLICIES.splitlines()
+    start = lines.index('@id("portal-ai-agents-view-for-their-person")') + 1
+    assert policy["file"] == "policies.cedar" and policy["effect"] == "permit"
+    assert (policy["startLine"], policy["endLine"]) == (start, start + 2)
+    assert policy["entities"] == ['Action::"view"']
+    (ai,) = policy["reads"]
+    assert {k: ai[k] for k in ("path", "read", "has", "lines", "status", "value", "source")} == {
+        "path": "principal.ai",
+        "read": True,
+        "has": False,
+        "lines": [start + 2],
+        "status": "value",
+        "value": True,
+        "source": "directory",
+    }
+    read_at = datetime.fromisoformat(ai["asOf"])
+    assert read_at >= datetime.fromisoformat(out["decision"]["at"]) and ai["note"] is None
+    # The value is the directory's now, not the one at decision time: changed since, the same
+    # decision's explanation shows the new value, read later.
+    register(False)
+    after = until(
+        "the changed record read back",
+        lambda: (
+            (p := people["bo"].ok(READS, {"q": d["qid"]})["explainDecision"]["policies"][0])[
+                "reads"
+            ][0]["value"]
+            is False
+            and p
+        ),
+    )
+    assert datetime.fromisoformat(after["reads"][0]["asOf"]) > read_at
+    # A person's own challenges: the policy reads `context.own`, which the decision record
+    # does not keep, and names two areas.
+    people["cy"].ok("{ challenges(mine: true) { qid } }")
+    cy = {"type": "Human", "id": "cy"}
+    own = until(
+        "cy's own-challenges check loaded",
+        lambda: search(people["bo"], p=cy, policy="portal-own-challenges-and-keys")["decisions"],
+    )
+    out = people["bo"].ok(READS, {"q": own[-1]["qid"]})["explainDecision"]
+    (policy,) = out["policies"]
+    assert policy["entities"] == [
+        'Action::"view"',
+        'Action::"administer"',
+        'PortalArea::"challenges"',
+        'PortalArea::"keys"',
+    ]
+    assert [(r["path"], r["has"], r["read"], r["status"]) for r in policy["reads"]] == [
+        ("context.own", True, True, "unknown")
+    ]
+    assert "context" in policy["reads"][0]["note"]
+    forbidden(people["cy"].refused(READS, {"q": d["qid"]}), "decisions", "view")

@@ -313,6 +313,13 @@ def test_drafts_decisions_and_events(stack: Stack) -> None:
     assert row["on_behalf_of"]["type"] == "Human" and row["resource"]["type"] == "PortalArea"
     explained = result(call(stack.mcp, ana, "explain_decision", {"qid": row["qid"]}))
     assert explained["decision"]["qid"] == row["qid"]
+    # Each deciding policy comes with its place and what it reads (nothing without its text).
+    assert explained["policies"] and all(
+        p.keys() >= {"name", "file", "text", "effect", "start_line", "entities", "reads"}
+        and isinstance(p["reads"], list)
+        and (p["text"] is not None or (p["start_line"] is None and p["reads"] == []))
+        for p in explained["policies"]
+    ), explained["policies"]
     # Every call is an intake event, found in the history with its decision's qid.
     hist = httpx.Client(base_url=stack.history.url, timeout=30)
     events = until(

@@ -276,7 +276,46 @@ def test_a_security_admin_explains_a_decision_and_contains_a_person(
     assert page.locator("h3 code:has-text('portal-security-team-administers')").count() == 1
     assert page.locator("pre.cedar .line.marked").count() >= 2
     assert "permit" in page.locator("pre.cedar").first.inner_text()
+    # Under the source, what the policy read (its scope alone: no attribute) and the entity
+    # literals it names, from the decision core's outline.
+    reads = page.locator(".policy .reads").first
+    assert "It reads no attribute." in reads.inner_text()
+    assert reads.locator("ul.entities li").all_inner_texts() == [
+        'Group::"security-team"',
+        'Action::"view"',
+        'Action::"administer"',
+    ]
     both(page, "decision")
+    # An AI agent's view is decided by a policy that reads `principal.ai`: the page shows the
+    # directory's value now, on its line of the policy, usable at 390 px.
+    r = world.context.http.post(
+        "/v1/service-accounts",
+        json={"service_accounts": [{"id": "copilot.web", "owner": "ana", "ai": True}]},
+    )
+    assert r.status_code == 200, r.text
+    agent = {"type": "ServiceAccount", "id": "copilot.web"}
+    viewed = until(
+        "the agent registered",
+        lambda: (
+            (d := world.check(agent, "view", {"type": "PortalArea", "id": "decisions"}))["verdict"]
+            == "allow"
+            and d
+        ),
+    )
+
+    def explained() -> bool:
+        page.goto(world.portal.url + f"/decisions/{viewed['qid']}")
+        page.wait_for_selector("h1")
+        return page.locator("h2:has-text('Why')").count() == 1
+
+    until("the agent's check in the history", explained)
+    read = page.locator(".reads li:has(code:text-is('principal.ai'))")
+    assert "principal.ai: true now, from the directory" in read.inner_text(), read.inner_text()
+    assert "line 3" in read.inner_text()
+    for w, h in (WIDTHS["narrow"], WIDTHS["wide"]):
+        page.set_viewport_size({"width": w, "height": h})
+        assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
+        axe(page)
     # cy's page: not contained; contain with a reason, confirmed.
     page.goto(world.portal.url + "/principals/Human/cy")
     page.wait_for_selector("#containment-state:has-text('Not contained')")

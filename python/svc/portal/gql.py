@@ -497,11 +497,50 @@ class ModeImpact:
     )
 
 
-@strawberry.type(description="A policy that decided, with its text in the active bundle.")
+@strawberry.type(
+    description="An attribute path a deciding policy reads or tests with `has`, with the value "
+    "svc can know (docs/portal.md#explanations)."
+)
+class PolicyRead:
+    path: str = strawberry.field(
+        description="As Cedar writes it, kept whole: `principal.department`, "
+        '`resource.owner.manager`, `context.risk_score`, `Group::"admins".lead`.'
+    )
+    read: bool = strawberry.field(description="The policy reads the value.")
+    has: bool = strawberry.field(description="The policy tests its presence with `has`.")
+    lines: list[int] = strawberry.field(description="1-based lines of the policy's file.")
+    status: str = strawberry.field(
+        description="`value` (found), `absent` (no such attribute: `has` is false) or "
+        "`unknown` (svc cannot tell; `note` says why)."
+    )
+    value: JSON | None = strawberry.field(
+        description="The value, in Cedar's JSON (an entity is `{__entity: {type, id}}`)."
+    )
+    source: str | None = strawberry.field(
+        description="`decision` (the decision record), `directory` (the context service "
+        "now) or `bundle` (the active bundle's entities now)."
+    )
+    as_of: datetime | None = strawberry.field(
+        description="When the value held: the decision's time for a recorded one, else when "
+        "the portal read it (the current value, not the one at decision time)."
+    )
+    note: str | None
+
+
+@strawberry.type(description="A policy that decided, as the active bundle has it.")
 class DecidingPolicy:
     name: str
     file: str | None
-    text: str | None
+    text: str | None = strawberry.field(description="Its source as written, annotations included.")
+    effect: str | None = strawberry.field(description="`permit` or `forbid`.")
+    start_line: int | None = strawberry.field(description="Its first line in `file` (1-based).")
+    end_line: int | None = strawberry.field(description="Its last line in `file`.")
+    entities: list[str] = strawberry.field(
+        description='The entity literals it names, scope included (`Group::"admins"`).'
+    )
+    reads: list[PolicyRead] = strawberry.field(
+        description="The attribute paths it reads, with their values."
+    )
 
 
 @strawberry.type(description="An audit event (docs/intake.md) that carries a decision's qid.")
@@ -516,7 +555,9 @@ class DecisionEvent:
     attributes: JSON | None
 
 
-@strawberry.type(description="A decision and why: its policies' text and its challenge now.")
+@strawberry.type(
+    description="A decision and why: its policies' text and what they read, and its challenge now."
+)
 class Explanation:
     decision: Decision
     policies: list[DecidingPolicy]
@@ -871,8 +912,8 @@ class Query:
         return _stats(await _call(info, run))
 
     @strawberry.field(
-        description="A decision and why: the policies that decided with their text, and the "
-        "challenge it opened. Area `decisions`."
+        description="A decision and why: the policies that decided with their text and what "
+        "they read, and the challenge it opened. Area `decisions`."
     )
     async def explain_decision(self, info: Info[Context, None], qid: str) -> Explanation | None:
         out = await _call(info, info.context.service.explain, qid)
@@ -880,7 +921,19 @@ class Query:
             return None
         return Explanation(
             decision=_decision(out["decision"]),
-            policies=[DecidingPolicy(**p) for p in out["policies"]],
+            policies=[
+                DecidingPolicy(
+                    **{k: v for k, v in p.items() if k != "reads"},
+                    reads=[
+                        PolicyRead(
+                            **{k: v for k, v in r.items() if k != "as_of"},
+                            as_of=datetime.fromisoformat(r["as_of"]) if r["as_of"] else None,
+                        )
+                        for r in p["reads"]
+                    ],
+                )
+                for p in out["policies"]
+            ],
             challenge=_challenge(out["challenge"]) if out["challenge"] is not None else None,
             events=[
                 DecisionEvent(

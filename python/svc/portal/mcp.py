@@ -176,9 +176,13 @@ def make_mcp_server(service: PortalService, sink: IntakeSender | None) -> MCPSer
 
         return _jsonable(await call("search_decisions", _Tool("decisions", "view"), run))
 
-    @server.tool(description="Explain a decision: its policies' text and its challenge.")
+    @server.tool(
+        description="Explain a decision: its policies' text, the attributes and entities they "
+        "read (each path with its value and `as_of`: recorded with the decision, or the "
+        "directory's current value), and its challenge."
+    )
     async def explain_decision(qid: str) -> dict[str, Any]:
-        """The decision, the policies that decided with their text, the challenge it opened."""
+        """The decision, the policies that decided with their text and reads, its challenge."""
         out = await call("explain_decision", _Tool("decisions", "view"), service.explain, qid)
         if out is None:
             raise ToolError(f"no decision `{qid}`")

@@ -40,8 +40,10 @@ from typing import Any, Literal
 import anyio.to_thread
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from svc._pdp_core import BundleError, outline_policies
 from svc.common.problems import FieldError, Problem
 from svc.pdp import RequestError
+from svc.pdp.outline_shapes import PolicyOutline
 from svc.policy.service import bundle_engine
 from svc.portal.clients import (
     ChallengeClient,
@@ -52,6 +54,7 @@ from svc.portal.clients import (
     Refused,
     Unavailable,
 )
+from svc.portal.reads import EntityLookup, bundle_entities, person_entity, read_values
 from svc.portal.settings import PortalSettings
 
 __all__ = [
@@ -234,52 +237,25 @@ def _decode_cursor(cursor: str) -> tuple[int, str]:
     return ms, qid
 
 
-def policy_texts(source: str) -> dict[str, str]:
-    """The policies of one Cedar file by name, each its source text from its first annotation.
+def _outlines(files: dict[str, str]) -> dict[str, tuple[str, PolicyOutline]]:
+    """The policies of a bundle's ``.cedar`` files by name: ``{name: (file, outline)}``.
 
-    Names are ``@id("...")`` annotations (docs/bundles.md#policy-names); a policy without one is
-    left out (its name, Cedar's ``policyN``, depends on the whole bundle). A policy ends at the
-    first ``;`` outside strings, comments and brackets.
-
-    Args:
-        source: a ``.cedar`` file's text.
-
-    Returns:
-        ``{name: text}``.
-
+    Files are outlined in file-name order, numbering unnamed policies on across files as the
+    bundle does (docs/bundles.md#policy-names). A file that does not parse (an active bundle's
+    always does) is left out, logged.
     """
-    out: dict[str, str] = {}
-    i, n = 0, len(source)
-    start = 0
-    depth = 0
-    while i < n:
-        ch = source[i]
-        if ch == "/" and source.startswith("//", i):
-            j = source.find("\n", i)
-            i = n if j < 0 else j
+    out: dict[str, tuple[str, PolicyOutline]] = {}
+    first = 0
+    for name in sorted(n for n in files if n.endswith(".cedar")):
+        try:
+            found = outline_policies(files[name], name, first)
+        except BundleError as e:
+            log.warning("explanations: %s does not parse: %s", name, e)
             continue
-        if ch == '"':
-            i += 1
-            while i < n and source[i] != '"':
-                i += 2 if source[i] == "\\" else 1
-        elif ch in "({[":
-            depth += 1
-        elif ch in ")}]":
-            depth = max(0, depth - 1)
-        elif ch == ";" and depth == 0:
-            lines = source[start : i + 1].strip().splitlines()
-            while lines and (not lines[0].strip() or lines[0].lstrip().startswith("//")):
-                lines.pop(0)  # the comments before a policy are not its text
-            text = "\n".join(lines)
-            m = _POLICY_ID.search(text)
-            if m is not None:
-                out.setdefault(m.group(1), text)
-            start = i + 1
-        i += 1
+        first += len(found)
+        for o in found:
+            out.setdefault(o["name"], (name, o))
     return out
-
-
-_POLICY_ID = re.compile(r'@id\(\s*"((?:[^"\\]|\\.)*)"\s*\)')
 
 
 def unavailable_problem(e: Unavailable) -> Problem:
@@ -768,14 +744,20 @@ class PortalService:
         """A decision and why (``view`` on ``decisions``).
 
         Returns:
-            None for an unknown qid, else ``{"decision": row, "policies": [{name, file,
-            text}], "challenge": Challenge message or None, "events": [event]}``: the policies
-            that decided with
-            their source text as the active bundle has them (a policy the active bundle no
-            longer holds has ``file`` and ``text`` None; a built-in denial such as
-            ``svc:contained`` is named only), the challenge the decision opened with its state
-            now, and the events of its principal within ten minutes after it that carry its qid
-            (``attributes.decision_qid``, or ``plan_qid`` for a plan).
+            None for an unknown qid, else ``{"decision": row, "policies": [policy],
+            "challenge": Challenge message or None, "events": [event]}``. Each policy that
+            decided is ``{name, file, text, effect, start_line, end_line, entities, reads}`` as
+            the active bundle has it, outlined by the decision core
+            (``svc._pdp_core.outline_policies``: Cedar's parse, not text scanning): its source
+            as written with its 1-based lines in ``file``, the entity literals it names, and
+            each attribute path it reads or tests with ``has`` with the value svc can know
+            (``svc.portal.reads.ReadValue``: from the decision record for the context the
+            decision point filled in, else the directory's or the bundle's entity **now**, with
+            ``as_of`` saying which; docs/portal.md#explanations). A policy the active bundle no
+            longer holds has ``file``, ``text`` and the rest None or empty; a built-in denial
+            such as ``svc:contained`` is named only. Then the challenge the decision opened with
+            its state now, and the events of its principal within ten minutes after it that
+            carry its qid (``attributes.decision_qid``, or ``plan_qid`` for a plan).
 
         Raises:
             Problem: 503 without a history.
@@ -786,7 +768,8 @@ class PortalService:
         row = self._run("history", h.decision, qid)
         if row is None:
             return None
-        texts: dict[str, tuple[str, str]] = {}
+        outlines: dict[str, tuple[str, PolicyOutline]] = {}
+        entities: dict[tuple[str, str], dict[str, Any]] = {}
         if self.policy is not None:
             p = self.policy
             try:
@@ -796,18 +779,27 @@ class PortalService:
                     raise
             else:
                 if active.HasField("bundle"):
-                    for f in active.bundle.files:
-                        if f.name.endswith(".cedar"):
-                            for name, text in policy_texts(f.content).items():
-                                texts.setdefault(name, (f.name, text))
-        policies = [
-            {
-                "name": n,
-                "file": texts.get(n, (None, None))[0],
-                "text": texts.get(n, (None, None))[1],
-            }
-            for n in row.get("policies", [])
-        ]
+                    files = {f.name: f.content for f in active.bundle.files}
+                    outlines = _outlines(files)
+                    if "entities.json" in files:
+                        entities = bundle_entities(files["entities.json"])
+        lookup = EntityLookup(self.context, entities, datetime.now(UTC))
+        policies = []
+        for n in row.get("policies", []):
+            found = outlines.get(n)
+            if found is None:
+                policies.append(
+                    {"name": n, "file": None, "text": None, "effect": None, "start_line": None,
+                     "end_line": None, "entities": [], "reads": []}
+                )  # fmt: skip
+                continue
+            file, o = found
+            reads = read_values(o["reads"], row, lookup)
+            policies.append(
+                {"name": n, "file": file, "text": o["text"], "effect": o["effect"],
+                 "start_line": o["start_line"], "end_line": o["end_line"],
+                 "entities": o["entities"], "reads": reads}
+            )  # fmt: skip
         challenge = None
         if row.get("challenge_qid") and self.challenge is not None:
             c = self.challenge
@@ -939,17 +931,7 @@ class PortalService:
                 elif ref["type"] == PERSON_TYPE:
                     p = self.context.person(ref["id"])
                     if p is not None and not p.get("removed"):
-                        attrs: dict[str, Any] = {
-                            "active": bool(p.get("active")),
-                            "department": p.get("department") or "",
-                            "title": p.get("title") or "",
-                        }
-                        if p.get("manager"):
-                            attrs["manager"] = {
-                                "__entity": {"type": PERSON_TYPE, "id": p["manager"]}
-                            }
-                        groups = [{"type": "Group", "id": g} for g in p.get("groups", [])]
-                        engine.upsert_entities([{"uid": ref, "attrs": attrs, "parents": groups}])
+                        engine.upsert_entities([person_entity(ref, p)])
             except (RequestError, Unavailable, Refused) as e:
                 log.warning("what if: %s's record left out: %s", ref, e)
         res = row.get("resource") or {}

@@ -1,11 +1,14 @@
-// A decision's page: its explanation (the deciding policies in their source, the agent's and
-// the person's parts, the challenge and its outcome, related events) and "what if".
+// A decision's page: its explanation (the deciding policies in their source with what each
+// read, the agent's and the person's parts, the challenge and its outcome, related events) and
+// "what if".
 import { useMutation, useQuery } from "@tanstack/react-query";
 import { useState, type FormEvent } from "react";
 import { useParams } from "react-router-dom";
 import { gql } from "../api";
 import { CedarSource } from "../cedar";
 import { graphql } from "../gql";
+import type { ExplainQuery } from "../gql/graphql";
+import "../decision.css";
 import { Empty, ErrorBox, Loading, Principal, Time, Verdict, useAccess, useTitle } from "../ui";
 
 const Explain = graphql(`
@@ -34,7 +37,10 @@ const Explain = graphql(`
         pdp
         onBehalfOfOutcome
       }
-      policies { name file text }
+      policies {
+        name file text effect startLine endLine entities
+        reads { path read has lines status value source asOf note }
+      }
       challenge { qid state kinds satisfied approver decidedBy reason justification createdAt expiresAt }
       events { ingestId at system action resource { type id } outcome tool }
     }
@@ -126,6 +132,7 @@ export function DecisionPage() {
             ) : (
               <Empty>Not in the active bundle any more (it was changed since).</Empty>
             )}
+            {p.text && <PolicyReads p={p} />}
           </div>
         ))}
       </section>
@@ -239,5 +246,87 @@ function WhatIfPanel({ qid }: { qid: string }) {
         </p>
       )}
     </section>
+  );
+}
+
+type DecidingPolicy = NonNullable<ExplainQuery["explainDecision"]>["policies"][number];
+type Read = DecidingPolicy["reads"][number];
+
+/** A value as Cedar writes it: an entity `Type::"id"`, a string quoted, the rest as JSON. */
+function cedarValue(v: unknown): string {
+  const e = (v as { __entity?: { type: string; id: string } } | null)?.__entity;
+  if (e) return `${e.type}::${JSON.stringify(e.id)}`;
+  return JSON.stringify(v);
+}
+
+/** What a read found: the value (or whether it is present, for a `has` alone) and where from. */
+function ReadValue({ r }: { r: Read }) {
+  if (r.status === "unknown")
+    return <span className="unknown">unknown{r.note && <span className="muted"> ({r.note})</span>}</span>;
+  const shown =
+    r.status === "absent" ? (
+      <span className="absent">absent</span>
+    ) : r.read ? (
+      <code className="val">{cedarValue(r.value)}</code>
+    ) : (
+      <span className="val">present</span>
+    );
+  return (
+    <>
+      {shown}{" "}
+      <span className="muted">
+        {r.source === "decision" ? (
+          <>recorded with the decision</>
+        ) : (
+          <>
+            now, from the {r.source === "bundle" ? "active bundle" : "directory"} (<Time at={r.asOf} />)
+          </>
+        )}
+      </span>
+    </>
+  );
+}
+
+/** Under a deciding policy's source: the attribute paths it read with their values, then the
+ * entity literals it names. Lines are the policy's own, as numbered beside its source. */
+function PolicyReads({ p }: { p: DecidingPolicy }) {
+  const id = `reads-${p.name.replace(/[^A-Za-z0-9_-]/g, "_")}`;
+  const first = p.startLine ?? 1;
+  return (
+    <div className="reads">
+      <h4 id={id}>Read</h4>
+      {p.reads.length === 0 ? (
+        <p className="muted">It reads no attribute.</p>
+      ) : (
+        <ul aria-labelledby={id}>
+          {p.reads.map((r) => (
+            <li key={r.path}>
+              <code>{r.path}</code>
+              {r.has && !r.read && <span className="muted"> (has)</span>}
+              {": "}
+              <ReadValue r={r} />
+              {r.lines.length > 0 && (
+                <span className="muted">
+                  {" "}
+                  · line {r.lines.map((l) => l - first + 1).join(", ")}
+                </span>
+              )}
+            </li>
+          ))}
+        </ul>
+      )}
+      {p.entities.length > 0 && (
+        <>
+          <h4 id={`${id}-e`}>Entities</h4>
+          <ul className="entities" aria-labelledby={`${id}-e`}>
+            {p.entities.map((e) => (
+              <li key={e}>
+                <code>{e}</code>
+              </li>
+            ))}
+          </ul>
+        </>
+      )}
+    </div>
   );
 }

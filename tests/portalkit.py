@@ -37,6 +37,7 @@ from svc.challenge.pdp_client import ApproverCheck
 from svc.challenge.service import ChallengeService
 from svc.challenge.settings import ChallengeSettings
 from svc.common.net import tcp_listener
+from svc.policy import signing
 from svc.policy.app import PolicyServer
 from svc.policy.service import PolicyService
 from svc.policy.settings import PolicySettings
@@ -229,6 +230,9 @@ class World:
         pdp_args: more options of the decision point.
         policy_history: a history client (``svc.history.connect``) for the policy service's
             dry runs; none: a dry run answers that no history is configured.
+        pdp_follows_policy: the decision point follows the policy service (``--policy``, the
+            bundle's files published there first as version 1) instead of reading the bundle
+            directory, so a publish reaches it.
         portal: more portal settings.
 
     """
@@ -240,11 +244,13 @@ class World:
         *,
         pdp_args: tuple[str, ...] = (),
         policy_history: Any = None,
+        pdp_follows_policy: bool = False,
         **portal: Any,
     ) -> None:
         self.tmp = tmp
         self.pdp_args = pdp_args
         self.policy_history = policy_history
+        self.pdp_follows_policy = pdp_follows_policy
         self.context = Live(database_url)
         self.scim_ids: dict[str, str] = {}
         try:
@@ -288,8 +294,16 @@ class World:
         self.policy = PolicyServer(
             policy_settings, PolicyService(policy_settings, history=self.policy_history)
         ).start()
+        source: tuple[str, ...] = ("--bundle", str(bundle))
+        if self.pdp_follows_policy:
+            policy = self.policy.service
+            files = {"schema.cedarschema": SCHEMA, "policies.cedar": POLICIES}
+            policy.publish(policy.create_draft(files, "ana").version, "ana")
+            key = tmp / "policy-signing.pub"
+            key.write_text(signing.public_key_text(policy.public_key))
+            source = ("--policy", self.policy.url, "--public-key", str(key))
         self.pdp = Pdp(
-            "--bundle", str(bundle), "--port", "0", "--no-watch", "--context", self.context.url,
+            *source, "--port", "0", "--no-watch", "--context", self.context.url,
             "--challenge", self.challenge.url, "--challenge-timeout-ms", "30000",
             *self.pdp_args,
         )  # fmt: skip

@@ -12,8 +12,13 @@ policy's source), contains a person from their page and the decision point denie
 auditor sees decisions but the containment controls are disabled with the reason; an approver
 approves a pending challenge, the waiting agent's retry passes and the agent's page lists
 the challenge passed; a draft with a syntax error
-shows it under its line, and the fixed draft's diff is shown and it is published with a
-confirmation (an auditor may not save or publish); the overview and the containments page show
+shows it under its line and in the highlighting editor at its column, and the fixed draft's
+diff is shown and it is published with a confirmation (an auditor may not save or publish); a
+draft's dry run over the checks recorded here (a loader of this process feeds the policy
+service's history, in conftest's chdb_root) shows allow to deny for an agent and deny to allow
+for a person with their decisions, and its publish reaches the decision point, which follows
+the policy service; beside each mode switch the would-deny, would-challenge and would-contain
+counts, repeated by the switch's confirmation; a person's 30-day risk history charted; the overview and the containments page show
 a containment, and the overview charts decisions per hour by verdict (the history's
 aggregate) with the most denied principals; the directory lists people, a trusted app and its agent (an auditor may not
 trust an app); the assistant without a model says so; the persisted-operations
@@ -32,6 +37,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import httpx
 import pytest
@@ -105,6 +111,7 @@ def world(
                 tmp,
                 pdp_args=pdp_args,
                 policy_history=dry,
+                pdp_follows_policy=True,
                 history_url=history.url,
                 allow_any_query=False,
             )
@@ -678,4 +685,103 @@ def test_a_principals_page_charts_its_30_day_risk_history(
     chart.locator("summary").click()
     page.locator("#risk-h").scroll_into_view_if_needed()
     both(page, "principal-risk")
+    page.context.close()
+
+
+DRAFTED = """
+@id("agents-no-memo")
+forbid (principal is ServiceAccount, action == Action::"read", resource == Document::"memo");
+
+@id("dee-reads-documents")
+permit (principal == Human::"dee", action == Action::"read", resource is Document);
+"""
+
+
+def test_a_drafts_dry_run_shows_its_impact_and_its_publish_reaches_the_decision_point(
+    world: World, browser: Browser
+) -> None:
+    """Checks recorded at the decision point are decided again under a draft in the portal
+    (the policy service's dry run over the history this module loads): allow to deny for an
+    agent, deny to allow for a person, with their decisions as examples; the draft published
+    with a confirmation, the decision point (following the policy service) decides them anew."""
+    r = world.context.http.post(
+        "/v1/service-accounts",
+        json={"service_accounts": [{"id": "copilot.dry", "owner": "dee", "ai": True}]},
+    )
+    assert r.status_code == 200, r.text
+    agent = {"type": "ServiceAccount", "id": "copilot.dry"}
+    dee = {"type": "Human", "id": "dee"}
+    memo = {"type": "Document", "id": "memo"}
+    active = activate_the_bundle(world)
+    start = datetime.now(UTC) - timedelta(minutes=1)
+    first = until(
+        "the agent registered",
+        lambda: (d := world.check(agent, "read", memo))["verdict"] == "allow" and d,
+    )
+    qids = [first["qid"]] + [world.check(agent, "read", memo)["qid"] for _ in range(2)]
+    denied = world.check(dee, "read", memo)
+    assert denied["verdict"] == "deny"
+
+    def loaded() -> bool:
+        end = datetime.now(UTC) + timedelta(minutes=1)
+        rows = svc_history.decisions_between(world.policy_history, start, end, limit=100_000)
+        return {*qids, denied["qid"]} <= {d["qid"] for d in rows}
+
+    until("the checks in the dry run's history", loaded)
+    page = person(world, browser, "ana")
+    page.goto(world.portal.url + "/policies/draft")
+    page.click("[aria-label=Files] >> text=policies.cedar")
+    page.locator("textarea.editor").fill(POLICIES + DRAFTED)
+    page.get_by_label("Comment").fill("no agent reads the memo; dee reads documents")
+    page.click("button:has-text('Validate and save the draft')")
+    page.wait_for_selector("pre.diff .add:has-text('agents-no-memo')")
+    version = int(page.url.rsplit("/", 1)[1])
+    assert version > active
+    # From a minute before these checks (in the viewer's zone): the oldest changes are theirs.
+    dry = page.locator("section[aria-labelledby=dry-h]")
+    dry.locator("select").select_option("from")
+    dry.locator("input[name=since]").fill(
+        start.astimezone(ZoneInfo("Europe/Berlin")).strftime("%Y-%m-%dT%H:%M")
+    )
+    dry.locator("button:has-text('Run')").click()
+    page.wait_for_selector("#dry-run-counts")
+    cells = page.locator("#dry-run-counts > div")
+    counts = {
+        cells.nth(i).locator("span").inner_text(): int(
+            cells.nth(i).locator("strong").inner_text().replace(",", "")
+        )
+        for i in range(cells.count())
+    }
+    assert counts["allow → deny"] >= 3 and counts["deny → allow"] >= 1, counts
+    row = page.locator(
+        "#dry-run-sample [data-change='allow → deny'] "
+        "tr[data-principal='ServiceAccount::copilot.dry']"
+    )
+    assert row.locator("td").first.inner_text() == "3"
+    assert row.locator(".badge:has-text('agent')").count() == 1
+    examples = row.locator("ul.examples a")
+    assert examples.count() == 3
+    assert examples.first.inner_text() == "read on Document::memo"
+    assert {examples.nth(i).get_attribute("href") for i in range(3)} == {
+        f"/decisions/{q}" for q in qids
+    }
+    person_row = page.locator(
+        "#dry-run-sample [data-change='deny → allow'] tr[data-principal='Human::dee']"
+    )
+    assert person_row.locator(f"a[href='/decisions/{denied['qid']}']").count() == 1
+    axe(page)
+    page.evaluate("document.getElementById('dry-h').scrollIntoView()")
+    both(page, "policy-dry-run")
+    # Published with a confirmation: the decision point follows it.
+    page.click(f"button:has-text('Publish v{version}')")
+    page.click(f"button:has-text('Confirm: publish v{version}')")
+    page.wait_for_selector("#active-note")
+    assert world.policy.service.active_version() == version
+    after = until(
+        "the decision point applies the published draft",
+        lambda: (d := world.check(agent, "read", memo))["verdict"] == "deny" and d,
+    )
+    assert "agents-no-memo" in after["policies"], after
+    allowed = world.check(dee, "read", memo)
+    assert allowed["verdict"] == "allow" and "dee-reads-documents" in allowed["policies"]
     page.context.close()

@@ -28,7 +28,7 @@ const Diff = graphql(`
 `);
 const DryRunQ = graphql(`
   query DryRun($version: Int!, $since: DateTime!) {
-    dryRun(version: $version, since: $since, sample: 20) {
+    dryRun(version: $version, since: $since, sample: 1000) {
       version decisions unchanged allowToDeny denyToAllow toChallenge fromChallenge errors truncated
       sample { qid at principal action resource recorded draft error }
     }
@@ -357,9 +357,14 @@ export function BundlePage() {
 
 function DryRunPanel({ version }: { version: number }) {
   const [days, setDays] = useState("1");
+  const [from, setFrom] = useState("");
   const m = useMutation({
     mutationFn: () =>
-      gql(DryRunQ, { version, since: new Date(Date.now() - Number(days) * 86_400_000).toISOString() }),
+      gql(DryRunQ, {
+        version,
+        // a datetime-local value is the viewer's own time; Date reads it so
+        since: (days === "from" ? new Date(from) : new Date(Date.now() - Number(days) * 86_400_000)).toISOString(),
+      }),
   });
   const r = m.data?.dryRun;
   return (
@@ -378,9 +383,24 @@ function DryRunPanel({ version }: { version: number }) {
             <option value="1">day</option>
             <option value="7">week</option>
             <option value="30">30 days</option>
+            <option value="from">time since…</option>
           </select>
         </label>
-        <button type="submit" disabled={m.isPending}>
+        {days === "from" && (
+          <label>
+            Since (your time)
+            <input
+              type="datetime-local"
+              name="since"
+              data-volatile=""
+              required
+              value={from}
+              max={new Date(Date.now() - new Date().getTimezoneOffset() * 60_000).toISOString().slice(0, 16)}
+              onChange={(e) => setFrom(e.target.value)}
+            />
+          </label>
+        )}
+        <button type="submit" disabled={m.isPending || (days === "from" && !from)}>
           Run
         </button>
       </form>
@@ -389,48 +409,124 @@ function DryRunPanel({ version }: { version: number }) {
       {r && (
         <>
           <div className="counts" id="dry-run-counts">
-            <div><strong>{r.decisions}</strong> decided again</div>
-            <div><strong>{r.unchanged}</strong> unchanged</div>
-            <div><strong>{r.allowToDeny}</strong> allow → deny</div>
-            <div><strong>{r.denyToAllow}</strong> deny → allow</div>
-            <div><strong>{r.toChallenge}</strong> → challenge</div>
-            <div><strong>{r.fromChallenge}</strong> challenge →</div>
-            <div><strong>{r.errors}</strong> errors</div>
+            {(
+              [
+                [r.decisions, "decided again"],
+                [r.unchanged, "unchanged"],
+                [r.allowToDeny, "allow → deny"],
+                [r.denyToAllow, "deny → allow"],
+                [r.toChallenge, "→ challenge"],
+                [r.fromChallenge, "challenge →"],
+                [r.errors, "errors"],
+              ] as [number, string][]
+            ).map(([n, what]) => (
+              <div key={what}>
+                <strong>{n.toLocaleString()}</strong> <span>{what}</span>
+              </div>
+            ))}
           </div>
           {r.truncated && <p className="why">Only part of the range was decided again (the dry run's limit).</p>}
-          {r.sample.length > 0 && (
-            <div className="scroll" tabIndex={0} role="region" aria-label="Changed decisions">
-              <table>
-                <caption>Changed decisions (a sample)</caption>
-                <thead>
-                  <tr>
-                    <th scope="col">When</th>
-                    <th scope="col">Principal</th>
-                    <th scope="col">Action</th>
-                    <th scope="col">Resource</th>
-                    <th scope="col">Recorded → draft</th>
-                  </tr>
-                </thead>
-                <tbody>
-                  {r.sample.map((c) => (
-                    <tr key={c.qid}>
-                      <td><Time at={c.at} /></td>
-                      <td>{c.principal}</td>
-                      <td>{c.action}</td>
-                      <td>{c.resource}</td>
-                      <td>
-                        {c.recorded} → {c.draft}
-                        {c.error && <span className="error-text"> {c.error}</span>}
-                      </td>
-                    </tr>
-                  ))}
-                </tbody>
-              </table>
-            </div>
-          )}
+          {r.sample.length > 0 && <DryRunSample sample={r.sample} changed={r.decisions - r.unchanged} />}
         </>
       )}
     </section>
+  );
+}
+
+type Changed = {
+  qid: string;
+  at?: string | null;
+  principal: string;
+  action: string;
+  resource: string;
+  recorded: string;
+  draft: string;
+  error?: string | null;
+};
+
+/** `Type::id` (the dry run's form) as a link to the principal's page. */
+function PrincipalRef({ text }: { text: string }) {
+  const at = text.indexOf("::");
+  if (at < 0) return <>{text}</>;
+  const [type, id] = [text.slice(0, at), text.slice(at + 2).replace(/^"(.*)"$/, "$1")];
+  return (
+    <Link to={`/principals/${encodeURIComponent(type)}/${encodeURIComponent(id)}`}>
+      {type}::"{id}"
+    </Link>
+  );
+}
+
+/**
+ * The dry run's changed decisions grouped by change (recorded → draft), then by principal, an
+ * agent marked as one: how many each principal has in the sample and up to three examples, each
+ * linked to its decision.
+ */
+function DryRunSample({ sample, changed }: { sample: Changed[]; changed: number }) {
+  const groups = new Map<string, Map<string, Changed[]>>();
+  for (const c of sample) {
+    const kind = `${c.recorded || "none"} → ${c.draft || "none"}`;
+    const byWho = groups.get(kind) ?? new Map<string, Changed[]>();
+    byWho.set(c.principal, [...(byWho.get(c.principal) ?? []), c]);
+    groups.set(kind, byWho);
+  }
+  const count = (m: Map<string, Changed[]>) => [...m.values()].reduce((n, l) => n + l.length, 0);
+  return (
+    <div id="dry-run-sample">
+      <h3>Changed decisions by change and principal</h3>
+      <p className="hint">
+        {sample.length < changed
+          ? `The first ${sample.length.toLocaleString()} of ${changed.toLocaleString()} changed decisions`
+          : `All ${changed.toLocaleString()} changed decisions`}
+        , oldest first; each principal with up to three of its decisions. Each recorded check is decided again with
+        the bundle's own entities: a policy that reads a principal's groups or attributes from the directory sees
+        none of them (docs/policy.md#dry-runs).
+      </p>
+      {[...groups.entries()]
+        .sort((a, b) => count(b[1]) - count(a[1]))
+        .map(([kind, byWho]) => (
+          <div key={kind} className="scroll" tabIndex={0} role="region" aria-label={`Changed: ${kind}`} data-change={kind}>
+            <table>
+              <caption>
+                {kind}: {count(byWho).toLocaleString()} decision{count(byWho) === 1 ? "" : "s"} of{" "}
+                {byWho.size.toLocaleString()} principal{byWho.size === 1 ? "" : "s"}
+              </caption>
+              <thead>
+                <tr>
+                  <th scope="col">Principal</th>
+                  <th scope="col">Changed</th>
+                  <th scope="col">For example</th>
+                </tr>
+              </thead>
+              <tbody>
+                {[...byWho.entries()]
+                  .sort((a, b) => b[1].length - a[1].length || a[0].localeCompare(b[0]))
+                  .map(([who, list]) => (
+                    <tr key={who} data-principal={who}>
+                      <th scope="row">
+                        <PrincipalRef text={who} />
+                        {who.startsWith("ServiceAccount::") && <span className="badge"> agent</span>}
+                      </th>
+                      <td>{list.length.toLocaleString()}</td>
+                      <td>
+                        <ul className="examples">
+                          {list.slice(0, 3).map((c) => (
+                            <li key={c.qid}>
+                              <Link to={`/decisions/${encodeURIComponent(c.qid)}`}>
+                                {c.action} on {c.resource}
+                              </Link>{" "}
+                              <Time at={c.at} />
+                              {c.error && <span className="error-text"> {c.error}</span>}
+                            </li>
+                          ))}
+                        </ul>
+                      </td>
+                    </tr>
+                  ))}
+              </tbody>
+            </table>
+          </div>
+        ))}
+    </div>
   );
 }
 

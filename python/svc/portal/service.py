@@ -248,7 +248,7 @@ def _outlines(files: dict[str, str]) -> dict[str, tuple[str, PolicyOutline]]:
     first = 0
     for name in sorted(n for n in files if n.endswith(".cedar")):
         try:
-            found = outline_policies(files[name], name, first)
+            found = outline_policies(text, name, first)
         except BundleError as e:
             log.warning("explanations: %s does not parse: %s", name, e)
             continue
@@ -256,6 +256,10 @@ def _outlines(files: dict[str, str]) -> dict[str, tuple[str, PolicyOutline]]:
         for o in found:
             out.setdefault(o["name"], (name, o))
     return out
+
+
+#: A bundle's ``entities.json`` by ``(type, id)``, kept for the last few texts like ``_outlines``.
+_bundle_entities = lru_cache(maxsize=4)(bundle_entities)
 
 
 def unavailable_problem(e: Unavailable) -> Problem:

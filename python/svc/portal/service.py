@@ -248,7 +248,7 @@ def _outlines(files: dict[str, str]) -> dict[str, tuple[str, PolicyOutline]]:
     first = 0
     for name in sorted(n for n in files if n.endswith(".cedar")):
         try:
-            found = outline_policies(text, name, first)
+            found = outline_policies(files[name], name, first)
         except BundleError as e:
             log.warning("explanations: %s does not parse: %s", name, e)
             continue
@@ -256,10 +256,6 @@ def _outlines(files: dict[str, str]) -> dict[str, tuple[str, PolicyOutline]]:
         for o in found:
             out.setdefault(o["name"], (name, o))
     return out
-
-
-#: A bundle's ``entities.json`` by ``(type, id)``, kept for the last few texts like ``_outlines``.
-_bundle_entities = lru_cache(maxsize=4)(bundle_entities)
 
 
 def unavailable_problem(e: Unavailable) -> Problem:
@@ -1537,7 +1533,7 @@ class PortalService:
         For each window of the last `hours` (docs/portal.md#the-web-app): the install scope's
         monitor-mode checks and plans that enforcement would have denied or challenged
         (``would_deny``/``would_challenge`` of the history's aggregate, one ``GET
-        /v1/history/stats`` by the hour over the longest window, summed per window), and the
+        /v1/history/stats?top=0`` by the hour over the longest window, summed per window), and the
         containment scope's would-contains (the reasoner's ``would_contain`` investigations
         opened in the window, docs/reasoner.md). A window of ``h`` hours is the current hour
         and the ``h - 1`` before it, so it starts at a full hour (``since``).
@@ -1579,7 +1575,7 @@ class PortalService:
                 since=_rfc3339(min(starts.values())),
                 until=_rfc3339(end),
                 bucket="hour",
-                top=1,
+                top=0,  # the buckets alone: no ranking of the denied is read
             ),
         )
         buckets = [

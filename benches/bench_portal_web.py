@@ -213,25 +213,32 @@ def main() -> None:
                             peer_ms.append((time.perf_counter() - t) * 1000)
                     report(name, ms, peer_ms or None)
                     if name == "overview":
-                        week_range = (datetime.fromisoformat(week["since"]),
-                                      datetime.fromisoformat(week["until"]))  # fmt: skip
-                        prev = []
-                        for _ in range(args.loads):
-                            t = time.perf_counter()
-                            queries.decision_stats_raw(client, *week_range)
-                            prev.append((time.perf_counter() - t) * 1000)
-                        print(
-                            f"  overview, the previous design's query (raw rows, FINAL): p50 "
-                            f"{pct(prev, 0.5):.0f} ms, p99 {pct(prev, 0.99):.0f} ms "
-                            f"({pct(prev, 0.5) / max(pct(peer_ms, 0.5), 0.001):.1f}x the "
-                            "rollups' answer)",
-                            flush=True,
-                        )
+                        overview_peers(client, week, args.loads)
                 browser.close()
         finally:
             world.close()
             hist_server.should_exit = True
     print(f"load average at end: {os.getloadavg()[0]:.1f}")
+
+
+def overview_peers(client: Any, week: dict[str, str], loads: int) -> None:
+    """Times the overview's aggregate in process: the rollups' answer (``decision_stats``)
+    and the previous design's (``decision_stats_raw``: every row of the week with ``FINAL``)."""
+    span = (datetime.fromisoformat(week["since"]), datetime.fromisoformat(week["until"]))
+    times: dict[str, list[float]] = {"rollups": [], "raw": []}
+    for _ in range(loads):
+        for label, f in (("rollups", queries.decision_stats), ("raw", queries.decision_stats_raw)):
+            t = time.perf_counter()
+            f(client, *span)
+            times[label].append((time.perf_counter() - t) * 1000)
+    new, old = times["rollups"], times["raw"]
+    print(
+        f"  overview's aggregate in process: rollups p50 {pct(new, 0.5):.0f} ms, p99 "
+        f"{pct(new, 0.99):.0f} ms; the previous design's query (raw rows, FINAL) p50 "
+        f"{pct(old, 0.5):.0f} ms, p99 {pct(old, 0.99):.0f} ms "
+        f"(previous/rollups {pct(old, 0.5) / max(pct(new, 0.5), 0.001):.1f}x)",
+        flush=True,
+    )
 
 
 def first_view(page: Any, url: str, ready: str) -> float:

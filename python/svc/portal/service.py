@@ -34,7 +34,7 @@ import re
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from functools import partial
+from functools import lru_cache, partial
 from typing import Any, Literal
 
 import anyio.to_thread
@@ -237,18 +237,22 @@ def _decode_cursor(cursor: str) -> tuple[int, str]:
     return ms, qid
 
 
-def _outlines(files: dict[str, str]) -> dict[str, tuple[str, PolicyOutline]]:
+@lru_cache(maxsize=4)
+def _outlines(cedar: tuple[tuple[str, str], ...]) -> dict[str, tuple[str, PolicyOutline]]:
     """The policies of a bundle's ``.cedar`` files by name: ``{name: (file, outline)}``.
 
-    Files are outlined in file-name order, numbering unnamed policies on across files as the
-    bundle does (docs/bundles.md#policy-names). A file that does not parse (an active bundle's
-    always does) is left out, logged.
+    `cedar` is the ``(file name, text)`` pairs. Files are outlined in file-name order,
+    numbering unnamed policies on across files as the bundle does
+    (docs/bundles.md#policy-names). A file that does not parse (an active bundle's always does)
+    is left out, logged. Kept for the last few bundles (by their texts): an explanation reads
+    the active bundle's, and outlining 1,000 policies takes some 100 ms on a busy machine
+    (``benches/bench_policy_outline.py``). Callers must not change what it returns.
     """
     out: dict[str, tuple[str, PolicyOutline]] = {}
     first = 0
-    for name in sorted(n for n in files if n.endswith(".cedar")):
+    for name, text in sorted(cedar):
         try:
-            found = outline_policies(files[name], name, first)
+            found = outline_policies(text, name, first)
         except BundleError as e:
             log.warning("explanations: %s does not parse: %s", name, e)
             continue
@@ -256,6 +260,10 @@ def _outlines(files: dict[str, str]) -> dict[str, tuple[str, PolicyOutline]]:
         for o in found:
             out.setdefault(o["name"], (name, o))
     return out
+
+
+#: A bundle's ``entities.json`` by ``(type, id)``, kept for the last few texts like ``_outlines``.
+_bundle_entities = lru_cache(maxsize=4)(bundle_entities)
 
 
 def unavailable_problem(e: Unavailable) -> Problem:
@@ -780,9 +788,11 @@ class PortalService:
             else:
                 if active.HasField("bundle"):
                     files = {f.name: f.content for f in active.bundle.files}
-                    outlines = _outlines(files)
+                    outlines = _outlines(
+                        tuple((n, t) for n, t in files.items() if n.endswith(".cedar"))
+                    )
                     if "entities.json" in files:
-                        entities = bundle_entities(files["entities.json"])
+                        entities = _bundle_entities(files["entities.json"])
         lookup = EntityLookup(self.context, entities, datetime.now(UTC))
         policies = []
         for n in row.get("policies", []):
@@ -798,7 +808,7 @@ class PortalService:
             policies.append(
                 {"name": n, "file": file, "text": o["text"], "effect": o["effect"],
                  "start_line": o["start_line"], "end_line": o["end_line"],
-                 "entities": o["entities"], "reads": reads}
+                 "entities": list(o["entities"]), "reads": reads}
             )  # fmt: skip
         challenge = None
         if row.get("challenge_qid") and self.challenge is not None:

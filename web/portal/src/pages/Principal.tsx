@@ -191,12 +191,19 @@ function Risk({ type, id }: { type: string; id: string }) {
         <>
           <p>
             <span className="score" aria-label={`Risk score ${r.score} of 100`}>{r.score}</span> / 100 — {r.reason}
-            {r.updatedAt && <> (scored <Time at={r.updatedAt} />)</>}
+            {r.updatedAt && (
+              <>
+                {" "}
+                <span style={{ whiteSpace: "nowrap" }}>
+                  (scored <Time at={r.updatedAt} />)
+                </span>
+              </>
+            )}
           </p>
           {factors.length > 0 && (
             <div className="scroll" tabIndex={0} role="region" aria-label="Risk factors">
               <table>
-                <caption>Factors, largest first (observed on the day against the usual)</caption>
+                <caption>Factors, largest first</caption>
                 <thead>
                   <tr>
                     <th scope="col">Factor</th>

@@ -785,3 +785,81 @@ def test_a_drafts_dry_run_shows_its_impact_and_its_publish_reaches_the_decision_
     allowed = world.check(dee, "read", memo)
     assert allowed["verdict"] == "allow" and "dee-reads-documents" in allowed["policies"]
     page.context.close()
+
+
+def test_a_decision_saved_as_a_test_guards_a_publish(world: World, browser: Browser) -> None:
+    """Save as a test (docs/portal.md#policy-tests): from a decision's page, seen on the Policies
+    page, failing under a draft without its policy, named by the publish confirmation; an
+    auditor's button is disabled with the reason."""
+    active = activate_the_bundle(world)
+    bo = {"type": "Human", "id": "bo"}
+    seen = world.check(bo, "view", {"type": "PortalArea", "id": "decisions"})
+    assert seen["verdict"] == "allow", seen
+    page = person(world, browser, "ana")
+
+    def opened() -> bool:
+        page.goto(f"{world.portal.url}/decisions/{seen['qid']}")
+        page.wait_for_selector("h1")
+        return page.locator("h2:has-text('Why')").count() > 0
+
+    until("bo's check in the history", opened)
+    page.get_by_label("Test name").fill("auditors see decisions")
+    page.click("button:has-text('Save as a test')")
+    page.wait_for_selector("#saved-test:has-text('It passes under the active bundle')")
+    axe(page)
+    page.click("text=See the policy tests")
+    row = page.locator("#policy-tests tr:has-text('auditors see decisions')")
+    row.wait_for()
+    assert 'Human::"bo" view PortalArea::"decisions"' in row.inner_text()
+
+    # A draft that forbids auditors: the test fails under it, with what it got.
+    forbid = POLICIES.replace(
+        '@id("portal-auditors-view")\npermit', '@id("auditors-blocked")\nforbid', 1
+    )
+    policy = world.policy.service
+    draft = policy.create_draft(
+        {"schema.cedarschema": SCHEMA, "policies.cedar": forbid}, "ana"
+    ).version
+    page.get_by_label("Run the tests under version (empty: the active one)").fill(str(draft))
+    page.click("button:has-text('Run the tests')")
+    page.wait_for_selector(f"#tests-last-run:has-text('failed under v{draft}')")
+    assert "expected allow, got deny (by auditors-blocked)" in row.inner_text()
+    for width, suffix in (("wide", ""), ("narrow", "-narrow")):
+        w, h = WIDTHS[width]
+        page.set_viewport_size({"width": w, "height": h})
+        page.evaluate("document.getElementById('tests-h').scrollIntoView()")
+        shot(page, "policy-tests" + suffix)
+    page.set_viewport_size({"width": WIDTHS["wide"][0], "height": WIDTHS["wide"][1]})
+
+    # The publish confirmation names the failing test; publishing needs it accepted.
+    page.goto(f"{world.portal.url}/policies/{draft}")
+    page.click(f"button:has-text('Publish v{draft}')")
+    page.wait_for_selector("#publish-tests:has-text('1 policy test fails')")
+    assert "auditors see decisions" in page.locator("#publish-tests").inner_text()
+    confirm = page.locator(f"button:has-text('Confirm: publish v{draft}')")
+    assert confirm.is_disabled()
+    axe(page)
+    page.get_by_label("I accept this failure (recorded with the publish)").check()
+    confirm.click()
+    page.wait_for_selector("#active-note")
+    assert policy.active_version() == draft
+    (record, *_) = policy.publishes(draft)
+    assert [f["name"] for f in record["accepted_failures"]] == ["auditors see decisions"]
+    policy.publish(active, "ana", ["auditors see decisions"])
+
+    # An auditor sees the button disabled, with the reason.
+    auditor = person(world, browser, "bo")
+    auditor.goto(f"{world.portal.url}/decisions/{seen['qid']}")
+    button = auditor.locator("button:has-text('Save as a test')")
+    button.wait_for()
+    assert button.is_disabled()
+    why = auditor.locator("section[aria-labelledby=sat-h] .why").inner_text()
+    assert "administer" in why and "policies" in why
+    auditor.context.close()
+
+    # Deleted from the Policies page.
+    page.goto(world.portal.url + "/policies")
+    row.locator("button:has-text('Delete')").click()
+    page.wait_for_selector("#policy-tests tr:has-text('auditors see decisions')", state="detached")
+    assert not policy.list_tests()
+    page.context.close()

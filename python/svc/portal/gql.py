@@ -33,6 +33,7 @@ from typing import Any, TypeVar, cast
 
 import anyio.to_thread
 import strawberry
+from google.protobuf import json_format
 from graphql import GraphQLError
 from strawberry.extensions import (
     DisableIntrospection,
@@ -586,6 +587,55 @@ class ChangedDecision:
     error: str
 
 
+@strawberry.type(
+    description="A policy test decided under a bundle (docs/policy.md#policy-tests): passed, or "
+    "what it expected and what it got."
+)
+class TestResult:
+    name: str
+    passed: bool
+    expected: str
+    got: str = strawberry.field(description="`allow`, `deny`, `challenge`, or `error`.")
+    policies: list[str] = strawberry.field(description="The deciding policies.")
+    error: str | None
+    notes: list[str] = strawberry.field(
+        description="Snapshot entities the bundle's schema refused, left out."
+    )
+
+
+@strawberry.type(description="Every saved policy test decided under a bundle version.")
+class TestRun:
+    version: int
+    passed: int
+    failed: int
+    results: list[TestResult]
+
+
+@strawberry.type(
+    description="A saved policy test: a decision's request, the entities it is decided with (a "
+    "snapshot taken when saved) and the verdict expected."
+)
+class PolicyTest:
+    name: str
+    principal: EntityRef
+    action: str
+    resource: EntityRef
+    on_behalf_of: EntityRef | None
+    context: JSON
+    entities: JSON = strawberry.field(description="Cedar entities (JSON entity shape).")
+    contained: list[EntityRef]
+    expect: str = strawberry.field(description="`allow`, `deny` or `challenge`.")
+    saved_by: str
+    from_decision: str | None
+    created_at: datetime | None
+
+
+@strawberry.type(description="A test just saved, and its result under the active bundle.")
+class SavedTest:
+    test: PolicyTest
+    active: TestResult | None
+
+
 @strawberry.type(description="A dry run's counts of changed decisions and a sample of them.")
 class DryRun:
     version: int
@@ -598,6 +648,9 @@ class DryRun:
     errors: int
     truncated: bool
     sample: list[ChangedDecision]
+    tests: TestRun | None = strawberry.field(
+        description="Every saved policy test decided under the bundle."
+    )
 
 
 @strawberry.enum(description="The gateway's tier for a tool while no decision point answers.")
@@ -629,6 +682,47 @@ class WhatIf:
 
 
 # -- conversions -------------------------------------------------------------------------
+
+
+def _test_result(m: Any) -> TestResult:
+    return TestResult(
+        name=m.name,
+        passed=bool(m.passed),
+        expected=m.expected,
+        got=m.got,
+        policies=list(m.policies),
+        error=m.error or None,
+        notes=list(m.notes),
+    )
+
+
+def _test_run(m: Any) -> TestRun:
+    return TestRun(
+        version=int(m.version),
+        passed=int(m.passed),
+        failed=int(m.failed),
+        results=[_test_result(r) for r in m.results],
+    )
+
+
+def _policy_test(m: Any) -> PolicyTest:
+    r = m.request
+    return PolicyTest(
+        name=m.name,
+        principal=EntityRef(type=r.principal.type, id=r.principal.id),
+        action=r.action,
+        resource=EntityRef(type=r.resource.type, id=r.resource.id),
+        on_behalf_of=_ref({"type": r.on_behalf_of.type, "id": r.on_behalf_of.id})
+        if r.HasField("on_behalf_of")
+        else None,
+        context=json_format.MessageToDict(r.context),
+        entities=cast(JSON, [json_format.MessageToDict(e) for e in m.entities]),
+        contained=[EntityRef(type=c.type, id=c.id) for c in m.contained],
+        expect=m.expect,
+        saved_by=m.saved_by,
+        from_decision=m.from_decision or None,
+        created_at=_ts(m, "created_at"),
+    )
 
 
 def _fallback(m: Any) -> OutageFallback:
@@ -1159,7 +1253,20 @@ class Query:
                 )
                 for c in m.sample
             ],
+            tests=_test_run(m.tests) if m.HasField("tests") else None,
         )
+
+    @strawberry.field(description="Every saved policy test, by name. Area `policies`.")
+    async def policy_tests(self, info: Info[Context, None]) -> list[PolicyTest]:
+        rows = await _call(info, info.context.service.policy_tests)
+        return [_policy_test(m) for m in rows]
+
+    @strawberry.field(
+        description="Every saved policy test decided under a bundle version (0: the active "
+        "one). Area `policies`."
+    )
+    async def run_policy_tests(self, info: Info[Context, None], version: int = 0) -> TestRun:
+        return _test_run(await _call(info, info.context.service.run_policy_tests, version))
 
     @strawberry.field(description="The gateway's outage tiers. Area `enforcement`.")
     async def outage_fallbacks(self, info: Info[Context, None]) -> list[OutageFallback]:
@@ -1265,9 +1372,38 @@ class Mutation:
             problems=[DraftProblem(field=p["field"], message=p["message"]) for p in problems],
         )
 
-    @strawberry.mutation(description="Signs and activates a bundle version. Area `policies`.")
-    async def publish_bundle(self, info: Info[Context, None], version: int) -> Bundle:
-        return _bundle(await _call(info, info.context.service.publish, version))
+    @strawberry.mutation(
+        description="Signs and activates a bundle version once its policy tests pass; a failing "
+        "test refuses it (`FAILED_PRECONDITION`, a field `tests[<name>]` per test) unless named "
+        "in `acceptFailingTests`, which the publish records. Area `policies`."
+    )
+    async def publish_bundle(
+        self,
+        info: Info[Context, None],
+        version: int,
+        accept_failing_tests: list[str] | None = None,
+    ) -> Bundle:
+        return _bundle(
+            await _call(info, info.context.service.publish, version, accept_failing_tests or [])
+        )
+
+    @strawberry.mutation(
+        description="Saves a recorded decision as a policy test: its request, a snapshot of the "
+        "entities that decide it, and its verdict (or `expect`: allow, deny, challenge) as the "
+        "one expected. Every dry run and publish decides it again. Area `policies`."
+    )
+    async def save_decision_as_test(
+        self, info: Info[Context, None], qid: str, name: str, expect: str | None = None
+    ) -> SavedTest:
+        m = await _call(info, info.context.service.save_decision_as_test, qid, name, expect)
+        return SavedTest(
+            test=_policy_test(m.test),
+            active=_test_result(m.active) if m.HasField("active") else None,
+        )
+
+    @strawberry.mutation(description="Deletes a policy test. Area `policies`.")
+    async def delete_policy_test(self, info: Info[Context, None], name: str) -> bool:
+        return await _call(info, info.context.service.delete_policy_test, name)
 
     @strawberry.mutation(
         description="Sets a tool's outage tier (`<upstream>/<tool>`, `<upstream>/*` or `*`). "

@@ -38,6 +38,7 @@ from functools import lru_cache, partial
 from typing import Any, Literal
 
 import anyio.to_thread
+from google.protobuf import struct_pb2
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from svc._pdp_core import BundleError, outline_policies
@@ -1387,13 +1388,19 @@ class PortalService:
             raise
         return out.bundle, []
 
-    def publish(self, person: str, version: int) -> Any:
-        """Signs and activates a bundle version (``administer`` on ``policies``)."""
+    def publish(self, person: str, version: int, accept_failing_tests: Sequence[str] = ()) -> Any:
+        """Signs and activates a bundle version (``administer`` on ``policies``).
+
+        The policy service decides the saved policy tests first and refuses (409,
+        ``failed-precondition``, a field ``tests[<name>]`` per failing test) unless each failing
+        test is named in `accept_failing_tests` (docs/policy.md#policy-tests).
+        """
         self.authorize(person, "administer", "policies")
         p = self._need(self.policy, "policy service")
-        out = self._run(
-            "policy service", p.call, "Publish", p.pb.PublishRequest(version=version, author=person)
+        req = p.pb.PublishRequest(
+            version=version, author=person, accept_failing_tests=list(accept_failing_tests)
         )
+        out = self._run("policy service", p.call, "Publish", req)
         log.info("%s published bundle version %s", person, version)
         return out.bundle
 
@@ -1475,6 +1482,179 @@ class PortalService:
         if until is not None:
             req.until.FromDatetime(until.astimezone(UTC))
         return self._run("policy service", p.call, "DryRun", req)
+
+    # policy tests (docs/portal.md#policy-tests)
+
+    def save_decision_as_test(
+        self, person: str, qid: str, name: str, expect: str | None = None
+    ) -> Any:
+        """Saves a recorded decision as a policy test (``administer`` on ``policies``).
+
+        The test's request is the decision's principal, action, resource and ``on_behalf_of``
+        (the context a caller sent is not recorded: none); its entities a snapshot of the
+        context service's records now (``_decision_entities``); the principals the decision
+        found contained (``svc:contained``) and its risk score; the verdict expected is the
+        recorded one unless `expect` says otherwise. The policy service records the test as
+        saved by ``<person> via <portal>`` (docs/policy.md#policy-tests).
+
+        Args:
+            person: the signed-in user.
+            qid: the recorded decision.
+            name: the test's name (1 to 128 printable characters, unique).
+            expect: ``allow``, ``deny`` or ``challenge``; None: the recorded verdict.
+
+        Returns:
+            The ``SaveTestResponse`` message: the stored test and its result under the active
+            bundle.
+
+        Raises:
+            Problem: 404 for an unknown qid; 400 naming every bad field; 409 for a name in use;
+                503 without a history, a policy service or a context service that answers.
+
+        """
+        self.authorize(person, "administer", "policies")
+        h = self._need(self.history, "history")
+        p = self._need(self.policy, "policy service")
+        row = self._run("history", h.decision, qid)
+        if row is None:
+            raise Problem(
+                404,
+                "not-found",
+                "Not found",
+                f"no decision `{qid}` in the history",
+                [FieldError(None, "qid", "unknown")],
+            )
+        pb = p.pb
+        request = pb.TestRequest(
+            principal=pb.EntityRef(**row["principal"]),
+            action=str(row.get("action") or ""),
+            resource=pb.EntityRef(**(row.get("resource") or {"type": "", "id": ""})),
+        )
+        if row.get("on_behalf_of"):
+            request.on_behalf_of.CopyFrom(pb.EntityRef(**row["on_behalf_of"]))
+        contained = []
+        if "svc:contained" in (row.get("policies") or []):
+            contained.append(pb.EntityRef(**row["principal"]))
+        outcome = row.get("on_behalf_of_outcome") or {}
+        if row.get("on_behalf_of") and "svc:contained" in (outcome.get("policies") or []):
+            contained.append(pb.EntityRef(**row["on_behalf_of"]))
+        scores = []
+        if row.get("risk_score") is not None:
+            scores.append(
+                pb.TestRiskScore(
+                    principal=pb.EntityRef(**row["principal"]), score=int(row["risk_score"])
+                )
+            )
+        entities = []
+        for e in self._decision_entities(row):
+            st = struct_pb2.Struct()
+            st.update(e)
+            entities.append(st)
+        test = pb.PolicyTest(
+            name=name,
+            request=request,
+            entities=entities,
+            expect=expect if expect is not None else str(row.get("verdict") or ""),
+            from_decision=qid,
+            contained=contained,
+            risk_scores=scores,
+        )
+        out = self._run(
+            "policy service", p.call, "SaveTest", pb.SaveTestRequest(test=test, author=person)
+        )
+        log.info("%s saved decision %s as the policy test %r", person, qid, name)
+        return out
+
+    def _decision_entities(self, row: dict[str, Any]) -> list[dict[str, Any]]:
+        """The context service's records of a decision's parties now, as Cedar entities.
+
+        The principal and the person it acted for (a person with their profile and groups, or
+        a registered service account with its owner, as ``Engine.register_service_accounts``
+        makes it), a service account's owner, and the resource: what "what if"
+        (``_directory_records``) decides with, taken once so a saved test keeps it.
+
+        Raises:
+            Problem: 503 when the context service does not answer.
+
+        """
+        out: list[dict[str, Any]] = []
+        seen: set[tuple[str, str]] = set()
+        people = [r for r in (row.get("principal"), row.get("on_behalf_of")) if r]
+        while people:
+            ref = people.pop(0)
+            key = (ref["type"], ref["id"])
+            if key in seen or not ref.get("id"):
+                continue
+            seen.add(key)
+            if ref["type"] == "ServiceAccount":
+                sa = self._run("context service", self.context.service_account, ref["id"])
+                if sa is None:
+                    continue
+                owner = str(sa.get("owner") or "")
+                out.append(
+                    {
+                        "uid": ref,
+                        "attrs": {
+                            "owner": {"__entity": {"type": PERSON_TYPE, "id": owner}},
+                            "ai": bool(sa.get("ai")),
+                            "registered": True,
+                            "app": str(sa.get("app") or ref["id"].split(".", 1)[0]),
+                            "description": str(sa.get("description") or ""),
+                        },
+                        "parents": [{"type": "Group", "id": g} for g in sa.get("groups") or []],
+                    }
+                )
+                if owner:
+                    people.append({"type": PERSON_TYPE, "id": owner})
+            elif ref["type"] == PERSON_TYPE:
+                p = self._run("context service", self.context.person, ref["id"])
+                if p is None or p.get("removed"):
+                    continue
+                attrs: dict[str, Any] = {
+                    "active": bool(p.get("active")),
+                    "department": p.get("department") or "",
+                    "title": p.get("title") or "",
+                }
+                if p.get("manager"):
+                    attrs["manager"] = {"__entity": {"type": PERSON_TYPE, "id": p["manager"]}}
+                out.append(
+                    {
+                        "uid": ref,
+                        "attrs": attrs,
+                        "parents": [{"type": "Group", "id": g} for g in p.get("groups", [])],
+                    }
+                )
+        res = row.get("resource") or {}
+        if res.get("id") and (res["type"], res["id"]) not in seen:
+            out.extend(self._run("context service", self.context.resources, [res]))
+        return out
+
+    def policy_tests(self, person: str) -> list[Any]:
+        """Every saved policy test, by name (``view`` on ``policies``)."""
+        self.authorize(person, "view", "policies")
+        p = self._need(self.policy, "policy service")
+        return list(self._run("policy service", p.call, "ListTests", p.pb.ListTestsRequest()).tests)
+
+    def delete_policy_test(self, person: str, name: str) -> bool:
+        """Deletes a policy test (``administer`` on ``policies``); 404 for an unknown name."""
+        self.authorize(person, "administer", "policies")
+        p = self._need(self.policy, "policy service")
+        req = p.pb.DeleteTestRequest(name=name, author=person)
+        self._run("policy service", p.call, "DeleteTest", req)
+        log.info("%s deleted the policy test %r", person, name)
+        return True
+
+    def run_policy_tests(self, person: str, version: int = 0) -> Any:
+        """Every saved test decided under a bundle version, 0 the active one (``view``).
+
+        Returns:
+            The ``TestRun`` message.
+
+        """
+        self.authorize(person, "view", "policies")
+        p = self._need(self.policy, "policy service")
+        req = p.pb.RunTestsRequest(version=version)
+        return self._run("policy service", p.call, "RunTests", req).tests
 
     def outage_fallbacks(self, person: str) -> list[Any]:
         """Every outage tier entry of the gateway, sorted (``view`` on ``enforcement``)."""

@@ -1,15 +1,15 @@
 // A decision's page: its explanation (the deciding policies in their source with what each
-// read, the agent's and the person's parts, the challenge and its outcome, related events) and
-// "what if".
-import { useMutation, useQuery } from "@tanstack/react-query";
+// read, the agent's and the person's parts, the challenge and its outcome, related events),
+// "what if", and "save as a test" (docs/portal.md#policy-tests).
+import { useMutation, useQuery, useQueryClient } from "@tanstack/react-query";
 import { useState, type FormEvent } from "react";
-import { useParams } from "react-router-dom";
+import { Link, useParams } from "react-router-dom";
 import { gql } from "../api";
 import { CedarSource } from "../cedar";
 import { graphql } from "../gql";
 import type { ExplainQuery } from "../gql/graphql";
 import "../decision.css";
-import { Empty, ErrorBox, Loading, Principal, Time, Verdict, useAccess, useTitle } from "../ui";
+import { Empty, ErrorBox, Guarded, Loading, Principal, Time, Verdict, useAccess, useTitle } from "../ui";
 
 const Explain = graphql(`
   query Explain($qid: String!) {
@@ -50,6 +50,15 @@ const Explain = graphql(`
 const WhatIf = graphql(`
   query WhatIf($qid: String!, $version: Int) {
     whatIf(qid: $qid, version: $version) { qid recorded version verdict challenges policies error }
+  }
+`);
+
+const SaveAsTest = graphql(`
+  mutation SaveDecisionAsTest($qid: String!, $name: String!) {
+    saveDecisionAsTest(qid: $qid, name: $name) {
+      test { name expect }
+      active { passed got policies error }
+    }
   }
 `);
 
@@ -206,6 +215,11 @@ export function DecisionPage() {
         )}
       </section>
       <WhatIfPanel qid={d.qid} />
+      <SaveAsTestPanel
+        qid={d.qid}
+        verdict={d.verdict ?? ""}
+        suggested={`${d.principal?.id ?? ""} ${d.action ?? ""} ${d.resource?.id ?? ""}`.trim().slice(0, 120)}
+      />
     </>
   );
 }
@@ -243,6 +257,55 @@ function WhatIfPanel({ qid }: { qid: string }) {
           Under version {r.version}: <Verdict v={r.verdict} /> (recorded <Verdict v={r.recorded} />)
           {r.policies.length > 0 && <> by {r.policies.join(", ")}</>}
           {r.error && <span className="error-text"> {r.error}</span>}
+        </p>
+      )}
+    </section>
+  );
+}
+
+/** "Save as a test": the decision's request, a snapshot of its entities and its verdict, kept by
+ * the policy service and decided again by every dry run and publish. */
+function SaveAsTestPanel({ qid, verdict, suggested }: { qid: string; verdict: string; suggested: string }) {
+  const client = useQueryClient();
+  const [name, setName] = useState(suggested);
+  const m = useMutation({
+    mutationFn: () => gql(SaveAsTest, { qid, name: name.trim() }),
+    onSuccess: () => client.invalidateQueries({ queryKey: ["policy-tests"] }),
+  });
+  const saved = m.data?.saveDecisionAsTest;
+  return (
+    <section aria-labelledby="sat-h">
+      <h2 id="sat-h">Save as a test</h2>
+      <p className="hint">
+        Keeps this request, the directory's records that decide it (as they are now) and its verdict,{" "}
+        <Verdict v={verdict} />, as a policy test: every dry run and publish decides it again, and a draft that
+        would change it is shown before it ships.
+      </p>
+      <form
+        className="inline"
+        onSubmit={(e: FormEvent) => {
+          e.preventDefault();
+          m.mutate();
+        }}
+      >
+        <label>
+          Test name
+          <input value={name} onChange={(e) => setName(e.target.value)} maxLength={128} required />
+        </label>
+        <Guarded area="policies" type="submit" disabled={m.isPending || !name.trim()}>
+          Save as a test
+        </Guarded>
+      </form>
+      {m.isError && <ErrorBox error={m.error} />}
+      {saved && (
+        <p id="saved-test" role="status">
+          Saved <strong>{saved.test.name}</strong>, expecting <Verdict v={saved.test.expect} />.{" "}
+          {saved.active
+            ? saved.active.passed
+              ? "It passes under the active bundle."
+              : `It fails under the active bundle: got ${saved.active.got}${saved.active.error ? ` (${saved.active.error})` : ""}.`
+            : "Nothing is published yet to decide it."}{" "}
+          <Link to="/policies#tests-h">See the policy tests</Link>
         </p>
       )}
     </section>

@@ -10,6 +10,7 @@ import "../policies.css";
 import { graphql } from "../gql";
 import type { Mode } from "../gql/graphql";
 import { Empty, ErrorBox, Guarded, Loading, Time, useAccess, useTitle } from "../ui";
+import { PublishTests, TestResults, TestsPanel, rememberRun } from "./PolicyTests";
 
 const Bundles = graphql(`
   query Bundles {
@@ -31,6 +32,7 @@ const DryRunQ = graphql(`
     dryRun(version: $version, since: $since, sample: 1000) {
       version decisions unchanged allowToDeny denyToAllow toChallenge fromChallenge errors truncated
       sample { qid at principal action resource recorded draft error }
+      tests { version passed failed results { name passed expected got policies error notes } }
     }
   }
 `);
@@ -40,8 +42,8 @@ const CreateDraft = graphql(`
   }
 `);
 const Publish = graphql(`
-  mutation Publish($version: Int!) {
-    publishBundle(version: $version) { version state }
+  mutation Publish($version: Int!, $accept: [String!]) {
+    publishBundle(version: $version, acceptFailingTests: $accept) { version state }
   }
 `);
 const Modes = graphql(`
@@ -63,6 +65,7 @@ export function PoliciesPage() {
       <h1>Policies</h1>
       <ModesPanel />
       <BundlesPanel />
+      <TestsPanel />
     </>
   );
 }
@@ -356,6 +359,7 @@ export function BundlePage() {
 }
 
 function DryRunPanel({ version }: { version: number }) {
+  const client = useQueryClient();
   const [days, setDays] = useState("1");
   const [from, setFrom] = useState("");
   const m = useMutation({
@@ -365,6 +369,7 @@ function DryRunPanel({ version }: { version: number }) {
         // a datetime-local value is the viewer's own time; Date reads it so
         since: (days === "from" ? new Date(from) : new Date(Date.now() - Number(days) * 86_400_000)).toISOString(),
       }),
+    onSuccess: (out) => rememberRun(client, out.dryRun.tests),
   });
   const r = m.data?.dryRun;
   return (
@@ -427,6 +432,12 @@ function DryRunPanel({ version }: { version: number }) {
           </div>
           {r.truncated && <p className="why">Only part of the range was decided again (the dry run's limit).</p>}
           {r.sample.length > 0 && <DryRunSample sample={r.sample} changed={r.decisions - r.unchanged} />}
+          {r.tests && (
+            <>
+              <h3>Policy tests</h3>
+              <TestResults run={r.tests} id="dry-run-tests" />
+            </>
+          )}
         </>
       )}
     </section>
@@ -533,8 +544,9 @@ function DryRunSample({ sample, changed }: { sample: Changed[]; changed: number 
 function PublishPanel({ version, rollback }: { version: number; rollback: boolean }) {
   const client = useQueryClient();
   const [confirming, setConfirming] = useState(false);
+  const [accepted, setAccepted] = useState<string[] | null>(null);
   const m = useMutation({
-    mutationFn: () => gql(Publish, { version }),
+    mutationFn: () => gql(Publish, { version, accept: accepted ?? [] }),
     onSuccess: () => {
       setConfirming(false);
       return client.invalidateQueries();
@@ -544,7 +556,15 @@ function PublishPanel({ version, rollback }: { version: number; rollback: boolea
   return (
     <section aria-labelledby="pub-h">
       <h2 id="pub-h">{rollback ? "Roll back" : "Publish"}</h2>
-      <Guarded area="policies" type="button" className="danger" onClick={() => setConfirming(true)}>
+      <Guarded
+        area="policies"
+        type="button"
+        className="danger"
+        onClick={() => {
+          setAccepted(null);
+          setConfirming(true);
+        }}
+      >
         {verb} v{version}
       </Guarded>
       {confirming && (
@@ -553,7 +573,8 @@ function PublishPanel({ version, rollback }: { version: number; rollback: boolea
             {verb} v{version}? It becomes the active bundle of every decision point. Run the dry run above first to see
             what it changes.
           </p>
-          <button type="button" className="danger" onClick={() => m.mutate()} disabled={m.isPending}>
+          <PublishTests version={version} onAccepted={setAccepted} />
+          <button type="button" className="danger" onClick={() => m.mutate()} disabled={m.isPending || accepted === null}>
             Confirm: {verb.toLowerCase()} v{version}
           </button>{" "}
           <button type="button" onClick={() => setConfirming(false)}>

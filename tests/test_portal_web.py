@@ -49,6 +49,8 @@ import test_history as hist
 from kafka_fixture import create_topics
 from portalkit import POLICIES, SCHEMA, HistoryLoader, World, pg_schema, until
 from svc import history as svc_history
+from svc.common.problems import Problem
+from svc.portal.service import Denied
 from svc.portal.webapp import MANIFEST, WEB_DIR
 
 CHROMIUM = "/usr/bin/chromium"
@@ -640,6 +642,12 @@ def test_the_modes_show_what_enforcing_would_have_denied(world: World, browser: 
         == 1
     )
     page.context.close()
+    # Bad windows are refused with a problem naming them; cy may not see the counts at all.
+    with pytest.raises(Problem) as bad:
+        world.service.enforcement_impact("ana", (0, 24))
+    assert bad.value.status == 400 and bad.value.errors[0].field == "hours"
+    with pytest.raises(Denied):
+        world.service.enforcement_impact("cy")
 
 
 def test_a_principals_page_charts_its_30_day_risk_history(
@@ -686,6 +694,12 @@ def test_a_principals_page_charts_its_30_day_risk_history(
     page.locator("#risk-h").scroll_into_view_if_needed()
     both(page, "principal-risk")
     page.context.close()
+    # More days than the portal reads are refused; cy may not view the directory.
+    with pytest.raises(Problem) as bad:
+        world.service.risk_history("ana", {"type": "Human", "id": "dee"}, 367)
+    assert bad.value.status == 400 and bad.value.errors[0].field == "days"
+    with pytest.raises(Denied):
+        world.service.risk_history("cy", {"type": "Human", "id": "dee"})
 
 
 DRAFTED = """

@@ -370,12 +370,19 @@ class World:
         )
         assert r.status_code == 200, r.text
 
-    def check(self, principal: dict[str, str], action: str, resource: dict[str, str]) -> Any:
-        """A check at the decision point: its answer's JSON."""
-        r = self.pdp_http.post(
-            "/v1/access/evaluation",
-            json={"principal": principal, "action": action, "resource": resource},
-        )
+    def check(
+        self,
+        principal: dict[str, str],
+        action: str,
+        resource: dict[str, str],
+        on_behalf_of: dict[str, str] | None = None,
+    ) -> Any:
+        """A check at the decision point (an agent's for a person with `on_behalf_of`): its
+        answer's JSON."""
+        body: dict[str, Any] = {"principal": principal, "action": action, "resource": resource}
+        if on_behalf_of is not None:
+            body["on_behalf_of"] = on_behalf_of
+        r = self.pdp_http.post("/v1/access/evaluation", json=body)
         assert r.status_code == 200, r.text
         return r.json()
 

@@ -235,6 +235,7 @@ query($q: String!) {
       name file effect startLine endLine entities
       reads { path read has lines status value source asOf note }
     }
+    personPolicies { name file effect reads { path status value source } }
   }
 }
 """
@@ -305,6 +306,28 @@ def test_an_explanation_names_what_its_policies_read_with_values(
         ),
     )
     assert datetime.fromisoformat(after["reads"][0]["asOf"]) > read_at
+    assert out["personPolicies"] == []
+    # The agent acting for ana: the person's own check is explained too, its policies read with
+    # ana as the principal.
+    ana = {"type": "Human", "id": "ana"}
+    register(True)
+    obo = until(
+        "the agent an AI again at the decision point",
+        lambda: (x := world.check(agent, "view", area, ana))["verdict"] == "allow" and x,
+    )
+    assert obo["on_behalf_of"]["policies"] == ["portal-security-team-administers"], obo
+    both = until(
+        "the agent's check for ana loaded",
+        lambda: people["bo"].raw(READS, {"q": obo["qid"]})["data"]["explainDecision"],
+    )
+    assert [p["name"] for p in both["policies"]] == ["portal-ai-agents-view-for-their-person"]
+    (mine,) = both["personPolicies"]
+    assert (mine["name"], mine["file"], mine["effect"]) == (
+        "portal-security-team-administers",
+        "policies.cedar",
+        "permit",
+    )
+    assert mine["reads"] == []  # its scope alone decides: `principal in Group::"security-team"`
     # A person's own challenges: the policy reads `context.own`, which the decision record
     # does not keep, and names two areas.
     people["cy"].ok("{ challenges(mine: true) { qid } }")

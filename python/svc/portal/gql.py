@@ -561,7 +561,14 @@ class DecisionEvent:
 )
 class Explanation:
     decision: Decision
-    policies: list[DecidingPolicy]
+    policies: list[DecidingPolicy] = strawberry.field(
+        description="The policies that decided the principal's check (an agent's, when it "
+        "acted for a person)."
+    )
+    person_policies: list[DecidingPolicy] = strawberry.field(
+        description="When an agent acted for a person: the policies that decided the person's "
+        "own check, read with the person as `principal`; else empty."
+    )
     challenge: Challenge | None
     events: list[DecisionEvent] = strawberry.field(
         description="Its principal's events within ten minutes after it that carry its qid."
@@ -732,6 +739,20 @@ def _fallback(m: Any) -> OutageFallback:
         author=m.author,
         updated_at=_ts(m, "updated_at"),
         reason=m.reason,
+    )
+
+
+def _deciding_policy(p: dict[str, Any]) -> DecidingPolicy:
+    """A deciding policy of ``PortalService.explain`` as its GraphQL type."""
+    return DecidingPolicy(
+        **{k: v for k, v in p.items() if k != "reads"},
+        reads=[
+            PolicyRead(
+                **{k: v for k, v in r.items() if k != "as_of"},
+                as_of=datetime.fromisoformat(r["as_of"]) if r["as_of"] else None,
+            )
+            for r in p["reads"]
+        ],
     )
 
 
@@ -1015,19 +1036,8 @@ class Query:
             return None
         return Explanation(
             decision=_decision(out["decision"]),
-            policies=[
-                DecidingPolicy(
-                    **{k: v for k, v in p.items() if k != "reads"},
-                    reads=[
-                        PolicyRead(
-                            **{k: v for k, v in r.items() if k != "as_of"},
-                            as_of=datetime.fromisoformat(r["as_of"]) if r["as_of"] else None,
-                        )
-                        for r in p["reads"]
-                    ],
-                )
-                for p in out["policies"]
-            ],
+            policies=[_deciding_policy(p) for p in out["policies"]],
+            person_policies=[_deciding_policy(p) for p in out["person_policies"]],
             challenge=_challenge(out["challenge"]) if out["challenge"] is not None else None,
             events=[
                 DecisionEvent(

@@ -179,7 +179,8 @@ def make_mcp_server(service: PortalService, sink: IntakeSender | None) -> MCPSer
     @server.tool(
         description="Explain a decision: its policies' text, the attributes and entities they "
         "read (each path with its value and `as_of`: recorded with the decision, or the "
-        "directory's current value), and its challenge."
+        "directory's current value), the person's own policies when an agent acted for one, and "
+        "its challenge."
     )
     async def explain_decision(qid: str) -> dict[str, Any]:
         """The decision, the policies that decided with their text and reads, its challenge."""

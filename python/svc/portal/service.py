@@ -31,7 +31,7 @@ import difflib
 import json
 import logging
 import re
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache, partial
@@ -236,6 +236,44 @@ def _decode_cursor(cursor: str) -> tuple[int, str]:
             [FieldError(None, "after", "not a cursor")],
         ) from None
     return ms, qid
+
+
+def _deciding(
+    names: Sequence[str],
+    row: Mapping[str, Any],
+    outlines: Mapping[str, tuple[str, PolicyOutline]],
+    lookup: EntityLookup,
+) -> list[dict[str, Any]]:
+    """The deciding policies `names` as an explanation shows them (``PortalService.explain``).
+
+    Args:
+        names: the policies that decided, as the decision record names them.
+        row: the decision record, its ``principal`` the one whose check they decided.
+        outlines: the active bundle's outlines by policy name (``_outlines``).
+        lookup: the entities as svc holds them now.
+
+    Returns:
+        ``{name, file, text, effect, start_line, end_line, entities, reads}`` per name, in
+        order; a name the bundle no longer holds (or a built-in such as ``svc:contained``) has
+        None and empty values.
+
+    """
+    out: list[dict[str, Any]] = []
+    for n in names:
+        found = outlines.get(n)
+        if found is None:
+            out.append(
+                {"name": n, "file": None, "text": None, "effect": None, "start_line": None,
+                 "end_line": None, "entities": [], "reads": []}
+            )  # fmt: skip
+            continue
+        file, o = found
+        out.append(
+            {"name": n, "file": file, "text": o["text"], "effect": o["effect"],
+             "start_line": o["start_line"], "end_line": o["end_line"],
+             "entities": list(o["entities"]), "reads": read_values(o["reads"], row, lookup)}
+        )  # fmt: skip
+    return out
 
 
 @lru_cache(maxsize=4)
@@ -754,7 +792,9 @@ class PortalService:
 
         Returns:
             None for an unknown qid, else ``{"decision": row, "policies": [policy],
-            "challenge": Challenge message or None, "events": [event]}``. Each policy that
+            "person_policies": [policy], "challenge": Challenge message or None, "events":
+            [event]}``; ``person_policies`` are those of the person's own check when an agent
+            acted for one (read with the person as ``principal``), else empty. Each policy that
             decided is ``{name, file, text, effect, start_line, end_line, entities, reads}`` as
             the active bundle has it, outlined by the decision core
             (``svc._pdp_core.outline_policies``: Cedar's parse, not text scanning): its source
@@ -795,22 +835,15 @@ class PortalService:
                     if "entities.json" in files:
                         entities = _bundle_entities(files["entities.json"])
         lookup = EntityLookup(self.context, entities, datetime.now(UTC))
-        policies = []
-        for n in row.get("policies", []):
-            found = outlines.get(n)
-            if found is None:
-                policies.append(
-                    {"name": n, "file": None, "text": None, "effect": None, "start_line": None,
-                     "end_line": None, "entities": [], "reads": []}
-                )  # fmt: skip
-                continue
-            file, o = found
-            reads = read_values(o["reads"], row, lookup)
-            policies.append(
-                {"name": n, "file": file, "text": o["text"], "effect": o["effect"],
-                 "start_line": o["start_line"], "end_line": o["end_line"],
-                 "entities": list(o["entities"]), "reads": reads}
-            )  # fmt: skip
+        policies = _deciding(row.get("policies", []), row, outlines, lookup)
+        # The person's own check, when an agent acted for one: the same request with the person
+        # as its principal (docs/decisions.md#an-agent-acting-for-a-person).
+        person_policies: list[dict[str, Any]] = []
+        person_part = row.get("on_behalf_of_outcome")
+        if row.get("on_behalf_of") and isinstance(person_part, dict):
+            as_person = {**row, "principal": row["on_behalf_of"]}
+            names = [str(n) for n in person_part.get("policies") or []]
+            person_policies = _deciding(names, as_person, outlines, lookup)
         challenge = None
         if row.get("challenge_qid") and self.challenge is not None:
             c = self.challenge
@@ -827,7 +860,13 @@ class PortalService:
                 if e.status != 404:
                     raise
         events = self._decision_events(h, row)
-        return {"decision": row, "policies": policies, "challenge": challenge, "events": events}
+        return {
+            "decision": row,
+            "policies": policies,
+            "person_policies": person_policies,
+            "challenge": challenge,
+            "events": events,
+        }
 
     def _decision_events(self, h: HistoryClient, row: dict[str, Any]) -> list[dict[str, Any]]:
         """The events that carry a decision's qid, oldest first.

@@ -365,15 +365,20 @@ class _Handlers(ServiceHandlers):
     ) -> AsyncIterator[pb.WatchChallengesResponse]:
         """The matching challenges, then each change, with heartbeats (docs/challenges.md)."""
         service = self.service
-        if bool(req.qid) == bool(req.person):
+        if bool(req.qid) + bool(req.person) + bool(req.everyone) != 1:
             raise status_error(
                 ChallengeError(
                     "invalid_argument",
-                    "name either `qid` (with `principal`) or `person`",
-                    [Violation("qid", "give qid or person, not both or neither")],
+                    "name either `qid` (with `principal`), `person` or `everyone`",
+                    [Violation("qid", "give one of qid, person and everyone")],
                 )
             )
-        if req.qid:
+        if req.everyone:
+
+            def read() -> dict[str, ChallengeInfo]:
+                return {c.qid: c for c in service.list_challenges(limit=1000)}
+
+        elif req.qid:
             principal = _required_ref(req, "principal")
             obo = _in_ref(req.on_behalf_of, req.HasField("on_behalf_of"))
 

@@ -61,6 +61,7 @@ from svc.portal.clients import (
     token_reader,
 )
 from svc.portal.gql import Context, make_schema
+from svc.portal.live import live_handler
 from svc.portal.mcp import McpEndpoint, make_mcp_server
 from svc.portal.service import PortalService
 from svc.portal.sessions import COOKIE, LOGIN_COOKIE, Session, SessionStore, load_session_key
@@ -236,21 +237,23 @@ def create_app(settings: PortalSettings, service: PortalService) -> FastAPI:
     def graphql_context(session: Session = Depends(graphql_guard)) -> Context:  # noqa: B008
         return Context(session, service)
 
-    app.include_router(
-        PersistedRouter(
-            operations,
-            schema,
-            path="/graphql",
-            graphql_ide="graphiql" if settings.dev else None,
-            allow_queries_via_get=False,
-            context_getter=graphql_context,
-            subscription_protocols=(GRAPHQL_TRANSPORT_WS_PROTOCOL,),
-            max_subscriptions_per_connection=settings.max_subscriptions,
-            allowed_origins=[_origin(settings.public_url)],
-            dependencies=[Depends(graphql_guard)],
-            include_in_schema=False,
-        )
+    graphql_router = PersistedRouter(
+        operations,
+        schema,
+        path="/graphql",
+        graphql_ide="graphiql" if settings.dev else None,
+        allow_queries_via_get=False,
+        context_getter=graphql_context,
+        subscription_protocols=(GRAPHQL_TRANSPORT_WS_PROTOCOL,),
+        max_subscriptions_per_connection=settings.max_subscriptions,
+        allowed_origins=[_origin(settings.public_url)],
+        dependencies=[Depends(graphql_guard)],
+        include_in_schema=False,
     )
+    # On the websocket too: only the app's persisted operations, and no longer than the
+    # session that opened it (svc.portal.live).
+    graphql_router.graphql_transport_ws_handler_class = live_handler(operations, sessions)
+    app.include_router(graphql_router)
 
     app.include_router(
         probe_router(

@@ -1494,6 +1494,18 @@ class Subscription:
         async for m in _stream(info, svc.watch_my_challenges(person)):
             yield _challenge(m)
 
+    @strawberry.subscription(
+        description="The challenges queue, live: every challenge (the newest 1,000), then each "
+        "that opens or changes state. With `mine` only those the signed-in person answers or "
+        "approves (checked with `context.own`), else everyone's. Area `challenges`."
+    )
+    async def challenge_changes(
+        self, info: Info[Context, None], mine: bool = True
+    ) -> AsyncIterator[Challenge]:
+        svc, person = info.context.service, info.context.person
+        async for m in _stream(info, svc.watch_challenges(person, mine=mine)):
+            yield _challenge(m)
+
 
 def _mask(error: GraphQLError) -> bool:
     """Masks errors that are not the portal's own (an exception a resolver did not expect)."""

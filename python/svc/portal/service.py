@@ -1269,6 +1269,40 @@ class PortalService:
         except Unavailable as e:
             raise unavailable_problem(e) from None
 
+    async def watch_challenges(self, person: str, *, mine: bool) -> AsyncIterator[Any]:
+        """Challenges as they open and change: the portal's queue, live.
+
+        Args:
+            person: the signed-in user.
+            mine: only those `person` answers or approves (``view`` on ``challenges`` with
+                ``context.own``; ``WatchChallenges(person)``); else everyone's (``view`` on
+                ``challenges``; ``WatchChallenges(everyone)``, the newest 1,000).
+
+        Yields:
+            ``Challenge`` messages: every matching one first, then each that opens or changes
+            state (expiry included); heartbeats are not yielded.
+
+        Raises:
+            Denied: the check refused (before the stream opens).
+            Problem: 503 when the challenge service is not connected or the stream breaks.
+
+        """
+        await anyio.to_thread.run_sync(
+            lambda: self.authorize(person, "view", "challenges", own=mine)
+        )
+        c = self._need(self.challenge, "challenge service")
+        req = (
+            c.pb.WatchChallengesRequest(person=person)
+            if mine
+            else c.pb.WatchChallengesRequest(everyone=True)
+        )
+        try:
+            async for m in c.stream("WatchChallenges", req):
+                if m.WhichOneof("event") == "challenge":
+                    yield m.challenge
+        except Unavailable as e:
+            raise unavailable_problem(e) from None
+
     # challenges
 
     def challenges(

@@ -327,9 +327,11 @@ def read_stats(
         f = "toStartOfHour" if bucket == "hour" else "toStartOfDay"
         return f"toDateTime({f}({col}), 'UTC')"
 
-    def dedup(table: str, key: str, cols: str) -> str:
-        # A record's copies are identical rows: the first of each key is the record.
-        return f"(SELECT {key}, {cols} FROM {table} WHERE {raw} LIMIT 1 BY {key})"
+    def dedup(table: str, key: str, cols: str, only: str = "") -> str:
+        # A record's copies are identical rows: the first of each key is the record (and a
+        # condition on the record holds for all its copies, so it may come first).
+        where = f"({raw}) AND {only}" if only else raw
+        return f"(SELECT {key}, {cols} FROM {table} WHERE {where} LIMIT 1 BY {key})"
 
     zero = "toUInt64(0)"
     parts = []
@@ -368,47 +370,47 @@ def read_stats(
     def ranking(table: str, prefix: str, denied: str) -> list[dict[str, Any]]:
         if top == 0:
             return []
-        # Grouped by the 64-bit hash of (type, id) (``key``); the groups returned are checked to
-        # hold one (type, id) each. Two that shared a hash would only add up (a group outside
-        # the top holds nothing that belongs in it), so a clash can only show in the top, where
-        # it is caught and the ranking made again by (type, id).
+        # Two steps in one query. The counts are summed by ``key``, the 64-bit hash of
+        # (type, id), reading integers only; the groups as large as the `top`-th (ties
+        # included) are the candidates, and only their rows are read again with the names to
+        # order them by count, then type and id. A group returned holding two names (a hash
+        # clash) makes the ranking run again by name: two that share a hash only add up, so a
+        # clash that changes the answer is a group in the answer (docs/history.md).
         raw_key = f"cityHash64({prefix}_type, {prefix}_id)"
         cols = f"{prefix}_type, {prefix}_id, verdict, outcome"
 
-        def rows(only_keys: bool) -> str:
+        def rows(names: bool, among: str = "") -> str:
             parts = []
-            pick = " AND key IN {ks:Array(UInt64)}" if only_keys else ""
             if rolled:
                 parts.append(
-                    f"SELECT key AS g, denies AS n, type AS t, id AS i FROM {table} "
-                    f"WHERE {rolled}{pick}"
+                    "SELECT key AS g, denies AS n"
+                    + (", type AS t, id AS i" if names else "")
+                    + f" FROM {table} WHERE {rolled}"
+                    + (f" AND key IN ({among})" if among else "")
                 )
             if raw:
                 parts.append(
-                    f"SELECT {raw_key} AS g, toUInt64(1) AS n, {prefix}_type AS t, "
-                    f"{prefix}_id AS i FROM {dedup('decisions', 'qid', cols)} WHERE {denied}"
-                    + pick.replace("key", raw_key)
+                    f"SELECT {raw_key} AS g, toUInt64(1) AS n"
+                    + (f", {prefix}_type AS t, {prefix}_id AS i" if names else "")
+                    + f" FROM {dedup('decisions', 'qid', cols, denied)}"
+                    + (f" WHERE {raw_key} IN ({among})" if among else "")
                 )
             return " UNION ALL ".join(parts)
 
+        candidates = (
+            f"SELECT g FROM (SELECT g, sum(n) AS c FROM ({rows(False)}) GROUP BY g "
+            "ORDER BY c DESC LIMIT {n:UInt32} WITH TIES)"
+        )
         top_rows = client.query(
-            f"SELECT sum(n) AS c, any(t) AS t, any(i) AS i, g FROM ({rows(False)}) "
-            "GROUP BY g ORDER BY c DESC, t, i LIMIT {n:UInt32}",
+            "SELECT sum(n) AS c, any(t) AS name_t, any(i) AS name_i, uniqExact(t, i) "
+            f"FROM ({rows(True, candidates)}) GROUP BY g ORDER BY c DESC, name_t, name_i "
+            "LIMIT {n:UInt32}",
             parameters=params,
         ).result_rows
-        keys = [int(row[3]) for row in top_rows]
-        clash = (
-            keys
-            and client.query(
-                f"SELECT count() FROM (SELECT g FROM ({rows(True)}) GROUP BY g "
-                "HAVING uniqExact(t, i) > 1)",
-                parameters={**params, "ks": keys},
-            ).result_rows[0][0]
-        )
-        if clash:
+        if any(int(row[3]) > 1 for row in top_rows):
             log.warning("history stats: a hash clash among the most denied; ranking by name")
             top_rows = client.query(
-                f"SELECT sum(n) AS c, t, i FROM ({rows(False)}) "
+                f"SELECT sum(n) AS c, t, i FROM ({rows(True)}) "
                 "GROUP BY t, i ORDER BY c DESC, t, i LIMIT {n:UInt32}",
                 parameters=params,
             ).result_rows

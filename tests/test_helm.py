@@ -535,6 +535,7 @@ CALLERS: dict[str, dict[str, tuple[str, ...]]] = {
         "connectors": ("component:connectors", "context.clients"),
         "decision points": ("component:pdp",),
         "the reasoner": ("component:reasoner",),
+        "the policy service": ("component:policy",),
         "the portal": ("component:portal", "context.clients"),
         "the challenge service": ("component:challenge",),
         "the gateway": ("component:gateway",),

@@ -71,6 +71,8 @@ class Role:
     REASONER = "reasoner"
     #: The portal: every operation of the admins' front door, as the person it acts for.
     PORTAL = "portal"
+    #: The policy service: reads the directory (principals, resources by id) for dry runs.
+    POLICY = "policy"
     #: Enforcement points (the apps' own service accounts): the decision point only.
     APP = "app"
 

@@ -12,6 +12,8 @@ of every API admits only the roles this module's ``METHODS`` table lists for it:
   investigations, lists and adds containments (``Contain``);
 * the challenge service (``challenge``) reads the directory (owners, managers) and asks the
   decision point whether an approver may approve;
+* the policy service (``policy``) reads principals and resources by id, as a decision point
+  does, to decide a dry run's recorded checks (docs/policy.md#dry-runs);
 * enforcement points (``app``) and ``svc demo``'s traffic (``demo``) call the decision point;
 * the portal (``portal``) and the admin's command line (``operator``) everything else; the
   portal, which acts for people, not the machine feeds' writes (resources, work items, risk).
@@ -49,6 +51,7 @@ ROLES: tuple[str, ...] = (
     Role.GATEWAY,
     Role.CHALLENGE,
     Role.REASONER,
+    Role.POLICY,
     Role.CONNECTORS,
     Role.APP,
     Role.DEMO,
@@ -129,12 +132,12 @@ METHODS: dict[str, dict[str, frozenset[str]]] = {
         "FinishVerification": _ADMIN,
     },
     "context": {
-        "GET /v1/principals": _FOLLOW | {Role.REASONER},
+        "GET /v1/principals": _FOLLOW | {Role.REASONER, Role.POLICY},
         "GET /v1/principals/watch": _FOLLOW,
         "GET /v1/feeds": _FOLLOW,
         "POST /v1/resources": _r(Role.OPERATOR, Role.CONNECTORS),
         "GET /v1/resources": _FOLLOW,
-        "POST /v1/resources/get": _FOLLOW,
+        "POST /v1/resources/get": _FOLLOW | {Role.POLICY},
         "POST /v1/resources/delete": _r(Role.OPERATOR, Role.CONNECTORS),
         "GET /v1/resources/changes": _FOLLOW,
         "POST /v1/work-items": _r(Role.OPERATOR, Role.CONNECTORS),

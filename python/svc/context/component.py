@@ -98,6 +98,7 @@ REGISTRATION = Registration(
         Role.CONNECTORS,
         Role.REASONER,
         Role.PORTAL,
+        Role.POLICY,
     ),
     up_port=4,
     topology_ports={"context": 4},

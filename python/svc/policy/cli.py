@@ -341,6 +341,12 @@ def dry_run(
         f"{r.to_challenge} to challenge, {r.from_challenge} from challenge, {r.errors} errors"
         + (" (range cut at the limit)" if r.truncated else "")
     )
+    if r.entities == "directory":
+        typer.echo(f"entities: the directory at version {r.directory_version}")
+    elif r.entities:
+        typer.echo("entities: the bundle's own")
+    for note in r.notes:
+        typer.echo(f"  note: {note}")
     for c in r.sample:
         line = f"  {c.qid} {c.principal} {c.action} {c.resource}: {c.recorded} -> {c.draft}"
         typer.echo(line + (f" ({c.error})" if c.error else ""))

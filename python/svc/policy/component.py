@@ -5,7 +5,8 @@ Under ``svc up`` it is served in a thread of its own on ``port + 3`` with a SQLi
 yet (or ``--bundle`` names files that differ from the active bundle's), the bundle directory
 is drafted and published, and the public key written to ``<data_dir>/policy-signing.pub`` for
 the decision point. Under ``svc topology`` it is ``svc policy`` on PostgreSQL; once ready, the
-first bundle is published through its gRPC API (docs/policy.md).
+first bundle is published through its gRPC API (docs/policy.md). Both give it the context
+service, whose directory dry runs decide with, and a token of the ``policy`` role for it.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from svc.common.component import (
 from svc.common.inprocess import serve_threaded
 from svc.policy import signing
 from svc.policy.app import PolicyServer
+from svc.policy.directory import DirectoryClient
 from svc.policy.service import PolicyService
 from svc.policy.settings import PolicySettings
 
@@ -58,7 +60,10 @@ def _start(rt: UpRuntime) -> Iterator[PolicyServer]:
         data_dir=d,
         default_mode=rt.options.mode,
     )
-    service = PolicyService(settings, history=rt.history)
+    # Dry runs read the directory as the decision point does (docs/policy.md#dry-runs); the
+    # context service starts after this one, and is first asked at the first dry run.
+    directory = DirectoryClient(rt.url("context"), rt.token(Role.POLICY, "context", 600))
+    service = PolicyService(settings, history=rt.history, directory=directory)
     try:
         files = _bundle_files(rt.bundle_dir)
         active = service.get_active()
@@ -100,7 +105,11 @@ def _processes(t: TopologyRuntime) -> list[Process]:
         str(t.secrets / "policy-signing.key"),
         *history,
     ]
-    return [Process("policy", svc_command(*argv), t.port("policy"), t.auth_env("policy"))]
+    env = t.auth_env("policy") | {
+        "SVC_POLICY_CONTEXT_URL": t.url("context"),
+        "SVC_POLICY_CONTEXT_TOKEN_FILE": str(t.token_file(Role.POLICY)),
+    }
+    return [Process("policy", svc_command(*argv), t.port("policy"), env)]
 
 
 def publish_first_bundle(t: TopologyRuntime) -> None:

@@ -33,7 +33,10 @@ from sqlmodel import Session, col, select
 from svc._pdp_core import BundleError, Engine, RequestError
 from svc.common.errors import ServiceError, Subscribers, Violation
 from svc.common.files import private_sqlite
+from svc.common.limits import bounded
 from svc.policy import signing
+from svc.policy.directory import DirectoryClient, DirectoryError, bundle_uids, load_directory
+from svc.policy.directory import token_file as _token_file
 from svc.policy.migrate import migrate
 from svc.policy.models import (
     BreakGlassEvent,
@@ -197,7 +200,13 @@ class ChangedDecision:
 
 @dataclass
 class DryRunResult:
-    """Counts of verdict changes of recorded checks decided again under bundle ``version``."""
+    """Counts of verdict changes of recorded checks decided again under bundle ``version``.
+
+    ``entities`` says what the checks were decided with: ``directory`` (the bundle's entities
+    plus the context service's principals snapshot at ``directory_version`` and the resources
+    the records name) or ``bundle`` (the bundle's own entities alone: no context service
+    configured, or it did not answer); ``notes`` say what was left out and why.
+    """
 
     version: int
     decisions: int = 0
@@ -210,6 +219,9 @@ class DryRunResult:
     sample: list[ChangedDecision] = field(default_factory=list)
     truncated: bool = False
     tests: TestRun | None = None
+    entities: str = "bundle"
+    directory_version: int = 0
+    notes: list[str] = field(default_factory=list)
 
 
 def _now() -> datetime:
@@ -320,6 +332,8 @@ class PolicyService:
         history: a connected history client (``svc.history.connect``) for dry runs, used
             instead of ``settings.history_dsn``: ``svc up``, whose process already holds the
             one chDB engine a process may have.
+        directory: the context service dry runs decide with (``svc.policy.directory``), used
+            instead of ``settings.context_url``: ``svc up``, whose tokens are minted.
 
     On construction the database is migrated (``svc.policy.migrate``) and the signing key is
     read, or made at ``settings.signing_key_path`` when that file does not exist; an active
@@ -337,10 +351,17 @@ class PolicyService:
         db: SqlEngine | None = None,
         clock: Callable[[], float] = time.time,
         history: HistoryClient | None = None,
+        directory: DirectoryClient | None = None,
     ) -> None:
         self.settings = settings
         self.clock = clock
         self._history = history
+        if directory is None and settings.context_url:
+            tf = settings.context_token_file
+            directory = DirectoryClient(
+                settings.context_url, _token_file(tf) if tf else lambda: None
+            )
+        self.directory = directory
         if db is None:
             connect_args = (
                 {"check_same_thread": False} if settings.database_url.startswith("sqlite") else {}
@@ -881,9 +902,13 @@ class PolicyService:
 
         The records come from the history (``settings.history_dsn``,
         ``svc.history.decisions_between``). Each is decided again from what it recorded
-        (principal, action, resource, ``on_behalf_of``) with the bundle's own entities; the
-        context the caller sent is not recorded, so a policy reading caller-sent context sees
-        none (docs/policy.md#dry-runs).
+        (principal, action, resource, ``on_behalf_of``) as the decision point decides it: with
+        the bundle's entities plus the context service's directory, one principals snapshot
+        for the whole run and the resources the records name, read by id
+        (``svc.policy.directory.load_directory``). Without a context service, or when it does
+        not answer, the bundle's own entities alone (``entities == "bundle"``, with a note);
+        the dry run never fails for it. The context the caller sent is not recorded, so a
+        policy reading caller-sent context sees none (docs/policy.md#dry-runs).
 
         Returns:
             Counts of verdict changes and up to ``sample`` changed decisions, oldest first,
@@ -922,7 +947,9 @@ class PolicyService:
             log.error("dry run: the history store failed: %s", e)
             raise PolicyError("unavailable", "the history store does not answer") from None
         out = DryRunResult(version=version, truncated=len(records) > limit, tests=tests)
-        for rec in records[:limit]:
+        records = records[:limit]
+        self._with_directory(engine, bundle.files, records, out)
+        for rec in records:
             recorded = rec.get("verdict") or ""
             request: dict[str, Any] = {
                 "principal": rec["principal"],
@@ -964,6 +991,50 @@ class PolicyService:
                     )
                 )
         return out
+
+    def _with_directory(
+        self,
+        engine: Engine,
+        files: Mapping[str, str],
+        records: Sequence[Mapping[str, Any]],
+        out: DryRunResult,
+    ) -> None:
+        """Loads the directory into `engine` for a dry run; sets ``out.entities`` and notes."""
+        if self.directory is None:
+            out.notes.append(
+                "no context service is configured (`context_url`): decided with the bundle's "
+                "own entities, so policies on people's groups or attributes see none"
+            )
+            return
+        try:
+            loaded = load_directory(
+                engine,
+                self.directory,
+                records,
+                self.settings.dry_run_max_resources,
+                bundle_uids(files),
+            )
+        except DirectoryError as e:
+            log.warning("dry run: the context service did not answer: %s", e)
+            out.notes.append(
+                f"the context service did not answer ({bounded(str(e), 200)}): decided with "
+                "the bundle's own entities, so policies on people's groups or attributes see none"
+            )
+            return
+        out.entities = "directory"
+        out.directory_version = loaded.version
+        out.notes += loaded.notes
+        log.info(
+            "dry run of %d records: directory at version %d (%d entities, %d service accounts, "
+            "%d risk scores, %d of %d resources)",
+            len(records),
+            loaded.version,
+            loaded.entities,
+            loaded.service_accounts,
+            loaded.risk_scores,
+            loaded.resources,
+            loaded.wanted,
+        )
 
     # -- policy tests
 
@@ -1103,8 +1174,10 @@ class PolicyService:
         return self.active_version(), e.mode, e.containment_mode
 
     def close(self) -> None:
-        """Releases the database connections."""
+        """Releases the database connections (and the context service's client)."""
         self.db.dispose()
+        if self.directory is not None:
+            self.directory.close()
 
 
 def _limit(limit: int) -> int:

@@ -60,6 +60,15 @@ class PolicySettings(ServiceSettings, component="policy"):
     history_dsn: str | None = None
     """The history store of dry runs (``chdb:///dir`` or ``http(s)://host:port/db``,
     docs/history.md#engines-and-dsns); unset: ``DryRun`` answers UNAVAILABLE."""
+    context_url: str | None = None
+    """The context service dry runs read the directory from (``GET /v1/principals``, resources
+    by id; docs/policy.md#dry-runs); unset: dry runs decide with the bundle's own entities."""
+    context_token_file: Path | None = None
+    """Bearer token for the context service (audience ``svc-context``, the ``policy`` role),
+    read at each call."""
+    dry_run_max_resources: int = Field(default=20_000, ge=0, le=1_000_000)
+    """Most distinct resources a dry run reads from the context service (in batches of 500);
+    the checks of the rest are decided without their records, and the answer says so."""
     max_bundle_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     """Largest total size of a draft's files."""
 

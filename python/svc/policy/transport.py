@@ -402,6 +402,9 @@ class _Handlers(ServiceHandlers):
                 for c in r.sample
             ],
             tests=tests_message(r.tests) if r.tests is not None else None,
+            entities=r.entities,
+            directory_version=r.directory_version,
+            notes=r.notes,
         )
 
     async def WatchActive(

@@ -204,7 +204,9 @@ def _raw_counts(db: Client, start: datetime, end: datetime) -> tuple[int, int, i
     return int(n_d), int(n_deny), int(n_e.result_rows[0][0])
 
 
-def test_the_rollups_equal_a_raw_count_through_late_rows_and_retention(settled: Client) -> None:
+def test_the_rollups_equal_a_raw_count_through_late_rows_and_retention(
+    settled: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
     db = settled
     start, end = datetime(2026, 11, 1, tzinfo=UTC), datetime(2026, 11, 23, tzinfo=UTC)
 
@@ -258,6 +260,9 @@ def test_the_rollups_equal_a_raw_count_through_late_rows_and_retention(settled: 
     assert hourly.settle(db, margin=0).marked >= 1
     assert hour_of_late in _rollup_read(db, start, end)
     assert same() == after_late
+    with monkeypatch.context() as m:  # more tied candidates than read by key: all by name
+        m.setattr(hourly, "MAX_CANDIDATES", 0)
+        assert same() == after_late
     assert same("day") == queries.decision_stats_raw(db, start, end, "day", top=10)
 
     # Retention drops the old row's day from the raw tables and the rollups alike.

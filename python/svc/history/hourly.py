@@ -45,7 +45,7 @@ from svc.history.schema import (
     hourly_rebuild_statements,
 )
 
-__all__ = ["SETTLE_MARGIN", "STATS_KEYS", "Settled", "read_stats", "settle"]
+__all__ = ["MAX_CANDIDATES", "SETTLE_MARGIN", "STATS_KEYS", "Settled", "read_stats", "settle"]
 
 log = logging.getLogger("svc.history.hourly")
 
@@ -64,6 +64,10 @@ STATS_KEYS: tuple[str, ...] = (
     "plans",
     "events",
 )
+
+#: Most candidate groups a ranking reads the names of (the top's ties included); past that
+#: it reads the names of every group.
+MAX_CANDIDATES = 10_000
 
 _HOUR_MS = 3_600_000
 _DAY_MS = 24 * _HOUR_MS
@@ -370,7 +374,7 @@ def read_stats(
     def ranking(table: str, prefix: str, denied: str) -> list[dict[str, Any]]:
         if top == 0:
             return []
-        # Two steps in one query. The counts are summed by ``key``, the 64-bit hash of
+        # Two steps. The counts are summed by ``key``, the 64-bit hash of
         # (type, id), reading integers only; the groups as large as the `top`-th (ties
         # included) are the candidates, and only their rows are read again with the names to
         # order them by count, then type and id. A group returned holding two names (a hash
@@ -380,6 +384,7 @@ def read_stats(
         cols = f"{prefix}_type, {prefix}_id, verdict, outcome"
 
         def rows(names: bool, among: str = "") -> str:
+            # among: an expression of the keys to keep (empty: every key)
             parts = []
             if rolled:
                 parts.append(
@@ -397,15 +402,21 @@ def read_stats(
                 )
             return " UNION ALL ".join(parts)
 
-        candidates = (
-            f"SELECT g FROM (SELECT g, sum(n) AS c FROM ({rows(False)}) GROUP BY g "
-            "ORDER BY c DESC LIMIT {n:UInt32} WITH TIES)"
-        )
+        candidates = [
+            int(g)
+            for (g,) in client.query(
+                f"SELECT g FROM (SELECT g, sum(n) AS c FROM ({rows(False)}) GROUP BY g "
+                f"ORDER BY c DESC LIMIT {{n:UInt32}} WITH TIES) LIMIT {MAX_CANDIDATES + 1}",
+                parameters=params,
+            ).result_rows
+        ]
+        # More ties than that (counts of 1 everywhere, say): every group with its names.
+        among = "{ks:Array(UInt64)}" if len(candidates) <= MAX_CANDIDATES else ""
         top_rows = client.query(
             "SELECT sum(n) AS c, any(t) AS name_t, any(i) AS name_i, uniqExact(t, i) "
-            f"FROM ({rows(True, candidates)}) GROUP BY g ORDER BY c DESC, name_t, name_i "
+            f"FROM ({rows(True, among)}) GROUP BY g ORDER BY c DESC, name_t, name_i "
             "LIMIT {n:UInt32}",
-            parameters=params,
+            parameters={**params, "ks": candidates},
         ).result_rows
         if any(int(row[3]) > 1 for row in top_rows):
             log.warning("history stats: a hash clash among the most denied; ranking by name")

@@ -845,8 +845,12 @@ def test_a_decision_saved_as_a_test_guards_a_publish(world: World, browser: Brow
         shot(page, "policy-tests" + suffix)
     page.set_viewport_size({"width": WIDTHS["wide"][0], "height": WIDTHS["wide"][1]})
 
-    # The publish confirmation names the failing test; publishing needs it accepted.
+    # The draft's dry run decides the tests too; the publish confirmation names the failing
+    # test, and publishing needs it accepted.
     page.goto(f"{world.portal.url}/policies/{draft}")
+    page.locator("section[aria-labelledby=dry-h] button[type=submit]").click()
+    page.wait_for_selector(f"#dry-run-tests:has-text('failed under v{draft}')")
+    assert "auditors-blocked" in page.locator("#dry-run-tests").inner_text()
     page.click(f"button:has-text('Publish v{draft}')")
     page.wait_for_selector("#publish-tests:has-text('1 policy test fails')")
     assert "auditors see decisions" in page.locator("#publish-tests").inner_text()

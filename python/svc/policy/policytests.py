@@ -37,6 +37,7 @@ __all__ = [
     "check_test",
     "decide_test",
     "run_tests",
+    "whole_numbers",
 ]
 
 #: The verdicts a test may expect.
@@ -116,6 +117,22 @@ class TestRun:
     def failed(self) -> list[TestResult]:
         """The tests that did not (a verdict other than expected, or ``error``)."""
         return [r for r in self.results if not r.passed]
+
+
+def whole_numbers(value: Any) -> Any:
+    """JSON `value` with every whole float as an int, recursively.
+
+    ``google.protobuf.Struct`` keeps every number as a double; Cedar has no floats, so a whole
+    number read back from a ``Struct`` (an entity attribute, a context field) is a ``Long``,
+    as the decision point's gRPC API reads them (docs/api.md).
+    """
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: whole_numbers(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [whole_numbers(v) for v in value]
+    return value
 
 
 def _ident(value: Any, where: str, bad: list[Violation], *, required: bool = True) -> None:

@@ -30,6 +30,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from svc.common.auth import Verifier, author_of
 from svc.common.connect import ServiceApp, ServiceHandlers, status_error, timestamp
 from svc.policy import service as svc_service
+from svc.policy.policytests import whole_numbers
 from svc.policy.service import BundleInfo, PolicyError, PolicyService
 from svc.policy.v1 import policy_pb2 as pb
 from svc.policy.wire import mode_name, mode_value
@@ -111,17 +112,6 @@ def _fallback(f: svc_service.OutageFallback) -> pb.OutageFallback:
         updated_at=timestamp(f.updated_at),
         reason=f.reason,
     )
-
-
-def _whole(value: Any) -> Any:
-    """A Struct's JSON with whole numbers as ints (Struct keeps every number as a double)."""
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, dict):
-        return {k: _whole(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_whole(v) for v in value]
-    return value
 
 
 def _struct(value: Mapping[str, Any]) -> struct_pb2.Struct:
@@ -251,11 +241,11 @@ class _Handlers(ServiceHandlers):
             "principal": _ref_dict(t.request.principal),
             "action": t.request.action,
             "resource": _ref_dict(t.request.resource),
-            "context": _whole(json_format.MessageToDict(t.request.context)),
+            "context": whole_numbers(json_format.MessageToDict(t.request.context)),
         }
         if t.request.HasField("on_behalf_of"):
             request["on_behalf_of"] = _ref_dict(t.request.on_behalf_of)
-        entities = [_whole(json_format.MessageToDict(e)) for e in t.entities]
+        entities = [whole_numbers(json_format.MessageToDict(e)) for e in t.entities]
         contained = [_ref_dict(c) for c in t.contained]
         scores = [{"principal": _ref_dict(r.principal), "score": r.score} for r in t.risk_scores]
         saved_by = author_of(req.author)

@@ -47,6 +47,7 @@ from strawberry.scalars import JSON
 from strawberry.types import Info
 
 from svc.common.problems import Problem
+from svc.policy.policytests import whole_numbers
 from svc.portal.assistant import Assistant
 from svc.portal.service import AREAS, Denied, PortalService
 from svc.portal.sessions import Session
@@ -722,8 +723,8 @@ def _policy_test(m: Any) -> PolicyTest:
         on_behalf_of=_ref({"type": r.on_behalf_of.type, "id": r.on_behalf_of.id})
         if r.HasField("on_behalf_of")
         else None,
-        context=json_format.MessageToDict(r.context),
-        entities=cast(JSON, [json_format.MessageToDict(e) for e in m.entities]),
+        context=whole_numbers(json_format.MessageToDict(r.context)),
+        entities=cast(JSON, [whole_numbers(json_format.MessageToDict(e)) for e in m.entities]),
         contained=[EntityRef(type=c.type, id=c.id) for c in m.contained],
         expect=m.expect,
         saved_by=m.saved_by,

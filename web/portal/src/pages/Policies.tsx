@@ -488,9 +488,7 @@ function DryRunSample({ sample, changed }: { sample: Changed[]; changed: number 
         {sample.length < changed
           ? `The first ${sample.length.toLocaleString()} of ${changed.toLocaleString()} changed decisions`
           : `All ${changed.toLocaleString()} changed decisions`}
-        , oldest first; each principal with up to three of its decisions. Each recorded check is decided again with
-        the bundle's own entities: a policy that reads a principal's groups or attributes from the directory sees
-        none of them (docs/policy.md#dry-runs).
+        , oldest first; each principal with up to three of its decisions.
       </p>
       {[...groups.entries()]
         .sort((a, b) => count(b[1]) - count(a[1]))

@@ -202,3 +202,65 @@ def test_migrate_is_idempotent_and_names_the_revision(tmp_path: Path) -> None:
         assert current_revision(engine) == HEAD
     finally:
         engine.dispose()
+
+
+def test_cli_policy_tests_guard_a_publish(service: tuple[str, Path], tmp_path: Path) -> None:
+    """docs/policy.md#policy-tests from the command line: list, run under a version, publish
+    refused while a test fails and allowed with it accepted, delete."""
+    import grpc
+    from google.protobuf import struct_pb2
+
+    from svc.policy.v1 import policy_pb2 as pb
+    from svc.policy.v1 import policy_pb2_grpc as pb_grpc
+
+    url, _ = service
+    for n, files in ((1, PUBLIC_ONLY), (2, CLOSED_ONLY)):
+        d = svc("draft", str(write_bundle(tmp_path / f"b{n}", files)), "--url", url)
+        assert d.returncode == 0, d.stderr
+    first = svc("publish", "1", "--url", url, "--author", "ana")
+    assert first.returncode == 0 and "tests under version 1: 0 passed, 0 failed" in first.stdout
+    entity = struct_pb2.Struct()
+    entity.update({"uid": {"type": "Doc", "id": "open"}, "attrs": {"public": True}, "parents": []})
+    with grpc.insecure_channel(url) as channel:
+        stub = pb_grpc.PolicyServiceStub(channel)  # type: ignore[no-untyped-call]
+        stub.SaveTest(
+            pb.SaveTestRequest(
+                author="ana",
+                test=pb.PolicyTest(
+                    name="open stays open",
+                    expect="allow",
+                    entities=[entity],
+                    request=pb.TestRequest(
+                        principal=pb.EntityRef(type="User", id="alice"),
+                        action="view",
+                        resource=pb.EntityRef(type="Doc", id="open"),
+                    ),
+                ),
+            )
+        )
+    listed = svc("tests", "--url", url)
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.startswith("open stays open: User::alice view Doc::open expects allow")
+    assert "saved by ana" in listed.stdout
+    ok = svc("tests", "--run", "0", "--url", url)
+    assert ok.returncode == 0 and "tests under version 1: 1 passed, 0 failed" in ok.stdout
+    failing = svc("tests", "--run", "2", "--url", url)
+    assert failing.returncode == 1
+    assert "  FAILED open stays open: expected allow, got deny" in failing.stdout
+
+    refused = svc("publish", "2", "--url", url, "--author", "ana")
+    assert refused.returncode == 1 and "FAILED_PRECONDITION" in refused.stderr
+    assert "  tests[open stays open]: expected allow, got deny" in refused.stderr
+    accepted = svc(
+        "publish", "2", "--url", url, "--author", "ana",
+        "--accept-failing-test", "open stays open",
+    )  # fmt: skip
+    assert accepted.returncode == 0, accepted.stderr
+    assert "version 2  active" in accepted.stdout
+    assert "tests under version 2: 0 passed, 1 failed" in accepted.stdout
+
+    gone = svc("test-delete", "open stays open", "--url", url, "--author", "ana")
+    assert gone.returncode == 0 and gone.stdout.strip() == "deleted open stays open"
+    assert svc("tests", "--url", url).stdout == ""
+    again = svc("test-delete", "open stays open", "--url", url)
+    assert again.returncode == 1 and "NOT_FOUND" in again.stderr

@@ -234,16 +234,85 @@ def draft(
     _print_bundle(r.bundle)
 
 
+def _print_tests(run: pb.TestRun) -> None:
+    """A test run: its counts, then each failing test with what it expected and got."""
+    typer.echo(f"tests under version {run.version}: {run.passed} passed, {run.failed} failed")
+    for r in run.results:
+        if r.passed:
+            continue
+        by = f" (by {', '.join(r.policies)})" if r.policies else ""
+        why = f": {r.error}" if r.error else ""
+        typer.echo(f"  FAILED {r.name}: expected {r.expected}, got {r.got}{by}{why}")
+        for note in r.notes:
+            typer.echo(f"    note: {note}")
+
+
 @app.command()
 def publish(
     version: Annotated[int, typer.Argument(help="The draft's version.")],
     url: UrlOpt = "127.0.0.1:8080",
     token: TokenOpt = None,
     author: AuthorOpt = "",
+    accept_failing_test: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="A policy test that fails under VERSION and that you accept (repeat for each; "
+            "recorded with the publish, docs/policy.md#policy-tests)."
+        ),
+    ] = None,
 ) -> None:
-    """Sign a draft and make it the active bundle."""
-    r = _Client(url, token)("Publish", pb.PublishRequest(version=version, author=_author(author)))
+    """Sign a draft and make it the active bundle, once its policy tests pass."""
+    req = pb.PublishRequest(
+        version=version, author=_author(author), accept_failing_tests=accept_failing_test or []
+    )
+    r = _Client(url, token)("Publish", req)
     _print_bundle(r.bundle)
+    if r.HasField("tests"):
+        _print_tests(r.tests)
+
+
+@app.command()
+def tests(
+    url: UrlOpt = "127.0.0.1:8080",
+    token: TokenOpt = None,
+    run: Annotated[
+        int | None,
+        typer.Option(help="Decide every test under this bundle version (0: the active one)."),
+    ] = None,
+) -> None:
+    """List the saved policy tests, or decide them under a version (docs/policy.md#policy-tests).
+
+    Exits 1 when a test fails under ``--run``.
+    """
+    client = _Client(url, token)
+    if run is not None:
+        out = client("RunTests", pb.RunTestsRequest(version=run)).tests
+        _print_tests(out)
+        if out.failed:
+            raise typer.Exit(1)
+        return
+    for t in client("ListTests", pb.ListTestsRequest()).tests:
+        q = t.request
+        obo = ""
+        if q.HasField("on_behalf_of"):
+            obo = f" for {q.on_behalf_of.type}::{q.on_behalf_of.id}"
+        typer.echo(
+            f"{t.name}: {q.principal.type}::{q.principal.id} {q.action} "
+            f"{q.resource.type}::{q.resource.id}{obo} expects {t.expect}  "
+            f"saved by {t.saved_by} {_when(t.created_at)}"
+        )
+
+
+@app.command("test-delete")
+def test_delete(
+    name: Annotated[str, typer.Argument(help="The policy test's name.")],
+    url: UrlOpt = "127.0.0.1:8080",
+    token: TokenOpt = None,
+    author: AuthorOpt = "",
+) -> None:
+    """Delete a saved policy test."""
+    _Client(url, token)("DeleteTest", pb.DeleteTestRequest(name=name, author=_author(author)))
+    typer.echo(f"deleted {name}")
 
 
 @app.command()

@@ -303,13 +303,11 @@ def test_a_security_admin_explains_a_decision_and_contains_a_person(
     )
     assert r.status_code == 200, r.text
     agent = {"type": "ServiceAccount", "id": "copilot.web"}
+    area = {"type": "PortalArea", "id": "decisions"}
+    ana = {"type": "Human", "id": "ana"}
     viewed = until(
         "the agent registered",
-        lambda: (
-            (d := world.check(agent, "view", {"type": "PortalArea", "id": "decisions"}))["verdict"]
-            == "allow"
-            and d
-        ),
+        lambda: (d := world.check(agent, "view", area, ana))["verdict"] == "allow" and d,
     )
 
     def explained() -> bool:
@@ -321,6 +319,10 @@ def test_a_security_admin_explains_a_decision_and_contains_a_person(
     read = page.locator(".reads li:has(code:text-is('principal.ai'))")
     assert "principal.ai: true now, from the directory" in read.inner_text(), read.inner_text()
     assert "line 3" in read.inner_text()
+    # It acted for ana: her own check is explained beside it, by her policy.
+    parts = page.locator("section[aria-labelledby=parts-h]")
+    assert parts.locator("h3 code:text-is('portal-security-team-administers')").count() == 1
+    assert "allow" in parts.locator(".side > div").nth(1).inner_text()
     for w, h in (WIDTHS["narrow"], WIDTHS["wide"]):
         page.set_viewport_size({"width": w, "height": h})
         assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")

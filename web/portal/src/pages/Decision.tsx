@@ -7,7 +7,7 @@ import { Link, useParams } from "react-router-dom";
 import { gql } from "../api";
 import { CedarSource } from "../cedar";
 import { graphql } from "../gql";
-import type { ExplainQuery } from "../gql/graphql";
+import type { DecidingPolicyPartsFragment } from "../gql/graphql";
 import "../decision.css";
 import { Empty, ErrorBox, Guarded, Loading, Principal, Time, Verdict, useAccess, useTitle } from "../ui";
 
@@ -37,13 +37,18 @@ const Explain = graphql(`
         pdp
         onBehalfOfOutcome
       }
-      policies {
-        name file text effect startLine endLine entities
-        reads { path read has lines status value source asOf note }
-      }
+      policies { ...DecidingPolicyParts }
+      personPolicies { ...DecidingPolicyParts }
       challenge { qid state kinds satisfied approver decidedBy reason justification createdAt expiresAt }
       events { ingestId at system action resource { type id } outcome tool }
     }
+  }
+`);
+
+graphql(`
+  fragment DecidingPolicyParts on DecidingPolicy {
+    name file text effect startLine endLine entities
+    reads { path read has lines status value source asOf note }
   }
 `);
 
@@ -80,7 +85,12 @@ export function DecisionPage() {
       </>
     );
   const d = x.decision;
-  const agentPart = d.onBehalfOf ? d.onBehalfOfOutcome : null;
+  // The person's own verdict, challenges and policies (docs/decisions.md#an-agent-acting-for-a-person).
+  const personPart = (d.onBehalfOf ? d.onBehalfOfOutcome : null) as {
+    verdict?: string;
+    challenges?: string[];
+    policies?: string[];
+  } | null;
   return (
     <>
       <h1>
@@ -126,24 +136,7 @@ export function DecisionPage() {
             {d.policies.length > 0 && <> ({d.policies.join(", ")})</>}.
           </Empty>
         )}
-        {x.policies.map((p) => (
-          <div key={p.name} className="policy">
-            <h3>
-              <code>{p.name}</code>
-              {p.file && <span className="muted"> in {p.file}</span>}
-            </h3>
-            {p.text ? (
-              <CedarSource
-                text={p.text}
-                label={`Source of ${p.name}`}
-                marked={new Set(p.text.split("\n").map((_, i) => i + 1))}
-              />
-            ) : (
-              <Empty>Not in the active bundle any more (it was changed since).</Empty>
-            )}
-            {p.text && <PolicyReads p={p} />}
-          </div>
-        ))}
+        <DecidingPolicies policies={x.policies} part="agent" />
       </section>
       {d.onBehalfOf && (
         <section aria-labelledby="parts-h">
@@ -157,9 +150,18 @@ export function DecisionPage() {
             <div>
               <h3>Person</h3>
               <p><Principal p={d.onBehalfOf} /></p>
-              <pre className="json">{JSON.stringify(agentPart, null, 2)}</pre>
+              <p>
+                <Verdict v={personPart?.verdict ?? null} /> {(personPart?.policies ?? []).join(", ")}
+                {(personPart?.challenges ?? []).length > 0 && <> (needs {personPart?.challenges?.join(", ")})</>}
+              </p>
             </div>
           </div>
+          <h3>The person's own check</h3>
+          {x.personPolicies.length === 0 ? (
+            <Empty>No policy decided the person's check: nothing permitted it, or a built-in verdict came first.</Empty>
+          ) : (
+            <DecidingPolicies policies={x.personPolicies} part="person" />
+          )}
         </section>
       )}
       <section aria-labelledby="ch-h">
@@ -312,8 +314,36 @@ function SaveAsTestPanel({ qid, verdict, suggested }: { qid: string; verdict: st
   );
 }
 
-type DecidingPolicy = NonNullable<ExplainQuery["explainDecision"]>["policies"][number];
+type DecidingPolicy = DecidingPolicyPartsFragment;
 type Read = DecidingPolicy["reads"][number];
+
+/** The deciding policies of one principal's check, each in its source with what it read. */
+function DecidingPolicies({ policies, part }: { policies: readonly DecidingPolicy[]; part: string }) {
+  return (
+    <>
+      {policies.map((p) => {
+        return (
+          <div key={p.name} className="policy">
+            <h3>
+              <code>{p.name}</code>
+              {p.file && <span className="muted"> in {p.file}</span>}
+            </h3>
+            {p.text ? (
+              <CedarSource
+                text={p.text}
+                label={`Source of ${p.name}`}
+                marked={new Set(p.text.split("\n").map((_, i) => i + 1))}
+              />
+            ) : (
+              <Empty>Not in the active bundle any more (it was changed since).</Empty>
+            )}
+            {p.text && <PolicyReads p={p} part={part} />}
+          </div>
+        );
+      })}
+    </>
+  );
+}
 
 /** A value as Cedar writes it: an entity `Type::"id"`, a string quoted, the rest as JSON. */
 function cedarValue(v: unknown): string {
@@ -352,8 +382,8 @@ function ReadValue({ r }: { r: Read }) {
 
 /** Under a deciding policy's source: the attribute paths it read with their values, then the
  * entity literals it names. Lines are the policy's own, as numbered beside its source. */
-function PolicyReads({ p }: { p: DecidingPolicy }) {
-  const id = `reads-${p.name.replace(/[^A-Za-z0-9_-]/g, "_")}`;
+function PolicyReads({ p, part }: { p: DecidingPolicy; part: string }) {
+  const id = `reads-${part}-${p.name.replace(/[^A-Za-z0-9_-]/g, "_")}`;
   const first = p.startLine ?? 1;
   return (
     <div className="reads">

@@ -261,6 +261,17 @@ def _fallback(row: OutageFallbackRow) -> OutageFallback:
     return OutageFallback(row.tool, row.tier, row.author, utc(row.updated_at), row.reason)
 
 
+def _decide_tests(version: int, files: Mapping[str, str], tests: list[PolicyTest]) -> TestRun:
+    """`tests` decided under bundle `version`'s files (``policytests.run_tests``).
+
+    No engine is loaded when there are none: a publish or dry run of an install without tests
+    pays nothing for them.
+    """
+    if not tests:
+        return TestRun(version, [])
+    return run_tests(version, bundle_engine(files), tests)
+
+
 def _test(row: PolicyTestRow) -> PolicyTest:
     return PolicyTest(
         name=row.name,
@@ -935,7 +946,7 @@ class PolicyService:
             )
         bundle = self.get_bundle(version)
         engine = bundle_engine(bundle.files)
-        tests = run_tests(version, bundle_engine(bundle.files), self.list_tests())
+        tests = _decide_tests(version, bundle.files, self.list_tests())
         from clickhouse_connect.driver.exceptions import ClickHouseError
 
         from svc import history
@@ -1164,7 +1175,7 @@ class PolicyService:
             bundle = active
         else:
             bundle = self.get_bundle(version)
-        return run_tests(bundle.version, bundle_engine(bundle.files), self.list_tests())
+        return _decide_tests(bundle.version, bundle.files, self.list_tests())
 
     def state(self) -> tuple[BundleInfo | None, Enforcement]:
         """The active bundle (with files) and the modes: what ``WatchActive`` sends."""

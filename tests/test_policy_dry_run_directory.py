@@ -1,7 +1,8 @@
 """Dry runs decide with the directory, as the decision point does (docs/policy.md#dry-runs).
 
 Real parts: a context service (``svc.context`` on a PostgreSQL schema of its own, served by
-uvicorn, people and groups provisioned over SCIM, resources over ``/v1/resources``), the
+uvicorn, people and groups provisioned over SCIM, resources over ``/v1/resources``, an AI
+agent acting for a person over ``/v1/service-accounts``), the
 history in chDB (the session's directory, ``chdb_root``, a database of this module's own), and
 the policy service over gRPC on PostgreSQL. The recorded checks are decided by the decision core
 with the directory's records, as a decision point following the context service holds them;
@@ -82,6 +83,10 @@ INTERNAL_DOCS = """@id("internal-documents")
 permit (principal is Human, action == Action::"read", resource is Document)
 when { resource has classification && resource.classification == "internal" };
 """
+AGENTS = """@id("ai-agents-read-documents")
+permit (principal is ServiceAccount, action == Action::"read", resource is Document)
+when { principal.ai };
+"""
 TOOLS = """@id("people-call-tools")
 permit (principal is Human, action == Action::"call", resource is Tool);
 """
@@ -98,10 +103,12 @@ def bundle(*policies: str) -> dict[str, str]:
 
 
 AREAS = ("policies", "decisions")
-ACTIVE = bundle(INACTIVE, SECURITY, AUDITORS, PUBLIC_DOCS)
+ACTIVE = bundle(INACTIVE, SECURITY, AUDITORS, PUBLIC_DOCS, AGENTS)
 #: People provisioned: user name -> groups; `gus` is deactivated.
 PEOPLE = {"ana": ["security-team"], "bo": ["auditors"], "cy": [], "gus": ["security-team"]}
 DOCS = {"memo": "public", "plan": "internal", "vault": "secret"}
+#: A registered AI agent acting for ana (a service account of the directory).
+AGENT = "copilot.ana"
 
 
 def _checks() -> list[dict[str, Any]]:
@@ -121,6 +128,15 @@ def _checks() -> list[dict[str, Any]]:
         for doc in DOCS:
             r = {"type": "Document", "id": doc}
             out.append({"principal": p, "action": "read", "resource": r})
+    for doc in DOCS:
+        out.append(
+            {
+                "principal": {"type": "ServiceAccount", "id": AGENT},
+                "action": "read",
+                "resource": {"type": "Document", "id": doc},
+                "on_behalf_of": {"type": "Human", "id": "ana"},
+            }
+        )
     return out
 
 
@@ -142,6 +158,9 @@ class World:
         engine.upsert_entities(
             [p["value"] for p in snap["principals"] if p["kind"] in ("Human", "Group")]
         )
+        engine.register_service_accounts(
+            [p["value"] for p in snap["principals"] if p["kind"] == "ServiceAccount"]
+        )
         refs = [{"type": "Document", "id": d} for d in DOCS]
         engine.upsert_entities(
             self.live.http.post("/v1/resources/get", json={"resources": refs}).json()["resources"]
@@ -153,7 +172,8 @@ class World:
             rec = engine.decide(check)
             key = (check["principal"]["id"], check["action"], check["resource"]["id"])
             self.recorded[key] = rec["verdict"]
-            rows.append(("d", 0, i, f"Human::{key[0]}".encode(), json.dumps(rec).encode()))
+            who = f"{check['principal']['type']}::{key[0]}"
+            rows.append(("d", 0, i, who.encode(), json.dumps(rec).encode()))
         history.store(client, "decisions", rows)
 
     def server(self, context_url: str | None) -> PolicyServer:
@@ -221,6 +241,9 @@ def world(
         ]
         r = live.http.post("/v1/resources", json={"resources": docs})
         assert r.status_code == 200, r.text
+        agent = {"id": AGENT, "owner": "ana", "ai": True}
+        r = live.http.post("/v1/service-accounts", json={"service_accounts": [agent]})
+        assert r.status_code == 200, r.text
         w = World(live, f"{chdb_root}?database=dryrun_{uuid.uuid4().hex[:8]}", pg, tmp)
         w.record()
         yield w
@@ -252,12 +275,14 @@ def test_the_recorded_checks_came_from_the_directory(world: World) -> None:
     assert got[("gus", "view", "policies")] == "deny"  # security-team, but deactivated
     assert got[("cy", "read", "memo")] == "allow"  # public, by the context service's record
     assert got[("cy", "read", "plan")] == "deny"
+    assert got[(AGENT, "read", "memo")] == "allow"  # registered, ai; ana may read it
+    assert got[(AGENT, "read", "plan")] == "deny"  # ana may not: both are checked
 
 
 def test_a_draft_leaving_group_policies_alone_changes_nothing(
     world: World, stub: pb_grpc.PolicyServiceStub
 ) -> None:
-    r = dry_run(stub, bundle(INACTIVE, SECURITY, AUDITORS, PUBLIC_DOCS, TOOLS))
+    r = dry_run(stub, bundle(INACTIVE, SECURITY, AUDITORS, PUBLIC_DOCS, AGENTS, TOOLS))
     assert r.entities == "directory"
     assert r.directory_version > 0
     assert list(r.notes) == []
@@ -268,12 +293,13 @@ def test_a_draft_leaving_group_policies_alone_changes_nothing(
 
 
 def test_the_same_draft_with_the_bundle_alone_flips_every_group_grant(world: World) -> None:
-    """The defect: without the directory, access from groups and documents' attributes is lost."""
+    """The defect: without the directory, access from groups, documents' attributes and agents'
+    registrations is lost."""
     srv = world.server(None)
     try:
         with grpc.insecure_channel(srv.target) as channel:
             stub = pb_grpc.PolicyServiceStub(channel)  # type: ignore[no-untyped-call]
-            r = dry_run(stub, bundle(INACTIVE, SECURITY, AUDITORS, PUBLIC_DOCS, TOOLS))
+            r = dry_run(stub, bundle(INACTIVE, SECURITY, AUDITORS, PUBLIC_DOCS, AGENTS, TOOLS))
     finally:
         srv.stop()
         srv.service.close()
@@ -290,16 +316,18 @@ def test_a_draft_changing_group_and_resource_policies_shows_exactly_those(
     world: World, stub: pb_grpc.PolicyServiceStub
 ) -> None:
     # Drops the auditors' permit; adds internal documents (read from the context service).
-    r = dry_run(stub, bundle(INACTIVE, SECURITY, PUBLIC_DOCS, INTERNAL_DOCS))
+    r = dry_run(stub, bundle(INACTIVE, SECURITY, PUBLIC_DOCS, INTERNAL_DOCS, AGENTS))
     assert r.entities == "directory"
     expected = {("Human::bo", "view", f"PortalArea::{area}", "allow", "deny") for area in AREAS}
     expected |= {
         (f"Human::{p}", "read", "Document::plan", "deny", "allow") for p in ("ana", "bo", "cy")
     }
+    # The agent reads it for ana, who now may.
+    expected.add((f"ServiceAccount::{AGENT}", "read", "Document::plan", "deny", "allow"))
     assert changes(r) == expected
     assert r.allow_to_deny == 2
-    assert r.deny_to_allow == 3  # not gus: deactivated people stay denied
-    assert r.unchanged == r.decisions - 5
+    assert r.deny_to_allow == 4  # not gus: deactivated people stay denied
+    assert r.unchanged == r.decisions - 6
 
 
 def test_a_context_service_that_does_not_answer_leaves_the_bundle_and_a_note(
@@ -333,7 +361,7 @@ def test_resources_past_the_bound_are_named_in_a_note(world: World) -> None:
     )
     service = PolicyService(settings, db=world.pg)
     try:
-        v = service.create_draft(bundle(INACTIVE, SECURITY, AUDITORS, PUBLIC_DOCS), "ana").version
+        v = service.create_draft(ACTIVE, "ana").version
         r = service.dry_run(v, datetime.now(UTC) - timedelta(hours=1))
     finally:
         service.close()

@@ -883,3 +883,68 @@ def test_a_decision_saved_as_a_test_guards_a_publish(world: World, browser: Brow
     page.wait_for_selector("#policy-tests tr:has-text('auditors see decisions')", state="detached")
     assert not policy.list_tests()
     page.context.close()
+
+
+def test_live_the_queue_shows_a_new_challenge_without_a_reload(
+    world: World, browser: Browser
+) -> None:
+    """Live updates (docs/portal.md#live-updates): with the Challenges page open and following
+    its subscription (its status says so, politely), a challenge opened afterwards appears; and
+    a containment made elsewhere appears on the Containments page. Nothing reloads the page and
+    nothing polls while it is live (``refetchInterval`` is off then), so the rows can only have
+    come through the websocket."""
+    page = person(world, browser, "ana")
+    page.click("nav >> text=Challenges")
+    status = page.locator(".page-head [role=status]")
+    status.wait_for()
+    assert status.get_attribute("aria-live") == "polite"
+    page.wait_for_selector(".page-head .live-status.live:has-text('Live')")
+    page.wait_for_selector("section[aria-labelledby=q-h][aria-busy=false]")
+    marker = page.evaluate("() => { window.__sameDocument = true; return location.href; }")
+    r = world.context.http.post(
+        "/v1/service-accounts",
+        json={"service_accounts": [{"id": "copilot.live", "owner": "ana", "ai": True}]},
+    )
+    assert r.status_code == 200, r.text
+    agent = {"type": "ServiceAccount", "id": "copilot.live"}
+    doc = {"type": "Document", "id": "budget"}
+    opened = until(
+        "copilot.live registered and challenged",
+        lambda: (
+            (d := world.check(agent, "write", doc))["verdict"] == "challenge"
+            and d.get("challenge_qid")
+            and d
+        ),
+    )
+    card = page.locator(f"li.card[data-qid='{opened['challenge_qid']}']")
+    card.wait_for()
+    assert "copilot.live" in card.inner_text()
+    assert page.evaluate("() => window.__sameDocument === true && location.href") == marker
+    axe(page)
+    # A containment made by someone else shows on the Containments page as it happens.
+    page.click("nav >> text=Containments")
+    page.wait_for_selector(".page-head .live-status.live")
+    page.wait_for_selector("section[aria-labelledby=list-h] :is(table, .empty)")
+    manifest = json.loads((WEB_DIR / MANIFEST).read_text())
+
+    def run(name: str, variables: dict[str, Any]) -> None:
+        digest = next(h for h, t in manifest.items() if t.lstrip().startswith(f"mutation {name}"))
+        r = elsewhere.post(
+            "/graphql",
+            json={
+                "variables": variables,
+                "extensions": {"persistedQuery": {"version": 1, "sha256Hash": digest}},
+            },
+        )
+        assert r.status_code == 200 and not r.json().get("errors"), r.text
+
+    elsewhere = world.sign_in("ana")  # another browser of ana's
+    target = {"type": "Human", "id": "live-test"}
+    run("ContainOne", {"principal": target, "reason": "seen live"})
+    row = page.locator("tr:has(a[href='/principals/Human/live-test'])")
+    row.wait_for()
+    assert "seen live" in row.inner_text()
+    run("LiftOne", {"principal": target, "reason": "done"})
+    row.wait_for(state="detached")
+    elsewhere.close()
+    page.context.close()

@@ -5,6 +5,7 @@ import { Link } from "react-router-dom";
 import { gql } from "../api";
 import { graphql } from "../gql";
 import type { ChallengeState } from "../gql/graphql";
+import { LiveStatus, QueueLive, pollUnlessLive, useLiveQueries } from "../live";
 import { Empty, ErrorBox, Loading, Principal, Time, useAccess, useTitle } from "../ui";
 
 const List = graphql(`
@@ -45,11 +46,13 @@ export function ChallengesPage() {
   const [mine, setMine] = useState(!everyone);
   const [state, setState] = useState<ChallengeState>("PENDING");
   const client = useQueryClient();
-  // The queue refreshes itself every 5 s while the page is in view (new requests appear).
+  // The queue follows the challenges as they open and change (docs/portal.md#live-updates);
+  // while the socket is down it asks again every 5 s.
+  const live = useLiveQueries(QueueLive, { mine }, [["challenges"], ["ov-challenges"]], everyone || !!access.challenges?.own);
   const q = useQuery({
     queryKey: ["challenges", mine, state],
     queryFn: () => gql(List, { mine, state }),
-    refetchInterval: 5_000,
+    refetchInterval: pollUnlessLive(live),
   });
   const [reasons, setReasons] = useState<Record<string, string>>({});
   const m = useMutation({
@@ -59,7 +62,10 @@ export function ChallengesPage() {
   });
   return (
     <>
-      <h1>Challenges</h1>
+      <div className="page-head">
+        <h1>Challenges</h1>
+        <LiveStatus state={live} />
+      </div>
       <section aria-labelledby="f-h">
         <h2 id="f-h">Show</h2>
         <form className="inline" onSubmit={(e) => e.preventDefault()}>

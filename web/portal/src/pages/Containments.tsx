@@ -3,7 +3,8 @@ import { useMutation, useQuery, useQueryClient } from "@tanstack/react-query";
 import { useState, type FormEvent } from "react";
 import { gql } from "../api";
 import { graphql } from "../gql";
-import { Empty, ErrorBox, Guarded, Loading, Principal, Time, useTitle } from "../ui";
+import { ContainmentsLive, LiveStatus, pollUnlessLive, useLiveQueries } from "../live";
+import { Empty, ErrorBox, Guarded, Loading, Principal, Time, useAccess, useTitle } from "../ui";
 
 const List = graphql(`
   query AllContainments {
@@ -24,7 +25,10 @@ const LiftOne = graphql(`
 export function ContainmentsPage() {
   useTitle("Containments");
   const client = useQueryClient();
-  const q = useQuery({ queryKey: ["containments"], queryFn: () => gql(List) });
+  const { access } = useAccess();
+  // Each contain and lift, wherever it was made, refreshes the list (docs/portal.md#live-updates).
+  const live = useLiveQueries(ContainmentsLive, {}, [["containments"], ["containments-ov"]], !!access.containments?.view);
+  const q = useQuery({ queryKey: ["containments"], queryFn: () => gql(List), refetchInterval: pollUnlessLive(live) });
   const [type, setType] = useState("Human");
   const [id, setId] = useState("");
   const [reason, setReason] = useState("");
@@ -43,7 +47,10 @@ export function ContainmentsPage() {
   });
   return (
     <>
-      <h1>Containments</h1>
+      <div className="page-head">
+        <h1>Containments</h1>
+        <LiveStatus state={live} />
+      </div>
       <section aria-labelledby="new-h">
         <h2 id="new-h">Contain a principal</h2>
         <form

@@ -8,6 +8,7 @@ import { Link } from "react-router-dom";
 import { gql } from "../api";
 import { type Series, StackedBars, everyHour } from "../chart";
 import { graphql } from "../gql";
+import { ContainmentsLive, LiveStatus, QueueLive, pollUnlessLive, useLiveQueries } from "../live";
 import { Empty, ErrorBox, Loading, Principal, Time, useAccess, useTitle } from "../ui";
 
 const Stats = graphql(`
@@ -148,12 +149,23 @@ export function OverviewPage() {
   useTitle("Overview");
   const { access } = useAccess();
   const everyone = !!access.challenges?.view;
+  // Pending challenges and containments follow their subscriptions (docs/portal.md#live-updates).
+  const challengesLive = useLiveQueries(QueueLive, { mine: !everyone }, [["ov-challenges"]], everyone || !!access.challenges?.own);
+  const containmentsLive = useLiveQueries(ContainmentsLive, {}, [["containments-ov"]], !!access.containments?.view);
   const pending = useQuery({
     queryKey: ["ov-challenges", everyone],
     queryFn: () => gql(Pending, { mine: !everyone }),
     enabled: everyone || !!access.challenges?.own,
+    refetchInterval: pollUnlessLive(challengesLive),
   });
-  const contained = useQuery({ queryKey: ["containments-ov"], queryFn: () => gql(Contained), enabled: !!access.containments?.view });
+  const contained = useQuery({
+    queryKey: ["containments-ov"],
+    queryFn: () => gql(Contained),
+    enabled: !!access.containments?.view,
+    refetchInterval: pollUnlessLive(containmentsLive),
+  });
+  const follows = [challengesLive, containmentsLive].filter((s) => s !== "off");
+  const live = follows.find((s) => s !== "live") ?? follows[0];
   const risks = useQuery({ queryKey: ["ov-risks"], queryFn: () => gql(TopRisks), enabled: !!access.directory?.view });
   const state = useQuery({
     queryKey: ["ov-state"],
@@ -162,7 +174,10 @@ export function OverviewPage() {
   });
   return (
     <>
-      <h1>Overview</h1>
+      <div className="page-head">
+        <h1>Overview</h1>
+        {live && <LiveStatus state={live} />}
+      </div>
       <Card title="Decisions and intake" area="decisions">
         <Activity monitor={state.data?.enforcement.mode === "MONITOR"} />
         <p><Link to="/decisions">Search the decisions</Link></p>

@@ -948,3 +948,59 @@ def test_live_the_queue_shows_a_new_challenge_without_a_reload(
     row.wait_for(state="detached")
     elsewhere.close()
     page.context.close()
+
+
+def test_live_a_dropped_socket_falls_back_to_polling_and_reconnects(
+    world: World, browser: Browser
+) -> None:
+    """Live updates (docs/portal.md#live-updates): when the websocket drops (closed under the
+    page by Playwright's websocket routing, as a restarting proxy would), the queue says
+    "Reconnecting", a challenge opened meanwhile still appears (the page polls), and once the
+    portal can be reached again the page is live again and a new challenge arrives."""
+    page = person(world, browser, "ana")
+    reachable = {"yes": True}
+    open_sockets: list[Any] = []
+
+    def through(ws: Any) -> None:
+        if not reachable["yes"]:
+            ws.close(code=1012, reason="unreachable")
+            return
+        server = ws.connect_to_server()
+        open_sockets.append((ws, server))
+
+    page.route_web_socket(lambda url: url.endswith("/graphql"), through)
+    page.goto(world.portal.url + "/challenges")
+    page.wait_for_selector(".page-head .live-status.live")
+    assert open_sockets, "the page's socket did not go through the route"
+
+    def challenge(agent_id: str) -> str:
+        r = world.context.http.post(
+            "/v1/service-accounts",
+            json={"service_accounts": [{"id": agent_id, "owner": "ana", "ai": True}]},
+        )
+        assert r.status_code == 200, r.text
+        agent = {"type": "ServiceAccount", "id": agent_id}
+        doc = {"type": "Document", "id": "budget"}
+        d = until(
+            f"{agent_id} challenged",
+            lambda: (
+                (x := world.check(agent, "write", doc))["verdict"] == "challenge"
+                and x.get("challenge_qid")
+                and x
+            ),
+        )
+        return str(d["challenge_qid"])
+
+    reachable["yes"] = False
+    for ws, server in open_sockets:
+        ws.close(code=1012, reason="dropped")
+        server.close()
+    page.wait_for_selector(".page-head .live-status.reconnecting:has-text('Reconnecting')")
+    polled = challenge("copilot.polled")
+    page.locator(f"li.card[data-qid='{polled}']").wait_for()
+    assert page.locator(".page-head .live-status.reconnecting").count() == 1
+    reachable["yes"] = True
+    page.wait_for_selector(".page-head .live-status.live:has-text('Live')")
+    pushed = challenge("copilot.pushed")
+    page.locator(f"li.card[data-qid='{pushed}']").wait_for()
+    page.context.close()

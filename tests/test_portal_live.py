@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -201,7 +202,12 @@ def test_the_queue_and_the_containments_arrive_live(world: World) -> None:
         subscribe(ws, "contained", CONTAINMENTS)
         # Opened after the subscription started: it arrives without asking again.
         qid = challenge_for(world, "copilot.live", "ana")
+        opened = time.monotonic()
         got = next_of(ws, "queue", lambda d: d["challengeChanges"]["qid"] == qid)
+        # How long the queue took to hear of it (printed, never asserted; polling took 5 s).
+        print(
+            f"challenge opened -> subscription event: {(time.monotonic() - opened) * 1000:.0f} ms"
+        )
         assert got["challengeChanges"] == {
             "qid": qid,
             "state": "PENDING",

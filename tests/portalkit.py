@@ -288,8 +288,12 @@ class World:
         self.challenge = ChallengeServer(
             self.challenge_service.settings, self.challenge_service, outbox=False
         ).start()
+        # Dry runs decide with the directory, as in production (docs/policy.md#dry-runs).
         policy_settings = PolicySettings(
-            port=0, data_dir=tmp, database_url=f"sqlite:///{tmp / 'policy.db'}"
+            port=0,
+            data_dir=tmp,
+            database_url=f"sqlite:///{tmp / 'policy.db'}",
+            context_url=self.context.url,
         )
         self.policy = PolicyServer(
             policy_settings, PolicyService(policy_settings, history=self.policy_history)

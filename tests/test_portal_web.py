@@ -769,6 +769,8 @@ def test_a_drafts_dry_run_shows_its_impact_and_its_publish_reaches_the_decision_
         for i in range(cells.count())
     }
     assert counts["allow → deny"] >= 3 and counts["deny → allow"] >= 1, counts
+    # Decided with the directory as the decision point sees it (docs/policy.md#dry-runs).
+    assert "with the directory" in page.locator("#dry-run-entities").inner_text()
     row = page.locator(
         "#dry-run-sample [data-change='allow → deny'] "
         "tr[data-principal='ServiceAccount::copilot.dry']"

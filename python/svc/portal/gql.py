@@ -659,6 +659,17 @@ class DryRun:
     tests: TestRun | None = strawberry.field(
         description="Every saved policy test decided under the bundle."
     )
+    entities: str = strawberry.field(
+        description="What the checks were decided with: `directory` (the bundle's entities plus "
+        "the context service's principals and the resources the checks name, as a decision "
+        "point decides) or `bundle` (the bundle's own entities alone; `notes` say why)."
+    )
+    directory_version: int = strawberry.field(
+        description="The principals snapshot's version when `entities` is `directory`, else 0."
+    )
+    notes: list[str] = strawberry.field(
+        description="What the dry run could not use (no context service, resources past the cap)."
+    )
 
 
 @strawberry.enum(description="The gateway's tier for a tool while no decision point answers.")
@@ -1057,8 +1068,8 @@ class Query:
 
     @strawberry.field(
         description="Decides a recorded decision again under a bundle version (default the "
-        "active one), with the bundle's own entities, as dry runs do. Areas `decisions` and "
-        "`policies`."
+        "active one), with the bundle's entities and the directory's current records of its "
+        "principal, person and resource, as dry runs do. Areas `decisions` and `policies`."
     )
     async def what_if(
         self, info: Info[Context, None], qid: str, version: int | None = None
@@ -1265,6 +1276,9 @@ class Query:
                 for c in m.sample
             ],
             tests=_test_run(m.tests) if m.HasField("tests") else None,
+            entities=m.entities or "bundle",
+            directory_version=int(m.directory_version),
+            notes=list(m.notes),
         )
 
     @strawberry.field(description="Every saved policy test, by name. Area `policies`.")

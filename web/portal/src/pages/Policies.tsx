@@ -31,6 +31,7 @@ const DryRunQ = graphql(`
   query DryRun($version: Int!, $since: DateTime!) {
     dryRun(version: $version, since: $since, sample: 1000) {
       version decisions unchanged allowToDeny denyToAllow toChallenge fromChallenge errors truncated
+      entities directoryVersion notes
       sample { qid at principal action resource recorded draft error }
       tests { version passed failed results { name passed expected got policies error notes } }
     }
@@ -430,6 +431,18 @@ function DryRunPanel({ version }: { version: number }) {
               </div>
             ))}
           </div>
+          <p className="hint" id="dry-run-entities">
+            {r.entities === "directory"
+              ? `Decided with the directory as the decision point sees it now (principals snapshot ${r.directoryVersion}) and the bundle's entities.`
+              : "Decided with the bundle's own entities alone: checks that rest on groups or directory attributes may show as changed."}
+          </p>
+          {r.notes.length > 0 && (
+            <ul className="why" aria-label="What the dry run could not use">
+              {r.notes.map((n) => (
+                <li key={n}>{n}</li>
+              ))}
+            </ul>
+          )}
           {r.truncated && <p className="why">Only part of the range was decided again (the dry run's limit).</p>}
           {r.sample.length > 0 && <DryRunSample sample={r.sample} changed={r.decisions - r.unchanged} />}
           {r.tests && (

@@ -221,6 +221,42 @@ class HistoryLoader:
         self._out.close()
 
 
+class DecisionLog:
+    """Kafka topics of a test module's own and ``svc history load`` reading them (``logged``).
+
+    Attributes:
+        decisions: the decision log's topic.
+        events: the events' topic.
+        history: the loader, its routes at ``history.url``.
+        pdp_args: ``svc pdp`` options that send its decision log to ``decisions``, spooled
+            under the module's directory.
+
+    """
+
+    def __init__(self, bootstrap: str, tmp: Path, name: str) -> None:
+        from kafka_fixture import create_topics
+
+        suffix = uuid.uuid4().hex[:8]
+        self.decisions, self.events = f"{name}.decisions.{suffix}", f"{name}.events.{suffix}"
+        create_topics(bootstrap, self.decisions, self.events)
+        self.history = HistoryLoader(tmp, bootstrap, self.decisions, self.events)
+        self.pdp_args: tuple[str, ...] = (
+            "--kafka", f"kafka://{bootstrap}", "--decisions-topic", self.decisions,
+            "--spool-dir", str(tmp / "spool"),
+        )  # fmt: skip
+
+
+@contextmanager
+def logged(bootstrap: str, tmp: Path, name: str) -> Iterator[DecisionLog]:
+    """A module's decision log through Kafka into chDB (``DecisionLog``); the loader stops
+    after the block."""
+    log = DecisionLog(bootstrap, tmp, name)
+    try:
+        yield log
+    finally:
+        log.history.stop()
+
+
 class World:
     """The context service, the JWKS server, the decision point and the portal (module docs).
 

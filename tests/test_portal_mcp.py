@@ -24,8 +24,7 @@ import pytest
 import uvicorn
 
 from gwkit import agent_session
-from kafka_fixture import create_topics
-from portalkit import POLICIES, SCHEMA, HistoryLoader, World, pg_schema, until
+from portalkit import POLICIES, SCHEMA, HistoryLoader, World, logged, pg_schema, until
 from serverkit import UUID7
 from svc.common.net import tcp_listener
 from svc.intake import IntakeSettings, create_app
@@ -82,44 +81,36 @@ def stack(
     postgres_url: str, kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Stack]:
     tmp = tmp_path_factory.mktemp("portal-mcp")
-    suffix = uuid.uuid4().hex[:8]
-    decisions, events = f"portal.decisions.{suffix}", f"portal.events.{suffix}"
-    create_topics(kafka_bootstrap, decisions, events)
-    history = HistoryLoader(tmp, kafka_bootstrap, decisions, events)
-    intake = Intake(kafka_bootstrap, events)
     token_file = tmp / "intake.token"
     token_file.write_text(INTAKE_TOKEN + "\n")
-    try:
-        with pg_schema(postgres_url) as url:
-            pdp_args = (
-                "--kafka", f"kafka://{kafka_bootstrap}", "--decisions-topic", decisions,
-                "--spool-dir", str(tmp / "spool"),
-            )  # fmt: skip
-            w = World(
-                url,
-                tmp,
-                pdp_args=pdp_args,
-                history_url=history.url,
-                intake_url=intake.url,
-                intake_token_file=str(token_file),
-            )
-            try:
-                r = w.context.http.post(
-                    "/v1/service-accounts",
-                    json={
-                        "service_accounts": [
-                            {"id": "copilot.assistant", "owner": "ana", "ai": True},
-                            {"id": "copilot.script", "owner": "ana", "ai": False},
-                        ]
-                    },
+    with logged(kafka_bootstrap, tmp, "portal") as log:
+        intake = Intake(kafka_bootstrap, log.events)
+        try:
+            with pg_schema(postgres_url) as url:
+                w = World(
+                    url,
+                    tmp,
+                    pdp_args=log.pdp_args,
+                    history_url=log.history.url,
+                    intake_url=intake.url,
+                    intake_token_file=str(token_file),
                 )
-                assert r.status_code == 200, r.text
-                yield Stack(w, history)
-            finally:
-                w.close()
-    finally:
-        intake.stop()
-        history.stop()
+                try:
+                    r = w.context.http.post(
+                        "/v1/service-accounts",
+                        json={
+                            "service_accounts": [
+                                {"id": "copilot.assistant", "owner": "ana", "ai": True},
+                                {"id": "copilot.script", "owner": "ana", "ai": False},
+                            ]
+                        },
+                    )
+                    assert r.status_code == 200, r.text
+                    yield Stack(w, log.history)
+                finally:
+                    w.close()
+        finally:
+            intake.stop()
 
 
 def call(url: str, token: str | None, tool: str, args: dict[str, Any] | None = None) -> Any:

@@ -13,13 +13,11 @@ auditors and people with no access, an unknown decision, a bad name, a name in u
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 
 import pytest
 
-from kafka_fixture import create_topics
-from portalkit import POLICIES, SCHEMA, HistoryLoader, World, pg_schema, until
+from portalkit import POLICIES, SCHEMA, World, logged, pg_schema, until
 from test_portal_graphql import Gql, forbidden
 
 SAVE = """
@@ -54,23 +52,12 @@ def world(
     postgres_url: str, kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[World]:
     tmp = tmp_path_factory.mktemp("portal-policy-tests")
-    suffix = uuid.uuid4().hex[:8]
-    decisions, events = f"portal.tests.decisions.{suffix}", f"portal.tests.events.{suffix}"
-    create_topics(kafka_bootstrap, decisions, events)
-    history = HistoryLoader(tmp, kafka_bootstrap, decisions, events)
-    try:
-        with pg_schema(postgres_url) as url:
-            pdp_args = (
-                "--kafka", f"kafka://{kafka_bootstrap}", "--decisions-topic", decisions,
-                "--spool-dir", str(tmp / "spool"),
-            )  # fmt: skip
-            w = World(url, tmp, pdp_args=pdp_args, history_url=history.url)
-            try:
-                yield w
-            finally:
-                w.close()
-    finally:
-        history.stop()
+    with logged(kafka_bootstrap, tmp, "portal.tests") as log, pg_schema(postgres_url) as url:
+        w = World(url, tmp, pdp_args=log.pdp_args, history_url=log.history.url)
+        try:
+            yield w
+        finally:
+            w.close()
 
 
 @pytest.fixture(scope="module")

@@ -46,8 +46,7 @@ from playwright.sync_api import Browser, Page, sync_playwright
 import svc.context.service as context_service
 import test_challenge_page as shots
 import test_history as hist
-from kafka_fixture import create_topics
-from portalkit import POLICIES, SCHEMA, HistoryLoader, World, pg_schema, until
+from portalkit import POLICIES, SCHEMA, World, logged, pg_schema, until
 from svc import history as svc_history
 from svc.common.problems import Problem
 from svc.portal.service import Denied
@@ -87,44 +86,37 @@ def world(
 ) -> Iterator[World]:
     _built()
     tmp = tmp_path_factory.mktemp("portal-web")
-    suffix = uuid.uuid4().hex[:8]
-    decisions, events = f"portal.web.decisions.{suffix}", f"portal.web.events.{suffix}"
-    create_topics(kafka_bootstrap, decisions, events)
-    DECISIONS.update(topic=decisions, bootstrap=kafka_bootstrap)
-    history = HistoryLoader(tmp, kafka_bootstrap, decisions, events)
-    # The policy service's dry runs read the same decision log, loaded by a loader of this
-    # process into the chDB directory the process already has open (conftest's chdb_root).
-    dry = svc_history.connect(f"{chdb_root}?database=portal_web_{suffix}", create_database=True)
-    svc_history.migrate(dry)
-    loader = svc_history.Loader(
-        dry, kafka_bootstrap, decisions_topic=decisions, events_topic=None,
-        group_id=f"portal-web-dry-{suffix}", batch_ms=100,
-    )  # fmt: skip
-    loading = threading.Thread(target=loader.run, name="dry-run-history", daemon=True)
-    loading.start()
-    try:
-        with pg_schema(postgres_url) as url:
-            pdp_args = (
-                "--kafka", f"kafka://{kafka_bootstrap}", "--decisions-topic", decisions,
-                "--spool-dir", str(tmp / "spool"),
-            )  # fmt: skip
-            w = World(
-                url,
-                tmp,
-                pdp_args=pdp_args,
-                policy_history=dry,
-                pdp_follows_policy=True,
-                history_url=history.url,
-                allow_any_query=False,
-            )
-            try:
-                yield w
-            finally:
-                w.close()
-    finally:
-        loader.stop()
-        loading.join(60)
-        history.stop()
+    with logged(kafka_bootstrap, tmp, "portal.web") as log:
+        DECISIONS.update(topic=log.decisions, bootstrap=kafka_bootstrap)
+        # The policy service's dry runs read the same decision log, loaded by a loader of this
+        # process into the chDB directory the process already has open (conftest's chdb_root).
+        suffix = uuid.uuid4().hex[:8]
+        dry = svc_history.connect(f"{chdb_root}?database=portal_web_{suffix}", create_database=True)
+        svc_history.migrate(dry)
+        loader = svc_history.Loader(
+            dry, kafka_bootstrap, decisions_topic=log.decisions, events_topic=None,
+            group_id=f"portal-web-dry-{suffix}", batch_ms=100,
+        )  # fmt: skip
+        loading = threading.Thread(target=loader.run, name="dry-run-history", daemon=True)
+        loading.start()
+        try:
+            with pg_schema(postgres_url) as url:
+                w = World(
+                    url,
+                    tmp,
+                    pdp_args=log.pdp_args,
+                    policy_history=dry,
+                    pdp_follows_policy=True,
+                    history_url=log.history.url,
+                    allow_any_query=False,
+                )
+                try:
+                    yield w
+                finally:
+                    w.close()
+        finally:
+            loader.stop()
+            loading.join(60)
 
 
 @pytest.fixture(scope="module")

@@ -1681,22 +1681,8 @@ class PortalService:
                     people.append({"type": PERSON_TYPE, "id": owner})
             elif ref["type"] == PERSON_TYPE:
                 p = self._run("context service", self.context.person, ref["id"])
-                if p is None or p.get("removed"):
-                    continue
-                attrs: dict[str, Any] = {
-                    "active": bool(p.get("active")),
-                    "department": p.get("department") or "",
-                    "title": p.get("title") or "",
-                }
-                if p.get("manager"):
-                    attrs["manager"] = {"__entity": {"type": PERSON_TYPE, "id": p["manager"]}}
-                out.append(
-                    {
-                        "uid": ref,
-                        "attrs": attrs,
-                        "parents": [{"type": "Group", "id": g} for g in p.get("groups", [])],
-                    }
-                )
+                if p is not None and not p.get("removed"):
+                    out.append(person_entity(ref, p))  # as "what if" loads it
         res = row.get("resource") or {}
         if res.get("id") and (res["type"], res["id"]) not in seen:
             out.extend(self._run("context service", self.context.resources, [res]))

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,7 +24,6 @@ from google.protobuf import json_format, struct_pb2
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 from sqlalchemy import Engine as SqlEngine
-from sqlalchemy import create_engine, text
 
 from svc.common.auth import PERSON_HEADER, LocalIssuer, PolicyAuthSettings
 from svc.policy.app import PolicyServer
@@ -33,6 +31,7 @@ from svc.policy.service import PolicyService
 from svc.policy.settings import PolicySettings
 from svc.policy.v1 import policy_pb2 as pb
 from svc.policy.v1 import policy_pb2_grpc as pb_grpc
+from test_policy import pg  # noqa: F401  (a fresh PostgreSQL schema per test, used by name)
 
 SCHEMA = """entity User;
 entity Doc = { public: Bool };
@@ -53,24 +52,7 @@ CLOSED_ONLY = {
 
 
 @pytest.fixture
-def pg(postgres_url: str) -> Iterator[SqlEngine]:
-    """An engine on a fresh PostgreSQL schema (dropped afterwards), so runs never meet."""
-    schema = f"policy_tests_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(postgres_url)
-    with admin.begin() as c:
-        c.execute(text(f'CREATE SCHEMA "{schema}"'))
-    engine = create_engine(
-        postgres_url, connect_args={"options": f"-csearch_path={schema}"}, pool_pre_ping=True
-    )
-    yield engine
-    engine.dispose()
-    with admin.begin() as c:
-        c.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
-    admin.dispose()
-
-
-@pytest.fixture
-def server(tmp_path: Path, pg: SqlEngine) -> Iterator[PolicyServer]:
+def server(tmp_path: Path, pg: SqlEngine) -> Iterator[PolicyServer]:  # noqa: F811
     settings = PolicySettings(port=0, data_dir=tmp_path)
     srv = PolicyServer(settings, PolicyService(settings, db=pg)).start()
     yield srv
@@ -301,7 +283,8 @@ def test_bad_tests_are_refused_naming_every_field_and_nothing_is_stored(
 
 
 def test_saved_by_is_the_verified_caller_and_the_portals_person(
-    tmp_path: Path, pg: SqlEngine
+    tmp_path: Path,
+    pg: SqlEngine,  # noqa: F811
 ) -> None:
     issuer = LocalIssuer(tmp_path / "issuer")
     auth = PolicyAuthSettings(
